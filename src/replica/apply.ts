@@ -1,0 +1,132 @@
+/**
+ * Writers: a whole snapshot or one change batch, each in a single transaction, so a
+ * reader sees either the old replica or the new one, never a mix. Used by
+ * `keyward import`, by the sync client, and by the snapshot worker (off the event loop).
+ */
+import type Database from 'better-sqlite3';
+import type { Change, ChangeBatch, KeyRecord, ProjectRecord, SyncRecord, WalletRecord } from '../sync/protocol.js';
+
+export class ApplyError extends Error {
+  constructor(
+    message: string,
+    /** 1-based NDJSON line (snapshot) or 0-based change index, when known */
+    readonly position?: number,
+  ) {
+    super(message);
+    this.name = 'ApplyError';
+  }
+}
+
+interface Statements {
+  upsertKey: Database.Statement;
+  upsertProject: Database.Statement;
+  upsertWallet: Database.Statement;
+  tombstoneKey: Database.Statement;
+  deleteProject: Database.Statement;
+  deleteWallet: Database.Statement;
+  setMeta: Database.Statement;
+}
+
+const cache = new WeakMap<Database.Database, Statements>();
+
+function statements(db: Database.Database): Statements {
+  let s = cache.get(db);
+  if (!s) {
+    s = {
+      upsertKey: db.prepare(`INSERT INTO keys (id, hash, kind, user_id, project_id, status, budget, spent, models, routing, rpm, tpm, concurrency)
+        VALUES (@id, @hash, @kind, @user, @project, @status, @budget, @spent, @models, @routing, @rpm, @tpm, @concurrency)
+        ON CONFLICT(id) DO UPDATE SET hash = excluded.hash, kind = excluded.kind, user_id = excluded.user_id,
+          project_id = excluded.project_id, status = excluded.status, budget = excluded.budget, spent = excluded.spent,
+          models = excluded.models, routing = excluded.routing, rpm = excluded.rpm, tpm = excluded.tpm,
+          concurrency = excluded.concurrency`),
+      upsertProject: db.prepare(`INSERT INTO projects (id, status, budget, spent) VALUES (@id, @status, @budget, @spent)
+        ON CONFLICT(id) DO UPDATE SET status = excluded.status, budget = excluded.budget, spent = excluded.spent`),
+      upsertWallet: db.prepare(`INSERT INTO wallets (user_id, balance) VALUES (@user, @balance)
+        ON CONFLICT(user_id) DO UPDATE SET balance = excluded.balance`),
+      // A deleted key keeps its row as a tombstone so it answers api_key_deleted, not invalid_api_key.
+      tombstoneKey: db.prepare(`UPDATE keys SET status = 'deleted' WHERE id = ?`),
+      deleteProject: db.prepare(`DELETE FROM projects WHERE id = ?`),
+      deleteWallet: db.prepare(`DELETE FROM wallets WHERE user_id = ?`),
+      setMeta: db.prepare(`INSERT INTO meta (id, version, applied_at, source) VALUES (1, ?, ?, ?)
+        ON CONFLICT(id) DO UPDATE SET version = excluded.version, applied_at = excluded.applied_at, source = excluded.source`),
+    };
+    cache.set(db, s);
+  }
+  return s;
+}
+
+function keyParams(k: KeyRecord) {
+  return { ...k, models: k.models === null ? null : JSON.stringify(k.models) };
+}
+
+export function writeRecord(db: Database.Database, rec: SyncRecord): void {
+  const s = statements(db);
+  if (rec.type === 'key') s.upsertKey.run(keyParams(rec));
+  else if (rec.type === 'project') s.upsertProject.run(rec satisfies ProjectRecord);
+  else s.upsertWallet.run(rec satisfies WalletRecord);
+}
+
+function writeChange(db: Database.Database, c: Change): void {
+  if (c.op === 'upsert') return writeRecord(db, c);
+  const s = statements(db);
+  if (c.type === 'key') s.tombstoneKey.run(c.id);
+  else if (c.type === 'project') s.deleteProject.run(c.id);
+  else s.deleteWallet.run(c.id);
+}
+
+function describe(err: unknown): string {
+  const msg = err instanceof Error ? err.message : String(err);
+  return msg.includes('UNIQUE constraint failed: keys.hash') ? 'two keys share one hash' : msg;
+}
+
+export interface SnapshotSource {
+  version: number;
+  /** records with the 1-based line each came from */
+  records: Iterable<{ line: number; record: SyncRecord }>;
+  source: string;
+  now?: number;
+}
+
+/** Replaces the whole replica with the snapshot, atomically; throws ApplyError and changes nothing on failure. */
+export function applySnapshot(db: Database.Database, snap: SnapshotSource): { keys: number; projects: number; wallets: number } {
+  const counts = { keys: 0, projects: 0, wallets: 0 };
+  const run = db.transaction(() => {
+    db.exec('DELETE FROM keys; DELETE FROM projects; DELETE FROM wallets;');
+    const seen = new Set<string>();
+    for (const { line, record } of snap.records) {
+      const identity = `${record.type}:${record.type === 'wallet' ? record.user : record.id}`;
+      if (seen.has(identity)) throw new ApplyError(`line ${line}: duplicate ${record.type} ${identity.slice(record.type.length + 1)}`, line);
+      seen.add(identity);
+      try {
+        writeRecord(db, record);
+      } catch (err) {
+        throw new ApplyError(`line ${line}: ${describe(err)}`, line);
+      }
+      counts[`${record.type}s` as keyof typeof counts]++;
+    }
+    statements(db).setMeta.run(snap.version, snap.now ?? Date.now(), snap.source);
+  });
+  run.immediate();
+  return counts;
+}
+
+/**
+ * Applies one change batch atomically. A batch not newer than the replica is skipped
+ * (returns false), so a repeated long-poll answer is harmless.
+ */
+export function applyChanges(db: Database.Database, batch: ChangeBatch, opts: { source: string; now?: number }): boolean {
+  const run = db.transaction(() => {
+    const row = db.prepare('SELECT version FROM meta WHERE id = 1').get() as { version: number } | undefined;
+    if (row && batch.version <= row.version) return false;
+    batch.changes.forEach((c, i) => {
+      try {
+        writeChange(db, c);
+      } catch (err) {
+        throw new ApplyError(`changes[${i}]: ${describe(err)}`, i);
+      }
+    });
+    statements(db).setMeta.run(batch.version, opts.now ?? Date.now(), opts.source);
+    return true;
+  });
+  return run.immediate();
+}

@@ -1,0 +1,176 @@
+/**
+ * The replica as the request path sees it: lookup by key hash through a bounded
+ * in-memory cache. Writes by this process (sync) clear the cache at once; writes by
+ * another process (`keyward import`) are noticed through SQLite's data_version.
+ */
+import Database from 'better-sqlite3';
+import { mkdirSync } from 'node:fs';
+import { dirname } from 'node:path';
+import { applyChanges, applySnapshot, type SnapshotSource } from './apply.js';
+import { prepareDatabase } from './schema.js';
+import type { ChangeBatch } from '../sync/protocol.js';
+
+export interface ReplicaKey {
+  id: string;
+  kind: 'personal' | 'team';
+  userId: string | null;
+  projectId: string | null;
+  status: 'active' | 'deleted';
+  budget: number | null;
+  spent: number;
+  models: string[] | null;
+  routing: string | null;
+  rpm: number | null;
+  tpm: number | null;
+  concurrency: number | null;
+}
+
+export interface ReplicaProject {
+  id: string;
+  status: 'enabled' | 'disabled';
+  budget: number | null;
+  spent: number;
+}
+
+/** Everything the policy needs about one key, read in one query. */
+export interface KeyFacts {
+  key: ReplicaKey;
+  project: ReplicaProject | null;
+  /** null when the console sent no wallet for the key's user */
+  walletBalance: number | null;
+}
+
+export interface ReplicaStatus {
+  ready: boolean;
+  version: number | null;
+  /** ms since epoch of the last applied snapshot or batch */
+  appliedAt: number | null;
+  source: string | null;
+}
+
+export interface ReplicaOptions {
+  path: string;
+  /** cached lookups (hits and misses); the cache is cleared whenever the replica changes */
+  cacheSize?: number;
+  /** how often to look for writes by other processes */
+  watchMs?: number;
+}
+
+interface Row {
+  id: string; kind: 'personal' | 'team'; user_id: string | null; project_id: string | null;
+  status: 'active' | 'deleted'; budget: number | null; spent: number; models: string | null;
+  routing: string | null; rpm: number | null; tpm: number | null; concurrency: number | null;
+  p_id: string | null; p_status: 'enabled' | 'disabled' | null; p_budget: number | null; p_spent: number | null;
+  w_balance: number | null;
+}
+
+function toFacts(r: Row): KeyFacts {
+  return {
+    key: {
+      id: r.id, kind: r.kind, userId: r.user_id, projectId: r.project_id, status: r.status,
+      budget: r.budget, spent: r.spent, models: r.models === null ? null : (JSON.parse(r.models) as string[]),
+      routing: r.routing, rpm: r.rpm, tpm: r.tpm, concurrency: r.concurrency,
+    },
+    project: r.p_id === null ? null : { id: r.p_id, status: r.p_status!, budget: r.p_budget, spent: r.p_spent! },
+    walletBalance: r.w_balance,
+  };
+}
+
+export function openDatabase(path: string): Database.Database {
+  if (path !== ':memory:') mkdirSync(dirname(path), { recursive: true });
+  const db = new Database(path);
+  prepareDatabase(db);
+  return db;
+}
+
+export class ReplicaStore {
+  readonly db: Database.Database;
+  private readonly cache = new Map<string, KeyFacts | null>();
+  private readonly cacheSize: number;
+  private readonly byHash: Database.Statement;
+  private readonly metaStmt: Database.Statement;
+  private readonly dataVersion: Database.Statement;
+  private lastDataVersion: number;
+  private statusCache: ReplicaStatus;
+  private readonly timer: NodeJS.Timeout;
+  private readonly listeners = new Set<(s: ReplicaStatus) => void>();
+
+  constructor(opts: ReplicaOptions) {
+    this.db = openDatabase(opts.path);
+    this.cacheSize = opts.cacheSize ?? 50_000;
+    this.byHash = this.db.prepare(`SELECT k.*, p.id AS p_id, p.status AS p_status, p.budget AS p_budget, p.spent AS p_spent,
+        w.balance AS w_balance
+      FROM keys k LEFT JOIN projects p ON p.id = k.project_id LEFT JOIN wallets w ON w.user_id = k.user_id
+      WHERE k.hash = ?`);
+    this.metaStmt = this.db.prepare('SELECT version, applied_at, source FROM meta WHERE id = 1');
+    this.dataVersion = this.db.prepare('PRAGMA data_version').pluck();
+    this.lastDataVersion = this.dataVersion.get() as number;
+    this.statusCache = this.readStatus();
+    this.timer = setInterval(() => this.checkExternalWrites(), opts.watchMs ?? 200);
+    this.timer.unref();
+  }
+
+  /** Facts for a key hash, or null when no key has that hash. */
+  lookup(hash: string): KeyFacts | null {
+    const hit = this.cache.get(hash);
+    if (hit !== undefined) {
+      // refresh recency: Map keeps insertion order, so re-inserting makes this the newest
+      this.cache.delete(hash);
+      this.cache.set(hash, hit);
+      return hit;
+    }
+    const row = this.byHash.get(hash) as Row | undefined;
+    const facts = row ? toFacts(row) : null;
+    if (this.cache.size >= this.cacheSize) this.cache.delete(this.cache.keys().next().value!);
+    this.cache.set(hash, facts);
+    return facts;
+  }
+
+  status(): ReplicaStatus {
+    return this.statusCache;
+  }
+
+  onChange(listener: (s: ReplicaStatus) => void): () => void {
+    this.listeners.add(listener);
+    return () => this.listeners.delete(listener);
+  }
+
+  applySnapshot(snap: SnapshotSource) {
+    const counts = applySnapshot(this.db, snap);
+    this.changed();
+    return counts;
+  }
+
+  applyChanges(batch: ChangeBatch, source: string): boolean {
+    const applied = applyChanges(this.db, batch, { source });
+    if (applied) this.changed();
+    return applied;
+  }
+
+  /** Called after another connection (a worker, another process) committed. */
+  checkExternalWrites(): void {
+    const v = this.dataVersion.get() as number;
+    if (v !== this.lastDataVersion) {
+      this.lastDataVersion = v;
+      this.changed();
+    }
+  }
+
+  close(): void {
+    clearInterval(this.timer);
+    this.db.close();
+  }
+
+  private changed(): void {
+    this.cache.clear();
+    this.statusCache = this.readStatus();
+    for (const l of this.listeners) l(this.statusCache);
+  }
+
+  private readStatus(): ReplicaStatus {
+    const m = this.metaStmt.get() as { version: number; applied_at: number; source: string } | undefined;
+    return m
+      ? { ready: true, version: m.version, appliedAt: m.applied_at, source: m.source }
+      : { ready: false, version: null, appliedAt: null, source: null };
+  }
+}
