@@ -1,0 +1,98 @@
+/**
+ * Credential extraction (DESIGN section 4). Pure: takes the raw header list and the
+ * route's credential rule, returns the key or a denial. Only Authorization: Bearer and
+ * (on messages routes) x-api-key are credentials; cookies and query strings never are.
+ */
+import { deny, type Denial } from '../errors.js';
+
+export type CredentialRule = 'bearer' | 'messages';
+
+export type Extracted = { ok: true; key: string; header: 'authorization' | 'x-api-key' } | { ok: false; denial: Denial };
+
+const BEARER = /^bearer[ \t]+(.*)$/i;
+
+interface Found {
+  authorization: string[];
+  apiKey: string[];
+}
+
+/** Collects every line of the two headers; Node's req.headers keeps only the first of each. */
+function collect(rawHeaders: readonly string[]): Found {
+  const found: Found = { authorization: [], apiKey: [] };
+  for (let i = 0; i < rawHeaders.length; i += 2) {
+    const name = rawHeaders[i]!;
+    // cheap length gate before the case-insensitive compare: this runs on every request
+    if (name.length === 13 && name.toLowerCase() === 'authorization') found.authorization.push(rawHeaders[i + 1]!);
+    else if (name.length === 9 && name.toLowerCase() === 'x-api-key') found.apiKey.push(rawHeaders[i + 1]!);
+  }
+  return found;
+}
+
+type Bearer = { kind: 'key'; key: string } | { kind: 'none' } | { kind: 'other-scheme' };
+
+function parseBearer(value: string | undefined): Bearer {
+  if (value === undefined) return { kind: 'none' };
+  const v = value.trim();
+  if (v === '') return { kind: 'none' };
+  const m = BEARER.exec(v);
+  if (!m) return /^bearer$/i.test(v) ? { kind: 'none' } : { kind: 'other-scheme' };
+  const key = m[1]!.trim();
+  return key === '' ? { kind: 'none' } : { kind: 'key', key };
+}
+
+const conflict = (message: string) => ({ ok: false as const, denial: deny('conflicting_api_keys', message) });
+const missing = (message: string) => ({ ok: false as const, denial: deny('missing_api_key', message) });
+
+export function extractCredential(rawHeaders: readonly string[], rule: CredentialRule): Extracted {
+  const found = collect(rawHeaders);
+  if (found.authorization.length > 1) {
+    return conflict('More than one Authorization header was sent; send exactly one.');
+  }
+  if (found.apiKey.length > 1) {
+    return conflict('More than one x-api-key header was sent; send exactly one.');
+  }
+  const bearer = parseBearer(found.authorization[0]);
+  if (rule === 'messages') {
+    const apiKey = found.apiKey[0]?.trim() ?? '';
+    if (apiKey !== '') {
+      if (bearer.kind === 'key' && bearer.key !== apiKey) {
+        return conflict('Both x-api-key and Authorization: Bearer were sent with different keys; send one key.');
+      }
+      return { ok: true, key: apiKey, header: 'x-api-key' };
+    }
+    if (bearer.kind === 'key') return { ok: true, key: bearer.key, header: 'authorization' };
+    if (bearer.kind === 'other-scheme') {
+      return missing('The Authorization header must use the Bearer scheme; or send the key in the x-api-key header.');
+    }
+    return missing('No API key was sent. Send it in the x-api-key header (or as Authorization: Bearer <key>).');
+  }
+  if (bearer.kind === 'key') return { ok: true, key: bearer.key, header: 'authorization' };
+  if (bearer.kind === 'other-scheme') return missing('The Authorization header must use the Bearer scheme: Authorization: Bearer <key>.');
+  if (found.apiKey.length > 0) {
+    return missing('This route reads the key only from the Authorization header: send Authorization: Bearer <key> instead of x-api-key.');
+  }
+  return missing('No API key was sent. Send it as Authorization: Bearer <key>.');
+}
+
+const PROVIDER_PREFIXES: readonly [string, string][] = [
+  ['sk-ant-', 'an Anthropic API key'],
+  ['sk-proj-', 'an OpenAI project key'],
+  ['sk-svcacct-', 'an OpenAI service-account key'],
+  ['sk-or-', 'an OpenRouter key'],
+  ['AIza', 'a Google API key'],
+  ['gsk_', 'a Groq key'],
+  ['xai-', 'an xAI key'],
+];
+
+/** The 401 message for a key that is not in the replica; names a provider when the key looks like one. */
+export function unknownKeyMessage(key: string): string {
+  for (const [prefix, what] of PROVIDER_PREFIXES) {
+    if (key.startsWith(prefix)) {
+      return `Invalid API key: this looks like ${what}. Provider keys are not accepted here; use an API key issued by this service.`;
+    }
+  }
+  if (/^sk-[A-Za-z0-9]{20,}$/.test(key)) {
+    return 'Invalid API key: this looks like an OpenAI API key. Provider keys are not accepted here; use an API key issued by this service.';
+  }
+  return 'Invalid API key. Check the key, or create a new one in the console.';
+}

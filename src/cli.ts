@@ -1,0 +1,110 @@
+/**
+ * The keyward command line: serve, import, check-config, demo, and (from the console
+ * module) console, keys, projects, wallets.
+ */
+import { Command, Option } from 'commander';
+import { readFileSync } from 'node:fs';
+import { ConfigError, loadConfigFile } from './config/load.js';
+import { configSchema, type Config } from './config/schema.js';
+import { createLogger } from './obs/logger.js';
+import { startSidecar } from './proxy/server.js';
+import { ReplicaStore } from './replica/store.js';
+import { ApplyError } from './replica/apply.js';
+import { parseSnapshotLines, SnapshotError } from './sync/protocol.js';
+import { runDemo } from './demo/run.js';
+
+function loadConfig(file: string): Config {
+  return loadConfigFile({ file, schema: configSchema });
+}
+
+/** Runs `fn` until SIGTERM/SIGINT, then `stop` once, then exits 0. */
+function untilSignal(stop: () => Promise<void>): void {
+  let stopping = false;
+  const onSignal = (signal: string) => {
+    if (stopping) return;
+    stopping = true;
+    process.stderr.write(`keyward: ${signal}: draining\n`);
+    stop().then(
+      () => process.exit(0),
+      (err: Error) => {
+        process.stderr.write(`keyward: shutdown failed: ${err.message}\n`);
+        process.exit(1);
+      },
+    );
+  };
+  process.on('SIGTERM', () => onSignal('SIGTERM'));
+  process.on('SIGINT', () => onSignal('SIGINT'));
+}
+
+function fail(err: unknown): never {
+  if (err instanceof ConfigError || err instanceof SnapshotError || err instanceof ApplyError) {
+    process.stderr.write(`${err.message}\n`);
+  } else {
+    process.stderr.write(`keyward: ${err instanceof Error ? err.message : String(err)}\n`);
+  }
+  process.exit(1);
+}
+
+export function buildProgram(): Command {
+  const program = new Command('keyward')
+    .description('Authentication and limits sidecar for model gateways')
+    .version('0.1.0')
+    .showHelpAfterError();
+
+  program
+    .command('serve')
+    .description('run the sidecar')
+    .requiredOption('-c, --config <file>', 'YAML config file')
+    .action(async (o: { config: string }) => {
+      const config = loadConfig(o.config);
+      const logger = createLogger({ level: config.logging.level });
+      const sidecar = await startSidecar({ config, logger });
+      logger.info({ listen: sidecar.url, admin_port: sidecar.adminPort }, 'keyward listening');
+      untilSignal(() => sidecar.close());
+    });
+
+  program
+    .command('check-config')
+    .description('validate a config file; exit 0 when valid, 1 with every problem otherwise')
+    .requiredOption('-c, --config <file>', 'YAML config file')
+    .action((o: { config: string }) => {
+      loadConfig(o.config);
+      process.stdout.write(`${o.config}: ok\n`);
+    });
+
+  program
+    .command('import')
+    .description('apply a snapshot file (sync protocol v1 NDJSON) to the replica, atomically')
+    .argument('<file>', 'snapshot file')
+    .addOption(new Option('-c, --config <file>', 'config file naming replica.path').conflicts('replica'))
+    .option('--replica <path>', 'replica file (instead of --config)')
+    .action((file: string, o: { config?: string; replica?: string }) => {
+      const path = o.replica ?? (o.config ? loadConfig(o.config).replica.path : undefined);
+      if (!path) throw new Error('import needs --config <file> or --replica <path>');
+      // Validate every line before touching the replica: a bad file changes nothing.
+      const snap = parseSnapshotLines(readFileSync(file, 'utf8').split('\n'));
+      const replica = new ReplicaStore({ path });
+      try {
+        const counts = replica.applySnapshot({ version: snap.version, records: snap.records, source: `import:${file}` });
+        process.stdout.write(`imported version ${snap.version}: ${counts.keys} keys, ${counts.projects} projects, ${counts.wallets} wallets\n`);
+      } finally {
+        replica.close();
+      }
+    });
+
+  program
+    .command('demo')
+    .description('run the sidecar with demo keys and a sample upstream on loopback (no other services needed)')
+    .option('--port <n>', 'proxy port (falls back to any free port when taken)', (v) => Number(v), 8080)
+    .action(async (o: { port: number }) => {
+      const demo = await runDemo({ port: o.port });
+      untilSignal(() => demo.close());
+    });
+
+  return program;
+}
+
+const isMain = process.argv[1] !== undefined && /(cli\.ts|keyward(\.mjs)?)$/.test(process.argv[1]);
+if (isMain) {
+  buildProgram().parseAsync(process.argv).catch(fail);
+}

@@ -1,0 +1,101 @@
+/**
+ * The sidecar's configuration (DESIGN section 2). Strict: unknown keys are errors.
+ * Defaults are the ones the design lists. Pure: no I/O.
+ */
+import { z } from 'zod';
+
+const port = z.number().int().min(0).max(65535);
+const host = z.string().min(1);
+const ms = (def: number) => z.number().int().nonnegative().default(def);
+const httpUrl = z.url({ protocol: /^https?$/, error: 'expected an http:// or https:// URL' });
+
+const capacity = z
+  .strictObject({
+    concurrency: z.number().int().nonnegative().default(0),
+    rpm: z.number().int().nonnegative().default(0),
+  })
+  .prefault({});
+
+const upstream = z.strictObject({
+  url: httpUrl,
+  timeoutMs: ms(600_000),
+  capacity,
+});
+
+/** Operator-added routes, matched before the default table. */
+const routeEntry = z.strictObject({
+  /** exact path, or a prefix when it ends in `/*` (the bare prefix matches too) */
+  path: z.string().regex(/^\/[^?#\s]*$/, 'expected a path starting with /'),
+  methods: z.array(z.string().regex(/^[A-Z]+$/, 'expected an upper-case HTTP method')).min(1).optional(),
+  class: z.enum(['listing', 'model', 'files']),
+  credentials: z.enum(['bearer', 'messages']).default('bearer'),
+  style: z.enum(['openai', 'messages']).default('openai'),
+  countTokens: z.boolean().default(false),
+  modelRequired: z.boolean().default(false),
+});
+
+export const configSchema = z
+  .strictObject({
+    server: z
+      .strictObject({
+        host: host.default('127.0.0.1'),
+        port: port.default(8080),
+        maxJsonBodyBytes: z.number().int().positive().default(33_554_432),
+        /** SIGTERM: how long in-flight requests and streams may take to finish */
+        shutdownGraceMs: ms(30_000),
+      })
+      .prefault({}),
+    admin: z.strictObject({ host: host.default('127.0.0.1'), port: port.default(9090) }).prefault({}),
+    upstreams: z
+      .record(z.string().regex(/^[A-Za-z0-9_.-]+$/, 'expected a routing mode name'), upstream)
+      .refine((u) => 'default' in u, { message: 'upstreams.default is required' }),
+    replica: z.strictObject({ path: z.string().min(1).default('./data/replica.sqlite') }).prefault({}),
+    console: z
+      .strictObject({
+        url: httpUrl,
+        token: z.string().min(1, 'the sync token must not be empty'),
+        waitMs: z.number().int().min(0).max(60_000).default(25_000),
+      })
+      .optional(),
+    redis: z
+      .strictObject({
+        url: z.string().regex(/^(redis|rediss|redis\+cluster):\/\//, 'expected a redis://, rediss:// or redis+cluster:// URL'),
+        prefix: z.string().min(1).default('kw'),
+        timeoutMs: z.number().int().positive().default(100),
+        onError: z.enum(['open', 'closed']).default('open'),
+      })
+      .optional(),
+    limits: z
+      .strictObject({
+        /** concurrency slot lease; refreshed while a response lasts, so a crashed instance's slots come back */
+        leaseMs: z.number().int().min(1000).default(30_000),
+      })
+      .prefault({}),
+    keys: z
+      .strictObject({
+        hash: z.enum(['sha256', 'hmac-sha256']).default('sha256'),
+        pepper: z.string().min(16, 'the pepper must be at least 16 characters').optional(),
+        format: z.enum(['any', 'keyward']).default('any'),
+      })
+      .prefault({})
+      .refine((k) => k.hash !== 'hmac-sha256' || k.pepper !== undefined, {
+        message: 'keys.pepper is required with hash: hmac-sha256',
+        path: ['pepper'],
+      }),
+    messages: z
+      .strictObject({ vendor: z.string().regex(/^[a-z0-9-]+$/, 'expected a lower-case header-name prefix').default('keyward') })
+      .prefault({}),
+    logging: z
+      .strictObject({ level: z.enum(['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent']).default('info') })
+      .prefault({}),
+    routes: z.array(routeEntry).default([]),
+  })
+  .superRefine((c, ctx) => {
+    if (c.server.port !== 0 && c.server.port === c.admin.port && c.server.host === c.admin.host) {
+      ctx.addIssue({ code: 'custom', path: ['admin', 'port'], message: 'the admin listener must not share the proxy port' });
+    }
+  });
+
+export type Config = z.infer<typeof configSchema>;
+export type RouteEntry = z.infer<typeof routeEntry>;
+export type UpstreamConfig = z.infer<typeof upstream>;

@@ -1,0 +1,58 @@
+/**
+ * The admin listener (DESIGN section 9): /healthz, /readyz, /metrics. Never on the
+ * proxy port, so a route table mistake cannot expose it.
+ */
+import { createServer, type Server } from 'node:http';
+import type { Registry } from 'prom-client';
+
+export interface AdminOptions {
+  host: string;
+  port: number;
+  registry: Registry;
+  /** null when ready, else why not (replica never synced, draining) */
+  notReadyReason: () => string | null;
+}
+
+export interface AdminServer {
+  server: Server;
+  port: number;
+  close(): Promise<void>;
+}
+
+function send(res: import('node:http').ServerResponse, status: number, body: string, type = 'application/json') {
+  res.writeHead(status, { 'content-type': type, 'content-length': Buffer.byteLength(body), 'cache-control': 'no-store' });
+  res.end(body);
+}
+
+export async function startAdmin(opts: AdminOptions): Promise<AdminServer> {
+  const server = createServer((req, res) => {
+    const path = (req.url ?? '/').split('?')[0];
+    if (req.method !== 'GET' && req.method !== 'HEAD') return send(res, 405, '{"error":"method not allowed"}');
+    if (path === '/healthz') return send(res, 200, '{"status":"ok"}');
+    if (path === '/readyz') {
+      const reason = opts.notReadyReason();
+      return reason === null ? send(res, 200, '{"status":"ready"}') : send(res, 503, JSON.stringify({ status: 'not_ready', reason }));
+    }
+    if (path === '/metrics') {
+      opts.registry.metrics().then(
+        (text) => send(res, 200, text, opts.registry.contentType),
+        (err: Error) => send(res, 500, JSON.stringify({ error: err.message })),
+      );
+      return;
+    }
+    send(res, 404, '{"error":"not found"}');
+  });
+  await new Promise<void>((resolve, reject) => {
+    server.once('error', reject);
+    server.listen(opts.port, opts.host, () => {
+      server.off('error', reject);
+      resolve();
+    });
+  });
+  const addr = server.address();
+  return {
+    server,
+    port: typeof addr === 'object' && addr ? addr.port : opts.port,
+    close: () => new Promise<void>((resolve) => server.close(() => resolve())),
+  };
+}

@@ -1,0 +1,101 @@
+/**
+ * The decision core (DESIGN section 5, steps 3-5 and 7). Pure: takes what the replica
+ * knows about a key and returns an allowance or a denial. Steps 1-2 live in routes and
+ * credentials, step 6 (the body) in the proxy, step 8 in the limiter.
+ */
+import { deny, type Denial } from '../errors.js';
+import type { RouteClass } from '../routes.js';
+
+export interface PolicyKey {
+  id: string;
+  kind: 'personal' | 'team';
+  status: 'active' | 'deleted';
+  budget: number | null;
+  spent: number;
+  models: string[] | null;
+}
+
+export interface PolicyProject {
+  status: 'enabled' | 'disabled';
+  budget: number | null;
+  spent: number;
+}
+
+export interface PolicyFacts {
+  key: PolicyKey;
+  project: PolicyProject | null;
+  walletBalance: number | null;
+}
+
+const exhausted = (spent: number, budget: number | null) => budget !== null && spent >= budget;
+
+/** Step 3: a known key that is not deleted. `facts` null means no key has this hash. */
+export function checkKey(facts: PolicyFacts | null, unknownMessage: () => string): Denial | null {
+  if (facts === null) return deny('invalid_api_key', unknownMessage());
+  if (facts.key.status === 'deleted') return deny('api_key_deleted', 'This API key has been deleted. Create a new key in the console.');
+  return null;
+}
+
+/** Steps 4-5: standing of the key's project or wallet for the route's class. */
+export function checkStanding(facts: PolicyFacts, routeClass: RouteClass): Denial | null {
+  if (routeClass === 'listing') return null;
+  const { key, project } = facts;
+  if (routeClass === 'files') {
+    // A team key whose project is missing from the replica is treated as disabled: fail closed.
+    if (key.kind === 'team' && (project === null || project.status !== 'enabled')) {
+      return deny('project_disabled', 'The project this key belongs to is disabled.', { status: 403 });
+    }
+    return null;
+  }
+  if (key.kind === 'team') {
+    if (project === null || project.status !== 'enabled') {
+      return deny('project_disabled', 'The project this key belongs to is disabled.', { status: 402 });
+    }
+    if (exhausted(key.spent, key.budget)) return deny('key_budget_exhausted', "This key's budget is used up. Ask a project admin to raise it.");
+    if (exhausted(project.spent, project.budget)) {
+      return deny('project_budget_exhausted', "The project's budget is used up. Ask a project admin to raise it.");
+    }
+    return null;
+  }
+  if ((facts.walletBalance ?? 0) <= 0) return deny('insufficient_balance', 'Your wallet balance is used up. Add credit to continue.');
+  return null;
+}
+
+const globCache = new Map<string, RegExp>();
+
+function globToRegExp(glob: string): RegExp {
+  let re = globCache.get(glob);
+  if (!re) {
+    // Anchored, `*` is the only wildcard; everything else is literal.
+    re = new RegExp(`^${glob.split('*').map((s) => s.replace(/[.+?^${}()|[\]\\]/g, '\\$&')).join('.*')}$`, 's');
+    if (globCache.size > 10_000) globCache.clear();
+    globCache.set(glob, re);
+  }
+  return re;
+}
+
+export function modelInScope(scope: readonly string[] | null, model: string): boolean {
+  if (scope === null || scope.length === 0) return true;
+  for (const glob of scope) if (globToRegExp(glob).test(model)) return true;
+  return false;
+}
+
+/**
+ * Step 7. A request that names no model (allowed on routes where the model is
+ * optional upstream) passes an empty scope but not a restricted one, since the
+ * upstream would pick a default model the key may not be allowed to use.
+ */
+export function checkModel(key: PolicyKey, model: string | null): Denial | null {
+  if (model === null) {
+    if (key.models === null || key.models.length === 0) return null;
+    return deny('model_not_allowed', 'This key is limited to certain models; name the model in the request.');
+  }
+  if (modelInScope(key.models, model)) return null;
+  return deny('model_not_allowed', `This key may not use the model "${truncate(model)}".`);
+}
+
+function truncate(s: string): string {
+  // eslint-disable-next-line no-control-regex
+  const clean = s.replace(/[\x00-\x1f\x7f]/g, '');
+  return clean.length > 128 ? `${clean.slice(0, 128)}…` : clean;
+}

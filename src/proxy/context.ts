@@ -1,0 +1,82 @@
+/**
+ * Per-request state carried from arrival to the access log line. Built once per
+ * request; the log line is derived from it when the response ends.
+ */
+import type { IncomingMessage } from 'node:http';
+import { randomUUID } from 'node:crypto';
+import { cleanAttribution, saneRequestId, type AccessLine } from '../obs/logger.js';
+import type { Lease } from '../limits/limiter.js';
+import type { Route } from '../routes.js';
+import type { KeyFacts } from '../replica/store.js';
+import type { Usage } from './usage.js';
+
+export interface RequestContext {
+  reqId: string;
+  start: number;
+  method: string;
+  path: string;
+  route: Route | null;
+  code: string | null;
+  facts: KeyFacts | null;
+  model: string | null;
+  upstream: string | null;
+  apiVersion: string | null;
+  appName: string | null;
+  appUrl: string | null;
+  upstreamStart: number | null;
+  upstreamMs: number | null;
+  decidedAt: number | null;
+  usage: Usage | null;
+  lease: Lease | null;
+}
+
+export function newContext(req: IncomingMessage, opts: { versionHeader: string; now: number }): RequestContext {
+  const url = req.url ?? '/';
+  const q = url.indexOf('?');
+  const version = req.headers[opts.versionHeader];
+  return {
+    reqId: saneRequestId(req.headers['x-request-id']) ?? randomUUID(),
+    start: opts.now,
+    method: req.method ?? 'GET',
+    path: q === -1 ? url : url.slice(0, q),
+    route: null,
+    code: null,
+    facts: null,
+    model: null,
+    upstream: null,
+    apiVersion: cleanAttribution(version),
+    appName: cleanAttribution(req.headers['x-app-name']),
+    appUrl: cleanAttribution(req.headers['x-app-url']),
+    upstreamStart: null,
+    upstreamMs: null,
+    decidedAt: null,
+    usage: null,
+    lease: null,
+  };
+}
+
+export function accessLine(ctx: RequestContext, status: number, now: number): AccessLine {
+  const key = ctx.facts?.key;
+  return {
+    req_id: ctx.reqId,
+    method: ctx.method,
+    // The raw path is logged as received (it was checked, not normalised); the query never is.
+    path: ctx.path.length > 512 ? ctx.path.slice(0, 512) : ctx.path,
+    route: ctx.route?.name ?? null,
+    status,
+    code: ctx.code,
+    key_id: key?.id ?? null,
+    key_kind: key?.kind ?? null,
+    project_id: key?.projectId ?? null,
+    user_id: key?.userId ?? null,
+    model: ctx.model,
+    routing: ctx.upstream,
+    app_name: ctx.appName,
+    app_url: ctx.appUrl,
+    input_tokens: ctx.usage?.input_tokens ?? null,
+    output_tokens: ctx.usage?.output_tokens ?? null,
+    api_version: ctx.apiVersion,
+    duration_ms: Math.round((now - ctx.start) * 1000) / 1000,
+    upstream_ms: ctx.upstreamMs === null ? null : Math.round(ctx.upstreamMs * 1000) / 1000,
+  };
+}

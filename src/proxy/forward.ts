@@ -1,0 +1,93 @@
+/**
+ * Forwarding with http-proxy-3 (one keep-alive agent per upstream). Method, path,
+ * headers and body bytes go through unchanged except for hop-by-hop headers, which
+ * belong to each connection and are dropped both ways.
+ */
+import http, { type IncomingMessage, type ServerResponse } from 'node:http';
+import https from 'node:https';
+import type { Readable } from 'node:stream';
+import { createProxyServer } from 'http-proxy-3';
+
+export interface UpstreamTarget {
+  url: string;
+  timeoutMs: number;
+}
+
+export type ForwardFailure = 'timeout' | 'unavailable';
+
+export interface ForwarderOptions {
+  upstreams: Record<string, UpstreamTarget>;
+  /** called once per forwarded response, before its headers are written to the client */
+  onResponse: (proxyRes: IncomingMessage, req: IncomingMessage, res: ServerResponse) => void;
+  /** the upstream could not be reached or went quiet for longer than its timeout */
+  onFailure: (kind: ForwardFailure, err: Error, req: IncomingMessage, res: ServerResponse) => void;
+}
+
+export interface Forwarder {
+  forward(req: IncomingMessage, res: ServerResponse, opts: { upstream: string; body: Readable | null }): void;
+  close(): void;
+}
+
+const FIXED_HOP_BY_HOP = ['connection', 'keep-alive', 'te', 'trailer', 'upgrade', 'proxy-authorization', 'proxy-connection'];
+
+/** Removes hop-by-hop headers, including any named in Connection, from a header object. */
+export function dropHopByHop(headers: Record<string, unknown>): void {
+  const connection = headers.connection;
+  if (typeof connection === 'string') {
+    for (const token of connection.split(',')) {
+      const name = token.trim().toLowerCase();
+      // Connection may not remove the framing or the credentials of this request.
+      if (name && name !== 'content-length' && name !== 'transfer-encoding' && name !== 'host') delete headers[name];
+    }
+  }
+  for (const name of FIXED_HOP_BY_HOP) delete headers[name];
+}
+
+class UpstreamTimeout extends Error {
+  readonly code = 'UPSTREAM_TIMEOUT';
+}
+
+/**
+ * The idle timeout is set where every outgoing request passes (the agent), because
+ * http-proxy-3 skips its proxyReq hook for requests that carry `Expect`.
+ */
+function timeoutAgent<A extends http.Agent>(agent: A, timeoutMs: number): A {
+  const a = agent as A & { addRequest(req: http.ClientRequest, options: unknown): void };
+  const add = a.addRequest.bind(a);
+  a.addRequest = (req, options) => {
+    if (timeoutMs > 0) req.setTimeout(timeoutMs, () => req.destroy(new UpstreamTimeout(`no answer from upstream within ${timeoutMs} ms`)));
+    add(req, options);
+  };
+  return a;
+}
+
+export function createForwarder(opts: ForwarderOptions): Forwarder {
+  const proxy = createProxyServer({ xfwd: false, changeOrigin: false, ws: false });
+  const targets = new Map<string, { url: URL; agent: http.Agent }>();
+  for (const [name, up] of Object.entries(opts.upstreams)) {
+    const url = new URL(up.url);
+    const agentOpts = { keepAlive: true, keepAliveMsecs: 1000, maxSockets: Infinity, maxFreeSockets: 256, scheduling: 'lifo' as const };
+    const agent = url.protocol === 'https:' ? new https.Agent(agentOpts) : new http.Agent(agentOpts);
+    targets.set(name, { url, agent: timeoutAgent(agent, up.timeoutMs) });
+  }
+  proxy.on('proxyRes', (proxyRes, req, res) => {
+    dropHopByHop(proxyRes.headers as Record<string, unknown>);
+    opts.onResponse(proxyRes, req, res as ServerResponse);
+  });
+  // A client that went away mid-request: http-proxy-3 already destroyed the upstream request.
+  proxy.on('econnreset', () => {});
+
+  return {
+    forward(req, res, { upstream, body }) {
+      const target = targets.get(upstream) ?? targets.get('default')!;
+      dropHopByHop(req.headers as Record<string, unknown>);
+      proxy.web(req, res, { target: target.url, agent: target.agent, ...(body ? { buffer: body } : {}) }, (err: Error & { code?: string }) => {
+        opts.onFailure(err.code === 'UPSTREAM_TIMEOUT' ? 'timeout' : 'unavailable', err, req, res);
+      });
+    },
+    close() {
+      for (const t of targets.values()) t.agent.destroy();
+      proxy.close();
+    },
+  };
+}

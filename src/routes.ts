@@ -1,0 +1,114 @@
+/**
+ * Route table and path checks (DESIGN section 3). Pure. The path that is classified is
+ * the path that is forwarded, so suspicious paths are rejected, never normalised.
+ */
+import type { ErrorStyle } from './errors.js';
+
+export type RouteClass = 'listing' | 'model' | 'files';
+
+export interface Route {
+  /** stable name for logs and metrics, e.g. "chat.completions" */
+  name: string;
+  class: RouteClass;
+  /** bearer: only Authorization: Bearer; messages: x-api-key preferred, Bearer accepted */
+  credentials: 'bearer' | 'messages';
+  style: ErrorStyle;
+  /** count_tokens: admitted like a model request but never charged tokens */
+  countTokens: boolean;
+  /** a POST body without `model` is a 400 (APIs where model is optional upstream leave it out) */
+  modelRequired: boolean;
+}
+
+export interface RouteRule {
+  /** exact path, or prefix match when `prefix` is set (the bare prefix matches too) */
+  path: string;
+  prefix: boolean;
+  methods: readonly string[] | null;
+  route: Route;
+}
+
+export type Classified = { ok: true; route: Route; path: string } | { ok: false; code: 'not_found' | 'invalid_path'; message: string };
+
+const r = (name: string, cls: RouteClass, extra: Partial<Route> = {}): Route => ({
+  name,
+  class: cls,
+  credentials: 'bearer',
+  style: 'openai',
+  countTokens: false,
+  modelRequired: false,
+  ...extra,
+});
+
+const rule = (path: string, route: Route, opts: { prefix?: boolean; methods?: string[] } = {}): RouteRule => ({
+  path,
+  prefix: opts.prefix ?? false,
+  methods: opts.methods ?? null,
+  route,
+});
+
+export const DEFAULT_RULES: readonly RouteRule[] = [
+  rule('/v1/models', r('models', 'listing'), { methods: ['GET'] }),
+  rule('/v1/models', r('models', 'listing'), { prefix: true, methods: ['GET'] }),
+  rule('/v1/chat/completions', r('chat.completions', 'model', { modelRequired: true })),
+  rule('/v1/completions', r('completions', 'model', { modelRequired: true })),
+  rule('/v1/embeddings', r('embeddings', 'model', { modelRequired: true })),
+  rule('/v1/responses', r('responses', 'model', { modelRequired: true }), { methods: ['POST'] }),
+  rule('/v1/responses', r('responses', 'model'), { prefix: true }),
+  rule('/v1/moderations', r('moderations', 'model')),
+  rule('/v1/images', r('images', 'model'), { prefix: true }),
+  rule('/v1/audio', r('audio', 'model'), { prefix: true }),
+  rule('/v1/messages/count_tokens', r('messages.count_tokens', 'model', { credentials: 'messages', style: 'messages', countTokens: true, modelRequired: true }), { methods: ['POST'] }),
+  rule('/v1/messages', r('messages', 'model', { credentials: 'messages', style: 'messages', modelRequired: true }), { methods: ['POST'] }),
+  rule('/v1/files', r('files', 'files'), { prefix: true }),
+  rule('/v1/uploads', r('uploads', 'files'), { prefix: true }),
+];
+
+/** Turns config route entries into rules placed before the defaults. */
+export function buildRules(extra: readonly { path: string; methods?: string[] | undefined; class: RouteClass; credentials: 'bearer' | 'messages'; style: ErrorStyle; countTokens: boolean; modelRequired: boolean }[]): RouteRule[] {
+  const custom = extra.map((e) => {
+    const prefix = e.path.endsWith('/*');
+    const path = prefix ? e.path.slice(0, -2) : e.path;
+    return rule(path, r(`custom:${path}`, e.class, { credentials: e.credentials, style: e.style, countTokens: e.countTokens, modelRequired: e.modelRequired }), {
+      prefix,
+      ...(e.methods ? { methods: e.methods } : {}),
+    });
+  });
+  return [...custom, ...DEFAULT_RULES];
+}
+
+// Encoded dot, slash and backslash, and encoded NUL: decoding them upstream would change the path.
+const ENCODED = /%(2e|2f|5c|00)/i;
+
+/** Checks the raw request target; returns the path (no query) or why it is refused. */
+export function checkPath(target: string): { ok: true; path: string } | { ok: false; message: string } {
+  if (!target.startsWith('/')) {
+    return { ok: false, message: 'absolute-form or malformed request targets are not accepted; send the path only' };
+  }
+  const q = target.indexOf('?');
+  const path = q === -1 ? target : target.slice(0, q);
+  if (path.startsWith('//')) return { ok: false, message: 'the path must not start with //' };
+  if (path.includes('\\')) return { ok: false, message: 'backslashes are not allowed in the path' };
+  if (ENCODED.test(path)) return { ok: false, message: 'encoded dots, slashes or backslashes are not allowed in the path' };
+  // eslint-disable-next-line no-control-regex
+  if (/[\x00-\x20\x7f]/.test(path)) return { ok: false, message: 'control characters and spaces are not allowed in the path' };
+  for (const seg of path.split('/')) {
+    if (seg === '.' || seg === '..') return { ok: false, message: 'dot segments are not allowed in the path' };
+  }
+  return { ok: true, path };
+}
+
+function matches(rule: RouteRule, method: string, path: string): boolean {
+  if (rule.methods && !rule.methods.includes(method)) return false;
+  if (path === rule.path) return true;
+  return rule.prefix && path.startsWith(rule.path) && path.charCodeAt(rule.path.length) === 47; // '/'
+}
+
+/** Classifies a request: the first matching rule wins; no match is 404 and is not forwarded. */
+export function classify(rules: readonly RouteRule[], method: string, target: string): Classified {
+  const checked = checkPath(target);
+  if (!checked.ok) return { ok: false, code: 'invalid_path', message: checked.message };
+  for (const rl of rules) {
+    if (matches(rl, method, checked.path)) return { ok: true, route: rl.route, path: checked.path };
+  }
+  return { ok: false, code: 'not_found', message: `no route here for ${method} on this path` };
+}
