@@ -1,0 +1,214 @@
+/**
+ * The admin API under /admin/v1. An admin token may do everything. A user token may list,
+ * show and reveal only its own personal keys and the keys of projects it belongs to, and
+ * read its own wallet and its projects; anything else is 403, a missing token 401.
+ */
+import type { IncomingMessage, ServerResponse } from 'node:http';
+import { z } from 'zod';
+import { idPattern } from './config.js';
+import { ApiError, invalid } from './errors.js';
+import { forbidden, match, readJson, sendJson, type ConsoleLogger, type Principal } from './http.js';
+import type { ConsoleStore } from './store.js';
+
+const ident = z.string().regex(idPattern, 'expected an id of letters, digits, and . _ @ -');
+const count = z.number().int().nonnegative().nullable().optional();
+const settings = {
+  name: z.string().max(200).nullable().optional(),
+  models: z.array(z.string().min(1).max(256)).max(1000).nullable().optional(),
+  routing: z.string().min(1).max(64).nullable().optional(),
+  rpm: count,
+  tpm: count,
+  concurrency: count,
+  budget: z.number().finite().nonnegative().nullable().optional(),
+};
+const createKeyBody = z.discriminatedUnion('kind', [
+  z.strictObject({ kind: z.literal('personal'), user: ident, ...settings }),
+  z.strictObject({ kind: z.literal('team'), project: ident, ...settings }),
+]);
+const updateKeyBody = z.strictObject(settings);
+const createProjectBody = z.strictObject({
+  id: ident,
+  budget: z.number().finite().nonnegative().nullable().optional(),
+  members: z.array(ident).max(10_000).optional(),
+});
+const updateProjectBody = z.strictObject({
+  status: z.enum(['enabled', 'disabled']).optional(),
+  budget: z.number().finite().nonnegative().nullable().optional(),
+});
+const creditBody = z.strictObject({ amount: z.number().finite().positive() });
+const setBody = z.strictObject({ balance: z.number().finite() });
+
+interface Ctx {
+  req: IncomingMessage;
+  res: ServerResponse;
+  params: Record<string, string>;
+  query: URLSearchParams;
+  who: Principal & { role: 'admin' | 'user' };
+  store: ConsoleStore;
+  log: ConsoleLogger;
+}
+
+type Handler = (ctx: Ctx) => Promise<void> | void;
+interface Route { method: string; pattern: string; adminOnly: boolean; handle: Handler }
+
+const asUser = (ctx: Ctx) => (ctx.who.role === 'user' ? ctx.who.user : null);
+
+/** 404 for a key that does not exist, 403 for one the user token may not see. */
+function visibleKey(ctx: Ctx) {
+  const row = ctx.store.keyRow(ctx.params.id!);
+  const user = asUser(ctx);
+  if (user !== null && !ctx.store.canSee(user, row)) throw forbidden('this key belongs to someone else');
+  return row;
+}
+
+function audit(ctx: Ctx, action: string, fields: Record<string, unknown>) {
+  ctx.log.info({ audit: action, by: ctx.who.role === 'user' ? `user:${ctx.who.user}` : 'admin', ...fields }, `admin ${action}`);
+}
+
+const routes: Route[] = [
+  { method: 'GET', pattern: '/admin/v1/whoami', adminOnly: false, handle: (c) => sendJson(c.res, 200, c.who) },
+  {
+    method: 'GET', pattern: '/admin/v1/keys', adminOnly: false,
+    handle: (c) => {
+      const user = asUser(c);
+      const filter = {
+        ...(c.query.has('user') ? { user: c.query.get('user')! } : {}),
+        ...(c.query.has('project') ? { project: c.query.get('project')! } : {}),
+        includeDeleted: c.query.get('all') === '1' || c.query.get('all') === 'true',
+        ...(user !== null ? { visibleTo: { user } } : {}),
+      };
+      sendJson(c.res, 200, { keys: c.store.listKeys(filter) });
+    },
+  },
+  {
+    method: 'POST', pattern: '/admin/v1/keys', adminOnly: true,
+    handle: async (c) => {
+      const body = await readJson(c.req, createKeyBody);
+      const out = c.store.createKey(body);
+      audit(c, 'key.create', { key_id: out.key.id, kind: out.key.kind });
+      sendJson(c.res, 201, out);
+    },
+  },
+  { method: 'GET', pattern: '/admin/v1/keys/:id', adminOnly: false, handle: (c) => sendJson(c.res, 200, { key: c.store.getKey(visibleKey(c).id) }) },
+  {
+    method: 'PATCH', pattern: '/admin/v1/keys/:id', adminOnly: true,
+    handle: async (c) => {
+      const body = await readJson(c.req, updateKeyBody);
+      const key = c.store.updateKey(c.params.id!, body);
+      audit(c, 'key.update', { key_id: key.id, fields: Object.keys(body) });
+      sendJson(c.res, 200, { key });
+    },
+  },
+  {
+    method: 'DELETE', pattern: '/admin/v1/keys/:id', adminOnly: true,
+    handle: (c) => {
+      const key = c.store.deleteKey(c.params.id!);
+      audit(c, 'key.delete', { key_id: key.id });
+      sendJson(c.res, 200, { key });
+    },
+  },
+  {
+    method: 'POST', pattern: '/admin/v1/keys/:id/reveal', adminOnly: false,
+    handle: (c) => {
+      const row = visibleKey(c);
+      const secret = c.store.reveal(row.id);
+      audit(c, 'key.reveal', { key_id: row.id });
+      sendJson(c.res, 200, { id: row.id, secret });
+    },
+  },
+  {
+    method: 'POST', pattern: '/admin/v1/keys/:id/rotate', adminOnly: true,
+    handle: (c) => {
+      const out = c.store.rotateKey(c.params.id!);
+      audit(c, 'key.rotate', { key_id: out.key.id, replaces: out.replaces.id });
+      sendJson(c.res, 201, out);
+    },
+  },
+  {
+    method: 'GET', pattern: '/admin/v1/projects', adminOnly: false,
+    handle: (c) => {
+      const user = asUser(c);
+      sendJson(c.res, 200, { projects: c.store.listProjects(user !== null ? { member: user } : {}) });
+    },
+  },
+  {
+    method: 'POST', pattern: '/admin/v1/projects', adminOnly: true,
+    handle: async (c) => {
+      const project = c.store.createProject(await readJson(c.req, createProjectBody));
+      audit(c, 'project.create', { project_id: project.id });
+      sendJson(c.res, 201, { project });
+    },
+  },
+  {
+    method: 'GET', pattern: '/admin/v1/projects/:id', adminOnly: false,
+    handle: (c) => {
+      const user = asUser(c);
+      const project = c.store.getProject(c.params.id!);
+      if (user !== null && !project.members.includes(user)) throw forbidden('not a member of this project');
+      sendJson(c.res, 200, { project });
+    },
+  },
+  {
+    method: 'PATCH', pattern: '/admin/v1/projects/:id', adminOnly: true,
+    handle: async (c) => {
+      const body = await readJson(c.req, updateProjectBody);
+      const project = c.store.updateProject(c.params.id!, body);
+      audit(c, 'project.update', { project_id: project.id, fields: Object.keys(body) });
+      sendJson(c.res, 200, { project });
+    },
+  },
+  ...(['PUT', 'DELETE'] as const).map((method): Route => ({
+    method, pattern: '/admin/v1/projects/:id/members/:user', adminOnly: true,
+    handle: (c) => {
+      if (!idPattern.test(c.params.user!)) throw invalid('user: expected an id of letters, digits, and . _ @ -');
+      const project = c.store.setMember({ project: c.params.id!, user: c.params.user!, member: method === 'PUT' });
+      audit(c, method === 'PUT' ? 'project.member.add' : 'project.member.remove', { project_id: project.id, user: c.params.user });
+      sendJson(c.res, 200, { project });
+    },
+  })),
+  { method: 'GET', pattern: '/admin/v1/wallets', adminOnly: true, handle: (c) => sendJson(c.res, 200, { wallets: c.store.listWallets() }) },
+  {
+    method: 'GET', pattern: '/admin/v1/wallets/:user', adminOnly: false,
+    handle: (c) => {
+      const user = asUser(c);
+      if (user !== null && user !== c.params.user) throw forbidden('this wallet belongs to someone else');
+      sendJson(c.res, 200, { wallet: c.store.getWallet(c.params.user!) });
+    },
+  },
+  {
+    method: 'POST', pattern: '/admin/v1/wallets/:user/credit', adminOnly: true,
+    handle: async (c) => {
+      if (!idPattern.test(c.params.user!)) throw invalid('user: expected an id of letters, digits, and . _ @ -');
+      const { amount } = await readJson(c.req, creditBody);
+      const wallet = c.store.changeWallet({ user: c.params.user!, credit: amount });
+      audit(c, 'wallet.credit', { user: wallet.user, amount });
+      sendJson(c.res, 200, { wallet });
+    },
+  },
+  {
+    method: 'PUT', pattern: '/admin/v1/wallets/:user', adminOnly: true,
+    handle: async (c) => {
+      if (!idPattern.test(c.params.user!)) throw invalid('user: expected an id of letters, digits, and . _ @ -');
+      const { balance } = await readJson(c.req, setBody);
+      const wallet = c.store.changeWallet({ user: c.params.user!, set: balance });
+      audit(c, 'wallet.set', { user: wallet.user, balance });
+      sendJson(c.res, 200, { wallet });
+    },
+  },
+];
+
+/** Handles an /admin/v1 request for an authenticated principal (the caller answered 401 already). */
+export async function handleAdmin(opts: Omit<Ctx, 'params'> & { path: string }): Promise<void> {
+  let methodMismatch = false;
+  for (const r of routes) {
+    const params = match(r.pattern, opts.path);
+    if (!params) continue;
+    if (r.method !== opts.req.method) {
+      methodMismatch = true;
+      continue;
+    }
+    if (r.adminOnly && opts.who.role !== 'admin') throw forbidden('this needs an admin token');
+    return r.handle({ ...opts, params });
+  }
+  throw methodMismatch ? new ApiError(405, 'method_not_allowed', 'method not allowed on this path') : new ApiError(404, 'not_found', 'no such endpoint');
+}

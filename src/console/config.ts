@@ -1,0 +1,94 @@
+/**
+ * The reference console's configuration (`keyward console --config FILE`). Strict like the
+ * sidecar's: an unknown key, a wrong type or a missing value is an error naming its path.
+ *
+ * Secrets: tokens usually come in through `${VAR}` expansion. The master key is never in
+ * the file at all, only the name of the environment variable that holds it, so a config
+ * file can be shared or printed without exposing the key that decrypts every stored secret.
+ */
+import { z } from 'zod';
+import { loadConfigFile } from '../config/load.js';
+
+const port = z.number().int().min(0).max(65535);
+/** Long enough that a guessed or truncated token is not plausible. */
+const token = z.string().min(16, 'tokens must be at least 16 characters');
+export const idPattern = /^[A-Za-z0-9][A-Za-z0-9._@-]{0,127}$/;
+const principalId = z.string().regex(idPattern, 'expected an id of letters, digits, and . _ @ -');
+const price = z.number().finite().nonnegative();
+
+const priceEntry = z.strictObject({
+  /** anchored glob over the model name; `*` matches any run of characters */
+  match: z.string().min(1).max(256),
+  inputPerMillion: price,
+  outputPerMillion: price,
+});
+
+export const consoleConfigSchema = z
+  .strictObject({
+    listen: z
+      .strictObject({ host: z.string().min(1).default('127.0.0.1'), port: port.default(7000) })
+      .prefault({}),
+    store: z.strictObject({ path: z.string().min(1).default('./data/console.sqlite') }).prefault({}),
+    /** Name of the environment variable holding the AES-256-GCM master key (32 bytes: 64 hex, or base64). */
+    masterKeyEnv: z.string().regex(/^[A-Za-z_][A-Za-z0-9_]*$/, 'expected an environment variable name').default('KEYWARD_MASTER_KEY'),
+    /** Must match the sidecars' `keys.hash` and `keys.pepper`, or no key will authenticate. */
+    keys: z
+      .strictObject({
+        hash: z.enum(['sha256', 'hmac-sha256']).default('sha256'),
+        pepper: z.string().min(16, 'the pepper must be at least 16 characters').optional(),
+      })
+      .prefault({})
+      .refine((k) => k.hash !== 'hmac-sha256' || k.pepper !== undefined, {
+        message: 'hash hmac-sha256 needs a pepper',
+        path: ['pepper'],
+      }),
+    auth: z.strictObject({
+      /** bearer tokens the sidecars use on /sync/v1/* */
+      syncTokens: z.array(token).min(1),
+      /** bearer tokens that may do everything on /admin/v1/* */
+      adminTokens: z.array(token).min(1),
+      /** people: may list, show and reveal their own personal keys and their projects' keys */
+      users: z.array(z.strictObject({ id: principalId, token })).default([]),
+    }),
+    sync: z
+      .strictObject({
+        /** how many changes the feed keeps; a cursor older than that is answered 410 (take a snapshot) */
+        retainChanges: z.number().int().min(1).default(100_000),
+        /** most changes in one /changes answer; the sidecar asks again at once for the rest */
+        maxBatch: z.number().int().min(1).max(100_000).default(1000),
+        /** largest accepted POST /sync/v1/usage body */
+        maxUsageBytes: z.number().int().positive().default(8 * 1024 * 1024),
+      })
+      .prefault({}),
+    pricing: z.strictObject({
+      /** first match wins, so put specific globs before general ones */
+      models: z.array(priceEntry).default([]),
+      /** what usage of a model no entry matches (or with no model) costs; deliberately required */
+      unpriced: z.strictObject({ inputPerMillion: price, outputPerMillion: price }),
+    }),
+    logging: z.strictObject({ level: z.enum(['trace', 'debug', 'info', 'warn', 'error', 'fatal', 'silent']).default('info') }).prefault({}),
+  })
+  .superRefine((c, ctx) => {
+    // One token, one role: a token shared between roles would make its holder's rights ambiguous.
+    const seen = new Map<string, string>();
+    const check = (t: string, where: (string | number)[]) => {
+      const prev = seen.get(t);
+      if (prev !== undefined) ctx.addIssue({ code: 'custom', message: `same token as ${prev}`, path: where });
+      else seen.set(t, where.join('.'));
+    };
+    c.auth.syncTokens.forEach((t, i) => check(t, ['auth', 'syncTokens', i]));
+    c.auth.adminTokens.forEach((t, i) => check(t, ['auth', 'adminTokens', i]));
+    c.auth.users.forEach((u, i) => check(u.token, ['auth', 'users', i, 'token']));
+    const ids = new Set<string>();
+    c.auth.users.forEach((u, i) => {
+      if (ids.has(u.id)) ctx.addIssue({ code: 'custom', message: `user ${u.id} is listed twice`, path: ['auth', 'users', i, 'id'] });
+      ids.add(u.id);
+    });
+  });
+
+export type ConsoleConfig = z.infer<typeof consoleConfigSchema>;
+export type ConsoleConfigInput = z.input<typeof consoleConfigSchema>;
+
+export function loadConsoleConfig(opts: { file: string; env?: NodeJS.ProcessEnv }): ConsoleConfig {
+  return loadConfigFile({ file: opts.file, schema: consoleConfigSchema, ...(opts.env ? { env: opts.env } : {}) });
+}

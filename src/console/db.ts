@@ -1,0 +1,147 @@
+/**
+ * The console's own SQLite store: wallets, projects and members, keys (hash plus the
+ * encrypted secret, never the plain key), the change log the sync feed serves, and the
+ * usage ledger that makes ingestion idempotent per request id.
+ */
+import Database from 'better-sqlite3';
+import { mkdirSync } from 'node:fs';
+import { dirname } from 'node:path';
+import type { KeyRecord, ProjectRecord, WalletRecord } from '../sync/protocol.js';
+
+const DDL = `
+CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value BLOB NOT NULL);
+CREATE TABLE IF NOT EXISTS wallets (
+  user_id TEXT PRIMARY KEY,
+  balance REAL NOT NULL,
+  updated_at INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS projects (
+  id TEXT PRIMARY KEY,
+  status TEXT NOT NULL CHECK (status IN ('enabled', 'disabled')),
+  budget REAL,
+  spent REAL NOT NULL DEFAULT 0,
+  created_at INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS members (
+  project_id TEXT NOT NULL REFERENCES projects(id),
+  user_id TEXT NOT NULL,
+  PRIMARY KEY (project_id, user_id)
+);
+CREATE INDEX IF NOT EXISTS members_user ON members(user_id);
+CREATE TABLE IF NOT EXISTS keys (
+  id TEXT PRIMARY KEY,
+  name TEXT,
+  hash TEXT NOT NULL UNIQUE,
+  secret_iv BLOB,
+  secret_tag BLOB,
+  secret_ct BLOB,
+  kind TEXT NOT NULL CHECK (kind IN ('personal', 'team')),
+  user_id TEXT,
+  project_id TEXT REFERENCES projects(id),
+  status TEXT NOT NULL CHECK (status IN ('active', 'deleted')),
+  budget REAL,
+  spent REAL NOT NULL DEFAULT 0,
+  models TEXT,
+  routing TEXT,
+  rpm INTEGER,
+  tpm INTEGER,
+  concurrency INTEGER,
+  created_at INTEGER NOT NULL,
+  last_used_at INTEGER,
+  deleted_at INTEGER
+);
+CREATE INDEX IF NOT EXISTS keys_user ON keys(user_id);
+CREATE INDEX IF NOT EXISTS keys_project ON keys(project_id);
+CREATE TABLE IF NOT EXISTS changes (
+  version INTEGER PRIMARY KEY AUTOINCREMENT,
+  entity TEXT NOT NULL,
+  body TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS usage (
+  request_id TEXT PRIMARY KEY,
+  key_id TEXT NOT NULL,
+  model TEXT,
+  input_tokens INTEGER NOT NULL,
+  output_tokens INTEGER NOT NULL,
+  status INTEGER NOT NULL,
+  cost REAL NOT NULL,
+  at INTEGER NOT NULL,
+  received_at INTEGER NOT NULL
+);
+`;
+
+export type DB = Database.Database;
+
+export function openConsoleDb(path: string): DB {
+  if (path !== ':memory:') mkdirSync(dirname(path), { recursive: true });
+  const db = new Database(path);
+  // WAL lets a snapshot stream read a consistent view on its own connection while writes go on.
+  db.pragma('journal_mode = WAL');
+  db.pragma('synchronous = NORMAL');
+  db.pragma('busy_timeout = 5000');
+  db.pragma('foreign_keys = ON');
+  db.exec(DDL);
+  return db;
+}
+
+/** Amounts are decimals; rounding every stored sum to 1e-9 keeps float drift from accumulating. */
+export function money(x: number): number {
+  return Math.round(x * 1e9) / 1e9;
+}
+
+export interface KeyRow {
+  id: string; name: string | null; hash: string; kind: 'personal' | 'team';
+  user_id: string | null; project_id: string | null; status: 'active' | 'deleted';
+  budget: number | null; spent: number; models: string | null; routing: string | null;
+  rpm: number | null; tpm: number | null; concurrency: number | null;
+  created_at: number; last_used_at: number | null; deleted_at: number | null;
+  secret_iv: Buffer | null; secret_tag: Buffer | null; secret_ct: Buffer | null;
+}
+export interface ProjectRow { id: string; status: 'enabled' | 'disabled'; budget: number | null; spent: number; created_at: number }
+export interface WalletRow { user_id: string; balance: number; updated_at: number }
+
+/** Column list without the secret, for every query that does not reveal. */
+export const KEY_COLUMNS = `id, name, hash, kind, user_id, project_id, status, budget, spent, models, routing, rpm, tpm,
+  concurrency, created_at, last_used_at, deleted_at`;
+
+export function keyRecordOf(r: KeyRow): KeyRecord {
+  return {
+    type: 'key', id: r.id, hash: r.hash, kind: r.kind, user: r.user_id, project: r.project_id, status: r.status,
+    budget: r.budget, spent: r.spent, models: r.models === null ? null : (JSON.parse(r.models) as string[]),
+    routing: r.routing, rpm: r.rpm, tpm: r.tpm, concurrency: r.concurrency,
+  };
+}
+
+export function projectRecordOf(r: ProjectRow): ProjectRecord {
+  return { type: 'project', id: r.id, status: r.status, budget: r.budget, spent: r.spent };
+}
+
+export function walletRecordOf(r: WalletRow): WalletRecord {
+  return { type: 'wallet', user: r.user_id, balance: r.balance };
+}
+
+const iso = (ms: number | null) => (ms === null ? null : new Date(ms).toISOString());
+
+/** What the admin API shows about a key: settings and usage, never the hash or the secret. */
+export interface KeyView {
+  id: string; name: string | null; kind: 'personal' | 'team'; user: string | null; project: string | null;
+  status: 'active' | 'deleted'; budget: number | null; spent: number; models: string[] | null; routing: string | null;
+  rpm: number | null; tpm: number | null; concurrency: number | null;
+  createdAt: string; lastUsedAt: string | null; deletedAt: string | null;
+}
+
+export function keyViewOf(r: KeyRow): KeyView {
+  const { type: _t, hash: _h, ...rec } = keyRecordOf(r);
+  return { ...rec, name: r.name, createdAt: iso(r.created_at)!, lastUsedAt: iso(r.last_used_at), deletedAt: iso(r.deleted_at) };
+}
+
+export interface ProjectView { id: string; status: 'enabled' | 'disabled'; budget: number | null; spent: number; members: string[]; createdAt: string }
+export interface WalletView { user: string; balance: number; updatedAt: string }
+
+export function walletViewOf(r: WalletRow): WalletView {
+  return { user: r.user_id, balance: r.balance, updatedAt: iso(r.updated_at)! };
+}
+
+export function projectViewOf(r: ProjectRow, members: string[]): ProjectView {
+  return { id: r.id, status: r.status, budget: r.budget, spent: r.spent, members, createdAt: iso(r.created_at)! };
+}

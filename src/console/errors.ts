@@ -1,0 +1,18 @@
+/**
+ * Errors the admin and sync APIs answer with: `{"error":{"code","message"}}` and the status.
+ * Messages name ids and fields, never a key, a token or the master key.
+ */
+export class ApiError extends Error {
+  constructor(
+    readonly status: number,
+    readonly code: string,
+    message: string,
+  ) {
+    super(message);
+    this.name = 'ApiError';
+  }
+}
+
+export const notFound = (what: string, id: string) => new ApiError(404, 'not_found', `${what} ${id} does not exist`);
+export const invalid = (message: string) => new ApiError(400, 'invalid_request', message);
+export const conflict = (message: string) => new ApiError(409, 'conflict', message);

@@ -1,0 +1,118 @@
+/**
+ * The reference console's HTTP server: /admin/v1/* under admin and user tokens,
+ * /sync/v1/* under sync tokens. Start-up fails clearly on a missing, malformed or wrong
+ * master key before anything listens.
+ */
+import { createServer, type IncomingMessage, type ServerResponse } from 'node:http';
+import type { AddressInfo } from 'node:net';
+import { makeKeyHasher } from '../auth/hash.js';
+import { handleAdmin } from './admin-api.js';
+import type { ConsoleConfig } from './config.js';
+import { readMasterKey } from './crypto.js';
+import { openConsoleDb } from './db.js';
+import { ApiError } from './errors.js';
+import { ChangeFeed } from './feed.js';
+import { makeAuthenticator, principalName, sendError, silentLogger, unauthorized, forbidden, type ConsoleLogger } from './http.js';
+import { makePricer } from './pricing.js';
+import { ConsoleStore } from './store.js';
+import { handleSync } from './sync-api.js';
+
+export interface StartConsoleOptions {
+  config: ConsoleConfig;
+  /** where the master key is read from; defaults to process.env */
+  env?: NodeJS.ProcessEnv;
+  log?: ConsoleLogger;
+  now?: () => number;
+}
+
+export interface RunningConsole {
+  url: string;
+  port: number;
+  /** the state behind the API, for embedding and tests */
+  store: ConsoleStore;
+  close(): Promise<void>;
+}
+
+export async function startConsole(opts: StartConsoleOptions): Promise<RunningConsole> {
+  const { config } = opts;
+  const log = opts.log ?? silentLogger;
+  const masterKey = readMasterKey({ env: opts.env ?? process.env, name: config.masterKeyEnv });
+  const hasher = makeKeyHasher({ hash: config.keys.hash, pepper: config.keys.pepper });
+  const db = openConsoleDb(config.store.path);
+  let store: ConsoleStore;
+  try {
+    const feed = new ChangeFeed({ db, retain: config.sync.retainChanges, maxBatch: config.sync.maxBatch });
+    store = new ConsoleStore({ db, masterKey, hasher, feed, ...(opts.now ? { now: opts.now } : {}) });
+  } catch (err) {
+    db.close();
+    throw err;
+  }
+  const pricer = makePricer(config.pricing);
+  const authenticate = makeAuthenticator(config.auth);
+
+  const handle = async (req: IncomingMessage, res: ServerResponse, path: string, query: URLSearchParams) => {
+    const who = authenticate(req);
+    const isSync = path.startsWith('/sync/');
+    if (!isSync && !path.startsWith('/admin/')) throw new ApiError(404, 'not_found', 'no such endpoint');
+    if (!who) throw unauthorized();
+    if (isSync) {
+      if (who.role !== 'sync') throw forbidden('this needs a sync token');
+      return handleSync({ req, res, path, query, store, pricer, maxUsageBytes: config.sync.maxUsageBytes, log });
+    }
+    if (who.role === 'sync') throw forbidden('sync tokens may not use the admin API');
+    return handleAdmin({ req, res, path, query, who, store, log });
+  };
+
+  let closing: Promise<void> | null = null;
+  const server = createServer((req, res) => {
+    const started = performance.now();
+    const url = new URL(req.url ?? '/', 'http://console');
+    const path = url.pathname;
+    res.on('finish', () => {
+      // Path only: ids are not secrets, and the query string is never logged.
+      const line = { method: req.method, path, status: res.statusCode, ms: Math.round(performance.now() - started), by: principalName(authenticate(req)) };
+      if (path.startsWith('/sync/')) log.debug(line, 'request');
+      else log.info(line, 'request');
+    });
+    const work = closing ? Promise.reject(new ApiError(503, 'shutting_down', 'the console is shutting down')) : handle(req, res, path, url.searchParams);
+    work.catch((err: unknown) => {
+      if (res.headersSent) {
+        res.destroy();
+        return;
+      }
+      if (err instanceof ApiError) return sendError(res, err);
+      log.error({ err: err instanceof Error ? err.message : String(err), path }, 'console request failed');
+      sendError(res, new ApiError(500, 'internal_error', 'internal error'));
+    });
+  });
+  server.requestTimeout = 0; // long polls may last up to a minute
+  server.headersTimeout = 30_000;
+
+  await new Promise<void>((resolve, reject) => {
+    server.once('error', reject);
+    server.listen(config.listen.port, config.listen.host, () => {
+      server.off('error', reject);
+      resolve();
+    });
+  });
+  const port = (server.address() as AddressInfo).port;
+  const host = config.listen.host.includes(':') ? `[${config.listen.host}]` : config.listen.host;
+  return {
+    url: `http://${host}:${port}`,
+    port,
+    store,
+    close() {
+      closing ??= (async () => {
+        const closed = new Promise<void>((resolve) => server.close(() => resolve()));
+        store.feed.release(); // answer waiting long polls now rather than after waitMs
+        server.closeIdleConnections();
+        // A snapshot still streaming gets a moment, then its connection is cut.
+        const timer = setTimeout(() => server.closeAllConnections(), 2000);
+        await closed;
+        clearTimeout(timer);
+        db.close();
+      })();
+      return closing;
+    },
+  };
+}

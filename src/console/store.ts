@@ -1,0 +1,293 @@
+/**
+ * The console's state and every write to it. Each write runs in one transaction that also
+ * appends the changed records to the feed, so sidecars see exactly what was committed.
+ * Keys: the hash (what sidecars match) and the secret sealed under the master key; the
+ * plain key exists only in the create/rotate/reveal answer.
+ */
+import { randomBytes } from 'node:crypto';
+import { generateKey } from '../auth/keyformat.js';
+import type { KeyHasher } from '../auth/hash.js';
+import type { SyncRecord } from '../sync/protocol.js';
+import { MasterKeyError, open, seal } from './crypto.js';
+import {
+  KEY_COLUMNS, keyRecordOf, keyViewOf, money, projectRecordOf, projectViewOf, walletRecordOf, walletViewOf,
+  type DB, type KeyRow, type KeyView, type ProjectRow, type ProjectView, type WalletRow, type WalletView,
+} from './db.js';
+import { ApiError, conflict, invalid, notFound } from './errors.js';
+import { ChangeFeed } from './feed.js';
+
+export interface KeySettings {
+  name?: string | null;
+  models?: string[] | null;
+  routing?: string | null;
+  rpm?: number | null;
+  tpm?: number | null;
+  concurrency?: number | null;
+  budget?: number | null;
+}
+
+export type NewKey = KeySettings & ({ kind: 'personal'; user: string } | { kind: 'team'; project: string });
+
+export interface StoreOptions {
+  db: DB;
+  masterKey: Buffer;
+  hasher: KeyHasher;
+  feed: ChangeFeed;
+  now?: () => number;
+}
+
+const CHECK_PLAINTEXT = 'keyward-console-master-key-check';
+
+export class ConsoleStore {
+  readonly db: DB;
+  readonly feed: ChangeFeed;
+  private readonly masterKey: Buffer;
+  private readonly hasher: KeyHasher;
+  readonly now: () => number;
+
+  constructor(opts: StoreOptions) {
+    this.db = opts.db;
+    this.feed = opts.feed;
+    this.masterKey = opts.masterKey;
+    this.hasher = opts.hasher;
+    this.now = opts.now ?? Date.now;
+    this.verifyMasterKey();
+  }
+
+  /**
+   * Runs `fn` in one write transaction and wakes long polls after the commit. `fn` returns
+   * its result and the records it changed.
+   */
+  write<T>(fn: () => { result: T; records: SyncRecord[] }): T {
+    try {
+      const out = this.db.transaction(() => {
+        const r = fn();
+        this.feed.append(r.records);
+        return r.result;
+      }).immediate();
+      this.feed.committed();
+      return out;
+    } catch (err) {
+      this.feed.rolledBack();
+      throw err;
+    }
+  }
+
+  // ---- keys ----
+
+  keyRow(id: string): KeyRow {
+    const row = this.db.prepare(`SELECT * FROM keys WHERE id = ?`).get(id) as KeyRow | undefined;
+    if (!row) throw notFound('key', id);
+    return row;
+  }
+
+  getKey(id: string): KeyView {
+    return keyViewOf(this.keyRow(id));
+  }
+
+  listKeys(filter: { user?: string; project?: string; includeDeleted?: boolean; visibleTo?: { user: string } }): KeyView[] {
+    const where: string[] = [];
+    const args: unknown[] = [];
+    if (filter.user !== undefined) (where.push('user_id = ?'), args.push(filter.user));
+    if (filter.project !== undefined) (where.push('project_id = ?'), args.push(filter.project));
+    if (!filter.includeDeleted) where.push(`status = 'active'`);
+    if (filter.visibleTo) {
+      where.push(`(user_id = ? OR project_id IN (SELECT project_id FROM members WHERE user_id = ?))`);
+      args.push(filter.visibleTo.user, filter.visibleTo.user);
+    }
+    const sql = `SELECT ${KEY_COLUMNS} FROM keys ${where.length ? `WHERE ${where.join(' AND ')}` : ''} ORDER BY created_at, id`;
+    return (this.db.prepare(sql).all(...args) as KeyRow[]).map(keyViewOf);
+  }
+
+  /** True when `user` may see the key: their own personal key, or a key of a project they belong to. */
+  canSee(user: string, key: KeyRow): boolean {
+    if (key.kind === 'personal') return key.user_id === user;
+    return this.db.prepare('SELECT 1 FROM members WHERE project_id = ? AND user_id = ?').get(key.project_id, user) !== undefined;
+  }
+
+  createKey(input: NewKey): { key: KeyView; secret: string } {
+    return this.write(() => {
+      const records: SyncRecord[] = [];
+      if (input.kind === 'personal') {
+        if (input.budget != null) throw invalid('personal keys spend from their user\'s wallet; budget applies to team keys');
+        const w = this.ensureWallet(input.user);
+        if (w.created) records.push(walletRecordOf(w.row));
+      } else {
+        this.projectRow(input.project);
+      }
+      const id = `k_${randomBytes(8).toString('hex')}`;
+      const secret = generateKey();
+      const sealed = seal({ masterKey: this.masterKey, plaintext: secret, aad: id });
+      this.db.prepare(`INSERT INTO keys (id, name, hash, secret_iv, secret_tag, secret_ct, kind, user_id, project_id, status,
+          budget, spent, models, routing, rpm, tpm, concurrency, created_at)
+        VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, 'active', ?, 0, ?, ?, ?, ?, ?, ?)`).run(
+        id, input.name ?? null, this.hasher(secret), sealed.iv, sealed.tag, sealed.ciphertext, input.kind,
+        input.kind === 'personal' ? input.user : null, input.kind === 'team' ? input.project : null,
+        input.budget ?? null, input.models == null ? null : JSON.stringify(input.models), input.routing ?? null,
+        input.rpm ?? null, input.tpm ?? null, input.concurrency ?? null, this.now(),
+      );
+      const row = this.keyRow(id);
+      records.push(keyRecordOf(row));
+      return { result: { key: keyViewOf(row), secret }, records };
+    });
+  }
+
+  reveal(id: string): string {
+    const row = this.keyRow(id);
+    if (row.status === 'deleted' || !row.secret_ct || !row.secret_iv || !row.secret_tag) {
+      throw new ApiError(410, 'key_deleted', `key ${id} is deleted; its secret was destroyed`);
+    }
+    return open({ masterKey: this.masterKey, sealed: { iv: row.secret_iv, tag: row.secret_tag, ciphertext: row.secret_ct }, aad: id });
+  }
+
+  updateKey(id: string, patch: KeySettings): KeyView {
+    return this.write(() => {
+      const row = this.keyRow(id);
+      if (row.status === 'deleted') throw new ApiError(410, 'key_deleted', `key ${id} is deleted`);
+      if (row.kind === 'personal' && patch.budget != null) throw invalid('personal keys spend from their user\'s wallet; budget applies to team keys');
+      const cols: Record<string, unknown> = {};
+      for (const f of ['name', 'routing', 'rpm', 'tpm', 'concurrency', 'budget'] as const) if (patch[f] !== undefined) cols[f] = patch[f];
+      if (patch.models !== undefined) cols.models = patch.models === null ? null : JSON.stringify(patch.models);
+      const names = Object.keys(cols);
+      if (names.length > 0) {
+        this.db.prepare(`UPDATE keys SET ${names.map((n) => `${n} = @${n}`).join(', ')} WHERE id = @id`).run({ ...cols, id });
+      }
+      const next = this.keyRow(id);
+      return { result: keyViewOf(next), records: names.length > 0 ? [keyRecordOf(next)] : [] };
+    });
+  }
+
+  /** Immediate and final: the row stays as a tombstone (sidecars answer api_key_deleted) and the secret is wiped. */
+  deleteKey(id: string): KeyView {
+    return this.write(() => {
+      const row = this.keyRow(id);
+      if (row.status === 'deleted') return { result: keyViewOf(row), records: [] };
+      this.db.prepare(`UPDATE keys SET status = 'deleted', deleted_at = ?, secret_iv = NULL, secret_tag = NULL, secret_ct = NULL
+        WHERE id = ?`).run(this.now(), id);
+      const next = this.keyRow(id);
+      return { result: keyViewOf(next), records: [keyRecordOf(next)] };
+    });
+  }
+
+  /** A new key with the old one's settings; the old key stays active until deleted. */
+  rotateKey(id: string): { key: KeyView; secret: string; replaces: KeyView } {
+    const old = this.keyRow(id);
+    if (old.status === 'deleted') throw new ApiError(410, 'key_deleted', `key ${id} is deleted`);
+    const v = keyViewOf(old);
+    const settings: KeySettings = { name: v.name, models: v.models, routing: v.routing, rpm: v.rpm, tpm: v.tpm, concurrency: v.concurrency };
+    const created = old.kind === 'personal'
+      ? this.createKey({ kind: 'personal', user: old.user_id!, ...settings })
+      : this.createKey({ kind: 'team', project: old.project_id!, ...settings, budget: v.budget });
+    return { ...created, replaces: v };
+  }
+
+  // ---- projects ----
+
+  projectRow(id: string): ProjectRow {
+    const row = this.db.prepare('SELECT * FROM projects WHERE id = ?').get(id) as ProjectRow | undefined;
+    if (!row) throw notFound('project', id);
+    return row;
+  }
+
+  private projectView(row: ProjectRow): ProjectView {
+    const members = this.db.prepare('SELECT user_id FROM members WHERE project_id = ? ORDER BY user_id').pluck().all(row.id) as string[];
+    return projectViewOf(row, members);
+  }
+
+  getProject(id: string): ProjectView {
+    return this.projectView(this.projectRow(id));
+  }
+
+  listProjects(filter: { member?: string } = {}): ProjectView[] {
+    const rows = filter.member === undefined
+      ? (this.db.prepare('SELECT * FROM projects ORDER BY id').all() as ProjectRow[])
+      : (this.db.prepare('SELECT p.* FROM projects p JOIN members m ON m.project_id = p.id WHERE m.user_id = ? ORDER BY p.id').all(filter.member) as ProjectRow[]);
+    return rows.map((r) => this.projectView(r));
+  }
+
+  isMember(project: string, user: string): boolean {
+    return this.db.prepare('SELECT 1 FROM members WHERE project_id = ? AND user_id = ?').get(project, user) !== undefined;
+  }
+
+  createProject(input: { id: string; budget?: number | null; members?: string[] }): ProjectView {
+    return this.write(() => {
+      if (this.db.prepare('SELECT 1 FROM projects WHERE id = ?').get(input.id)) throw conflict(`project ${input.id} already exists`);
+      this.db.prepare(`INSERT INTO projects (id, status, budget, spent, created_at) VALUES (?, 'enabled', ?, 0, ?)`)
+        .run(input.id, input.budget ?? null, this.now());
+      const add = this.db.prepare('INSERT OR IGNORE INTO members (project_id, user_id) VALUES (?, ?)');
+      for (const m of input.members ?? []) add.run(input.id, m);
+      const row = this.projectRow(input.id);
+      return { result: this.projectView(row), records: [projectRecordOf(row)] };
+    });
+  }
+
+  updateProject(id: string, patch: { status?: 'enabled' | 'disabled'; budget?: number | null }): ProjectView {
+    return this.write(() => {
+      this.projectRow(id);
+      if (patch.status !== undefined) this.db.prepare('UPDATE projects SET status = ? WHERE id = ?').run(patch.status, id);
+      if (patch.budget !== undefined) this.db.prepare('UPDATE projects SET budget = ? WHERE id = ?').run(patch.budget, id);
+      const row = this.projectRow(id);
+      const changed = patch.status !== undefined || patch.budget !== undefined;
+      return { result: this.projectView(row), records: changed ? [projectRecordOf(row)] : [] };
+    });
+  }
+
+  /** Membership only decides who may see a project's keys; sidecars never need it. */
+  setMember(opts: { project: string; user: string; member: boolean }): ProjectView {
+    return this.write(() => {
+      const row = this.projectRow(opts.project);
+      if (opts.member) this.db.prepare('INSERT OR IGNORE INTO members (project_id, user_id) VALUES (?, ?)').run(opts.project, opts.user);
+      else this.db.prepare('DELETE FROM members WHERE project_id = ? AND user_id = ?').run(opts.project, opts.user);
+      return { result: this.projectView(row), records: [] };
+    });
+  }
+
+  // ---- wallets ----
+
+  /** Returns the user's wallet, creating an empty one inside the caller's transaction when missing. */
+  ensureWallet(user: string): { row: WalletRow; created: boolean } {
+    const row = this.db.prepare('SELECT * FROM wallets WHERE user_id = ?').get(user) as WalletRow | undefined;
+    if (row) return { row, created: false };
+    this.db.prepare('INSERT INTO wallets (user_id, balance, updated_at) VALUES (?, 0, ?)').run(user, this.now());
+    return { row: this.db.prepare('SELECT * FROM wallets WHERE user_id = ?').get(user) as WalletRow, created: true };
+  }
+
+  getWallet(user: string): WalletView {
+    const row = this.db.prepare('SELECT * FROM wallets WHERE user_id = ?').get(user) as WalletRow | undefined;
+    if (!row) throw notFound('wallet of user', user);
+    return walletViewOf(row);
+  }
+
+  listWallets(): WalletView[] {
+    return (this.db.prepare('SELECT * FROM wallets ORDER BY user_id').all() as WalletRow[]).map(walletViewOf);
+  }
+
+  /** `credit` adds to the balance, `set` replaces it. */
+  changeWallet(opts: { user: string; credit?: number; set?: number }): WalletView {
+    return this.write(() => {
+      const { row } = this.ensureWallet(opts.user);
+      const balance = opts.set !== undefined ? money(opts.set) : money(row.balance + (opts.credit ?? 0));
+      this.db.prepare('UPDATE wallets SET balance = ?, updated_at = ? WHERE user_id = ?').run(balance, this.now(), opts.user);
+      const next = this.db.prepare('SELECT * FROM wallets WHERE user_id = ?').get(opts.user) as WalletRow;
+      return { result: walletViewOf(next), records: [walletRecordOf(next)] };
+    });
+  }
+
+  // ---- master key check ----
+
+  /** A store opened with another master key fails at start-up, not at the first reveal. */
+  private verifyMasterKey(): void {
+    const row = this.db.prepare(`SELECT value FROM meta WHERE name = 'master_check'`).get() as { value: Buffer } | undefined;
+    if (!row) {
+      const s = seal({ masterKey: this.masterKey, plaintext: CHECK_PLAINTEXT, aad: 'master_check' });
+      this.db.prepare(`INSERT INTO meta (name, value) VALUES ('master_check', ?)`).run(Buffer.concat([s.iv, s.tag, s.ciphertext]));
+      return;
+    }
+    const v = row.value;
+    try {
+      open({ masterKey: this.masterKey, sealed: { iv: v.subarray(0, 12), tag: v.subarray(12, 28), ciphertext: v.subarray(28) }, aad: 'master_check' });
+    } catch {
+      throw new MasterKeyError('the master key does not match the one this console store was created with');
+    }
+  }
+}

@@ -1,0 +1,105 @@
+/**
+ * Sync protocol v1 (DESIGN section 7) as the console serves it: snapshot, long-poll
+ * changes with 410 for a cursor the feed no longer holds, and usage ingestion. The caller
+ * has already checked the sync token.
+ */
+import type { IncomingMessage, ServerResponse } from 'node:http';
+import { CHANGES_PATH, SNAPSHOT_PATH, USAGE_PATH, usageEvent, type UsageEvent } from '../sync/protocol.js';
+import { ApiError, invalid } from './errors.js';
+import { readBody, sendJson, type ConsoleLogger } from './http.js';
+import type { Pricer } from './pricing.js';
+import { streamSnapshot } from './snapshot.js';
+import type { ConsoleStore } from './store.js';
+import { ingestUsage } from './usage.js';
+
+export const MAX_WAIT_MS = 60_000;
+
+export interface SyncContext {
+  req: IncomingMessage;
+  res: ServerResponse;
+  path: string;
+  query: URLSearchParams;
+  store: ConsoleStore;
+  pricer: Pricer;
+  maxUsageBytes: number;
+  log: ConsoleLogger;
+}
+
+function intParam(q: URLSearchParams, name: string, opts: { min: number; max: number; def?: number }): number {
+  const raw = q.get(name);
+  if (raw === null) {
+    if (opts.def !== undefined) return opts.def;
+    throw invalid(`${name} is required`);
+  }
+  if (!/^\d+$/.test(raw)) throw invalid(`${name} must be a non-negative integer`);
+  const n = Number(raw);
+  if (n < opts.min || n > opts.max) throw invalid(`${name} must be between ${opts.min} and ${opts.max}`);
+  return n;
+}
+
+async function changes(c: SyncContext): Promise<void> {
+  const after = intParam(c.query, 'after', { min: 0, max: Number.MAX_SAFE_INTEGER });
+  const waitMs = intParam(c.query, 'waitMs', { min: 0, max: MAX_WAIT_MS, def: 0 });
+  // A sidecar that hangs up (or restarts) must not leave a waiter behind.
+  const gone = new AbortController();
+  const onClose = () => gone.abort();
+  c.res.once('close', onClose);
+  try {
+    const answer = await c.store.feed.next({ after, waitMs, signal: gone.signal });
+    if (c.res.destroyed) return;
+    if (answer.kind === 'gone') {
+      sendJson(c.res, 410, { error: { code: 'cursor_gone', message: `version ${after} is not in the retained history; take a snapshot` }, version: answer.version });
+    } else if (answer.kind === 'changes') {
+      sendJson(c.res, 200, answer.body);
+    } else {
+      sendJson(c.res, 200, { version: answer.version, changes: [] });
+    }
+  } finally {
+    c.res.off('close', onClose);
+  }
+}
+
+function parseUsage(text: string): { events: UsageEvent[]; errors: { line: number; error: string }[] } {
+  const events: UsageEvent[] = [];
+  const errors: { line: number; error: string }[] = [];
+  text.split('\n').forEach((raw, i) => {
+    const line = raw.trim();
+    if (line === '') return;
+    let value: unknown;
+    try {
+      value = JSON.parse(line);
+    } catch {
+      errors.push({ line: i + 1, error: 'not valid JSON' });
+      return;
+    }
+    const r = usageEvent.safeParse(value);
+    if (r.success) events.push(r.data);
+    else errors.push({ line: i + 1, error: r.error.issues.map((x) => `${x.path.join('.') || '(line)'}: ${x.message}`).join('; ') });
+  });
+  return { events, errors };
+}
+
+async function usage(c: SyncContext): Promise<void> {
+  const body = await readBody(c.req, c.maxUsageBytes);
+  const { events, errors } = parseUsage(body.toString('utf8'));
+  const result = ingestUsage({ store: c.store, pricer: c.pricer, events });
+  if (errors.length > 0) c.log.warn({ invalid: errors.length, first: errors[0] }, 'usage lines rejected');
+  // Valid lines are charged even when others are not: retrying cannot fix a malformed line.
+  sendJson(c.res, 200, { ...result, invalid: errors.length, errors: errors.slice(0, 20) });
+}
+
+export async function handleSync(c: SyncContext): Promise<void> {
+  const method = c.req.method;
+  if (c.path === SNAPSHOT_PATH && method === 'GET') {
+    c.res.writeHead(200, { 'content-type': 'application/x-ndjson', 'cache-control': 'no-store' });
+    const { version, records } = await streamSnapshot({ db: c.store.db, res: c.res });
+    c.log.info({ version, records }, 'snapshot served');
+    return;
+  }
+  if (c.path === CHANGES_PATH && method === 'GET') return changes(c);
+  if (c.path === USAGE_PATH && method === 'POST') return usage(c);
+  if (c.path === SNAPSHOT_PATH || c.path === CHANGES_PATH || c.path === USAGE_PATH) {
+    throw new ApiError(405, 'method_not_allowed', 'method not allowed on this path');
+  }
+  throw new ApiError(404, 'not_found', 'no such endpoint');
+}

@@ -1,0 +1,72 @@
+/**
+ * Usage ingestion (POST /sync/v1/usage): price each event, move the key's `spent` and
+ * either its project's `spent` (team keys) or its user's wallet `balance` (personal keys),
+ * and record when the key was last used. One batch is one transaction; each touched record
+ * is appended to the feed once. The ledger's primary key makes a retried batch harmless.
+ */
+import type { SyncRecord, UsageEvent } from '../sync/protocol.js';
+import { keyRecordOf, money, projectRecordOf, walletRecordOf, type KeyRow, type ProjectRow } from './db.js';
+import type { Pricer } from './pricing.js';
+import type { ConsoleStore } from './store.js';
+
+export interface IngestResult {
+  accepted: number;
+  /** request ids seen before: not charged again */
+  duplicates: number;
+  /** events for a key id this console does not know: not charged */
+  unknownKeys: number;
+  cost: number;
+}
+
+export function ingestUsage(opts: { store: ConsoleStore; pricer: Pricer; events: UsageEvent[] }): IngestResult {
+  const { store, pricer } = opts;
+  const db = store.db;
+  const keyById = db.prepare('SELECT * FROM keys WHERE id = ?');
+  const ledger = db.prepare(`INSERT INTO usage (request_id, key_id, model, input_tokens, output_tokens, status, cost, at, received_at)
+    VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT(request_id) DO NOTHING`);
+  const chargeKey = db.prepare(`UPDATE keys SET spent = ?, last_used_at = MAX(COALESCE(last_used_at, 0), ?) WHERE id = ?`);
+  const chargeProject = db.prepare('UPDATE projects SET spent = ? WHERE id = ?');
+  const chargeWallet = db.prepare('UPDATE wallets SET balance = ?, updated_at = ? WHERE user_id = ?');
+
+  return store.write(() => {
+    const result: IngestResult = { accepted: 0, duplicates: 0, unknownKeys: 0, cost: 0 };
+    const touched = { keys: new Set<string>(), projects: new Set<string>(), wallets: new Set<string>() };
+    const received = store.now();
+    for (const ev of opts.events) {
+      const key = keyById.get(ev.key_id) as KeyRow | undefined;
+      if (!key) {
+        result.unknownKeys++;
+        continue;
+      }
+      const cost = pricer({ model: ev.model, inputTokens: ev.input_tokens, outputTokens: ev.output_tokens });
+      const parsed = Date.parse(ev.at);
+      // A sidecar clock far ahead must not make a key look used in the future.
+      const at = Number.isFinite(parsed) ? Math.min(parsed, received) : received;
+      const inserted = ledger.run(ev.request_id, ev.key_id, ev.model, ev.input_tokens, ev.output_tokens, ev.status, cost, at, received);
+      if (inserted.changes === 0) {
+        result.duplicates++;
+        continue;
+      }
+      result.accepted++;
+      result.cost = money(result.cost + cost);
+      chargeKey.run(money(key.spent + cost), at, key.id);
+      touched.keys.add(key.id);
+      if (key.kind === 'team' && key.project_id !== null) {
+        const p = db.prepare('SELECT spent FROM projects WHERE id = ?').get(key.project_id) as { spent: number } | undefined;
+        if (p) {
+          chargeProject.run(money(p.spent + cost), key.project_id);
+          touched.projects.add(key.project_id);
+        }
+      } else if (key.user_id !== null) {
+        const w = store.ensureWallet(key.user_id).row;
+        chargeWallet.run(money(w.balance - cost), received, key.user_id);
+        touched.wallets.add(key.user_id);
+      }
+    }
+    const records: SyncRecord[] = [];
+    for (const id of touched.keys) records.push(keyRecordOf(keyById.get(id) as KeyRow));
+    for (const id of touched.projects) records.push(projectRecordOf(db.prepare('SELECT * FROM projects WHERE id = ?').get(id) as ProjectRow));
+    for (const user of touched.wallets) records.push(walletRecordOf(store.ensureWallet(user).row));
+    return { result, records };
+  });
+}

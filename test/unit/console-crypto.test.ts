@@ -1,0 +1,95 @@
+import { test } from 'node:test';
+import assert from 'node:assert/strict';
+import { randomBytes } from 'node:crypto';
+import { MasterKeyError, open, readMasterKey, seal } from '../../src/console/crypto.js';
+import { consoleConfigSchema } from '../../src/console/config.js';
+import { globToRegExp, makePricer } from '../../src/console/pricing.js';
+import { parseConfigText, ConfigError } from '../../src/config/load.js';
+
+test('sealed secrets round-trip and are bound to the key id', () => {
+  const masterKey = randomBytes(32);
+  const sealed = seal({ masterKey, plaintext: 'kw_secret', aad: 'k_1' });
+  assert.equal(sealed.iv.length, 12);
+  assert.equal(sealed.tag.length, 16);
+  assert.ok(!sealed.ciphertext.includes(Buffer.from('kw_secret')));
+  assert.equal(open({ masterKey, sealed, aad: 'k_1' }), 'kw_secret');
+  assert.throws(() => open({ masterKey, sealed, aad: 'k_2' }), MasterKeyError);
+  assert.throws(() => open({ masterKey: randomBytes(32), sealed, aad: 'k_1' }), MasterKeyError);
+  const tampered = { ...sealed, ciphertext: Buffer.from(sealed.ciphertext) };
+  tampered.ciphertext[0]! ^= 1;
+  assert.throws(() => open({ masterKey, sealed: tampered, aad: 'k_1' }), MasterKeyError);
+});
+
+test('the master key is read as 64 hex or base64 of 32 bytes; errors name the variable, never the value', () => {
+  const bytes = randomBytes(32);
+  assert.deepEqual(readMasterKey({ env: { MK: bytes.toString('hex') }, name: 'MK' }), bytes);
+  assert.deepEqual(readMasterKey({ env: { MK: bytes.toString('base64') }, name: 'MK' }), bytes);
+  assert.deepEqual(readMasterKey({ env: { MK: bytes.toString('base64url') }, name: 'MK' }), bytes);
+  assert.throws(() => readMasterKey({ env: {}, name: 'MK' }), (e: Error) => e instanceof MasterKeyError && /MK is not set/.test(e.message));
+  for (const bad of ['abc', randomBytes(16).toString('hex'), randomBytes(31).toString('base64'), 'z'.repeat(64)]) {
+    assert.throws(
+      () => readMasterKey({ env: { MK: bad }, name: 'MK' }),
+      (e: Error) => e instanceof MasterKeyError && /MK is malformed/.test(e.message) && !e.message.includes(bad),
+    );
+  }
+});
+
+const minimal = `
+auth:
+  syncTokens: ["\${SYNC:-sync-token-0123456789}"]
+  adminTokens: [admin-token-0123456789]
+pricing:
+  unpriced: { inputPerMillion: 0, outputPerMillion: 0 }
+`;
+
+test('console config: defaults, and every problem reported together', () => {
+  const cfg = parseConfigText({ text: minimal, file: 'c.yaml', schema: consoleConfigSchema, env: {} });
+  assert.equal(cfg.listen.port, 7000);
+  assert.equal(cfg.masterKeyEnv, 'KEYWARD_MASTER_KEY');
+  assert.equal(cfg.keys.hash, 'sha256');
+  assert.equal(cfg.sync.retainChanges, 100_000);
+  const bad = `
+listen: { port: "x" }
+keys: { hash: hmac-sha256 }
+auth:
+  syncTokens: [short]
+  adminTokens: [admin-token-0123456789]
+  extra: 1
+pricing: { models: [] }
+`;
+  assert.throws(
+    () => parseConfigText({ text: bad, file: 'c.yaml', schema: consoleConfigSchema, env: {} }),
+    (e: ConfigError) => {
+      const text = e.problems.join('\n');
+      for (const p of ['listen.port', 'keys.pepper', 'auth.syncTokens.0', 'auth.extra: unknown key', 'pricing.unpriced']) {
+        assert.ok(text.includes(p), `expected a problem about ${p} in:\n${text}`);
+      }
+      return true;
+    },
+  );
+});
+
+test('console config: one token, one role', () => {
+  const shared = minimal.replace('adminTokens: [admin-token-0123456789]', 'adminTokens: [sync-token-0123456789]');
+  assert.throws(
+    () => parseConfigText({ text: shared, file: 'c.yaml', schema: consoleConfigSchema, env: {} }),
+    (e: ConfigError) => e.problems.some((p) => p.startsWith('auth.adminTokens.0: same token as auth.syncTokens.0')),
+  );
+});
+
+test('pricing: anchored globs, first match wins, unpriced is explicit', () => {
+  assert.ok(globToRegExp('gpt-4o*').test('gpt-4o-2024'));
+  assert.ok(!globToRegExp('gpt-4o*').test('x-gpt-4o'));
+  assert.ok(!globToRegExp('a.b').test('axb'));
+  const price = makePricer({
+    models: [
+      { match: 'gpt-4o-mini*', inputPerMillion: 0.15, outputPerMillion: 0.6 },
+      { match: 'gpt-4o*', inputPerMillion: 2.5, outputPerMillion: 10 },
+    ],
+    unpriced: { inputPerMillion: 1, outputPerMillion: 2 },
+  });
+  assert.equal(price({ model: 'gpt-4o-mini', inputTokens: 1_000_000, outputTokens: 1_000_000 }), 0.75);
+  assert.equal(price({ model: 'gpt-4o', inputTokens: 1000, outputTokens: 100 }), 0.0035);
+  assert.equal(price({ model: 'llama', inputTokens: 1_000_000, outputTokens: 500_000 }), 2);
+  assert.equal(price({ model: null, inputTokens: 1_000_000, outputTokens: 0 }), 1);
+});
