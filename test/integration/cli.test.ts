@@ -1,0 +1,119 @@
+/** The command line as an operator runs it: real processes, real files. */
+import { after, before, describe, test } from 'node:test';
+import assert from 'node:assert/strict';
+import { spawn, spawnSync } from 'node:child_process';
+import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { createInterface } from 'node:readline';
+import { once } from 'node:events';
+import { makeKeyHasher } from '../../src/auth/hash.js';
+import { ReplicaStore } from '../../src/replica/store.js';
+import { startFakeUpstream, type FakeUpstream } from '../helpers/upstream.js';
+import { bearer, send } from '../helpers/http.js';
+
+const BIN = join(import.meta.dirname, '../../bin/keyward.mjs');
+const run = (args: string[]) => spawnSync(process.execPath, [BIN, ...args], { encoding: 'utf8', timeout: 30_000 });
+
+let dir: string;
+let up: FakeUpstream;
+before(async () => {
+  dir = mkdtempSync(join(tmpdir(), 'kw-cli-'));
+  up = await startFakeUpstream();
+});
+after(async () => {
+  rmSync(dir, { recursive: true, force: true });
+  await up.close();
+});
+
+const hash = makeKeyHasher({ hash: 'sha256' });
+const snapshot = (version: number, keyLines: string[]) =>
+  [JSON.stringify({ type: 'meta', version }), JSON.stringify({ type: 'wallet', user: 'u1', balance: 3 }), ...keyLines].join('\n') + '\n';
+const keyLine = (id: string, secret: string) =>
+  JSON.stringify({ type: 'key', id, hash: hash(secret), kind: 'personal', user: 'u1', project: null, status: 'active', budget: null, spent: 0, models: null, routing: null, rpm: null, tpm: null, concurrency: null });
+
+describe('keyward CLI', () => {
+  test('--help lists the verbs', () => {
+    const r = run(['--help']);
+    assert.equal(r.status, 0);
+    for (const verb of ['serve', 'import', 'check-config', 'demo']) assert.match(r.stdout, new RegExp(`\\b${verb}\\b`));
+  });
+
+  test('check-config: 0 for a valid file, 1 with every problem named', () => {
+    const good = join(dir, 'good.yaml');
+    writeFileSync(good, `upstreams:\n  default: { url: ${up.url} }\n`);
+    assert.equal(run(['check-config', '--config', good]).status, 0);
+    const bad = join(dir, 'bad.yaml');
+    writeFileSync(bad, 'server: { port: "x", colour: blue }\nupstreams: {}\nredis: { onError: maybe, url: redis://x }\n');
+    const r = run(['check-config', '--config', bad]);
+    assert.equal(r.status, 1);
+    assert.match(r.stderr, /bad\.yaml/);
+    assert.match(r.stderr, /server\.port/);
+    assert.match(r.stderr, /server\.colour: unknown key/);
+    assert.match(r.stderr, /upstreams/);
+    assert.match(r.stderr, /redis\.onError/);
+  });
+
+  test('import applies a snapshot; a bad line rejects the whole file by line number and the old replica stays', () => {
+    const replica = join(dir, 'replica.sqlite');
+    const ok = join(dir, 'ok.ndjson');
+    writeFileSync(ok, snapshot(7, [keyLine('k1', 'secret-one')]));
+    const r1 = run(['import', ok, '--replica', replica]);
+    assert.equal(r1.status, 0, r1.stderr);
+    assert.match(r1.stdout, /version 7: 1 keys/);
+
+    const bad = join(dir, 'bad.ndjson');
+    writeFileSync(bad, snapshot(8, [keyLine('k2', 'secret-two'), '{"type":"key","id":"k3"}']));
+    const r2 = run(['import', bad, '--replica', replica]);
+    assert.equal(r2.status, 1);
+    assert.match(r2.stderr, /line 4/);
+
+    const store = new ReplicaStore({ path: replica });
+    try {
+      assert.equal(store.status().version, 7);
+      assert.equal(store.lookup(hash('secret-one'))?.key.id, 'k1');
+      assert.equal(store.lookup(hash('secret-two')), null);
+    } finally {
+      store.close();
+    }
+  });
+
+  test('serve: answers with the imported replica, picks up a later import, exits 0 on SIGTERM', async () => {
+    const replica = join(dir, 'serve.sqlite');
+    const cfg = join(dir, 'serve.yaml');
+    writeFileSync(cfg, `server: { port: 0 }\nadmin: { port: 0 }\nupstreams:\n  default: { url: ${up.url} }\nreplica: { path: ${replica} }\n`);
+    const first = join(dir, 'first.ndjson');
+    writeFileSync(first, snapshot(1, [keyLine('k1', 'secret-one')]));
+    assert.equal(run(['import', first, '--config', cfg]).status, 0);
+
+    const child = spawn(process.execPath, [BIN, 'serve', '--config', cfg], { stdio: ['ignore', 'pipe', 'pipe'] });
+    try {
+      const lines = createInterface({ input: child.stdout! });
+      let url = '';
+      for await (const line of lines) {
+        const l = JSON.parse(line) as { msg: string; listen?: string };
+        if (l.msg === 'keyward listening') {
+          url = l.listen!;
+          break;
+        }
+      }
+      assert.equal((await send(url, { path: '/v1/models', headers: bearer('secret-one') })).status, 200);
+      assert.equal((await send(url, { path: '/v1/models', headers: bearer('secret-two') })).status, 401);
+      const second = join(dir, 'second.ndjson');
+      writeFileSync(second, snapshot(2, [keyLine('k2', 'secret-two')]));
+      assert.equal(run(['import', second, '--config', cfg]).status, 0);
+      // The running sidecar notices the other process's commit within its watch interval.
+      const deadline = Date.now() + 3000;
+      let status = 0;
+      while (Date.now() < deadline && status !== 200) {
+        status = (await send(url, { path: '/v1/models', headers: bearer('secret-two') })).status;
+      }
+      assert.equal(status, 200);
+      child.kill('SIGTERM');
+      const [code] = (await once(child, 'exit')) as [number];
+      assert.equal(code, 0);
+    } finally {
+      child.kill('SIGKILL');
+    }
+  });
+});

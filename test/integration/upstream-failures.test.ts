@@ -1,0 +1,97 @@
+/** Upstream failures answer in the route's style; metrics and shutdown behave. */
+import { after, before, describe, test } from 'node:test';
+import assert from 'node:assert/strict';
+import http from 'node:http';
+import { once } from 'node:events';
+import { startFakeUpstream, type FakeUpstream } from '../helpers/upstream.js';
+import { startHarness, type Harness } from '../helpers/sidecar.js';
+import { bearer, send } from '../helpers/http.js';
+
+describe('upstream failures', () => {
+  let up: FakeUpstream;
+  let h: Harness;
+  let deadUrl: string;
+  before(async () => {
+    up = await startFakeUpstream((_req, _res) => {
+      /* never answers: the sidecar's timeout must */
+    });
+    // a port that was listening and is now closed: connections are refused
+    const tmp = http.createServer().listen(0, '127.0.0.1');
+    await once(tmp, 'listening');
+    deadUrl = `http://127.0.0.1:${(tmp.address() as { port: number }).port}`;
+    await new Promise((r) => tmp.close(r));
+    h = await startHarness({
+      upstream: up.url,
+      config: { upstreams: { default: { url: up.url, timeoutMs: 150 }, dead: { url: deadUrl } } },
+      keys: { k_ok: {}, k_dead: { routing: 'dead' }, k_unknown_mode: { routing: 'nope' } },
+    });
+  });
+  after(async () => {
+    await h.close();
+    await up.close();
+  });
+
+  test('an upstream that does not answer in time is 504 upstream_timeout', async () => {
+    const res = await send(h.url, { path: '/v1/models', headers: bearer(h.keys.k_ok!) });
+    assert.equal(res.status, 504);
+    assert.equal(res.headers['x-keyward-error'], 'upstream_timeout');
+    assert.equal(res.json<{ error: { type: string } }>().error.type, 'api_error');
+  });
+
+  test('an unreachable upstream is 502 upstream_unavailable, in the messages style on messages routes', async () => {
+    const res = await send(h.url, {
+      method: 'POST', path: '/v1/messages',
+      headers: { 'x-api-key': h.keys.k_dead!, 'content-type': 'application/json' },
+      body: '{"model":"claude-3","max_tokens":1,"messages":[]}',
+    });
+    assert.equal(res.status, 502);
+    assert.equal(res.headers['x-keyward-error'], 'upstream_unavailable');
+    assert.deepEqual(Object.keys(res.json()), ['type', 'error']);
+  });
+
+  test('an unknown routing mode goes to default and is logged', async () => {
+    up.setHandler((_q, r) => r.end('{}'));
+    const res = await send(h.url, { path: '/v1/models', headers: bearer(h.keys.k_unknown_mode!) });
+    assert.equal(res.status, 200);
+    assert.ok(h.logs.some((l) => l.includes('routing mode names no upstream') && l.includes('"nope"')));
+  });
+
+  test('metrics count requests by route, status and code', async () => {
+    const text = (await send(`http://127.0.0.1:${h.sidecar.adminPort}`, { path: '/metrics' })).body.toString();
+    assert.match(text, /keyward_requests_total\{route="models",status="504",code="upstream_timeout"\} 1/);
+    assert.match(text, /keyward_replica_version 1/);
+    assert.match(text, /keyward_decision_seconds_bucket/);
+    for (const key of Object.values(h.keys)) assert.ok(!text.includes(key));
+  });
+});
+
+describe('shutdown', () => {
+  test('close() lets an in-flight stream finish, then stops accepting', async () => {
+    let release!: () => void;
+    const gate = new Promise<void>((r) => (release = r));
+    const up = await startFakeUpstream(async (_req, res) => {
+      res.writeHead(200, { 'content-type': 'text/event-stream' });
+      res.write('data: 1\n\n');
+      await gate;
+      res.end('data: [DONE]\n\n');
+    });
+    const h = await startHarness({ upstream: up.url, keys: { k: {} } });
+    const u = new URL(h.url);
+    const req = http.request({ host: u.hostname, port: u.port, method: 'POST', path: '/v1/chat/completions', headers: { ...bearer(h.keys.k!), 'content-type': 'application/json' } });
+    req.end('{"model":"m","stream":true}');
+    const [res] = (await once(req, 'response')) as [http.IncomingMessage];
+    await once(res, 'data');
+    const admin = `http://127.0.0.1:${h.sidecar.adminPort}`;
+    const closing = h.sidecar.close({ graceMs: 5000 });
+    assert.equal((await send(admin, { path: '/readyz' })).status, 503, 'draining is not ready');
+    const chunks: Buffer[] = [];
+    res.on('data', (c: Buffer) => chunks.push(c));
+    release();
+    await once(res, 'end');
+    assert.match(Buffer.concat(chunks).toString(), /DONE/);
+    await closing;
+    await assert.rejects(send(h.url, { path: '/v1/models', headers: bearer(h.keys.k!) }));
+    h.replica.close();
+    await up.close();
+  });
+});
