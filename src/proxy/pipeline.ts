@@ -13,7 +13,7 @@ import type { Limiter } from '../limits/limiter.js';
 import { checkKey, checkModel, checkStanding } from '../policy/decide.js';
 import type { KeyFacts } from '../replica/store.js';
 import { classify, type Route, type RouteRule } from '../routes.js';
-import { readModelBody } from './body.js';
+import { hasBody, readModelBody } from './body.js';
 import type { RequestContext } from './context.js';
 import type { Forwarder } from './forward.js';
 import { estimateTokens } from './usage.js';
@@ -33,7 +33,16 @@ export interface PipelineDeps {
   onDecision: (ctx: RequestContext, outcome: 'allow' | 'deny') => void;
 }
 
-/** Writes a denial; closes the connection when the request body was not read to the end. */
+/**
+ * A denied request's unread body: Node discards a small one and keeps the connection;
+ * a large or unsized one is not worth reading, so that connection is closed instead.
+ */
+function leavesLargeBodyUnread(req: IncomingMessage): boolean {
+  if (req.complete || !hasBody(req)) return false;
+  return !(Number(req.headers['content-length']) <= 65_536);
+}
+
+/** Writes a denial in the route's style. */
 export function sendDenial(req: IncomingMessage, res: ServerResponse, ctx: RequestContext, denial: Denial, style: ErrorStyle): void {
   ctx.code = denial.code;
   if (res.headersSent) {
@@ -42,7 +51,7 @@ export function sendDenial(req: IncomingMessage, res: ServerResponse, ctx: Reque
   }
   const out = renderError(denial, style);
   const headers: Record<string, string> = { ...out.headers, 'x-request-id': ctx.reqId };
-  if (!req.complete) headers.connection = 'close';
+  if (leavesLargeBodyUnread(req)) headers.connection = 'close';
   res.writeHead(out.status, headers);
   res.end(out.body);
 }
