@@ -59,7 +59,7 @@ export const configSchema = z
       .optional(),
     redis: z
       .strictObject({
-        url: z.string().regex(/^(redis|rediss|redis\+cluster):\/\//, 'expected a redis://, rediss:// or redis+cluster:// URL'),
+        url: z.string().regex(/^(rediss?|rediss?\+cluster|unix):\/\//, 'expected a redis://, rediss://, redis+cluster:// or unix:// URL'),
         prefix: z.string().min(1).default('kw'),
         timeoutMs: z.number().int().positive().default(100),
         onError: z.enum(['open', 'closed']).default('open'),

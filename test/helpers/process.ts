@@ -1,0 +1,46 @@
+/** Runs `keyward serve` as a real child process and reads back where it listens. */
+import { spawn, type ChildProcess } from 'node:child_process';
+import { once } from 'node:events';
+import { writeFileSync } from 'node:fs';
+import { join } from 'node:path';
+import { createInterface } from 'node:readline';
+
+export const BIN = join(import.meta.dirname, '../../bin/keyward.mjs');
+
+export interface SidecarProcess {
+  child: ChildProcess;
+  url: string;
+  adminPort: number;
+  /** every stdout line so far */
+  lines: string[];
+  stop(signal?: NodeJS.Signals): Promise<number | null>;
+}
+
+export async function spawnSidecar(opts: { dir: string; name: string; yaml: string }): Promise<SidecarProcess> {
+  const cfg = join(opts.dir, `${opts.name}.yaml`);
+  writeFileSync(cfg, opts.yaml);
+  const child = spawn(process.execPath, [BIN, 'serve', '--config', cfg], { stdio: ['ignore', 'pipe', 'inherit'] });
+  const lines: string[] = [];
+  const rl = createInterface({ input: child.stdout! });
+  const listening = new Promise<{ url: string; adminPort: number }>((resolve, reject) => {
+    rl.on('line', (line) => {
+      lines.push(line);
+      const l = JSON.parse(line) as { msg?: string; listen?: string; admin_port?: number };
+      if (l.msg === 'keyward listening') resolve({ url: l.listen!, adminPort: l.admin_port! });
+    });
+    child.once('exit', (code) => reject(new Error(`sidecar ${opts.name} exited with ${code} before listening`)));
+  });
+  const { url, adminPort } = await listening;
+  return {
+    child,
+    url,
+    adminPort,
+    lines,
+    async stop(signal = 'SIGTERM') {
+      if (child.exitCode !== null || child.signalCode !== null) return child.exitCode;
+      child.kill(signal);
+      const [code] = (await once(child, 'exit')) as [number | null];
+      return code;
+    },
+  };
+}
