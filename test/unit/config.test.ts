@@ -1,0 +1,237 @@
+import { test } from 'node:test';
+import assert from 'node:assert/strict';
+import { existsSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { ConfigError, loadConfigFile, parseConfigText } from '../../src/config/load.js';
+import { configSchema, type Config } from '../../src/config/schema.js';
+
+const FILE = 'keyward-test.yaml';
+const MINIMAL = 'upstreams:\n  default:\n    url: http://127.0.0.1:4000\n';
+const parse = (text: string, env: Record<string, string> = {}): Config => parseConfigText({ text, file: FILE, schema: configSchema, env });
+
+/** Runs `fn`, expects a ConfigError, returns its problems. */
+function problems(text: string, env: Record<string, string> = {}): string[] {
+  try {
+    parse(text, env);
+  } catch (e) {
+    assert.ok(e instanceof ConfigError, `expected ConfigError, got ${String(e)}`);
+    assert.equal(e.file, FILE);
+    assert.ok(e.message.startsWith(`${FILE}:`), e.message);
+    for (const p of e.problems) assert.ok(e.message.includes(p));
+    return e.problems;
+  }
+  assert.fail('expected a ConfigError');
+}
+
+const hasProblem = (list: string[], path: string, re?: RegExp) =>
+  assert.ok(
+    list.some((p) => p.startsWith(`${path}:`) && (!re || re.test(p))),
+    `expected a problem at ${path}${re ? ` matching ${re}` : ''} in:\n${list.join('\n')}`,
+  );
+
+test('defaults are the ones in DESIGN section 2', () => {
+  const c = parse(MINIMAL);
+  assert.equal(c.server.host, '127.0.0.1');
+  assert.equal(c.server.port, 8080);
+  assert.equal(c.server.maxJsonBodyBytes, 33_554_432);
+  assert.deepEqual(c.admin, { host: '127.0.0.1', port: 9090 });
+  assert.deepEqual(c.upstreams, { default: { url: 'http://127.0.0.1:4000', timeoutMs: 600_000, capacity: { concurrency: 0, rpm: 0 } } });
+  assert.deepEqual(c.replica, { path: './data/replica.sqlite' });
+  assert.equal(c.console, undefined);
+  assert.equal(c.redis, undefined);
+  assert.deepEqual(c.keys, { hash: 'sha256', format: 'any' });
+  assert.deepEqual(c.messages, { vendor: 'keyward' });
+  assert.deepEqual(c.logging, { level: 'info' });
+  assert.deepEqual(c.routes, []);
+});
+
+test('defaults inside optional sections', () => {
+  const c = parse(`${MINIMAL}redis:\n  url: redis://127.0.0.1:6379\nconsole:\n  url: http://127.0.0.1:7000\n  token: sync-token\n`);
+  assert.deepEqual(c.redis, { url: 'redis://127.0.0.1:6379', prefix: 'kw', timeoutMs: 100, onError: 'open' });
+  assert.deepEqual(c.console, { url: 'http://127.0.0.1:7000', token: 'sync-token', waitMs: 25_000 });
+  const partial = parse('upstreams:\n  default:\n    url: http://u\n    capacity: { rpm: 60 }\n  batch:\n    url: https://b\n    timeoutMs: 5\n');
+  assert.deepEqual(partial.upstreams.default?.capacity, { concurrency: 0, rpm: 60 });
+  assert.deepEqual(partial.upstreams.batch, { url: 'https://b', timeoutMs: 5, capacity: { concurrency: 0, rpm: 0 } });
+});
+
+test('explicit values override defaults; operator routes get their defaults', () => {
+  const c = parse(`${MINIMAL}server: { host: 0.0.0.0, port: 8443 }\nkeys: { hash: hmac-sha256, pepper: pepper-0123456789abcdef, format: keyward }\nlogging: { level: debug }\nroutes:\n  - { path: /v1/rerank, class: model }\n`);
+  assert.equal(c.server.host, '0.0.0.0');
+  assert.equal(c.server.port, 8443);
+  assert.deepEqual(c.keys, { hash: 'hmac-sha256', pepper: 'pepper-0123456789abcdef', format: 'keyward' });
+  assert.equal(c.logging.level, 'debug');
+  assert.deepEqual(c.routes, [{ path: '/v1/rerank', class: 'model', credentials: 'bearer', style: 'openai', countTokens: false, modelRequired: false }]);
+});
+
+// [yaml, env, check]
+const EXPANSION: [string, string, Record<string, string>, (c: Config) => void][] = [
+  ['${VAR} in a string', `${MINIMAL}replica: { path: "\${DIR}/r.sqlite" }\n`, { DIR: '/var/kw' }, (c) => assert.equal(c.replica.path, '/var/kw/r.sqlite')],
+  ['${VAR:-default} unset', `${MINIMAL}replica: { path: "\${DIR:-/tmp}/r.sqlite" }\n`, {}, (c) => assert.equal(c.replica.path, '/tmp/r.sqlite')],
+  ['${VAR:-default} set', `${MINIMAL}replica: { path: "\${DIR:-/tmp}/r.sqlite" }\n`, { DIR: '/srv' }, (c) => assert.equal(c.replica.path, '/srv/r.sqlite')],
+  ['empty variable falls back to the default', `${MINIMAL}replica: { path: "\${DIR:-/tmp}" }\n`, { DIR: '' }, (c) => assert.equal(c.replica.path, '/tmp')],
+  ['number from a default', `${MINIMAL}server:\n  port: \${PORT:-8081}\n`, {}, (c) => assert.equal(c.server.port, 8081)],
+  ['number from the environment', `${MINIMAL}server:\n  port: \${PORT:-8081}\n`, { PORT: '9000' }, (c) => assert.equal(c.server.port, 9000)],
+  ['number without default', 'upstreams:\n  default:\n    url: http://u\n    timeoutMs: ${T}\n', { T: '1500' }, (c) => assert.equal(c.upstreams.default?.timeoutMs, 1500)],
+  ['several variables in one value', 'upstreams:\n  default:\n    url: http://${H:-localhost}:${P}/base\n', { P: '4000' }, (c) => assert.equal(c.upstreams.default?.url, 'http://localhost:4000/base')],
+  ['secret token', `${MINIMAL}console:\n  url: http://c\n  token: \${KEYWARD_SYNC_TOKEN}\n`, { KEYWARD_SYNC_TOKEN: 'tok-abc' }, (c) => assert.equal(c.console?.token, 'tok-abc')],
+  ['pepper', `${MINIMAL}keys:\n  hash: hmac-sha256\n  pepper: \${KEYWARD_KEY_PEPPER}\n`, { KEYWARD_KEY_PEPPER: 'p'.repeat(32) }, (c) => assert.equal(c.keys.pepper, 'p'.repeat(32))],
+];
+
+for (const [name, text, env, check] of EXPANSION) {
+  test(`expansion: ${name}`, () => check(parse(text, env)));
+}
+
+test('expansion: an unset variable without default is one problem naming the variable and the key', () => {
+  const list = problems(`${MINIMAL}console:\n  url: http://c\n  token: \${KEYWARD_SYNC_TOKEN}\n`);
+  assert.equal(list.length, 1, list.join('\n'));
+  hasProblem(list, 'console.token', /KEYWARD_SYNC_TOKEN/);
+});
+
+test('expansion: a quoted "${VAR}" stays a string even when the value is all digits', () => {
+  const c = parse(`${MINIMAL}console:\n  url: http://c\n  token: "\${TOK}"\nredis:\n  url: redis://r\n  prefix: "\${P}"\n`, { TOK: '123456789012345678901234', P: '7' });
+  assert.equal(c.console?.token, '123456789012345678901234');
+  assert.equal(c.redis?.prefix, '7');
+});
+
+test(
+  'expansion: an unquoted ${VAR} secret (as DESIGN writes it) stays a string when the value is all digits',
+  { todo: 'whole-value substitutions that look numeric become numbers even where the schema wants a string' },
+  () => {
+    const c = parse(`${MINIMAL}console:\n  url: http://c\n  token: \${TOK}\n`, { TOK: '98765432109876543210' });
+    assert.equal(c.console?.token, '98765432109876543210');
+  },
+);
+
+// [yaml, path, matcher]
+const SINGLE: [string, string, string, RegExp?][] = [
+  ['unknown root key', `${MINIMAL}bogus: 1\n`, 'bogus', /unknown key/],
+  ['unknown server key', `${MINIMAL}server: { prot: 1 }\n`, 'server.prot', /unknown key/],
+  ['unknown key in an upstream', 'upstreams:\n  default: { url: http://u, timeout: 5 }\n', 'upstreams.default.timeout', /unknown key/],
+  ['unknown key in capacity', 'upstreams:\n  default: { url: http://u, capacity: { burst: 1 } }\n', 'upstreams.default.capacity.burst', /unknown key/],
+  ['unknown key in a route', `${MINIMAL}routes:\n  - { path: /x, class: model, color: red }\n`, 'routes.0.color', /unknown key/],
+  ['unknown key in redis', `${MINIMAL}redis: { url: redis://r, cluster: true }\n`, 'redis.cluster', /unknown key/],
+  ['unknown key in admin', `${MINIMAL}admin: { bind: x }\n`, 'admin.bind', /unknown key/],
+  ['unknown key in replica', `${MINIMAL}replica: { file: x }\n`, 'replica.file', /unknown key/],
+  ['unknown key in console', `${MINIMAL}console: { url: http://c, token: t, secret: s }\n`, 'console.secret', /unknown key/],
+  ['unknown key in keys', `${MINIMAL}keys: { salt: x }\n`, 'keys.salt', /unknown key/],
+  ['unknown key in messages', `${MINIMAL}messages: { version: x }\n`, 'messages.version', /unknown key/],
+  ['unknown key in logging', `${MINIMAL}logging: { format: json }\n`, 'logging.format', /unknown key/],
+  ['port is a string', `${MINIMAL}server: { port: abc }\n`, 'server.port', /number/],
+  ['port out of range', `${MINIMAL}server: { port: 70000 }\n`, 'server.port'],
+  ['port not an integer', `${MINIMAL}admin: { port: 90.5 }\n`, 'admin.port'],
+  ['negative body limit', `${MINIMAL}server: { maxJsonBodyBytes: -1 }\n`, 'server.maxJsonBodyBytes'],
+  ['timeout as a string', 'upstreams:\n  default: { url: http://u, timeoutMs: "10s" }\n', 'upstreams.default.timeoutMs'],
+  ['upstream url not http', 'upstreams:\n  default: { url: ftp://u }\n', 'upstreams.default.url', /http/],
+  ['upstream url missing', 'upstreams:\n  default: { timeoutMs: 5 }\n', 'upstreams.default.url'],
+  ['redis onError', `${MINIMAL}redis: { url: redis://r, onError: maybe }\n`, 'redis.onError', /open/],
+  ['redis url scheme', `${MINIMAL}redis: { url: http://r }\n`, 'redis.url', /redis/],
+  ['hash algorithm', `${MINIMAL}keys: { hash: md5 }\n`, 'keys.hash'],
+  ['key format', `${MINIMAL}keys: { format: uuid }\n`, 'keys.format'],
+  ['hmac without pepper', `${MINIMAL}keys: { hash: hmac-sha256 }\n`, 'keys.pepper', /pepper/],
+  ['log level', `${MINIMAL}logging: { level: loud }\n`, 'logging.level'],
+  ['console without token', `${MINIMAL}console: { url: http://c }\n`, 'console.token'],
+  ['console waitMs too large', `${MINIMAL}console: { url: http://c, token: t, waitMs: 120000 }\n`, 'console.waitMs'],
+  ['vendor with upper case', `${MINIMAL}messages: { vendor: Acme }\n`, 'messages.vendor'],
+  ['route class', `${MINIMAL}routes:\n  - { path: /x, class: other }\n`, 'routes.0.class'],
+  ['route path', `${MINIMAL}routes:\n  - { path: x, class: model }\n`, 'routes.0.path'],
+  ['upstreams missing', 'server: { port: 8080 }\n', 'upstreams'],
+  ['upstreams.default missing', 'upstreams:\n  batch: { url: http://b }\n', 'upstreams', /upstreams\.default/],
+  ['empty file', '', 'upstreams'],
+  ['admin shares the proxy port', `${MINIMAL}server: { port: 9000 }\nadmin: { port: 9000 }\n`, 'admin.port'],
+];
+
+for (const [name, text, path, re] of SINGLE) {
+  test(`invalid: ${name} -> ${path}`, () => hasProblem(problems(text), path, re));
+}
+
+test(
+  'the admin listener may not share the proxy port when either host is a wildcard',
+  { todo: 'the check compares host strings only; 0.0.0.0:9000 and 127.0.0.1:9000 pass check-config but cannot both bind' },
+  () => {
+    hasProblem(problems(`${MINIMAL}server: { host: 0.0.0.0, port: 9000 }\nadmin: { port: 9000 }\n`), 'admin.port');
+  },
+);
+
+test('every problem is reported together in one ConfigError', () => {
+  const text = [
+    'bogus: 1',
+    'server:',
+    '  port: "abc"',
+    '  extra: 2',
+    'upstreams:',
+    '  batch:',
+    '    url: ftp://x',
+    '    capacity: { burst: 1 }',
+    'keys: { hash: hmac-sha256 }',
+    'redis: { url: redis://x, onError: maybe }',
+    'console: { url: http://x, token: "${NOPE}" }',
+    'routes:',
+    '  - { path: /v1/x, class: model, extra: 1 }',
+    '',
+  ].join('\n');
+  const list = problems(text);
+  for (const path of ['bogus', 'server.port', 'server.extra', 'upstreams.batch.url', 'upstreams.batch.capacity.burst', 'upstreams', 'keys.pepper', 'redis.onError', 'console.token', 'routes.0.extra']) {
+    hasProblem(list, path);
+  }
+  assert.ok(list.length >= 10, list.join('\n'));
+});
+
+test('YAML syntax errors and duplicate keys are ConfigErrors', () => {
+  assert.ok(problems('server: [unclosed\n').some((p) => p.startsWith('YAML')));
+  assert.ok(problems(`${MINIMAL}server: { port: 1 }\nserver: { port: 2 }\n`).some((p) => p.startsWith('YAML')));
+});
+
+test('loadConfigFile reads a file and names it in errors; a missing file is a ConfigError', () => {
+  const dir = mkdtempSync(join(tmpdir(), 'kw-config-'));
+  try {
+    const good = join(dir, 'good.yaml');
+    writeFileSync(good, `${MINIMAL}server:\n  port: \${PORT:-8181}\n`);
+    assert.equal(loadConfigFile({ file: good, schema: configSchema, env: {} }).server.port, 8181);
+    assert.equal(loadConfigFile({ file: good, schema: configSchema, env: { PORT: '8282' } }).server.port, 8282);
+    const bad = join(dir, 'bad.yaml');
+    writeFileSync(bad, 'upstreams: {}\nextra: 1\n');
+    assert.throws(
+      () => loadConfigFile({ file: bad, schema: configSchema, env: {} }),
+      (e: unknown) => e instanceof ConfigError && e.file === bad && e.message.startsWith(`${bad}:`) && e.problems.length === 2,
+    );
+    const missing = join(dir, 'nope.yaml');
+    assert.throws(
+      () => loadConfigFile({ file: missing, schema: configSchema, env: {} }),
+      (e: unknown) => e instanceof ConfigError && e.file === missing && e.message.includes(missing) && /ENOENT/.test(e.message),
+    );
+  } finally {
+    rmSync(dir, { recursive: true, force: true });
+  }
+});
+
+test(
+  'the DESIGN section 2 block, as written (flow mappings with ${VAR}), loads',
+  { todo: 'unquoted ${VAR} inside a YAML flow mapping is a YAML syntax error because expansion happens after parsing' },
+  () => {
+    const design = [
+      'server:   { host: 127.0.0.1, port: 8080, maxJsonBodyBytes: 33554432 }',
+      'admin:    { host: 127.0.0.1, port: 9090 }',
+      'upstreams:',
+      '  default: { url: http://127.0.0.1:4000, timeoutMs: 600000, capacity: { concurrency: 0, rpm: 0 } }',
+      'replica:  { path: ./data/replica.sqlite }',
+      'console:  { url: http://127.0.0.1:7000, token: ${KEYWARD_SYNC_TOKEN}, waitMs: 25000 }',
+      'redis:    { url: redis://127.0.0.1:6379, prefix: kw, timeoutMs: 100, onError: open }',
+      'keys:     { hash: sha256, format: any }',
+      'messages: { vendor: keyward }',
+      'logging:  { level: info }',
+      '',
+    ].join('\n');
+    const c = parse(design, { KEYWARD_SYNC_TOKEN: 'sync-token-0123456789' });
+    assert.equal(c.console?.token, 'sync-token-0123456789');
+  },
+);
+
+const EXAMPLE = fileURLToPath(new URL('../../config/keyward.example.yaml', import.meta.url));
+
+test('config/keyward.example.yaml is valid', { skip: !existsSync(EXAMPLE) && 'no example config yet' }, () => {
+  const env = { KEYWARD_SYNC_TOKEN: 'sync-token-0123456789', KEYWARD_KEY_PEPPER: 'pepper-0123456789abcdef0123' };
+  const c = loadConfigFile({ file: EXAMPLE, schema: configSchema, env });
+  assert.ok(c.upstreams.default);
+});
