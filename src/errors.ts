@@ -105,7 +105,8 @@ export function renderError(denial: Denial, style: ErrorStyle): ErrorResponse {
   };
   if (status === 401 || status === 402 || status === 403) headers['x-should-retry'] = 'false';
   if (status === 429 || (status === 503 && denial.retryAfterMs !== undefined)) {
-    const ms = Math.max(1, Math.ceil(denial.retryAfterMs ?? 1000));
+    const wait = denial.retryAfterMs;
+    const ms = Math.max(1, Math.ceil(wait !== undefined && Number.isFinite(wait) ? wait : 1000));
     headers['retry-after'] = String(Math.max(1, Math.ceil(ms / 1000)));
     headers['retry-after-ms'] = String(ms);
   }

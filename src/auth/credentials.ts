@@ -91,7 +91,7 @@ export function unknownKeyMessage(key: string): string {
       return `Invalid API key: this looks like ${what}. Provider keys are not accepted here; use an API key issued by this service.`;
     }
   }
-  if (/^sk-[A-Za-z0-9]{20,}$/.test(key)) {
+  if (/^sk-[A-Za-z0-9_-]{20,}$/.test(key)) {
     return 'Invalid API key: this looks like an OpenAI API key. Provider keys are not accepted here; use an API key issued by this service.';
   }
   return 'Invalid API key. Check the key, or create a new one in the console.';

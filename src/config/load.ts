@@ -18,31 +18,50 @@ export class ConfigError extends Error {
 }
 
 const VAR = /\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}/g;
+const PLACEHOLDER = /__KWENV(\d+)__/g;
 
-/** Expands variables in every string scalar; an unset variable without a default is a problem. */
-function expand(value: unknown, path: string[], env: NodeJS.ProcessEnv, problems: string[]): unknown {
+interface Reference {
+  name: string;
+  fallback: string | undefined;
+}
+
+/**
+ * Swaps each `${...}` for a YAML-safe placeholder before parsing, so a reference may
+ * stand anywhere, even inside a flow mapping (`{ token: ${TOKEN} }`), and a value with
+ * YAML syntax in it (`#`, `:`, `{`) cannot change the document's structure.
+ */
+function hideReferences(text: string): { text: string; refs: Reference[] } {
+  const refs: Reference[] = [];
+  const out = text.replace(VAR, (_m, name: string, fallback: string | undefined) => {
+    refs.push({ name, fallback });
+    return `__KWENV${refs.length - 1}__`;
+  });
+  return { text: out, refs };
+}
+
+/**
+ * Puts the environment's values where the placeholders stand. Values stay strings;
+ * numeric keys of the schema accept numeric strings, so `port: ${PORT:-8080}` works
+ * while an all-digit token stays a string.
+ */
+function expand(value: unknown, ctx: { path: string[]; refs: Reference[]; env: NodeJS.ProcessEnv; problems: string[] }): unknown {
   if (typeof value === 'string') {
     let missing = false;
-    const out = value.replace(VAR, (_m, name: string, def: string | undefined) => {
-      const v = env[name];
+    const out = value.replace(PLACEHOLDER, (_m, i: string) => {
+      const ref = ctx.refs[Number(i)]!;
+      const v = ctx.env[ref.name];
       if (v !== undefined && v !== '') return v;
-      if (def !== undefined) return def;
-      problems.push(`${path.join('.') || '(root)'}: environment variable ${name} is not set and has no default`);
+      if (ref.fallback !== undefined) return ref.fallback;
+      ctx.problems.push(`${ctx.path.join('.') || '(root)'}: environment variable ${ref.name} is not set and has no default`);
       missing = true;
       return '';
     });
-    if (missing) return undefined;
-    // A whole-value substitution of a number or boolean keeps YAML's typing, so `port: ${PORT:-8080}` is a number.
-    if (out !== value && /^\$\{[^}]+\}$/.test(value)) {
-      if (/^-?\d+(\.\d+)?$/.test(out)) return Number(out);
-      if (out === 'true' || out === 'false') return out === 'true';
-    }
-    return out;
+    return missing ? undefined : out;
   }
-  if (Array.isArray(value)) return value.map((v, i) => expand(v, [...path, String(i)], env, problems));
+  if (Array.isArray(value)) return value.map((v, i) => expand(v, { ...ctx, path: [...ctx.path, String(i)] }));
   if (value && typeof value === 'object') {
     const out: Record<string, unknown> = {};
-    for (const [k, v] of Object.entries(value)) out[k] = expand(v, [...path, k], env, problems);
+    for (const [k, v] of Object.entries(value)) out[k] = expand(v, { ...ctx, path: [...ctx.path, k] });
     return out;
   }
   return value;
@@ -63,12 +82,13 @@ function zodProblems(error: z.ZodError): string[] {
 
 /** Parses YAML text against a schema; throws ConfigError with every problem found. */
 export function parseConfigText<T>(opts: { text: string; file: string; schema: z.ZodType<T>; env?: NodeJS.ProcessEnv }): T {
-  const doc = parseDocument(opts.text, { uniqueKeys: true });
+  const hidden = hideReferences(opts.text);
+  const doc = parseDocument(hidden.text, { uniqueKeys: true });
   if (doc.errors.length > 0) {
     throw new ConfigError(opts.file, doc.errors.map((e) => `YAML: ${e.message.split('\n')[0]}`));
   }
   const problems: string[] = [];
-  const expanded = expand(doc.toJS() ?? {}, [], opts.env ?? process.env, problems);
+  const expanded = expand(doc.toJS() ?? {}, { path: [], refs: hidden.refs, env: opts.env ?? process.env, problems });
   const result = opts.schema.safeParse(expanded);
   if (!result.success) {
     // A missing variable is already reported; zod's "received undefined" for that key would be noise.

@@ -4,15 +4,18 @@
  */
 import { z } from 'zod';
 
-const port = z.number().int().min(0).max(65535);
+/** Numbers also accept numeric strings, which is what `${VAR}` expansion yields. */
+const num = () => z.preprocess((v) => (typeof v === 'string' && /^-?\d+$/.test(v.trim()) ? Number(v) : v), z.number().int());
+const bool = () => z.preprocess((v) => (v === 'true' ? true : v === 'false' ? false : v), z.boolean());
+const port = num().pipe(z.number().min(0).max(65535));
 const host = z.string().min(1);
-const ms = (def: number) => z.number().int().nonnegative().default(def);
+const ms = (def: number) => num().pipe(z.number().nonnegative()).default(def);
 const httpUrl = z.url({ protocol: /^https?$/, error: 'expected an http:// or https:// URL' });
 
 const capacity = z
   .strictObject({
-    concurrency: z.number().int().nonnegative().default(0),
-    rpm: z.number().int().nonnegative().default(0),
+    concurrency: num().pipe(z.number().nonnegative()).default(0),
+    rpm: num().pipe(z.number().nonnegative()).default(0),
   })
   .prefault({});
 
@@ -30,8 +33,8 @@ const routeEntry = z.strictObject({
   class: z.enum(['listing', 'model', 'files']),
   credentials: z.enum(['bearer', 'messages']).default('bearer'),
   style: z.enum(['openai', 'messages']).default('openai'),
-  countTokens: z.boolean().default(false),
-  modelRequired: z.boolean().default(false),
+  countTokens: bool().default(false),
+  modelRequired: bool().default(false),
 });
 
 export const configSchema = z
@@ -40,7 +43,7 @@ export const configSchema = z
       .strictObject({
         host: host.default('127.0.0.1'),
         port: port.default(8080),
-        maxJsonBodyBytes: z.number().int().positive().default(33_554_432),
+        maxJsonBodyBytes: num().pipe(z.number().positive()).default(33_554_432),
         /** SIGTERM: how long in-flight requests and streams may take to finish */
         shutdownGraceMs: ms(30_000),
       })
@@ -54,21 +57,21 @@ export const configSchema = z
       .strictObject({
         url: httpUrl,
         token: z.string().min(1, 'the sync token must not be empty'),
-        waitMs: z.number().int().min(0).max(60_000).default(25_000),
+        waitMs: num().pipe(z.number().min(0).max(60_000)).default(25_000),
       })
       .optional(),
     redis: z
       .strictObject({
         url: z.string().regex(/^(rediss?|rediss?\+cluster|unix):\/\//, 'expected a redis://, rediss://, redis+cluster:// or unix:// URL'),
         prefix: z.string().min(1).default('kw'),
-        timeoutMs: z.number().int().positive().default(100),
+        timeoutMs: num().pipe(z.number().positive()).default(100),
         onError: z.enum(['open', 'closed']).default('open'),
       })
       .optional(),
     limits: z
       .strictObject({
         /** concurrency slot lease; refreshed while a response lasts, so a crashed instance's slots come back */
-        leaseMs: z.number().int().min(1000).default(30_000),
+        leaseMs: num().pipe(z.number().min(1000)).default(30_000),
       })
       .prefault({}),
     keys: z
@@ -91,7 +94,9 @@ export const configSchema = z
     routes: z.array(routeEntry).default([]),
   })
   .superRefine((c, ctx) => {
-    if (c.server.port !== 0 && c.server.port === c.admin.port && c.server.host === c.admin.host) {
+    const wildcard = (h: string) => h === '0.0.0.0' || h === '::' || h === '[::]';
+    const sameHost = c.server.host === c.admin.host || wildcard(c.server.host) || wildcard(c.admin.host);
+    if (c.server.port !== 0 && c.server.port === c.admin.port && sameHost) {
       ctx.addIssue({ code: 'custom', path: ['admin', 'port'], message: 'the admin listener must not share the proxy port' });
     }
   });

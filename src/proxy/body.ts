@@ -7,7 +7,7 @@ import type { IncomingMessage } from 'node:http';
 import { PassThrough, Readable } from 'node:stream';
 import { deny, type Denial } from '../errors.js';
 import { inspectJson } from './json-scan.js';
-import { multipartBoundary, scanFields } from './multipart.js';
+import { createLateFieldGuard, lateFieldMessage, multipartBoundary, scanFields, scanLateField } from './multipart.js';
 
 export interface ModelBody {
   model: string | null;
@@ -75,12 +75,29 @@ function readUntil(req: IncomingMessage, opts: { limit: number; enough: (chunks:
   });
 }
 
-/** A stream of what was read followed by whatever is still to come. */
-function replayStream(req: IncomingMessage, chunks: Buffer[], ended: boolean): Readable {
-  if (ended) return Readable.from(chunks.length === 1 ? chunks : [Buffer.concat(chunks)], { objectMode: false });
+/**
+ * A stream of what was read followed by whatever is still to come. With `guardFrom`,
+ * the bytes from that offset on pass through a guard that refuses a second `model`
+ * part; its error destroys whatever the stream is piped into (the upstream request).
+ */
+function replayStream(req: IncomingMessage, read: { chunks: Buffer[]; ended: boolean }, guard: { boundary: string; from: number } | null): Readable {
+  const head = read.chunks.length === 1 ? read.chunks[0]! : Buffer.concat(read.chunks);
+  if (read.ended) return Readable.from([head]);
   const out = new PassThrough();
-  for (const c of chunks) out.write(c);
-  req.pipe(out);
+  if (guard === null) {
+    out.write(head);
+    req.pipe(out);
+  } else {
+    const g = createLateFieldGuard({ boundary: guard.boundary, field: 'model' });
+    out.write(head.subarray(0, guard.from));
+    g.pipe(out);
+    g.write(head.subarray(guard.from));
+    req.pipe(g);
+    g.once('error', (err) => {
+      req.unpipe(g);
+      out.emit('reject', err);
+    });
+  }
   req.resume();
   return out;
 }
@@ -112,7 +129,12 @@ async function readMultipart(req: IncomingMessage, boundary: string): Promise<Bo
   const model = models[0] ?? null;
   if (model === '') return invalid('The "model" form field must not be empty.');
   const estimateBytes = scan.state === 'done' ? scan.bytes : read.total;
-  return { ok: true, body: { model, maxOutputTokens: null, estimateBytes, replay: replayStream(req, read.chunks, read.ended) } };
+  const fileAt = scan.state === 'done' ? scan.fileAt : null;
+  if (read.ended && fileAt !== null && scanLateField(Buffer.concat(read.chunks).subarray(fileAt), { boundary, field: 'model' }).found) {
+    return invalid(lateFieldMessage('model'));
+  }
+  const replay = replayStream(req, read, fileAt === null ? null : { boundary, from: fileAt });
+  return { ok: true, body: { model, maxOutputTokens: null, estimateBytes, replay } };
 }
 
 /**

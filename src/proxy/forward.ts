@@ -13,7 +13,8 @@ export interface UpstreamTarget {
   timeoutMs: number;
 }
 
-export type ForwardFailure = 'timeout' | 'unavailable';
+/** rejected: the body stream refused its own content midway (see multipart's late-field guard) */
+export type ForwardFailure = 'timeout' | 'unavailable' | 'rejected';
 
 export interface ForwarderOptions {
   upstreams: Record<string, UpstreamTarget>;
@@ -61,6 +62,21 @@ function timeoutAgent<A extends http.Agent>(agent: A, timeoutMs: number): A {
   return a;
 }
 
+/**
+ * A body stream that emits 'reject' must take the upstream request down with it, or the
+ * upstream would wait for the rest of a body that never comes. http-proxy-3 pipes the
+ * body into the request it creates, so the destination is caught at pipe time.
+ */
+function abortDestinationOnReject(body: Readable): void {
+  let dest: NodeJS.WritableStream | null = null;
+  const pipe = body.pipe.bind(body);
+  body.pipe = <T extends NodeJS.WritableStream>(d: T, o?: { end?: boolean }) => {
+    dest = d;
+    return pipe(d, o);
+  };
+  body.once('reject', (err: Error) => (dest as unknown as { destroy?: (e: Error) => void } | null)?.destroy?.(err));
+}
+
 export function createForwarder(opts: ForwarderOptions): Forwarder {
   const proxy = createProxyServer({ xfwd: false, changeOrigin: false, ws: false });
   const targets = new Map<string, { url: URL; agent: http.Agent }>();
@@ -81,8 +97,10 @@ export function createForwarder(opts: ForwarderOptions): Forwarder {
     forward(req, res, { upstream, body }) {
       const target = targets.get(upstream) ?? targets.get('default')!;
       dropHopByHop(req.headers as Record<string, unknown>);
+      if (body) abortDestinationOnReject(body);
       proxy.web(req, res, { target: target.url, agent: target.agent, ...(body ? { buffer: body } : {}) }, (err: Error & { code?: string }) => {
-        opts.onFailure(err.code === 'UPSTREAM_TIMEOUT' ? 'timeout' : 'unavailable', err, req, res);
+        const kind = err.code === 'UPSTREAM_TIMEOUT' ? 'timeout' : err.code === 'KW_BODY_REJECTED' ? 'rejected' : 'unavailable';
+        opts.onFailure(kind, err, req, res);
       });
     },
     close() {

@@ -115,7 +115,8 @@ export async function handleRequest(req: IncomingMessage, res: ServerResponse, c
     }
     body = read.body;
     ctx.model = body.model;
-    const scope = checkModel(facts.key, body.model);
+    // A bodiless call (GET or DELETE /v1/responses/{id}, a cancel) selects no model, so scope does not apply.
+    const scope = body.replay === null ? null : checkModel(facts.key, body.model);
     if (scope) {
       sendDenial(req, res, ctx, scope, route.style);
       return deps.onDecision(ctx, 'deny');

@@ -94,10 +94,12 @@ export async function startSidecar(opts: SidecarOptions): Promise<Sidecar> {
         return;
       }
       const denial =
-        kind === 'timeout'
-          ? deny('upstream_timeout', 'The upstream gateway did not answer in time.')
-          : deny('upstream_unavailable', 'The upstream gateway could not be reached.');
-      logger.warn({ req_id: ctx.reqId, upstream: ctx.upstream, err: err.message }, 'upstream failure');
+        kind === 'rejected'
+          ? deny('invalid_request', err.message)
+          : kind === 'timeout'
+            ? deny('upstream_timeout', 'The upstream gateway did not answer in time.')
+            : deny('upstream_unavailable', 'The upstream gateway could not be reached.');
+      if (kind !== 'rejected') logger.warn({ req_id: ctx.reqId, upstream: ctx.upstream, err: err.message }, 'upstream failure');
       sendDenial(req, res, ctx, denial, ctx.route?.style ?? 'openai');
     },
   });

@@ -100,6 +100,20 @@ describe('forwarding', () => {
     assert.equal(up.received.length, count);
   });
 
+  test('audio: a second model field after the file part is refused, small or streamed, and the upstream never gets the whole body', async () => {
+    const boundary = 'late-boundary';
+    const headers = { ...bearer(h.keys.k_scoped!), 'content-type': `multipart/form-data; boundary=${boundary}` };
+    for (const size of [1000, 3_000_000]) {
+      const sneaky = multipart(boundary, [{ name: 'model', value: 'whisper-1' }, { name: 'file', value: randomBytes(size), filename: 'a.wav' }, { name: 'model', value: 'gpt-4o-transcribe' }]);
+      const count = up.received.length;
+      const res = await send(h.url, { method: 'POST', path: '/v1/audio/transcriptions', headers, body: sneaky });
+      assert.equal(res.status, 400, `size ${size}`);
+      assert.equal(res.headers['x-keyward-error'], 'invalid_request');
+      assert.match(res.json<{ error: { message: string } }>().error.message, /again after the file part/);
+      assert.equal(up.received.length, count, 'the upstream received a complete body');
+    }
+  });
+
   test('a chunked request body arrives byte-identical', async () => {
     const parts = [Buffer.from('{"model":"gpt-4o","mess'), Buffer.from('ages":[{"role":"user","content":"'), randomBytes(5000).toString('hex'), Buffer.from('"}]}')];
     const whole = Buffer.concat(parts.map((p) => Buffer.from(p)));
@@ -167,7 +181,9 @@ describe('forwarding', () => {
       await once(res, 'end');
       assert.match(Buffer.concat(rest).toString(), /\[DONE\]/);
     } finally {
-      up.setHandler((_q, r, rec) => r.end(JSON.stringify({ ok: true, sha256: rec.sha256 })));
+      up.setHandler((_q, r, rec) => {
+        r.end(JSON.stringify({ ok: true, sha256: rec.sha256 }));
+      });
     }
   });
 
@@ -190,7 +206,9 @@ describe('forwarding', () => {
       const line = await waitForLine(h, (l) => l.status === 499);
       assert.equal(line.key_id, 'k_ok');
     } finally {
-      up.setHandler((_q, r, rec) => r.end(JSON.stringify({ ok: true, sha256: rec.sha256 })));
+      up.setHandler((_q, r, rec) => {
+        r.end(JSON.stringify({ ok: true, sha256: rec.sha256 }));
+      });
     }
   });
 

@@ -50,7 +50,9 @@ describe('upstream failures', () => {
   });
 
   test('an unknown routing mode goes to default and is logged', async () => {
-    up.setHandler((_q, r) => r.end('{}'));
+    up.setHandler((_q, r) => {
+      r.end('{}');
+    });
     const res = await send(h.url, { path: '/v1/models', headers: bearer(h.keys.k_unknown_mode!) });
     assert.equal(res.status, 200);
     assert.ok(h.logs.some((l) => l.includes('routing mode names no upstream') && l.includes('"nope"')));

@@ -126,7 +126,6 @@ test('unknownKeyMessage: other keys get the plain message, never the key', () =>
 
 test(
   'unknownKeyMessage: OpenAI admin and legacy user keys (sk-admin-, sk-None-) are recognised too',
-  { todo: 'only sk-proj-/sk-svcacct- and sk-<20+ alnum> are recognised; DESIGN says "sk-ant-, sk-proj-, …"' },
   () => {
     for (const key of ['sk-admin-AbCdEfGhIjKlMnOpQrStUvWxYz0123456789', 'sk-None-AbCdEfGhIjKlMnOpQrStUvWxYz0123456789']) {
       assert.match(unknownKeyMessage(key), /looks like/, key);

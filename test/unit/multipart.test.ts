@@ -1,6 +1,6 @@
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { multipartBoundary, scanFields, type FieldScan } from '../../src/proxy/multipart.js';
+import { createLateFieldGuard, multipartBoundary, scanFields, type FieldScan } from '../../src/proxy/multipart.js';
 
 const BOUNDARIES: [string | undefined, string | null][] = [
   ['multipart/form-data; boundary=abc123', 'abc123'],
@@ -194,12 +194,31 @@ test('a delimiter must start a line: "--boundary" inside the preamble text is no
   assert.ok(r.state === 'error' || (r.state === 'done' && !r.fields.has('model')), JSON.stringify(r, (_k, v) => (v instanceof Map ? Object.fromEntries(v) : v)));
 });
 
-test(
-  'a model field after the file part is not silently missed',
-  { todo: 'scanning stops at the first file part, so model=<allowed>, file, model=<other> is checked against <allowed> while a last-wins upstream uses <other>' },
-  () => {
-    const buf = body(B, [{ name: 'model', value: 'whisper-1' }, FILE, { name: 'model', value: 'other-model' }]);
-    const r = scanFields(buf, B, true);
-    assert.ok(r.state === 'error' || (r.state === 'done' && (r.fields.get('model')?.length ?? 0) > 1), JSON.stringify(r.state));
-  },
-);
+test('a model field after the file part is caught by the late-field guard, before the body completes', async () => {
+  const buf = body(B, [{ name: 'model', value: 'whisper-1' }, FILE, { name: 'model', value: 'other-model' }]);
+  const first = scanFields(buf, B, true);
+  assert.equal(first.state, 'done');
+  const fileAt = first.state === 'done' ? first.fileAt! : 0;
+  for (const size of [1, 7, 64, buf.length]) {
+    const guard = createLateFieldGuard({ boundary: B, field: 'model' });
+    const passed: Buffer[] = [];
+    guard.on('data', (c: Buffer) => passed.push(c));
+    const failed = new Promise<Error>((resolve) => guard.once('error', resolve));
+    const rest = buf.subarray(fileAt);
+    for (let i = 0; i < rest.length && !guard.destroyed; i += size) guard.write(rest.subarray(i, i + size));
+    const err = await failed;
+    assert.match(err.message, /again after the file part/);
+    assert.ok(!Buffer.concat(passed).includes(Buffer.from(`--${B}--`)), `chunk size ${size}: the closing delimiter went through`);
+  }
+  // A body without a late model field passes through whole and unchanged.
+  const clean = body(B, [{ name: 'model', value: 'whisper-1' }, FILE, { name: 'language', value: 'en' }]);
+  const cleanScan = scanFields(clean, B, true);
+  const guard = createLateFieldGuard({ boundary: B, field: 'model' });
+  const out: Buffer[] = [];
+  guard.on('data', (c: Buffer) => out.push(c));
+  const rest = clean.subarray(cleanScan.state === 'done' ? cleanScan.fileAt! : 0);
+  for (let i = 0; i < rest.length; i += 5) guard.write(rest.subarray(i, i + 5));
+  guard.end();
+  await new Promise((r) => guard.once('end', r));
+  assert.deepEqual(Buffer.concat(out), rest);
+});
