@@ -69,6 +69,8 @@ export async function startConsole(opts: StartConsoleOptions): Promise<RunningCo
     const url = new URL(req.url ?? '/', 'http://console');
     const path = url.pathname;
     res.on('finish', () => {
+      // While shutting down, a connection whose answer went out is not kept alive for another request.
+      if (closing) server.closeIdleConnections();
       // Path only: ids are not secrets, and the query string is never logged.
       const line = { method: req.method, path, status: res.statusCode, ms: Math.round(performance.now() - started), by: principalName(authenticate(req)) };
       if (path.startsWith('/sync/')) log.debug(line, 'request');

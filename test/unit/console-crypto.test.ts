@@ -2,9 +2,7 @@ import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { randomBytes } from 'node:crypto';
 import { MasterKeyError, open, readMasterKey, seal } from '../../src/console/crypto.js';
-import { consoleConfigSchema } from '../../src/console/config.js';
 import { globToRegExp, makePricer } from '../../src/console/pricing.js';
-import { parseConfigText, ConfigError } from '../../src/config/load.js';
 
 test('sealed secrets round-trip and are bound to the key id', () => {
   const masterKey = randomBytes(32);
@@ -32,49 +30,6 @@ test('the master key is read as 64 hex or base64 of 32 bytes; errors name the va
       (e: Error) => e instanceof MasterKeyError && /MK is malformed/.test(e.message) && !e.message.includes(bad),
     );
   }
-});
-
-const minimal = `
-auth:
-  syncTokens: ["\${SYNC:-sync-token-0123456789}"]
-  adminTokens: [admin-token-0123456789]
-pricing:
-  unpriced: { inputPerMillion: 0, outputPerMillion: 0 }
-`;
-
-test('console config: defaults, and every problem reported together', () => {
-  const cfg = parseConfigText({ text: minimal, file: 'c.yaml', schema: consoleConfigSchema, env: {} });
-  assert.equal(cfg.listen.port, 7000);
-  assert.equal(cfg.masterKeyEnv, 'KEYWARD_MASTER_KEY');
-  assert.equal(cfg.keys.hash, 'sha256');
-  assert.equal(cfg.sync.retainChanges, 100_000);
-  const bad = `
-listen: { port: "x" }
-keys: { hash: hmac-sha256 }
-auth:
-  syncTokens: [short]
-  adminTokens: [admin-token-0123456789]
-  extra: 1
-pricing: { models: [] }
-`;
-  assert.throws(
-    () => parseConfigText({ text: bad, file: 'c.yaml', schema: consoleConfigSchema, env: {} }),
-    (e: ConfigError) => {
-      const text = e.problems.join('\n');
-      for (const p of ['listen.port', 'keys.pepper', 'auth.syncTokens.0', 'auth.extra: unknown key', 'pricing.unpriced']) {
-        assert.ok(text.includes(p), `expected a problem about ${p} in:\n${text}`);
-      }
-      return true;
-    },
-  );
-});
-
-test('console config: one token, one role', () => {
-  const shared = minimal.replace('adminTokens: [admin-token-0123456789]', 'adminTokens: [sync-token-0123456789]');
-  assert.throws(
-    () => parseConfigText({ text: shared, file: 'c.yaml', schema: consoleConfigSchema, env: {} }),
-    (e: ConfigError) => e.problems.some((p) => p.startsWith('auth.adminTokens.0: same token as auth.syncTokens.0')),
-  );
 });
 
 test('pricing: anchored globs, first match wins, unpriced is explicit', () => {

@@ -1,0 +1,54 @@
+/**
+ * How the admin CLI shows things to people: aligned tables and short summaries.
+ * Scripts use `--json` instead, which prints the API's answer as is.
+ */
+import type { KeyView, ProjectView, WalletView } from './db.js';
+
+export function table(headers: string[], rows: (string | number | null)[][]): string {
+  const cells = rows.map((r) => r.map((c) => (c === null ? '-' : String(c))));
+  const widths = headers.map((h, i) => Math.max(h.length, ...cells.map((r) => r[i]!.length)));
+  const line = (r: string[]) => r.map((c, i) => (i === r.length - 1 ? c : c.padEnd(widths[i]!))).join('  ');
+  return [line(headers), ...cells.map(line)].join('\n') + '\n';
+}
+
+const amount = (n: number | null) => (n === null ? null : String(Math.round(n * 1e6) / 1e6));
+const when = (iso: string | null) => (iso === null ? 'never' : iso.replace('T', ' ').replace(/\.\d+Z$/, 'Z'));
+const owner = (k: KeyView) => (k.kind === 'personal' ? `user:${k.user}` : `project:${k.project}`);
+
+export function keysTable(keys: KeyView[]): string {
+  if (keys.length === 0) return 'no keys\n';
+  return table(
+    ['ID', 'KIND', 'OWNER', 'STATUS', 'MODELS', 'ROUTING', 'RPM', 'TPM', 'CONC', 'BUDGET', 'SPENT', 'LAST USED', 'NAME'],
+    keys.map((k) => [k.id, k.kind, owner(k), k.status, k.models === null ? 'all' : k.models.join(','), k.routing, k.rpm, k.tpm, k.concurrency, amount(k.budget), amount(k.spent), when(k.lastUsedAt), k.name]),
+  );
+}
+
+export function keyDetails(k: KeyView): string {
+  const rows: [string, string | number | null][] = [
+    ['id', k.id], ['name', k.name], ['kind', k.kind], ['owner', owner(k)], ['status', k.status],
+    ['models', k.models === null ? 'all' : k.models.join(', ')], ['routing', k.routing],
+    ['rpm', k.rpm], ['tpm', k.tpm], ['concurrency', k.concurrency],
+    ['budget', k.kind === 'personal' ? 'wallet' : (amount(k.budget) ?? 'none')], ['spent', amount(k.spent)],
+    ['created', when(k.createdAt)], ['last used', when(k.lastUsedAt)],
+  ];
+  if (k.deletedAt) rows.push(['deleted', when(k.deletedAt)]);
+  const w = Math.max(...rows.map((r) => r[0].length));
+  return rows.map(([n, v]) => `${n.padEnd(w)}  ${v === null ? '-' : v}`).join('\n') + '\n';
+}
+
+export function projectsTable(projects: ProjectView[]): string {
+  if (projects.length === 0) return 'no projects\n';
+  return table(
+    ['ID', 'STATUS', 'BUDGET', 'SPENT', 'MEMBERS'],
+    projects.map((p) => [p.id, p.status, amount(p.budget) ?? 'none', amount(p.spent), p.members.join(',') || '-']),
+  );
+}
+
+export function walletsTable(wallets: WalletView[]): string {
+  if (wallets.length === 0) return 'no wallets\n';
+  return table(['USER', 'BALANCE', 'UPDATED'], wallets.map((w) => [w.user, amount(w.balance), when(w.updatedAt)]));
+}
+
+export function lastUsed(k: KeyView): string {
+  return when(k.lastUsedAt);
+}

@@ -1,0 +1,169 @@
+/**
+ * Applies a snapshot stream (an HTTP body, a file) to a replica without blocking the
+ * event loop: the bytes go to a worker thread (worker.ts) that validates and writes them
+ * in one transaction on its own connection; once it commits, the replica notices the
+ * external write at once and clears its cache. A bad snapshot is rejected whole and the
+ * old replica stays. In-memory replicas (tests, demos) are applied on this thread.
+ */
+import { MessageChannel, Worker, type MessagePort } from 'node:worker_threads';
+import { parseSnapshotLines } from '../sync/protocol.js';
+import type { ReplicaStore } from './store.js';
+import type { ChunkMessage, WorkerMessage } from './worker.js';
+
+export interface SnapshotApplied {
+  version: number;
+  keys: number;
+  projects: number;
+  wallets: number;
+  /** time from the first byte handed over to the commit */
+  totalMs: number;
+}
+
+async function* prepend(head: Uint8Array[], body: AsyncIterable<Uint8Array>): AsyncGenerator<Uint8Array> {
+  yield* head;
+  yield* body;
+}
+
+export class SnapshotApplyError extends Error {
+  constructor(
+    message: string,
+    readonly line?: number,
+  ) {
+    super(message);
+    this.name = 'SnapshotApplyError';
+  }
+}
+
+export interface ApplySnapshotStreamOptions {
+  replica: ReplicaStore;
+  body: AsyncIterable<Uint8Array>;
+  /** recorded in the replica's meta row, e.g. "console" or "import" */
+  source: string;
+  signal?: AbortSignal;
+  /** chunks handed to the worker but not yet taken: bounds memory when the worker is slower than the network */
+  maxInFlight?: number;
+  maxLineBytes?: number;
+}
+
+// The worker is niced first thing (Linux lets one thread be niced through its thread id),
+// before it loads or compiles anything, so on a small machine the main thread, which serves
+// requests, wins the CPU over this bulk job; threads and processes it starts inherit that.
+// Under tsx (tests, `npx tsx src/cli.ts`) the worker is TypeScript and needs tsx's loader
+// registered inside it: inherited --import flags do not reach a worker's entry module.
+const HERE = import.meta.url;
+const FROM_SOURCE = HERE.endsWith('.ts');
+const BOOT = `
+const { workerData } = require('node:worker_threads');
+try {
+  const tid = Number(/task\\/(\\d+)$/.exec(require('node:fs').readlinkSync('/proc/thread-self'))[1]);
+  if (tid > 0) require('node:os').setPriority(tid, 10);
+} catch {}
+(async () => {
+  if (workerData.tsx) (await import(workerData.tsx)).register();
+  await import(workerData.entry);
+})();
+`;
+// Resolved once at load: resolving through the module loader later would block the event loop.
+const TSX_API = FROM_SOURCE ? import.meta.resolve('tsx/esm/api') : null;
+const WORKER_ENTRY = new URL(FROM_SOURCE ? './worker.ts' : './worker.js', HERE).href;
+
+function spawn(data: Record<string, unknown>, transfer: MessagePort[]): Worker {
+  return new Worker(BOOT, { eval: true, workerData: { ...data, entry: WORKER_ENTRY, tsx: TSX_API, kind: 'keyward-snapshot' }, transferList: transfer });
+}
+
+async function applyInThread(opts: ApplySnapshotStreamOptions, started: number, head: Uint8Array[]): Promise<SnapshotApplied> {
+  const decoder = new TextDecoder('utf-8', { fatal: true });
+  let text = '';
+  for (const chunk of head) text += decoder.decode(chunk, { stream: true });
+  for await (const chunk of opts.body) text += decoder.decode(chunk, { stream: true });
+  try {
+    text += decoder.decode();
+    const { version, records } = parseSnapshotLines(text.split('\n'));
+    const counts = opts.replica.applySnapshot({ version, records, source: opts.source });
+    return { version, ...counts, totalMs: Math.round(performance.now() - started) };
+  } catch (err) {
+    throw new SnapshotApplyError((err as Error).message, (err as { line?: number; position?: number }).line ?? (err as { position?: number }).position);
+  }
+}
+
+/** Below this a snapshot is applied on this thread: a few ms of work, less than starting a worker. */
+const SMALL_SNAPSHOT_BYTES = 256 * 1024;
+
+/** Reads up to `limit` bytes; `done` tells whether that was the whole stream. */
+async function readHead(it: AsyncIterator<Uint8Array>, limit: number): Promise<{ head: Uint8Array[]; done: boolean }> {
+  const head: Uint8Array[] = [];
+  let size = 0;
+  while (size <= limit) {
+    const r = await it.next();
+    if (r.done) return { head, done: true };
+    head.push(r.value);
+    size += r.value.length;
+  }
+  return { head, done: false };
+}
+
+export async function applySnapshotStream(opts: ApplySnapshotStreamOptions): Promise<SnapshotApplied> {
+  const started = performance.now();
+  const it = opts.body[Symbol.asyncIterator]();
+  const rest: AsyncIterable<Uint8Array> = { [Symbol.asyncIterator]: () => it };
+  const { head, done } = await readHead(it, SMALL_SNAPSHOT_BYTES);
+  if (done || opts.replica.db.memory) return applyInThread({ ...opts, body: rest }, started, head);
+  return applyInWorker({ ...opts, body: rest }, started, head);
+}
+
+async function applyInWorker(opts: ApplySnapshotStreamOptions, started: number, head: Uint8Array[]): Promise<SnapshotApplied> {
+  const { port1, port2 } = new MessageChannel();
+  const signal = new SharedArrayBuffer(4);
+  const counter = new Int32Array(signal);
+  const worker = spawn({ dbPath: opts.replica.db.name, source: opts.source, port: port2, signal, maxLineBytes: opts.maxLineBytes ?? 1 << 20 }, [port2]);
+  const maxInFlight = opts.maxInFlight ?? 64;
+  let inFlight = 0;
+  let creditWaiter: (() => void) | null = null;
+  let outcome: WorkerMessage | null = null;
+
+  const finished = new Promise<WorkerMessage>((resolve) => {
+    const settle = (m: WorkerMessage) => {
+      outcome ??= m;
+      resolve(outcome);
+      creditWaiter?.();
+    };
+    worker.on('message', (m: WorkerMessage) => {
+      if (m.t !== 'credit') return settle(m);
+      inFlight--;
+      creditWaiter?.();
+    });
+    worker.on('error', (err) => settle({ t: 'error', message: `snapshot worker failed: ${err.message}` }));
+    worker.on('exit', () => settle({ t: 'error', message: 'snapshot worker exited without an answer' }));
+  });
+  const send = (m: ChunkMessage) => {
+    port1.postMessage(m);
+    Atomics.add(counter, 0, 1);
+    Atomics.notify(counter, 0);
+  };
+
+  try {
+    try {
+      for await (const chunk of prepend(head, opts.body)) {
+        if (outcome !== null) break; // the worker rejected the snapshot already: stop reading
+        if (opts.signal?.aborted) throw opts.signal.reason ?? new Error('aborted');
+        send({ t: 'chunk', data: chunk });
+        inFlight++;
+        while (inFlight >= maxInFlight && outcome === null) await new Promise<void>((r) => (creditWaiter = r));
+        creditWaiter = null;
+      }
+      if (opts.signal?.aborted) throw opts.signal.reason ?? new Error('aborted');
+      send({ t: 'end' });
+    } catch (err) {
+      // The source failed (network, abort): the worker rolls back and the old replica stays.
+      send({ t: 'abort', reason: err instanceof Error ? err.message : String(err) });
+      await finished;
+      throw err;
+    }
+    const result = await finished;
+    if (result.t !== 'done') throw new SnapshotApplyError(result.t === 'error' ? result.message : 'unexpected worker answer', result.t === 'error' ? result.line : undefined);
+    opts.replica.checkExternalWrites();
+    return { version: result.version, keys: result.keys, projects: result.projects, wallets: result.wallets, totalMs: Math.round(performance.now() - started) };
+  } finally {
+    port1.close();
+  }
+}

@@ -1,0 +1,130 @@
+/**
+ * Snapshot worker: applies a whole NDJSON snapshot to the replica file in one transaction
+ * on its own connection, off the main thread. In WAL mode the main thread keeps reading
+ * the old data until the commit, then sees the new data at once (a swap, never a mix).
+ *
+ * The parent streams the bytes in over a MessagePort. applySnapshot takes a synchronous
+ * record iterator inside its transaction, so this thread pulls each chunk synchronously
+ * (receiveMessageOnPort), sleeping on a shared counter (Atomics.wait) until the parent
+ * posts the next one: constant memory however large the snapshot is. Every line is
+ * validated with the protocol's parsers; the first bad line rolls everything back.
+ *
+ * Spawned by snapshot-apply.ts; not imported by anything else.
+ */
+import { isMainThread, parentPort, receiveMessageOnPort, workerData, type MessagePort } from 'node:worker_threads';
+import { applySnapshot } from './apply.js';
+import { openDatabase } from './store.js';
+import { parseMeta, parseRecord, SnapshotError, type SyncRecord } from '../sync/protocol.js';
+
+export interface WorkerInput {
+  dbPath: string;
+  source: string;
+  port: MessagePort;
+  /** Int32 counter the parent bumps (and notifies) after each message it posts */
+  signal: SharedArrayBuffer;
+  maxLineBytes: number;
+}
+
+/** Parent → worker on `port`. */
+export type ChunkMessage = { t: 'chunk'; data: Uint8Array } | { t: 'end' } | { t: 'abort'; reason: string };
+
+/** Worker → parent on `parentPort`. */
+export type WorkerMessage =
+  | { t: 'credit' }
+  | { t: 'done'; version: number; keys: number; projects: number; wallets: number; applyMs: number }
+  | { t: 'error'; message: string; line?: number };
+
+class Aborted extends Error {}
+
+function receiver(input: WorkerInput): () => ChunkMessage {
+  const counter = new Int32Array(input.signal);
+  return () => {
+    for (;;) {
+      const seen = Atomics.load(counter, 0);
+      const m = receiveMessageOnPort(input.port);
+      if (m) return m.message as ChunkMessage;
+      // The timeout only guards against a lost wake-up; the parent notifies after every post.
+      Atomics.wait(counter, 0, seen, 1000);
+    }
+  };
+}
+
+/** Numbered lines from the chunk stream, decoded as UTF-8 across chunk boundaries. */
+function* lines(input: WorkerInput, next: () => ChunkMessage): Generator<{ text: string; line: number }> {
+  const decoder = new TextDecoder('utf-8', { fatal: true });
+  let rest = '';
+  let n = 0;
+  for (;;) {
+    const msg = next();
+    if (msg.t === 'abort') throw new Aborted(msg.reason);
+    const text = msg.t === 'end' ? rest + decoder.decode() : rest + decoder.decode(msg.data, { stream: true });
+    if (msg.t === 'chunk') parentPort!.postMessage({ t: 'credit' } satisfies WorkerMessage);
+    let start = 0;
+    for (let nl = text.indexOf('\n'); nl !== -1; nl = text.indexOf('\n', start)) {
+      yield { text: text.slice(start, nl), line: ++n };
+      start = nl + 1;
+    }
+    rest = text.slice(start);
+    if (rest.length > input.maxLineBytes) throw new SnapshotError(`line longer than ${input.maxLineBytes} bytes`, n + 1);
+    if (msg.t === 'end') {
+      if (rest.trim() !== '') yield { text: rest, line: ++n };
+      return;
+    }
+  }
+}
+
+function decode(text: string, line: number): unknown {
+  try {
+    return JSON.parse(text);
+  } catch {
+    throw new SnapshotError('not valid JSON', line);
+  }
+}
+
+function* records(source: Generator<{ text: string; line: number }>): Generator<{ line: number; record: SyncRecord }> {
+  for (const { text, line } of source) {
+    if (text.trim() === '') continue;
+    const r = parseRecord(decode(text, line));
+    if (!r.ok) throw new SnapshotError(r.error, line);
+    yield { line, record: r.value };
+  }
+}
+
+function run(input: WorkerInput): WorkerMessage {
+  const db = openDatabase(input.dbPath);
+  try {
+    const source = lines(input, receiver(input));
+    let version: number | null = null;
+    while (version === null) {
+      const { value, done } = source.next();
+      if (done) throw new SnapshotError('empty snapshot: no meta record', 1);
+      if (value.text.trim() === '') continue;
+      const meta = parseMeta(decode(value.text, value.line));
+      if (!meta.ok) throw new SnapshotError(`expected the meta record first: ${meta.error}`, value.line);
+      version = meta.value.version;
+    }
+    const started = performance.now();
+    const counts = applySnapshot(db, { version, records: records(source), source: input.source });
+    const applyMs = Math.round(performance.now() - started);
+    parentPort!.postMessage({ t: 'done', version, ...counts, applyMs } satisfies WorkerMessage);
+    // After the swap: fold the WAL back into the file so a big snapshot does not leave it on disk.
+    try {
+      db.pragma('wal_checkpoint(TRUNCATE)');
+    } catch {
+      /* best effort: the next automatic checkpoint does it */
+    }
+    return { t: 'done', version, ...counts, applyMs };
+  } catch (err) {
+    const line = err instanceof SnapshotError ? err.line : (err as { position?: number }).position;
+    const message = err instanceof Error ? err.message : String(err);
+    return { t: 'error', message, ...(line !== undefined ? { line } : {}) };
+  } finally {
+    db.close();
+  }
+}
+
+if (!isMainThread && parentPort && (workerData as { kind?: string } | null)?.kind === 'keyward-snapshot') {
+  const result = run(workerData as WorkerInput);
+  if (result.t === 'error') parentPort.postMessage(result);
+  parentPort.close();
+}

@@ -1,0 +1,201 @@
+/**
+ * The sidecar's sync client (DESIGN section 7): a snapshot at start and after a 410, then
+ * long-poll changes, each applied atomically. Snapshots are applied by a worker thread
+ * (replica/snapshot-apply.ts), so even a million keys never stall the event loop; change
+ * batches are small and applied here. On any error it backs off with jitter and tries
+ * again, and the replica keeps serving its last good state meanwhile.
+ */
+import { applySnapshotStream } from '../replica/snapshot-apply.js';
+import type { ReplicaStore } from '../replica/store.js';
+import { backoffDelay, sleep, type BackoffOptions } from './backoff.js';
+import { CHANGES_PATH, SNAPSHOT_PATH, parseChangeBatch } from './protocol.js';
+
+export { createUsagePusher, type UsagePusher, type UsagePusherOptions, type UsageStats } from './usage-pusher.js';
+
+/** pino's shape; the client never passes it the token. */
+export interface SyncLogger {
+  debug(obj: object, msg?: string): void;
+  info(obj: object, msg?: string): void;
+  warn(obj: object, msg?: string): void;
+  error(obj: object, msg?: string): void;
+}
+
+const quiet: SyncLogger = { debug() {}, info() {}, warn() {}, error() {} };
+
+export interface SyncClientOptions {
+  /** console base URL, e.g. http://127.0.0.1:7000 */
+  url: string;
+  token: string;
+  /** long-poll wait the console is asked for (0..60000) */
+  waitMs: number;
+  replica: ReplicaStore;
+  log?: SyncLogger;
+  now?: () => number;
+  fetch?: typeof fetch;
+  backoff?: BackoffOptions;
+  /** a snapshot that sends no byte for this long is abandoned (and retried) */
+  idleTimeoutMs?: number;
+}
+
+export interface SyncStatus {
+  /** replica version (null before the first snapshot or import) */
+  version: number | null;
+  /** when the console last answered successfully (ms since epoch), empty long polls included */
+  lastSyncAt: number | null;
+  lastError: string | null;
+  /** the last exchange with the console succeeded */
+  connected: boolean;
+  /** consecutive failures since the last success */
+  failures: number;
+  snapshots: number;
+  lastSnapshot: { version: number; keys: number; totalMs: number } | null;
+}
+
+export interface SyncClient {
+  /** Starts syncing; resolves after the first successful sync, or when stopped first. Never rejects. */
+  start(): Promise<void>;
+  /** Ends the loop, abandoning a long poll or a snapshot in progress (the replica keeps its last good state). */
+  stop(): Promise<void>;
+  status(): SyncStatus;
+}
+
+class HttpError extends Error {
+  constructor(readonly status: number, what: string) {
+    super(status === 401 || status === 403 ? `console rejected the sync token on ${what} (${status})` : `console answered ${status} on ${what}`);
+  }
+}
+
+/** The console sent a batch this replica cannot apply; retrying it would fail again, so a snapshot follows. */
+class BatchError extends Error {}
+
+/** A readable reason for a fetch failure: fetch's own message is only "fetch failed". */
+function reason(err: unknown): string {
+  if (!(err instanceof Error)) return String(err);
+  const cause = (err as { cause?: { code?: string; message?: string } }).cause;
+  return cause?.code ?? cause?.message ? `${err.message}: ${cause.code ?? cause.message}` : err.message;
+}
+
+export function createSyncClient(opts: SyncClientOptions): SyncClient {
+  const base = opts.url.replace(/\/+$/, '');
+  const log = opts.log ?? quiet;
+  const now = opts.now ?? Date.now;
+  const doFetch = opts.fetch ?? fetch;
+  const headers = { authorization: `Bearer ${opts.token}` };
+  const idleMs = opts.idleTimeoutMs ?? 30_000;
+  const stopper = new AbortController();
+  const st = { lastSyncAt: null as number | null, lastError: null as string | null, connected: false, failures: 0, snapshots: 0, lastSnapshot: null as SyncStatus['lastSnapshot'] };
+  let loop: Promise<void> | null = null;
+  let markFirst: () => void = () => {};
+  const first = new Promise<void>((resolve) => (markFirst = resolve));
+
+  const succeeded = () => {
+    if (st.failures > 0 || !st.connected) log.info({ version: opts.replica.status().version }, 'console sync connected');
+    st.lastSyncAt = now();
+    st.connected = true;
+    st.failures = 0;
+    st.lastError = null;
+    markFirst();
+  };
+
+  async function snapshot(): Promise<void> {
+    const ctl = new AbortController();
+    const signal = AbortSignal.any([stopper.signal, ctl.signal]);
+    const idle = setTimeout(() => ctl.abort(new Error(`snapshot stalled for ${idleMs} ms`)), idleMs);
+    try {
+      const res = await doFetch(`${base}${SNAPSHOT_PATH}`, { headers, signal });
+      if (res.status !== 200 || !res.body) {
+        await res.body?.cancel().catch(() => {});
+        throw new HttpError(res.status, 'snapshot');
+      }
+      const stream = res.body;
+      const body = (async function* () {
+        for await (const chunk of stream) {
+          idle.refresh();
+          yield chunk;
+        }
+      })();
+      const applied = await applySnapshotStream({ replica: opts.replica, body, source: 'console', signal });
+      st.snapshots++;
+      st.lastSnapshot = { version: applied.version, keys: applied.keys, totalMs: applied.totalMs };
+      log.info({ version: applied.version, keys: applied.keys, projects: applied.projects, wallets: applied.wallets, ms: applied.totalMs }, 'snapshot applied');
+    } finally {
+      clearTimeout(idle);
+    }
+  }
+
+  /** One long poll. Returns 'gone' on 410 (a snapshot is due). */
+  async function poll(after: number): Promise<'ok' | 'gone'> {
+    const started = now();
+    const signal = AbortSignal.any([stopper.signal, AbortSignal.timeout(opts.waitMs + 15_000)]);
+    const res = await doFetch(`${base}${CHANGES_PATH}?after=${after}&waitMs=${opts.waitMs}`, { headers, signal });
+    if (res.status === 410) {
+      await res.body?.cancel().catch(() => {});
+      return 'gone';
+    }
+    if (res.status !== 200) {
+      await res.body?.cancel().catch(() => {});
+      throw new HttpError(res.status, 'changes');
+    }
+    const parsed = parseChangeBatch(await res.json());
+    if (!parsed.ok) throw new BatchError(`console sent an invalid change batch: ${parsed.error}`);
+    const batch = parsed.value;
+    if (batch.version !== after) {
+      const t = performance.now();
+      try {
+        opts.replica.applyChanges(batch, 'console');
+      } catch (err) {
+        throw new BatchError(`change batch ${batch.version} not applied: ${(err as Error).message}`);
+      }
+      log.debug({ version: batch.version, changes: batch.changes.length, ms: Math.round(performance.now() - t) }, 'changes applied');
+    } else if (opts.waitMs > 0 && now() - started < opts.waitMs / 10) {
+      // An empty answer long before waitMs (a console shutting down, or one that ignores waitMs): do not spin.
+      await sleep(backoffDelay(1, opts.backoff), stopper.signal);
+    }
+    return 'ok';
+  }
+
+  async function run(): Promise<void> {
+    let needSnapshot = true;
+    while (!stopper.signal.aborted) {
+      try {
+        const version = opts.replica.status().version;
+        if (needSnapshot || version === null) {
+          await snapshot();
+          needSnapshot = false;
+        } else if ((await poll(version)) === 'gone') {
+          log.info({ version }, 'console no longer holds changes after our version; taking a snapshot');
+          needSnapshot = true;
+          succeeded();
+          continue;
+        }
+        succeeded();
+      } catch (err) {
+        if (stopper.signal.aborted) break;
+        st.failures++;
+        st.connected = false;
+        st.lastError = reason(err);
+        const delay = backoffDelay(st.failures, opts.backoff);
+        // The first failure is worth a warning; a console that stays away is reported less loudly.
+        const level = st.failures === 1 || st.failures % 20 === 0 ? 'warn' : 'debug';
+        log[level]({ err: st.lastError, failures: st.failures, retryInMs: delay, version: opts.replica.status().version }, 'console sync failed; serving from the replica');
+        if (err instanceof BatchError) needSnapshot = true;
+        await sleep(delay, stopper.signal);
+      }
+    }
+  }
+
+  return {
+    start() {
+      loop ??= run().finally(() => markFirst());
+      return first;
+    },
+    async stop() {
+      stopper.abort(new Error('sync client stopped'));
+      markFirst();
+      await loop;
+    },
+    status() {
+      return { version: opts.replica.status().version, ...st };
+    },
+  };
+}

@@ -1,0 +1,161 @@
+import { test, before, after } from 'node:test';
+import assert from 'node:assert/strict';
+import { mkdtempSync, readFileSync, rmSync, existsSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { ReplicaStore } from '../../src/replica/store.js';
+import { createSyncClient, type SyncClient } from '../../src/sync/client.js';
+import { startConsole } from '../../src/console/server.js';
+import { startConsoleFixture, type ConsoleFixture } from '../helpers/console-fixture.js';
+import { lookupSecret, until, whenReplica } from '../helpers/console-replica.js';
+
+let fx: ConsoleFixture;
+let dir: string;
+const clients: SyncClient[] = [];
+const replicas: ReplicaStore[] = [];
+
+before(async () => {
+  fx = await startConsoleFixture({ overrides: { sync: { retainChanges: 10 } } });
+  dir = mkdtempSync(join(tmpdir(), 'kw-sync-'));
+});
+after(async () => {
+  await Promise.all(clients.map((c) => c.stop()));
+  for (const r of replicas) r.close();
+  await fx.close();
+  rmSync(dir, { recursive: true, force: true });
+});
+
+function sidecar(name: string, extra: { fetch?: typeof fetch } = {}) {
+  const replica = new ReplicaStore({ path: join(dir, `${name}.sqlite`) });
+  const client = createSyncClient({ url: fx.url, token: fx.tokens.sync, waitMs: 1000, replica, backoff: { baseMs: 20, maxMs: 200 }, ...extra });
+  replicas.push(replica);
+  clients.push(client);
+  return { replica, client };
+}
+
+test('two sidecars: snapshot, then a key delete reaches both replicas well within a second', async (t) => {
+  await fx.api('POST', '/admin/v1/projects', { body: { id: 'p_rev' } });
+  const a = sidecar('a');
+  const b = sidecar('b');
+  await Promise.all([a.client.start(), b.client.start()]);
+  assert.equal(a.client.status().connected, true);
+  assert.equal(a.replica.status().version, b.replica.status().version);
+
+  const latencies: number[] = [];
+  for (let trial = 0; trial < 20; trial++) {
+    const created = (await fx.api('POST', '/admin/v1/keys', { body: { kind: 'team', project: 'p_rev' } })).body;
+    await Promise.all([a, b].map((s) => whenReplica(s.replica, () => lookupSecret(s.replica, created.secret)?.key.status === 'active')));
+    const started = performance.now();
+    const seen = [a, b].map((s) => whenReplica(s.replica, () => lookupSecret(s.replica, created.secret)?.key.status === 'deleted', 1000).then(() => performance.now() - started));
+    assert.equal((await fx.api('DELETE', `/admin/v1/keys/${created.key.id}`)).status, 200);
+    latencies.push(...(await Promise.all(seen)));
+  }
+  latencies.sort((x, y) => x - y);
+  const q = (p: number) => latencies[Math.min(latencies.length - 1, Math.floor(p * latencies.length))]!.toFixed(1);
+  t.diagnostic(`revocation to replica (ms, ${latencies.length} samples over 2 sidecars): min ${q(0)} p50 ${q(0.5)} p90 ${q(0.9)} max ${q(1)}`);
+  assert.ok(latencies.at(-1)! < 1000);
+});
+
+test('the replica file never holds a key', async () => {
+  const { replica, client } = sidecar('scan');
+  await client.start();
+  const created = (await fx.api('POST', '/admin/v1/keys', { body: { kind: 'personal', user: 'alice' } })).body;
+  await whenReplica(replica, () => lookupSecret(replica, created.secret) !== null);
+  const path = replica.db.name;
+  const bytes = [path, `${path}-wal`].filter(existsSync).map((p) => readFileSync(p).toString('latin1')).join('');
+  assert.ok(!bytes.includes(created.secret));
+  assert.ok(!bytes.includes(created.secret.slice(3, 40)));
+});
+
+test('console away: the replica keeps serving; when it returns the client catches up', async () => {
+  const { replica, client } = sidecar('away');
+  await client.start();
+  const kept = (await fx.api('POST', '/admin/v1/keys', { body: { kind: 'personal', user: 'alice' } })).body;
+  const doomed = (await fx.api('POST', '/admin/v1/keys', { body: { kind: 'personal', user: 'alice' } })).body;
+  await whenReplica(replica, () => lookupSecret(replica, doomed.secret) !== null);
+
+  await fx.console.close();
+  assert.ok(await until(() => !client.status().connected));
+  assert.ok(client.status().lastError);
+  assert.equal(lookupSecret(replica, kept.secret)?.key.status, 'active', 'still answers from the last good replica');
+
+  // A change made while this sidecar could not reach the console (another instance on the same store).
+  const other = await startConsole({ config: { ...fx.config, listen: { host: '127.0.0.1', port: 0 } }, env: fx.env });
+  await fetch(`${other.url}/admin/v1/keys/${doomed.key.id}`, { method: 'DELETE', headers: { authorization: `Bearer ${fx.tokens.admin}` } });
+  await other.close();
+  assert.equal(lookupSecret(replica, doomed.secret)?.key.status, 'active');
+
+  await fx.restart();
+  await whenReplica(replica, () => lookupSecret(replica, doomed.secret)?.key.status === 'deleted', 5000);
+  await new Promise((r) => setImmediate(r));
+  assert.equal(client.status().connected, true);
+});
+
+test('after a 410 the client takes a fresh snapshot and carries on', async () => {
+  let blocked = false;
+  const gate: typeof fetch = (input, init) => (blocked ? Promise.reject(new Error('network down')) : fetch(input, init));
+  const { replica, client } = sidecar('gone', { fetch: gate });
+  await client.start();
+  const snapshotsBefore = client.status().snapshots;
+  blocked = true;
+  // Wait for the client to notice, so its cursor is the pre-change version.
+  assert.ok(await until(() => !client.status().connected));
+  for (let i = 0; i < 15; i++) await fx.api('POST', '/admin/v1/wallets/erin/credit', { body: { amount: 1 } });
+  const k = (await fx.api('POST', '/admin/v1/keys', { body: { kind: 'personal', user: 'erin' } })).body;
+  blocked = false;
+  await whenReplica(replica, () => lookupSecret(replica, k.secret) !== null, 5000);
+  await new Promise((r) => setImmediate(r)); // the client counts the snapshot right after the replica swaps
+  assert.equal(lookupSecret(replica, k.secret)?.walletBalance, 15);
+  assert.equal(client.status().snapshots, snapshotsBefore + 1, 'recovered through a snapshot');
+});
+
+test('a bad snapshot is rejected whole and the old replica stays', async () => {
+  let corrupt = false;
+  const tamper: typeof fetch = async (input, init) => {
+    const res = await fetch(input, init);
+    if (!corrupt || !String(input).includes('/snapshot')) return res;
+    const text = await res.text();
+    return new Response(text.replace(/"kind":"team"/, '"kind":"robot"'), { status: 200 });
+  };
+  await fx.api('POST', '/admin/v1/projects', { body: { id: 'p_bad' } });
+  const team = (await fx.api('POST', '/admin/v1/keys', { body: { kind: 'team', project: 'p_bad' } })).body;
+  const { replica, client } = sidecar('bad', { fetch: tamper });
+  await client.start();
+  const version = replica.status().version;
+  assert.ok(lookupSecret(replica, team.secret));
+  await client.stop();
+
+  corrupt = true;
+  const again = createSyncClient({ url: fx.url, token: fx.tokens.sync, waitMs: 1000, replica, fetch: tamper, backoff: { baseMs: 20, maxMs: 50 } });
+  clients.push(again);
+  void again.start();
+  assert.ok(await until(() => again.status().failures > 0));
+  assert.match(again.status().lastError ?? '', /line \d+/);
+  assert.equal(replica.status().version, version);
+  assert.ok(lookupSecret(replica, team.secret), 'old data still served');
+  corrupt = false;
+  assert.ok(await until(() => again.status().connected), 'recovers once the console sends a good snapshot');
+  await again.stop();
+});
+
+test('a wrong sync token is reported without the token and retried', async () => {
+  const replica = new ReplicaStore({ path: join(dir, 'token.sqlite') });
+  replicas.push(replica);
+  const badToken = 'wrong-token-0123456789abcdef';
+  const client = createSyncClient({ url: fx.url, token: badToken, waitMs: 1000, replica, backoff: { baseMs: 20, maxMs: 50 } });
+  clients.push(client);
+  void client.start();
+  assert.ok(await until(() => client.status().failures >= 2));
+  assert.match(client.status().lastError!, /rejected the sync token/);
+  assert.ok(!client.status().lastError!.includes(badToken));
+  assert.equal(replica.status().ready, false);
+  await client.stop();
+});
+
+test('backoff: exponential, capped, jittered, never zero', async () => {
+  const { backoffDelay } = await import('../../src/sync/backoff.js');
+  const lo = (n: number) => backoffDelay(n, { baseMs: 100, maxMs: 1000, random: () => 0 });
+  const hi = (n: number) => backoffDelay(n, { baseMs: 100, maxMs: 1000, random: () => 0.999999 });
+  assert.deepEqual([1, 2, 3, 4, 5, 50].map(lo), [50, 100, 200, 400, 500, 500]);
+  assert.deepEqual([1, 2, 3, 4, 5, 50].map(hi), [100, 200, 400, 800, 1000, 1000]);
+});

@@ -1,0 +1,55 @@
+import { test } from 'node:test';
+import assert from 'node:assert/strict';
+import { consoleConfigSchema, loadConsoleConfig } from '../../src/console/config.js';
+import { parseConfigText, ConfigError } from '../../src/config/load.js';
+
+test('the example console config is valid', () => {
+  const c = loadConsoleConfig({ file: 'config/console.example.yaml', env: { KEYWARD_SYNC_TOKEN: 's'.repeat(20), KEYWARD_ADMIN_TOKEN: 'a'.repeat(20) } });
+  assert.equal(c.keys.hash, 'sha256');
+  assert.equal(c.masterKeyEnv, 'KEYWARD_MASTER_KEY');
+  assert.ok(c.pricing.models.length > 0);
+  assert.throws(() => loadConsoleConfig({ file: 'config/console.example.yaml', env: {} }), /KEYWARD_SYNC_TOKEN is not set/);
+});
+
+const minimal = `
+auth:
+  syncTokens: ["\${SYNC:-sync-token-0123456789}"]
+  adminTokens: [admin-token-0123456789]
+pricing:
+  unpriced: { inputPerMillion: 0, outputPerMillion: 0 }
+`;
+
+test('console config: defaults, and every problem reported together', () => {
+  const cfg = parseConfigText({ text: minimal, file: 'c.yaml', schema: consoleConfigSchema, env: {} });
+  assert.equal(cfg.listen.port, 7000);
+  assert.equal(cfg.masterKeyEnv, 'KEYWARD_MASTER_KEY');
+  assert.equal(cfg.keys.hash, 'sha256');
+  assert.equal(cfg.sync.retainChanges, 100_000);
+  const bad = `
+listen: { port: "x" }
+keys: { hash: hmac-sha256 }
+auth:
+  syncTokens: [short]
+  adminTokens: [admin-token-0123456789]
+  extra: 1
+pricing: { models: [] }
+`;
+  assert.throws(
+    () => parseConfigText({ text: bad, file: 'c.yaml', schema: consoleConfigSchema, env: {} }),
+    (e: ConfigError) => {
+      const text = e.problems.join('\n');
+      for (const p of ['listen.port', 'keys.pepper', 'auth.syncTokens.0', 'auth.extra: unknown key', 'pricing.unpriced']) {
+        assert.ok(text.includes(p), `expected a problem about ${p} in:\n${text}`);
+      }
+      return true;
+    },
+  );
+});
+
+test('console config: one token, one role', () => {
+  const shared = minimal.replace('adminTokens: [admin-token-0123456789]', 'adminTokens: [sync-token-0123456789]');
+  assert.throws(
+    () => parseConfigText({ text: shared, file: 'c.yaml', schema: consoleConfigSchema, env: {} }),
+    (e: ConfigError) => e.problems.some((p) => p.startsWith('auth.adminTokens.0: same token as auth.syncTokens.0')),
+  );
+});
