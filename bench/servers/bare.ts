@@ -1,0 +1,32 @@
+/**
+ * The baseline: a bare http-proxy-3 pass-through with the same keep-alive agent and
+ * server timeouts keyward uses (src/proxy/forward.ts, src/proxy/server.ts), and nothing
+ * else: no routing, credentials, limits, body reads, usage tap or logging.
+ *   node --import tsx bench/servers/bare.ts <upstream url>
+ */
+import http, { createServer } from 'node:http';
+import { createProxyServer } from 'http-proxy-3';
+import { exitWithParent, ready } from './common.js';
+
+const target = new URL(process.argv[2] ?? 'http://127.0.0.1:4000');
+const agent = new http.Agent({ keepAlive: true, keepAliveMsecs: 1000, maxSockets: Infinity, maxFreeSockets: 256, scheduling: 'lifo' });
+const proxy = createProxyServer({ xfwd: false, changeOrigin: false, ws: false });
+proxy.on('econnreset', () => undefined);
+
+const server = createServer({ keepAliveTimeout: 65_000, requestTimeout: 0, headersTimeout: 60_000 }, (req, res) => {
+  proxy.web(req, res, { target, agent }, () => {
+    if (res.headersSent) return void res.destroy();
+    res.writeHead(502, { 'content-type': 'application/json' });
+    res.end('{"error":"upstream"}');
+  });
+});
+server.listen(0, '127.0.0.1', () => {
+  const addr = server.address();
+  ready({ port: typeof addr === 'object' && addr ? addr.port : 0 });
+});
+exitWithParent(() => {
+  server.closeAllConnections();
+  server.close();
+  agent.destroy();
+  proxy.close();
+});

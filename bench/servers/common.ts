@@ -1,0 +1,27 @@
+/**
+ * Child-process plumbing shared by the benchmark servers: report the port as one JSON
+ * line on stdout, and exit when the parent closes our stdin or sends SIGTERM, so no
+ * server outlives the run even when the parent dies.
+ */
+export function ready(info: Record<string, unknown>): void {
+  process.stdout.write(`${JSON.stringify({ ready: true, ...info })}\n`);
+}
+
+export function exitWithParent(cleanup: () => Promise<void> | void = () => undefined): void {
+  let stopping = false;
+  const stop = () => {
+    if (stopping) return;
+    stopping = true;
+    const hard = setTimeout(() => process.exit(0), 3_000);
+    hard.unref();
+    Promise.resolve()
+      .then(cleanup)
+      .catch((err: unknown) => process.stderr.write(`cleanup failed: ${String(err)}\n`))
+      .finally(() => process.exit(0));
+  };
+  process.stdin.on('end', stop);
+  process.stdin.on('close', stop);
+  process.stdin.resume();
+  process.on('SIGTERM', stop);
+  process.on('SIGINT', stop);
+}
