@@ -159,3 +159,38 @@ test('backoff: exponential, capped, jittered, never zero', async () => {
   assert.deepEqual([1, 2, 3, 4, 5, 50].map(lo), [50, 100, 200, 400, 500, 500]);
   assert.deepEqual([1, 2, 3, 4, 5, 50].map(hi), [100, 200, 400, 800, 1000, 1000]);
 });
+
+test('usage pushed by a sidecar moves budgets and balances in every replica; a disabled project follows within a second', async () => {
+  const { createUsagePusher } = await import('../../src/sync/client.js');
+  const { replica, client } = sidecar('budget');
+  await client.start();
+  await fx.api('POST', '/admin/v1/projects', { body: { id: 'p_budget', budget: 0.01 } });
+  const team = (await fx.api('POST', '/admin/v1/keys', { body: { kind: 'team', project: 'p_budget', budget: 0.005 } })).body;
+  const personal = (await fx.api('POST', '/admin/v1/keys', { body: { kind: 'personal', user: 'gina' } })).body;
+  await fx.api('PUT', '/admin/v1/wallets/gina', { body: { balance: 0.004 } });
+  await whenReplica(replica, () => lookupSecret(replica, personal.secret)?.walletBalance === 0.004);
+
+  const pusher = createUsagePusher({ url: fx.url, token: fx.tokens.sync, maxBuffer: 100, batchSize: 10, flushMs: 20 });
+  const at = new Date().toISOString();
+  // gpt-4o: 1000 in + 100 out = 0.0035 each
+  for (let i = 0; i < 2; i++) pusher.push({ request_id: `b-${i}`, key_id: team.key.id, model: 'gpt-4o', input_tokens: 1000, output_tokens: 100, status: 200, at });
+  pusher.push({ request_id: 'w-1', key_id: personal.key.id, model: 'gpt-4o', input_tokens: 1000, output_tokens: 100, status: 200, at });
+  pusher.push({ request_id: 'w-2', key_id: personal.key.id, model: 'gpt-4o', input_tokens: 1000, output_tokens: 100, status: 200, at });
+  await pusher.flush();
+  await whenReplica(replica, () => {
+    const t = lookupSecret(replica, team.secret);
+    const p = lookupSecret(replica, personal.secret);
+    return t !== null && p !== null && t.key.spent >= 0.007 && p.walletBalance !== null && p.walletBalance <= 0;
+  });
+  const t = lookupSecret(replica, team.secret)!;
+  assert.ok(t.key.spent >= t.key.budget!, 'key budget exhausted in the replica');
+  assert.equal(t.project?.spent, 0.007);
+  assert.equal(lookupSecret(replica, personal.secret)!.walletBalance, -0.003);
+  await pusher.stop();
+
+  const started = performance.now();
+  const disabled = whenReplica(replica, () => lookupSecret(replica, team.secret)?.project?.status === 'disabled', 1000);
+  await fx.api('PATCH', '/admin/v1/projects/p_budget', { body: { status: 'disabled' } });
+  await disabled;
+  assert.ok(performance.now() - started < 1000);
+});
