@@ -62,3 +62,9 @@ export interface Limiter {
 export function isLimited(n: number | null | undefined): n is number {
   return typeof n === 'number' && n > 0;
 }
+
+/** Whether the request is subject to any limit at all; if not, no store needs to be asked. */
+export function hasAnyLimit(input: Pick<AdmitInput, 'limits' | 'route'>): boolean {
+  const { limits, route } = input;
+  return [limits.rpm, limits.tpm, limits.concurrency, route.concurrency, route.rpm].some(isLimited);
+}

@@ -1,0 +1,65 @@
+/**
+ * Token-bucket and lease arithmetic shared by the in-process limiter. lua/admit.lua and
+ * lua/settle.lua implement the same formulas; the conformance suite holds both to them.
+ *
+ * A bucket of capacity N refills continuously at N per WINDOW_MS. It is stored as
+ * (tokens, ts): the level at time ts. An absent bucket is full, which is why a bucket
+ * may be deleted (or expire) as soon as it would be full again.
+ */
+
+export const WINDOW_MS = 60_000;
+
+/** Default lease lifetime: a crashed instance's slots come back after this long. */
+export const DEFAULT_LEASE_MS = 30_000;
+
+/**
+ * Upper bound on retryAfterMs for a concurrency denial. A slot frees when any in-flight
+ * request ends, which nobody can predict, and live leases are refreshed so their expiry
+ * says little; we answer the soonest lease expiry when it is sooner, else this.
+ */
+export const CONCURRENCY_RETRY_MS = 1_000;
+
+export interface BucketState {
+  tokens: number;
+  ts: number;
+}
+
+/** Level of the bucket at `now`: stored level plus refill, never above capacity. */
+export function bucketLevel(state: BucketState | undefined, capacity: number, now: number): number {
+  if (!state) return capacity;
+  const elapsed = Math.max(0, now - state.ts);
+  return Math.min(capacity, state.tokens + (elapsed * capacity) / WINDOW_MS);
+}
+
+/** Milliseconds until a bucket at `level` holds `need` tokens (at least 1). */
+export function refillWaitMs(level: number, need: number, capacity: number): number {
+  return Math.max(1, Math.ceil(((need - level) * WINDOW_MS) / capacity));
+}
+
+/** Milliseconds until a bucket at `level` is full again: its TTL. */
+export function fullAgainMs(level: number, capacity: number): number {
+  return Math.max(1, Math.ceil(((capacity - level) * WINDOW_MS) / capacity));
+}
+
+/**
+ * TPM admission rule: the bucket holds the estimate, or it is full (so one request larger
+ * than the whole bucket can still go through, taking the bucket negative). A request that
+ * reserves nothing (count_tokens) is never held back by TPM.
+ */
+export function tpmAdmits(level: number, tokens: number, capacity: number): boolean {
+  return tokens <= 0 || level >= tokens || level >= capacity;
+}
+
+/** Tokens the TPM bucket must hold before `tokens` is admitted. */
+export function tpmNeed(tokens: number, capacity: number): number {
+  return Math.min(tokens, capacity);
+}
+
+/** retryAfterMs for a full lease set, from the soonest expiry (see CONCURRENCY_RETRY_MS). */
+export function concurrencyWaitMs(soonestExpiry: number | undefined, now: number): number {
+  if (soonestExpiry === undefined) return CONCURRENCY_RETRY_MS;
+  return Math.max(1, Math.min(CONCURRENCY_RETRY_MS, Math.ceil(soonestExpiry - now)));
+}
+
+/** Result codes shared with the Lua scripts (admit.lua returns the index). */
+export const CODES = ['route_capacity_exceeded', 'rpm_exceeded', 'tpm_exceeded', 'concurrency_exceeded'] as const;

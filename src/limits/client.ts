@@ -1,0 +1,122 @@
+/**
+ * ioredis client for the limiter, configured to fail fast: a limits check must never hold
+ * a request longer than `timeoutMs` when Redis is down, paused or unreachable.
+ *
+ * URL convention (config `redis.url`):
+ *   redis://[user:pass@]host:port[/db]            single node (rediss:// for TLS)
+ *   redis+cluster://[user:pass@]host:port,host:port,...   Redis Cluster, seed nodes
+ *                                                (rediss+cluster:// for TLS)
+ *   unix:///path/to/redis.sock                   single node over a unix socket
+ */
+import { Cluster, Redis, type RedisOptions } from 'ioredis';
+
+export type RedisTarget =
+  | { kind: 'single'; url: string }
+  | { kind: 'unix'; path: string }
+  | { kind: 'cluster'; nodes: { host: string; port: number }[]; username?: string; password?: string; tls: boolean };
+
+export function parseRedisUrl(url: string): RedisTarget {
+  const m = /^([a-z+]+):\/\/(.*)$/i.exec(url.trim());
+  if (!m) throw new Error('redis.url must look like redis://host:port, redis+cluster://host:port,host:port or unix:///path');
+  const scheme = m[1]!.toLowerCase();
+  const rest = m[2]!;
+  if (scheme === 'redis' || scheme === 'rediss') return { kind: 'single', url };
+  if (scheme === 'unix') {
+    if (!rest.startsWith('/')) throw new Error('redis.url unix:// needs an absolute socket path');
+    return { kind: 'unix', path: rest };
+  }
+  if (scheme !== 'redis+cluster' && scheme !== 'rediss+cluster') {
+    throw new Error(`redis.url scheme ${scheme}:// is not supported`);
+  }
+  const at = rest.lastIndexOf('@');
+  const auth = at >= 0 ? rest.slice(0, at) : '';
+  const hosts = (at >= 0 ? rest.slice(at + 1) : rest).replace(/\/.*$/, '');
+  const nodes = hosts.split(',').filter(Boolean).map((hp) => {
+    const hm = /^\[?([^\]]+?)\]?:(\d{1,5})$/.exec(hp.trim());
+    if (!hm) throw new Error('redis.url cluster nodes must be host:port, separated by commas');
+    return { host: hm[1]!, port: Number(hm[2]) };
+  });
+  if (nodes.length === 0) throw new Error('redis.url cluster needs at least one host:port');
+  const target: RedisTarget = { kind: 'cluster', nodes, tls: scheme === 'rediss+cluster' };
+  if (auth) {
+    const colon = auth.indexOf(':');
+    const user = decodeURIComponent(colon >= 0 ? auth.slice(0, colon) : '');
+    const pass = decodeURIComponent(colon >= 0 ? auth.slice(colon + 1) : auth);
+    if (user) target.username = user;
+    if (pass) target.password = pass;
+  }
+  return target;
+}
+
+export interface RedisClientOptions {
+  url: string;
+  timeoutMs: number;
+  /** Connection state changes only (never per command), for the log. */
+  onState?: (state: 'up' | 'down', fields: { error?: string }) => void;
+}
+
+/** Reconnect quickly at first, then every 2 s at most: recovery is automatic. */
+export const reconnectDelayMs = (attempt: number): number => Math.min(2_000, 50 * 2 ** Math.min(attempt, 6));
+
+export function createRedisClient(opts: RedisClientOptions): Redis | Cluster {
+  const target = parseRedisUrl(opts.url);
+  const common = {
+    // No queueing while disconnected: the command fails at once and the caller falls back.
+    commandTimeout: opts.timeoutMs,
+    maxRetriesPerRequest: 0,
+    // A resent admission after a reconnect could be counted twice.
+    autoResendUnfulfilledCommands: false,
+    connectTimeout: Math.max(1_000, opts.timeoutMs * 10),
+    // Connect now, so the first requests do not pay for the handshake.
+    lazyConnect: false,
+  } satisfies RedisOptions;
+
+  let client: Redis | Cluster;
+  if (target.kind === 'cluster') {
+    client = new Cluster(target.nodes, {
+      enableOfflineQueue: false,
+      clusterRetryStrategy: reconnectDelayMs,
+      slotsRefreshTimeout: Math.max(1_000, opts.timeoutMs * 10),
+      scaleReads: 'master',
+      redisOptions: {
+        ...common,
+        ...(target.username ? { username: target.username } : {}),
+        ...(target.password ? { password: target.password } : {}),
+        ...(target.tls ? { tls: {} } : {}),
+      },
+    });
+  } else {
+    const options: RedisOptions = { ...common, enableOfflineQueue: false, retryStrategy: reconnectDelayMs };
+    client = target.kind === 'unix' ? new Redis({ ...options, path: target.path }) : new Redis(target.url, options);
+  }
+
+  // Without an 'error' listener ioredis would crash the process on the first failure.
+  let up = false;
+  client.on('ready', () => {
+    if (!up) opts.onState?.('up', {});
+    up = true;
+  });
+  client.on('error', (err: Error) => {
+    if (up) opts.onState?.('down', { error: err.message });
+    up = false;
+  });
+  client.on('close', () => {
+    if (up) opts.onState?.('down', { error: 'connection closed' });
+    up = false;
+  });
+  return client;
+}
+
+/** Closes politely when Redis answers, else drops the connection; never waits long. */
+export async function closeRedisClient(client: Redis | Cluster, timeoutMs: number): Promise<void> {
+  let timer: NodeJS.Timeout | undefined;
+  await Promise.race([
+    client.quit().catch(() => undefined),
+    new Promise<void>((resolve) => {
+      timer = setTimeout(resolve, timeoutMs);
+    }),
+  ]);
+  clearTimeout(timer);
+  // Only when quit did not finish: a second disconnect arms a 2 s timer that holds the process.
+  if (client.status !== 'end') client.disconnect();
+}

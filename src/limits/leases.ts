@@ -1,0 +1,92 @@
+import { randomBytes } from 'node:crypto';
+
+/**
+ * Keeps the concurrency leases this instance holds alive. Each lease sits in one or two
+ * lease sets (the key's, the route's); while it is live, its expiry is pushed forward every
+ * `everyMs`, batched per set, so one call refreshes all of a key's in-flight requests.
+ * The timer is unref'd and runs only while leases are held, so it never keeps a process up.
+ */
+export interface LeaseKeeperOptions {
+  /** Refresh period; 0 disables the timer (tests call refreshNow themselves). */
+  everyMs: number;
+  refresh: (setKey: string, leaseIds: string[]) => Promise<void>;
+  onError: (err: unknown) => void;
+}
+
+export interface LeaseKeeper {
+  add(leaseId: string, setKeys: string[]): void;
+  remove(leaseId: string): void;
+  /** Live leases that hold at least one slot. */
+  count(): number;
+  refreshNow(): Promise<void>;
+  stop(): void;
+}
+
+export function newLeaseId(): string {
+  // Random, not derived from the request id: nothing a client sends ends up in Redis.
+  return randomBytes(12).toString('base64url');
+}
+
+export function createLeaseKeeper(opts: LeaseKeeperOptions): LeaseKeeper {
+  const leases = new Map<string, string[]>();
+  const bySet = new Map<string, Set<string>>();
+  let timer: NodeJS.Timeout | null = null;
+  let running: Promise<void> | null = null;
+  let stopped = false;
+
+  const refreshNow = (): Promise<void> => {
+    // A slow Redis must not stack refresh rounds on top of each other.
+    if (running) return running;
+    const batches = [...bySet].map(([setKey, ids]) => ({ setKey, ids: [...ids] }));
+    running = Promise.all(
+      batches.map((b) => opts.refresh(b.setKey, b.ids).catch((err: unknown) => opts.onError(err))),
+    ).then(
+      () => undefined,
+      () => undefined,
+    ).finally(() => {
+      running = null;
+    });
+    return running;
+  };
+
+  const syncTimer = (): void => {
+    if (leases.size > 0 && !timer && !stopped && opts.everyMs > 0) {
+      timer = setInterval(() => void refreshNow(), opts.everyMs);
+      timer.unref();
+    } else if (leases.size === 0 && timer) {
+      clearInterval(timer);
+      timer = null;
+    }
+  };
+
+  return {
+    add(leaseId, setKeys) {
+      if (setKeys.length === 0) return;
+      leases.set(leaseId, setKeys);
+      for (const k of setKeys) {
+        let ids = bySet.get(k);
+        if (!ids) bySet.set(k, (ids = new Set()));
+        ids.add(leaseId);
+      }
+      syncTimer();
+    },
+    remove(leaseId) {
+      const setKeys = leases.get(leaseId);
+      if (!setKeys) return;
+      leases.delete(leaseId);
+      for (const k of setKeys) {
+        const ids = bySet.get(k);
+        ids?.delete(leaseId);
+        if (ids && ids.size === 0) bySet.delete(k);
+      }
+      syncTimer();
+    },
+    count: () => leases.size,
+    refreshNow,
+    stop() {
+      stopped = true;
+      if (timer) clearInterval(timer);
+      timer = null;
+    },
+  };
+}

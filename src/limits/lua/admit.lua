@@ -1,0 +1,133 @@
+-- admit.lua: check every limit, then commit all of them or none.
+--
+-- KEYS, by group; a group is present only when its flag is 1, route group first:
+--   route group (ARGV[3] = 1): route RPM bucket, route lease set
+--   key group   (ARGV[6] = 1): key RPM bucket, key TPM bucket, key lease set
+-- Standalone Redis gets both groups in one call. In Cluster each group lives under its own
+-- hash tag, so the client sends one call per group in parallel (see redis.ts).
+--
+-- ARGV: 1 lease id, 2 lease ms, 3 route flag, 4 route concurrency, 5 route rpm,
+--       6 key flag, 7 key rpm, 8 key tpm, 9 key concurrency, 10 tokens (TPM reservation),
+--       11 deadline in Redis time ms (0 = none): the caller has given up on an admission
+--       that runs later (Redis was paused or the link stalled), so it must change nothing
+--       (a limit <= 0 means unlimited)
+--
+-- Buckets are hashes {t = tokens at ts, ts = ms}; an absent bucket is full. Capacity N
+-- refills at N per 60000 ms. Lease sets are ZSETs: member = lease id, score = expiry ms.
+--
+-- Returns {1, 0, 0, now} when admitted, else {0, code, retryAfterMs, now} with no limit
+-- consumed (expired leases are purged either way), or {-1, 0, 0, now} past the deadline.
+-- code: 1 route_capacity_exceeded, 2 rpm_exceeded, 3 tpm_exceeded, 4 concurrency_exceeded;
+-- the first failing check names the code, retryAfterMs is the longest wait among failures.
+
+if redis.replicate_commands then pcall(redis.replicate_commands) end
+
+local WINDOW = 60000
+local CONC_RETRY = 1000
+local time = redis.call('TIME')
+local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
+
+local lease_id = ARGV[1]
+local lease_ms = tonumber(ARGV[2])
+local has_route = ARGV[3] == '1'
+local route_conc = tonumber(ARGV[4])
+local route_rpm = tonumber(ARGV[5])
+local has_key = ARGV[6] == '1'
+local key_rpm = tonumber(ARGV[7])
+local key_tpm = tonumber(ARGV[8])
+local key_conc = tonumber(ARGV[9])
+local tokens = tonumber(ARGV[10])
+local deadline = tonumber(ARGV[11]) or 0
+if deadline > 0 and now > deadline then return {-1, 0, 0, now} end
+
+local function level(key, cap)
+  local v = redis.call('HMGET', key, 't', 'ts')
+  if not v[1] then return cap end
+  local elapsed = now - tonumber(v[2])
+  if elapsed < 0 then elapsed = 0 end
+  return math.min(cap, tonumber(v[1]) + elapsed * cap / WINDOW)
+end
+
+local function store(key, cap, lvl)
+  if lvl >= cap then
+    redis.call('DEL', key)
+    return
+  end
+  redis.call('HSET', key, 't', tostring(lvl), 'ts', tostring(now))
+  -- Expire once the bucket would be full again: absent means full.
+  redis.call('PEXPIRE', key, math.max(1, math.ceil((cap - lvl) * WINDOW / cap)))
+end
+
+local function refill_wait(lvl, need, cap)
+  return math.max(1, math.ceil((need - lvl) * WINDOW / cap))
+end
+
+local function conc_wait(key)
+  local first = redis.call('ZRANGE', key, 0, 0, 'WITHSCORES')
+  if not first[2] then return CONC_RETRY end
+  return math.max(1, math.min(CONC_RETRY, math.ceil(tonumber(first[2]) - now)))
+end
+
+local function held(key)
+  redis.call('ZREMRANGEBYSCORE', key, '-inf', now)
+  return redis.call('ZCARD', key)
+end
+
+local i = 1
+local r_rpm_key, r_conc_key, k_rpm_key, k_tpm_key, k_conc_key
+if has_route then
+  r_rpm_key, r_conc_key = KEYS[i], KEYS[i + 1]
+  i = i + 2
+end
+if has_key then
+  k_rpm_key, k_tpm_key, k_conc_key = KEYS[i], KEYS[i + 1], KEYS[i + 2]
+end
+
+local code = 0
+local wait = 0
+local function deny(c, w)
+  if code == 0 then code = c end
+  if w > wait then wait = w end
+end
+
+local r_rpm_level, k_rpm_level, k_tpm_level
+if has_route then
+  if route_conc > 0 and held(r_conc_key) >= route_conc then deny(1, conc_wait(r_conc_key)) end
+  if route_rpm > 0 then
+    r_rpm_level = level(r_rpm_key, route_rpm)
+    if r_rpm_level < 1 then deny(1, refill_wait(r_rpm_level, 1, route_rpm)) end
+  end
+end
+if has_key then
+  if key_rpm > 0 then
+    k_rpm_level = level(k_rpm_key, key_rpm)
+    if k_rpm_level < 1 then deny(2, refill_wait(k_rpm_level, 1, key_rpm)) end
+  end
+  if key_tpm > 0 then
+    k_tpm_level = level(k_tpm_key, key_tpm)
+    -- Admitted when the bucket holds the estimate or is full (one oversized request may pass).
+    if tokens > 0 and k_tpm_level < tokens and k_tpm_level < key_tpm then
+      deny(3, refill_wait(k_tpm_level, math.min(tokens, key_tpm), key_tpm))
+    end
+  end
+  if key_conc > 0 and held(k_conc_key) >= key_conc then deny(4, conc_wait(k_conc_key)) end
+end
+if code ~= 0 then return {0, code, wait, now} end
+
+local function take_slot(key)
+  redis.call('ZADD', key, now + lease_ms, lease_id)
+  -- The set may go when its last lease expires. Only ever lengthen the TTL: an instance
+  -- configured with a shorter lease must not cut another instance's leases short.
+  if redis.call('PTTL', key) < lease_ms then redis.call('PEXPIRE', key, lease_ms) end
+end
+
+if has_route then
+  if route_rpm > 0 then store(r_rpm_key, route_rpm, r_rpm_level - 1) end
+  if route_conc > 0 then take_slot(r_conc_key) end
+end
+if has_key then
+  if key_rpm > 0 then store(k_rpm_key, key_rpm, k_rpm_level - 1) end
+  if key_tpm > 0 and tokens > 0 then store(k_tpm_key, key_tpm, k_tpm_level - tokens) end
+  if key_conc > 0 then take_slot(k_conc_key) end
+end
+return {1, 0, 0, now}

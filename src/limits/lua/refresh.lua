@@ -1,0 +1,25 @@
+-- refresh.lua: push forward the expiry of the live leases one instance holds in one set.
+--
+-- KEYS[1]     lease set (ZSET: member = lease id, score = expiry ms)
+-- ARGV[1]     lease ms
+-- ARGV[2..]   lease ids still in flight on the calling instance
+-- Only leases still present are touched (ZADD XX): one that already expired and was
+-- purged stays gone, since its slot may have been handed to someone else.
+-- Returns the number of leases refreshed.
+
+if redis.replicate_commands then pcall(redis.replicate_commands) end
+
+local time = redis.call('TIME')
+local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
+local lease_ms = tonumber(ARGV[1])
+local until_ms = now + lease_ms
+
+local args = {}
+for i = 2, #ARGV do
+  args[#args + 1] = until_ms
+  args[#args + 1] = ARGV[i]
+end
+if #args == 0 then return 0 end
+local refreshed = redis.call('ZADD', KEYS[1], 'XX', 'CH', unpack(args))
+if redis.call('PTTL', KEYS[1]) < lease_ms then redis.call('PEXPIRE', KEYS[1], lease_ms) end
+return refreshed

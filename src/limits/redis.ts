@@ -1,0 +1,256 @@
+/**
+ * Shared limiter on Redis (single node or Cluster). Admission is one round trip, settlement
+ * one more; time comes from Redis TIME inside the scripts, so instance clocks never matter.
+ *
+ * Key layout: everything of one API key under one hash tag, `{<prefix>:k:<keyId>}:rpm|tpm|conc`;
+ * an upstream's capacity under its own tag, `{<prefix>:r:<route>}:rpm|conc`.
+ *
+ * Why admission stays one round trip: a Lua script may only touch keys of one slot in a
+ * Cluster, and a route's keys and a key's keys live in different slots (often on different
+ * nodes), so no single script can check both atomically there.
+ *  - Standalone Redis has no slots: one admit.lua call gets both groups of keys and checks
+ *    route, RPM, TPM, concurrency in order before writing anything. Exact, nothing consumed
+ *    on any denial.
+ *  - Cluster, when both the route and the key are limited: admit.lua runs once per hash tag,
+ *    both calls sent at the same time (one round trip of latency). Each call is itself
+ *    all-or-nothing. When one side admits and the other denies, the admitted side is undone
+ *    with settle.lua (its RPM token and TPM reservation given back, its slot freed); that
+ *    extra trip happens only on the denial path. The cost: for the moment between the two
+ *    calls and the undo, the undone reservation is visible to concurrent requests, which
+ *    may see one slot or token fewer than they would have. When only the route or only the
+ *    key is limited (the common case) there is a single call and no such window.
+ */
+import { readFileSync } from 'node:fs';
+import type { Cluster, Redis } from 'ioredis';
+import { CODES, DEFAULT_LEASE_MS } from './bucket.js';
+import { createLeaseKeeper, newLeaseId } from './leases.js';
+import { type AdmitInput, type AdmitResult, type Lease, type Limiter, hasAnyLimit, isLimited } from './limiter.js';
+
+export interface RedisLimiterOptions {
+  redis: Redis | Cluster;
+  /** Namespace of every key, e.g. `kw`. */
+  prefix: string;
+  leaseMs?: number;
+  /** Lease refresh period; default leaseMs / 3; 0 disables the timer (see refreshLeases). */
+  refreshEveryMs?: number;
+  /**
+   * When set, an admission Redis runs more than this long after it was sent changes nothing
+   * (admit.lua checks a deadline). The caller has given up by then (e.g. a paused server that
+   * resumes with a backlog), and a slot nobody will finish would be lost for leaseMs.
+   */
+  staleAfterMs?: number;
+  /** Told about every Redis failure; each is also counted in stats().redisErrors. */
+  onError?: (op: 'admit' | 'settle' | 'refresh', err: unknown) => void;
+}
+
+export interface RedisLease extends Lease {
+  /** Undoes the admission entirely (RPM, TPM and slots), for an answer that came too late. */
+  cancel(): void;
+}
+
+export interface RedisLimiter extends Limiter {
+  /** Rejects when Redis fails or times out; createLimiter turns that into fail-open/closed. */
+  admit(input: AdmitInput): Promise<AdmitResult>;
+  /** Pushes the expiry of every live lease forward now (what the background timer does). */
+  refreshLeases(): Promise<void>;
+}
+
+const SCRIPTS = {
+  keywardAdmit: 'admit.lua',
+  keywardSettle: 'settle.lua',
+  keywardRefresh: 'refresh.lua',
+} as const;
+type ScriptName = keyof typeof SCRIPTS;
+type ScriptFn = (numKeys: number, ...args: (string | number)[]) => Promise<unknown>;
+
+const lua = Object.fromEntries(
+  Object.entries(SCRIPTS).map(([name, file]) => [name, readFileSync(new URL(`./lua/${file}`, import.meta.url), 'utf8')]),
+) as Record<ScriptName, string>;
+
+/** Lua's unpack is bounded by the C stack; refresh long lists in chunks. */
+const REFRESH_CHUNK = 1000;
+
+export class StaleAdmissionError extends Error {}
+
+/** A group of writes inside one hash tag, as settle.lua takes them. */
+interface Part {
+  buckets: { key: string; cap: number; delta: number }[];
+  sets: string[];
+}
+
+export function createRedisLimiter(opts: RedisLimiterOptions): RedisLimiter {
+  const client = opts.redis;
+  const leaseMs = opts.leaseMs ?? DEFAULT_LEASE_MS;
+  const cluster = client.isCluster;
+  let redisErrors = 0;
+  const pending = new Set<Promise<unknown>>();
+
+  for (const name of Object.keys(SCRIPTS) as ScriptName[]) {
+    // defineCommand sends EVALSHA and falls back to EVAL on NOSCRIPT (e.g. after a restart).
+    client.defineCommand(name, { lua: lua[name] });
+  }
+  const run = (name: ScriptName, keys: string[], args: (string | number)[]): Promise<unknown> =>
+    (client as unknown as Record<ScriptName, ScriptFn>)[name].call(client, keys.length, ...keys, ...args);
+
+  const failed = (op: 'admit' | 'settle' | 'refresh', err: unknown): void => {
+    redisErrors++;
+    opts.onError?.(op, err);
+  };
+
+  const keeper = createLeaseKeeper({
+    everyMs: opts.refreshEveryMs ?? Math.floor(leaseMs / 3),
+    refresh: async (setKey, ids) => {
+      for (let i = 0; i < ids.length; i += REFRESH_CHUNK) {
+        await run('keywardRefresh', [setKey], [leaseMs, ...ids.slice(i, i + REFRESH_CHUNK)]);
+      }
+    },
+    onError: (err) => failed('refresh', err),
+  });
+
+  // Redis time minus local time, learned from admit replies; the deadline has to be in Redis
+  // time. A sample can only come out low (the reply takes time to be read), never high, so
+  // the largest recent sample is the best estimate. It decays by 1 ms per second so that a
+  // local clock stepping forward is followed; until then deadlines are only more lenient.
+  let clockOffset: number | null = null;
+  let sampledAt = 0;
+  const learnClock = (redisNow: number | undefined): void => {
+    if (typeof redisNow !== 'number') return;
+    const local = Date.now();
+    const sample = redisNow - local;
+    const decayed = clockOffset === null ? sample : clockOffset - Math.max(0, local - sampledAt) / 1000;
+    clockOffset = Math.max(sample, decayed);
+    sampledAt = local;
+  };
+  const deadline = (): number =>
+    opts.staleAfterMs && clockOffset !== null ? Math.ceil(Date.now() + clockOffset + opts.staleAfterMs) : 0;
+
+  const tag = (kind: 'k' | 'r', id: string): string => `{${opts.prefix}:${kind}:${encodeURIComponent(id)}}`;
+
+  /** Applies parts in one call (standalone) or one call per hash tag, in parallel (Cluster). */
+  const settle = (leaseId: string, parts: Part[]): void => {
+    const live = parts.filter((p) => p.buckets.length > 0 || p.sets.length > 0);
+    if (live.length === 0) return;
+    const groups = cluster ? live.map((p) => [p]) : [live];
+    for (const group of groups) {
+      const buckets = group.flatMap((p) => p.buckets);
+      const keys = [...buckets.map((b) => b.key), ...group.flatMap((p) => p.sets)];
+      const args = [leaseId, buckets.length, ...buckets.flatMap((b) => [b.cap, b.delta])];
+      const p = run('keywardSettle', keys, args).catch((err: unknown) => failed('settle', err));
+      pending.add(p);
+      void p.finally(() => pending.delete(p));
+    }
+  };
+
+  const admit = async (input: AdmitInput): Promise<AdmitResult> => {
+    const { route, limits } = input;
+    const tokens = Math.max(0, Math.ceil(input.tokens));
+    const rc = isLimited(route.concurrency) ? route.concurrency : 0;
+    const rr = isLimited(route.rpm) ? route.rpm : 0;
+    const kr = isLimited(limits.rpm) ? limits.rpm : 0;
+    const kt = isLimited(limits.tpm) ? limits.tpm : 0;
+    const kc = isLimited(limits.concurrency) ? limits.concurrency : 0;
+    const routeOn = rc > 0 || rr > 0;
+    const keyOn = kr > 0 || kt > 0 || kc > 0;
+    if (!hasAnyLimit(input)) return { ok: true, lease: { finish: () => undefined, cancel: () => undefined } as RedisLease };
+    const rt = tag('r', route.name);
+    const kt_ = tag('k', input.keyId);
+    const routeKeys = [`${rt}:rpm`, `${rt}:conc`];
+    const keyKeys = [`${kt_}:rpm`, `${kt_}:tpm`, `${kt_}:conc`];
+    const leaseId = newLeaseId();
+
+    // What undoing each side takes: its tokens back and its slot freed.
+    const routeUndo: Part = {
+      buckets: rr > 0 ? [{ key: routeKeys[0]!, cap: rr, delta: 1 }] : [],
+      sets: rc > 0 ? [routeKeys[1]!] : [],
+    };
+    const keyUndo: Part = {
+      buckets: [
+        ...(kr > 0 ? [{ key: keyKeys[0]!, cap: kr, delta: 1 }] : []),
+        ...(kt > 0 && tokens > 0 ? [{ key: keyKeys[1]!, cap: kt, delta: tokens }] : []),
+      ],
+      sets: kc > 0 ? [keyKeys[2]!] : [],
+    };
+
+    const due = deadline();
+    const argv = (r: boolean, k: boolean): (string | number)[] =>
+      [leaseId, leaseMs, r ? 1 : 0, rc, rr, k ? 1 : 0, kr, kt, kc, tokens, due];
+    const call = async (r: boolean, k: boolean): Promise<number[]> => {
+      const v = (await run('keywardAdmit', [...(r ? routeKeys : []), ...(k ? keyKeys : [])], argv(r, k))) as number[];
+      learnClock(v[3]);
+      if (v[0] === -1) throw new StaleAdmissionError('admission reached Redis after its deadline');
+      return v;
+    };
+
+    let verdict: number[];
+    try {
+      verdict = !cluster || !routeOn || !keyOn ? await call(routeOn, keyOn) : await bothTags();
+    } catch (err) {
+      failed('admit', err);
+      throw err;
+    }
+
+    /** Cluster: one call per hash tag, sent together; an admitted side is undone if the other is not. */
+    async function bothTags(): Promise<number[]> {
+      const [r, k] = await Promise.allSettled([call(true, false), call(false, true)]);
+      const rOk = r.status === 'fulfilled' && r.value[0] === 1;
+      const kOk = k.status === 'fulfilled' && k.value[0] === 1;
+      if (rOk && kOk) return [1, 0, 0];
+      if (rOk) settle(leaseId, [routeUndo]);
+      if (kOk) settle(leaseId, [keyUndo]);
+      if (r.status === 'rejected') throw r.reason;
+      if (k.status === 'rejected') throw k.reason;
+      // Route first: its code wins; the wait is the longest among the failing sides.
+      const denied = [r.value, k.value].filter((v) => v[0] !== 1);
+      return [0, denied[0]![1]!, Math.max(...denied.map((v) => v[2]!))];
+    }
+
+    if (verdict[0] !== 1) {
+      return { ok: false, code: CODES[(verdict[1] ?? 1) - 1] ?? 'rpm_exceeded', retryAfterMs: verdict[2] ?? 1 };
+    }
+
+    const slotSets = [...routeUndo.sets, ...keyUndo.sets];
+    keeper.add(leaseId, slotSets);
+    let done = false;
+    const close = (parts: Part[]): void => {
+      if (done) return;
+      done = true;
+      keeper.remove(leaseId);
+      settle(leaseId, parts);
+    };
+    const lease: RedisLease = {
+      finish(usage) {
+        try {
+          const real = usage?.tokens;
+          const settleTpm = kt > 0 && typeof real === 'number' && Number.isFinite(real) && real !== tokens;
+          const keyPart: Part = {
+            // Reserved minus real: positive refunds, negative charges the difference.
+            buckets: settleTpm ? [{ key: keyKeys[1]!, cap: kt, delta: tokens - Math.max(0, Math.ceil(real)) }] : [],
+            sets: keyUndo.sets,
+          };
+          close([{ buckets: [], sets: routeUndo.sets }, keyPart]);
+        } catch (err) {
+          failed('settle', err);
+        }
+      },
+      cancel() {
+        try {
+          close([routeUndo, keyUndo]);
+        } catch (err) {
+          failed('settle', err);
+        }
+      },
+    };
+    return { ok: true, lease };
+  };
+
+  return {
+    admit,
+    refreshLeases: () => keeper.refreshNow(),
+    stats: () => ({ redisErrors, failOpenAdmissions: 0, slotsHeld: keeper.count() }),
+    async close() {
+      keeper.stop();
+      // Let settlements already sent finish, so a graceful stop frees its slots.
+      await Promise.allSettled([...pending]);
+    },
+  };
+}

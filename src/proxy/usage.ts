@@ -1,0 +1,315 @@
+/**
+ * Usage tap: watches the response bytes on their way to the client (never alters them) and
+ * reads the token usage the upstream reported, to settle the TPM reservation.
+ *
+ * Memory stays bounded whatever the response size:
+ *  - JSON: the body is kept whole up to HEAD_CAP and parsed; past that only its first bytes
+ *    and a TAIL_CAP window are kept, and the last `"usage": {...}` in the tail is read
+ *    (every supported format puts usage at or near the end of the body).
+ *  - SSE: processed line by line; only `data:` lines are kept, per event, under the same
+ *    head/tail bounds, so an endless stream costs one event at most.
+ *  - gzip, deflate, br: there is no synchronous streaming zlib API, and end() must answer
+ *    synchronously, so the compressed bytes are kept up to MAX_COMPRESSED and inflated in
+ *    one call at end() (output capped at MAX_INFLATED). A larger compressed response yields
+ *    null, i.e. the reservation is kept. Other encodings: no tap.
+ */
+import * as zlib from 'node:zlib';
+
+export interface Usage {
+  input_tokens: number;
+  output_tokens: number;
+}
+
+export interface UsageTap {
+  push(chunk: Buffer): void;
+  end(): Usage | null;
+}
+
+export interface UsageTapOptions {
+  contentType?: string;
+  contentEncoding?: string;
+}
+
+/** TPM reservation for a request: prompt tokens estimated from the body, plus the output cap. */
+export function estimateTokens(opts: { bodyBytes: number; maxOutputTokens: number | null }): number {
+  const body = Number.isFinite(opts.bodyBytes) && opts.bodyBytes > 0 ? Math.ceil(opts.bodyBytes / 4) : 0;
+  const out = opts.maxOutputTokens;
+  return body + (typeof out === 'number' && Number.isFinite(out) && out > 0 ? Math.ceil(out) : 0);
+}
+
+const HEAD_CAP = 1 << 20;
+const TAIL_CAP = 64 << 10;
+const PREFIX_CAP = 4 << 10;
+const MAX_COMPRESSED = 1 << 20;
+const MAX_INFLATED = 16 << 20;
+const INFLATED_SLICE = 64 << 10;
+
+/** Null when the response carries nothing readable (not JSON/SSE, or an unknown encoding). */
+export function createUsageTap(opts: UsageTapOptions): UsageTap | null {
+  const type = (opts.contentType ?? '').split(';')[0]!.trim().toLowerCase();
+  let make: () => UsageTap;
+  if (type === 'text/event-stream') make = createSseTap;
+  else if (type === 'application/json' || type.endsWith('+json')) make = createJsonTap;
+  else return null;
+
+  const encoding = (opts.contentEncoding ?? '').trim().toLowerCase();
+  if (encoding === '' || encoding === 'identity') return make();
+  const inflate = inflaters[encoding];
+  return inflate ? createCompressedTap(make(), inflate) : null;
+}
+
+// ---- usage objects ----------------------------------------------------------------------
+
+type Obj = Record<string, unknown>;
+const isObj = (v: unknown): v is Obj => typeof v === 'object' && v !== null && !Array.isArray(v);
+const count = (v: unknown): number => (typeof v === 'number' && Number.isFinite(v) && v > 0 ? v : 0);
+
+/**
+ * One `usage` object, any of the supported shapes. Messages-style cache writes and reads
+ * are input the upstream processed, so they count as input. (The responses API's
+ * `input_tokens` already includes its cached tokens.)
+ */
+function normalize(u: unknown): Usage | null {
+  if (!isObj(u)) return null;
+  if ('input_tokens' in u || 'output_tokens' in u) {
+    return {
+      input_tokens: count(u.input_tokens) + count(u.cache_creation_input_tokens) + count(u.cache_read_input_tokens),
+      output_tokens: count(u.output_tokens),
+    };
+  }
+  if ('prompt_tokens' in u || 'completion_tokens' in u) {
+    return { input_tokens: count(u.prompt_tokens), output_tokens: count(u.completion_tokens) };
+  }
+  return null;
+}
+
+// ---- bounded text -----------------------------------------------------------------------
+
+/** Keeps a byte stream whole up to HEAD_CAP; past that, its first bytes and a tail window. */
+class Window {
+  private head: Buffer[] = [];
+  private headLen = 0;
+  private prefix = Buffer.alloc(0);
+  private tail = Buffer.alloc(0);
+  overflowed = false;
+  size = 0;
+
+  push(b: Buffer): void {
+    if (b.length === 0) return;
+    this.size += b.length;
+    if (!this.overflowed && this.headLen + b.length <= HEAD_CAP) {
+      this.head.push(b);
+      this.headLen += b.length;
+      return;
+    }
+    const joined = Buffer.concat(this.overflowed ? [this.tail, b] : [...this.head, b]);
+    if (!this.overflowed) this.prefix = Buffer.from(joined.subarray(0, PREFIX_CAP));
+    // Copy, so the window does not pin the larger buffers it was cut from.
+    this.tail = Buffer.from(joined.subarray(Math.max(0, joined.length - TAIL_CAP)));
+    this.head = [];
+    this.headLen = 0;
+    this.overflowed = true;
+  }
+
+  /** The parsed value when complete, else a stand-in built from the prefix and the tail. */
+  value(): unknown {
+    if (!this.overflowed) {
+      try {
+        return JSON.parse(Buffer.concat(this.head).toString('utf8'));
+      } catch {
+        return undefined; // cut short or not JSON
+      }
+    }
+    const type = /"type"\s*:\s*"([^"\\]{1,100})"/.exec(this.prefix.toString('utf8'))?.[1];
+    const usage = lastUsageObject(this.tail.toString('utf8'));
+    if (usage === undefined) return undefined;
+    // Shaped like the small events, so one reader handles both.
+    if (type?.startsWith('response.')) return { type, response: { usage } };
+    return { type, usage };
+  }
+}
+
+/** The last `"usage": {...}` object in `text` that parses, or undefined. */
+export function lastUsageObject(text: string): unknown {
+  for (let i = text.lastIndexOf('"usage"'); i >= 0; i = i > 0 ? text.lastIndexOf('"usage"', i - 1) : -1) {
+    if (text[i - 1] === '\\') continue; // inside a string, escaped
+    let j = i + 7;
+    while (/\s/.test(text[j] ?? '')) j++;
+    if (text[j] !== ':') continue;
+    j++;
+    while (/\s/.test(text[j] ?? '')) j++;
+    if (text[j] !== '{') continue;
+    const end = closingBrace(text, j);
+    if (end < 0) continue;
+    try {
+      return JSON.parse(text.slice(j, end + 1));
+    } catch {
+      // not a real object; try an earlier occurrence
+    }
+  }
+  return undefined;
+}
+
+function closingBrace(text: string, open: number): number {
+  let depth = 0;
+  let inString = false;
+  for (let k = open; k < text.length; k++) {
+    const c = text[k];
+    if (inString) {
+      if (c === '\\') k++;
+      else if (c === '"') inString = false;
+    } else if (c === '"') inString = true;
+    else if (c === '{') depth++;
+    else if (c === '}' && --depth === 0) return k;
+  }
+  return -1;
+}
+
+// ---- JSON -------------------------------------------------------------------------------
+
+function createJsonTap(): UsageTap {
+  const body = new Window();
+  return {
+    push: (chunk) => body.push(chunk),
+    end() {
+      const v = body.value();
+      return isObj(v) ? normalize(isObj(v.response) && !('usage' in v) ? v.response.usage : v.usage) : null;
+    },
+  };
+}
+
+// ---- SSE --------------------------------------------------------------------------------
+
+const DATA = Buffer.from('data:');
+
+function createSseTap(): UsageTap {
+  let final: Usage | null = null; // chat/completions usage chunk, responses events
+  let started: Usage | null = null; // messages: message_start
+  let delta: Obj | null = null; // messages: latest message_delta usage (cumulative)
+  let event = new Window();
+  let eventHasData = false;
+  // The line being read: its first bytes until we know whether it is a data line.
+  let lineHead = Buffer.alloc(0);
+  let lineKind: 'unknown' | 'data' | 'other' = 'unknown';
+  let skipSpace = false;
+
+  const onEvent = (o: unknown): void => {
+    if (!isObj(o)) return;
+    const type = typeof o.type === 'string' ? o.type : '';
+    if (type === 'message_start' && isObj(o.message)) started = normalize(o.message.usage) ?? started;
+    else if (type === 'message_delta' && isObj(o.usage)) delta = { ...(delta ?? {}), ...o.usage };
+    else if (type.startsWith('response.') && isObj(o.response)) final = normalize(o.response.usage) ?? final;
+    else if (isObj(o.usage)) final = normalize(o.usage) ?? final;
+  };
+  const dispatch = (): void => {
+    if (eventHasData) onEvent(event.value());
+    event = new Window();
+    eventHasData = false;
+  };
+  const data = (b: Buffer): void => {
+    if (b.length === 0) return;
+    if (skipSpace) {
+      skipSpace = false;
+      if (b[0] === 0x20) b = b.subarray(1);
+    }
+    // Copied, so the event does not pin the network chunk it was cut from.
+    event.push(Buffer.from(b));
+  };
+  const endLine = (): void => {
+    if (lineKind === 'unknown') {
+      const text = lineHead.toString('latin1');
+      if (text === '' || text === '\r') dispatch();
+    }
+    lineHead = Buffer.alloc(0);
+    lineKind = 'unknown';
+  };
+  const segment = (b: Buffer): void => {
+    if (lineKind === 'unknown') {
+      // Only the first bytes are kept until the line shows what it is.
+      const need = DATA.length - lineHead.length;
+      lineHead = Buffer.concat([lineHead, b.subarray(0, need)]);
+      b = b.subarray(need);
+      if (lineHead.length < DATA.length) return;
+      if (!lineHead.equals(DATA)) {
+        lineKind = 'other';
+        return;
+      }
+      lineKind = 'data';
+      skipSpace = true;
+      // Several data lines of one event are joined with a newline.
+      if (eventHasData) event.push(Buffer.from('\n'));
+      eventHasData = true;
+    }
+    if (lineKind === 'data') data(b);
+  };
+
+  return {
+    push(chunk) {
+      let start = 0;
+      for (let nl = chunk.indexOf(0x0a); nl >= 0; nl = chunk.indexOf(0x0a, start)) {
+        segment(chunk.subarray(start, nl));
+        endLine();
+        start = nl + 1;
+      }
+      if (start < chunk.length) segment(chunk.subarray(start));
+    },
+    end() {
+      // An event missing only its blank line still counts if its JSON is complete.
+      endLine();
+      dispatch();
+      if (final) return final;
+      if (!delta) return null; // messages stream cut before its final counts
+      const fromDelta = normalize(delta);
+      const d = delta as Obj;
+      const input = 'input_tokens' in d ? (fromDelta?.input_tokens ?? 0) : (started?.input_tokens ?? 0);
+      return { input_tokens: input, output_tokens: count(d.output_tokens) };
+    },
+  };
+}
+
+// ---- content-encoding -------------------------------------------------------------------
+
+type Inflate = (b: Buffer) => Buffer;
+const zopts = { finishFlush: zlib.constants.Z_SYNC_FLUSH, maxOutputLength: MAX_INFLATED };
+const inflaters: Record<string, Inflate> = {
+  gzip: (b) => zlib.gunzipSync(b, zopts),
+  'x-gzip': (b) => zlib.gunzipSync(b, zopts),
+  // `deflate` is meant to be zlib-wrapped; some servers send it raw.
+  deflate: (b) => {
+    try {
+      return zlib.inflateSync(b, zopts);
+    } catch {
+      return zlib.inflateRawSync(b, zopts);
+    }
+  },
+  br: (b) =>
+    zlib.brotliDecompressSync(b, {
+      finishFlush: zlib.constants.BROTLI_OPERATION_FLUSH,
+      maxOutputLength: MAX_INFLATED,
+    }),
+};
+
+function createCompressedTap(inner: UsageTap, inflate: Inflate): UsageTap {
+  let chunks: Buffer[] | null = [];
+  let size = 0;
+  return {
+    push(chunk) {
+      if (!chunks) return;
+      size += chunk.length;
+      if (size > MAX_COMPRESSED) chunks = null; // too large to inflate at once: give up
+      else chunks.push(chunk);
+    },
+    end() {
+      if (!chunks) return null;
+      let plain: Buffer;
+      try {
+        plain = inflate(Buffer.concat(chunks));
+      } catch {
+        return null;
+      }
+      chunks = null;
+      for (let i = 0; i < plain.length; i += INFLATED_SLICE) inner.push(plain.subarray(i, i + INFLATED_SLICE));
+      return inner.end();
+    },
+  };
+}

@@ -1,0 +1,58 @@
+/**
+ * Conformance harness over Redis (single node or Cluster): a fresh key prefix per run,
+ * real time, peers with their own connection, and cleanup of every key it wrote.
+ */
+import type { Cluster, Redis } from 'ioredis';
+import { createRedisClient } from '../../src/limits/client.js';
+import { createRedisLimiter } from '../../src/limits/redis.js';
+import { type Harness, uid } from './redis-limits-conformance.js';
+
+export async function redisHarness(opts: { url: string; leaseMs?: number }): Promise<Harness & { prefix: string }> {
+  const leaseMs = opts.leaseMs ?? 300;
+  const prefix = uid('kwtest');
+  const clients: (Redis | Cluster)[] = [];
+  const connect = async (): Promise<Redis | Cluster> => {
+    const client = createRedisClient({ url: opts.url, timeoutMs: 2_000 });
+    clients.push(client);
+    if (client.status !== 'ready') await new Promise((resolve) => client.once('ready', resolve));
+    return client;
+  };
+  const main = await connect();
+  const limiter = createRedisLimiter({ redis: main, prefix, leaseMs });
+  return {
+    prefix,
+    limiter,
+    leaseMs,
+    passTime: (ms) => new Promise((r) => setTimeout(r, ms)),
+    async peer() {
+      const client = await connect();
+      const peer = createRedisLimiter({ redis: client, prefix, leaseMs });
+      return {
+        limiter: peer,
+        async crash() {
+          await peer.close(); // stops the refresh timer; its leases stay behind in Redis
+          if (client.status !== 'end') client.disconnect();
+        },
+      };
+    },
+    async close() {
+      await limiter.close();
+      await deleteByPrefix(main, prefix);
+      // Each client once: disconnecting twice arms a timer in ioredis that holds the process.
+      for (const c of clients) if (c.status !== 'end') c.disconnect();
+    },
+  };
+}
+
+async function deleteByPrefix(client: Redis | Cluster, prefix: string): Promise<void> {
+  const nodes = client.isCluster ? (client as Cluster).nodes('master') : [client as Redis];
+  for (const node of nodes) {
+    let cursor = '0';
+    do {
+      const [next, keys] = await node.scan(cursor, 'MATCH', `{${prefix}:*`, 'COUNT', 500);
+      cursor = next;
+      // One DEL per key: in a Cluster the keys of one node still span many slots.
+      for (const k of keys) await node.del(k);
+    } while (cursor !== '0');
+  }
+}

@@ -1,0 +1,101 @@
+import assert from 'node:assert/strict';
+import { test } from 'node:test';
+import { bucketLevel, concurrencyWaitMs, fullAgainMs, refillWaitMs, tpmAdmits } from '../../src/limits/bucket.js';
+import { createMemoryLimiter } from '../../src/limits/memory.js';
+import { denied, input, leaseOf, runLimiterConformance, uid } from '../helpers/redis-limits-conformance.js';
+
+function fakeClock(start = 1_700_000_000_000): { now: () => number; advance: (ms: number) => void } {
+  let t = start;
+  return { now: () => t, advance: (ms) => void (t += ms) };
+}
+
+runLimiterConformance('memory (fake clock)', async () => {
+  const clock = fakeClock();
+  const leaseMs = 300;
+  // No refresh timer: with a fake clock the tests drive refreshLeases themselves.
+  const limiter = createMemoryLimiter({ now: clock.now, leaseMs, refreshEveryMs: 0 });
+  return {
+    limiter,
+    leaseMs,
+    passTime: async (ms) => clock.advance(ms),
+    close: () => limiter.close(),
+  };
+});
+
+test('memory: RPM refills continuously at N per minute', async () => {
+  const clock = fakeClock();
+  const lim = createMemoryLimiter({ now: clock.now });
+  const key = uid('k');
+  const limits = { rpm: 2 };
+  leaseOf(await lim.admit(input(key, { limits })));
+  leaseOf(await lim.admit(input(key, { limits })));
+  assert.equal(denied(await lim.admit(input(key, { limits })), 'rpm_exceeded'), 30_000);
+  clock.advance(29_999);
+  assert.equal(denied(await lim.admit(input(key, { limits })), 'rpm_exceeded'), 1);
+  clock.advance(1);
+  leaseOf(await lim.admit(input(key, { limits })));
+  denied(await lim.admit(input(key, { limits })), 'rpm_exceeded');
+  // A long pause refills to capacity, never beyond.
+  clock.advance(10 * 60_000);
+  for (let i = 0; i < 2; i++) leaseOf(await lim.admit(input(key, { limits })));
+  denied(await lim.admit(input(key, { limits })), 'rpm_exceeded');
+  await lim.close();
+});
+
+test('memory: concurrency retry-after is the soonest lease expiry, at most 1 s', async () => {
+  const clock = fakeClock();
+  const lim = createMemoryLimiter({ now: clock.now, leaseMs: 5_000, refreshEveryMs: 0 });
+  const key = uid('k');
+  const limits = { concurrency: 1 };
+  leaseOf(await lim.admit(input(key, { limits })));
+  assert.equal(denied(await lim.admit(input(key, { limits })), 'concurrency_exceeded'), 1_000);
+  clock.advance(4_700);
+  assert.equal(denied(await lim.admit(input(key, { limits })), 'concurrency_exceeded'), 300);
+  clock.advance(300);
+  leaseOf(await lim.admit(input(key, { limits })));
+  await lim.close();
+});
+
+test('memory: the default lease refresh timer keeps slots and stops when none are held', async () => {
+  let t = 0;
+  const lim = createMemoryLimiter({ now: () => t, leaseMs: 60, refreshEveryMs: 5 });
+  const key = uid('k');
+  const lease = leaseOf(await lim.admit(input(key, { limits: { concurrency: 1 } })));
+  // Let the real timer run a few times while the fake clock moves within each lease period.
+  for (let i = 0; i < 6; i++) {
+    t += 40;
+    await new Promise((r) => setTimeout(r, 15));
+  }
+  denied(await lim.admit(input(key, { limits: { concurrency: 1 } })), 'concurrency_exceeded');
+  lease.finish({ tokens: null });
+  assert.equal(lim.stats().slotsHeld, 0);
+  await lim.close();
+});
+
+test('memory: state for idle keys is dropped once their buckets are full again', async () => {
+  const clock = fakeClock();
+  const lim = createMemoryLimiter({ now: clock.now, leaseMs: 1_000, refreshEveryMs: 0 });
+  for (let i = 0; i < 1100; i++) {
+    const r = await lim.admit(input(`idle-${i}`, { limits: { rpm: 60, concurrency: 1 }, tokens: 1 }));
+    leaseOf(r).finish({ tokens: null });
+    clock.advance(100);
+  }
+  // Nothing observable breaks: an old key admits again with a full bucket.
+  for (let i = 0; i < 60; i++) leaseOf(await lim.admit(input('idle-0', { limits: { rpm: 60 } })));
+  denied(await lim.admit(input('idle-0', { limits: { rpm: 60 } })), 'rpm_exceeded');
+  await lim.close();
+});
+
+test('bucket math', () => {
+  assert.equal(bucketLevel(undefined, 10, 0), 10);
+  assert.equal(bucketLevel({ tokens: 0, ts: 0 }, 60, 500), 0.5);
+  assert.equal(bucketLevel({ tokens: 5, ts: 0 }, 10, 60_000), 10);
+  assert.equal(refillWaitMs(0, 1, 60), 1_000);
+  assert.equal(refillWaitMs(0.5, 1, 60), 500);
+  assert.equal(fullAgainMs(0, 60), 60_000);
+  assert.ok(tpmAdmits(10, 5000, 10), 'a full bucket admits an oversized request');
+  assert.ok(!tpmAdmits(9, 5000, 10));
+  assert.ok(tpmAdmits(-50, 0, 10), 'a zero reservation is never held back');
+  assert.equal(concurrencyWaitMs(undefined, 0), 1_000);
+  assert.equal(concurrencyWaitMs(1_250, 1_000), 250);
+});
