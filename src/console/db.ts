@@ -58,7 +58,10 @@ CREATE TABLE IF NOT EXISTS changes (
   body TEXT NOT NULL
 );
 CREATE TABLE IF NOT EXISTS usage (
-  request_id TEXT PRIMARY KEY,
+  -- sha256 of the whole event: a retried batch repeats events byte for byte, while a client
+  -- that reuses one x-request-id for many requests still gets each of them charged
+  event_id TEXT PRIMARY KEY,
+  request_id TEXT NOT NULL,
   key_id TEXT NOT NULL,
   model TEXT,
   input_tokens INTEGER NOT NULL,

@@ -2,8 +2,11 @@
  * Usage ingestion (POST /sync/v1/usage): price each event, move the key's `spent` and
  * either its project's `spent` (team keys) or its user's wallet `balance` (personal keys),
  * and record when the key was last used. One batch is one transaction; each touched record
- * is appended to the feed once. The ledger's primary key makes a retried batch harmless.
+ * is appended to the feed once. The ledger is keyed by a digest of the whole event, so a
+ * retried batch is harmless, yet requests that share a client-chosen request id are not
+ * mistaken for repeats.
  */
+import { createHash } from 'node:crypto';
 import type { SyncRecord, UsageEvent } from '../sync/protocol.js';
 import { keyRecordOf, money, projectRecordOf, walletRecordOf, type KeyRow, type ProjectRow } from './db.js';
 import type { Pricer } from './pricing.js';
@@ -11,7 +14,7 @@ import type { ConsoleStore } from './store.js';
 
 export interface IngestResult {
   accepted: number;
-  /** request ids seen before: not charged again */
+  /** events seen before (a retried batch): not charged again */
   duplicates: number;
   /** events for a key id this console does not know: not charged */
   unknownKeys: number;
@@ -22,8 +25,8 @@ export function ingestUsage(opts: { store: ConsoleStore; pricer: Pricer; events:
   const { store, pricer } = opts;
   const db = store.db;
   const keyById = db.prepare('SELECT * FROM keys WHERE id = ?');
-  const ledger = db.prepare(`INSERT INTO usage (request_id, key_id, model, input_tokens, output_tokens, status, cost, at, received_at)
-    VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT(request_id) DO NOTHING`);
+  const ledger = db.prepare(`INSERT INTO usage (event_id, request_id, key_id, model, input_tokens, output_tokens, status, cost, at, received_at)
+    VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT(event_id) DO NOTHING`);
   const chargeKey = db.prepare(`UPDATE keys SET spent = ?, last_used_at = MAX(COALESCE(last_used_at, 0), ?) WHERE id = ?`);
   const chargeProject = db.prepare('UPDATE projects SET spent = ? WHERE id = ?');
   const chargeWallet = db.prepare('UPDATE wallets SET balance = ?, updated_at = ? WHERE user_id = ?');
@@ -42,7 +45,10 @@ export function ingestUsage(opts: { store: ConsoleStore; pricer: Pricer; events:
       const parsed = Date.parse(ev.at);
       // A sidecar clock far ahead must not make a key look used in the future.
       const at = Number.isFinite(parsed) ? Math.min(parsed, received) : received;
-      const inserted = ledger.run(ev.request_id, ev.key_id, ev.model, ev.input_tokens, ev.output_tokens, ev.status, cost, at, received);
+      const eventId = createHash('sha256')
+        .update(JSON.stringify([ev.request_id, ev.key_id, ev.model, ev.input_tokens, ev.output_tokens, ev.status, ev.at]))
+        .digest('hex');
+      const inserted = ledger.run(eventId, ev.request_id, ev.key_id, ev.model, ev.input_tokens, ev.output_tokens, ev.status, cost, at, received);
       if (inserted.changes === 0) {
         result.duplicates++;
         continue;

@@ -136,20 +136,21 @@ test('usage ingestion prices events, moves spent and balance, records last use, 
     ev('r1', team.id, 'gpt-4o', 100_000, 10_000), // 0.25 + 0.1
     ev('r2', personal.id, 'gpt-4o-mini', 1_000_000, 0), // 0.15
     ev('r3', personal.id, 'llama-3', 500_000, 500_000), // unpriced 1/1: 1
-    ev('r1', team.id, 'gpt-4o', 100_000, 10_000), // repeat
+    ev('r1', team.id, 'gpt-4o', 100_000, 10_000), // the same event again (a retried batch)
+    JSON.stringify({ request_id: 'r1', key_id: team.id, model: 'gpt-4o', input_tokens: 100_000, output_tokens: 10_000, status: 200, at: new Date(Date.parse(at) + 1).toISOString() }), // another request reusing a client's request id
     ev('r4', 'k_unknown', 'gpt-4o', 1, 1),
     '{"request_id":"bad"}',
   ].join('\n');
   const res = await fetch(`${fx.url}/sync/v1/usage`, { method: 'POST', headers: { authorization: `Bearer ${fx.tokens.sync}`, 'content-type': 'application/x-ndjson' }, body: lines });
   assert.equal(res.status, 200);
   const out = (await res.json()) as Record<string, number>;
-  assert.deepEqual({ accepted: out.accepted, duplicates: out.duplicates, unknownKeys: out.unknownKeys, invalid: out.invalid }, { accepted: 3, duplicates: 1, unknownKeys: 1, invalid: 1 });
-  assert.equal(out.cost, 1.5);
+  assert.deepEqual({ accepted: out.accepted, duplicates: out.duplicates, unknownKeys: out.unknownKeys, invalid: out.invalid }, { accepted: 4, duplicates: 1, unknownKeys: 1, invalid: 1 });
+  assert.equal(out.cost, 1.85);
 
   const t = (await fx.api('GET', `/admin/v1/keys/${team.id}`)).body.key;
-  assert.equal(t.spent, 0.35);
-  assert.equal(t.lastUsedAt, at);
-  assert.equal((await fx.api('GET', '/admin/v1/projects/p_use')).body.project.spent, 0.35);
+  assert.equal(t.spent, 0.7);
+  assert.equal(t.lastUsedAt, new Date(Date.parse(at) + 1).toISOString());
+  assert.equal((await fx.api('GET', '/admin/v1/projects/p_use')).body.project.spent, 0.7);
   assert.equal((await fx.api('GET', `/admin/v1/keys/${personal.id}`)).body.key.spent, 1.15);
   assert.equal((await fx.api('GET', '/admin/v1/wallets/carol')).body.wallet.balance, 0.85);
 
@@ -157,7 +158,7 @@ test('usage ingestion prices events, moves spent and balance, records last use, 
   const feed = await syncGet(fx, '/sync/v1/changes?after=0');
   const last = (JSON.parse(feed.text) as { changes: { type: string; id?: string; user?: string; spent?: number; balance?: number }[] }).changes;
   assert.ok(last.some((c) => c.type === 'wallet' && c.user === 'carol' && c.balance === 0.85));
-  assert.ok(last.some((c) => c.type === 'project' && c.id === 'p_use' && c.spent === 0.35));
+  assert.ok(last.some((c) => c.type === 'project' && c.id === 'p_use' && c.spent === 0.7));
 });
 
 test('start-up fails clearly on a missing, malformed or wrong master key, without printing it', async () => {
