@@ -8,7 +8,8 @@ import { createRedisLimiter } from '../../src/limits/redis.js';
 import { type Harness, uid } from './redis-limits-conformance.js';
 
 export async function redisHarness(opts: { url: string; leaseMs?: number }): Promise<Harness & { prefix: string }> {
-  const leaseMs = opts.leaseMs ?? 300;
+  const leaseMs = opts.leaseMs ?? 500;
+  const longLeaseMs = 30_000;
   const prefix = uid('kwtest');
   const clients: (Redis | Cluster)[] = [];
   const connect = async (): Promise<Redis | Cluster> => {
@@ -18,15 +19,17 @@ export async function redisHarness(opts: { url: string; leaseMs?: number }): Pro
     return client;
   };
   const main = await connect();
-  const limiter = createRedisLimiter({ redis: main, prefix, leaseMs });
+  const limiter = createRedisLimiter({ redis: main, prefix, leaseMs: longLeaseMs });
+  const shortLease = createRedisLimiter({ redis: main, prefix, leaseMs });
   return {
     prefix,
     limiter,
+    shortLease,
     leaseMs,
     passTime: (ms) => new Promise((r) => setTimeout(r, ms)),
-    async peer() {
+    async peer(o) {
       const client = await connect();
-      const peer = createRedisLimiter({ redis: client, prefix, leaseMs });
+      const peer = createRedisLimiter({ redis: client, prefix, leaseMs: o.shortLease ? leaseMs : longLeaseMs });
       return {
         limiter: peer,
         async crash() {
@@ -36,7 +39,7 @@ export async function redisHarness(opts: { url: string; leaseMs?: number }): Pro
       };
     },
     async close() {
-      await limiter.close();
+      await Promise.all([limiter.close(), shortLease.close()]);
       await deleteByPrefix(main, prefix);
       // Each client once: disconnecting twice arms a timer in ioredis that holds the process.
       for (const c of clients) if (c.status !== 'end') c.disconnect();
