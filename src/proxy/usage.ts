@@ -92,11 +92,9 @@ class Window {
   private prefix = Buffer.alloc(0);
   private tail = Buffer.alloc(0);
   overflowed = false;
-  size = 0;
 
   push(b: Buffer): void {
     if (b.length === 0) return;
-    this.size += b.length;
     if (!this.overflowed && this.headLen + b.length <= HEAD_CAP) {
       this.head.push(b);
       this.headLen += b.length;
