@@ -23,6 +23,8 @@ export interface WorkerInput {
   /** Int32 counter the parent bumps (and notifies) after each message it posts */
   signal: SharedArrayBuffer;
   maxLineBytes: number;
+  /** page cache of this connection while it loads; index inserts of a million random hashes need it */
+  cacheMb: number;
 }
 
 /** Parent → worker on `port`. */
@@ -90,8 +92,28 @@ function* records(source: Generator<{ text: string; line: number }>): Generator<
   }
 }
 
+/**
+ * After the swap, copy the snapshot's WAL frames into the database file here, off the
+ * main thread. Left over, they would be checkpointed by the main thread's next commit (a
+ * long stall there), and a million-key WAL would stay on disk. A reader can hold frames
+ * back for a moment, so it retries briefly; the parent waits for this before its next write.
+ */
+function foldWal(db: ReturnType<typeof openDatabase>): void {
+  const pause = new Int32Array(new SharedArrayBuffer(4));
+  for (let attempt = 0; attempt < 50; attempt++) {
+    try {
+      const [r] = db.pragma('wal_checkpoint(TRUNCATE)') as { busy: number; log: number; checkpointed: number }[];
+      if (r && r.busy === 0) return;
+    } catch {
+      /* SQLITE_BUSY: try again */
+    }
+    Atomics.wait(pause, 0, 0, 20);
+  }
+}
+
 function run(input: WorkerInput): WorkerMessage {
   const db = openDatabase(input.dbPath);
+  db.pragma(`cache_size = -${Math.max(2, Math.round(input.cacheMb)) * 1024}`);
   try {
     const source = lines(input, receiver(input));
     let version: number | null = null;
@@ -107,12 +129,7 @@ function run(input: WorkerInput): WorkerMessage {
     const counts = applySnapshot(db, { version, records: records(source), source: input.source });
     const applyMs = Math.round(performance.now() - started);
     parentPort!.postMessage({ t: 'done', version, ...counts, applyMs } satisfies WorkerMessage);
-    // After the swap: fold the WAL back into the file so a big snapshot does not leave it on disk.
-    try {
-      db.pragma('wal_checkpoint(TRUNCATE)');
-    } catch {
-      /* best effort: the next automatic checkpoint does it */
-    }
+    foldWal(db);
     return { t: 'done', version, ...counts, applyMs };
   } catch (err) {
     const line = err instanceof SnapshotError ? err.line : (err as { position?: number }).position;

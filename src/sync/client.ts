@@ -114,7 +114,7 @@ export function createSyncClient(opts: SyncClientOptions): SyncClient {
           yield chunk;
         }
       })();
-      const applied = await applySnapshotStream({ replica: opts.replica, body, source: 'console', signal });
+      const applied = await applySnapshotStream({ replica: opts.replica, body, source: 'console', signal, transferChunks: true });
       st.snapshots++;
       st.lastSnapshot = { version: applied.version, keys: applied.keys, totalMs: applied.totalMs };
       log.info({ version: applied.version, keys: applied.keys, projects: applied.projects, wallets: applied.wallets, ms: applied.totalMs }, 'snapshot applied');
