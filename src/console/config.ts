@@ -54,8 +54,12 @@ export const consoleConfigSchema = z
       .strictObject({
         /** how many changes the feed keeps; a cursor older than that is answered 410 (take a snapshot) */
         retainChanges: z.number().int().min(1).default(100_000),
-        /** most changes in one /changes answer; the sidecar asks again at once for the rest */
-        maxBatch: z.number().int().min(1).max(100_000).default(1000),
+        /**
+         * most changes in one /changes answer; the sidecar asks again at once for the rest. Kept
+         * small so each answer applies on the sidecar's event loop in a few ms (larger ones go
+         * to a worker thread, which adds its start-up time).
+         */
+        maxBatch: z.number().int().min(1).max(100_000).default(200),
         /** largest accepted POST /sync/v1/usage body */
         maxUsageBytes: z.number().int().positive().default(8 * 1024 * 1024),
       })

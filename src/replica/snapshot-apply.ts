@@ -8,7 +8,7 @@
 import { MessageChannel, Worker, type MessagePort } from 'node:worker_threads';
 import { parseSnapshotLines } from '../sync/protocol.js';
 import type { ReplicaStore } from './store.js';
-import type { ChunkMessage, WorkerMessage } from './worker.js';
+import type { ChangesResult, ChunkMessage, WorkerMessage } from './worker.js';
 
 export interface SnapshotApplied {
   version: number;
@@ -75,8 +75,35 @@ try {
 const TSX_API = FROM_SOURCE ? import.meta.resolve('tsx/esm/api') : null;
 const WORKER_ENTRY = new URL(FROM_SOURCE ? './worker.ts' : './worker.js', HERE).href;
 
-function spawn(data: Record<string, unknown>, transfer: MessagePort[]): Worker {
-  return new Worker(BOOT, { eval: true, workerData: { ...data, entry: WORKER_ENTRY, tsx: TSX_API, kind: 'keyward-snapshot' }, transferList: transfer });
+function spawn(opts: { kind: 'keyward-snapshot' | 'keyward-changes'; data: Record<string, unknown>; transfer?: MessagePort[] }): Worker {
+  return new Worker(BOOT, { eval: true, workerData: { ...opts.data, entry: WORKER_ENTRY, tsx: TSX_API, kind: opts.kind }, transferList: opts.transfer ?? [] });
+}
+
+export class ChangeBatchError extends Error {
+  constructor(message: string) {
+    super(message);
+    this.name = 'ChangeBatchError';
+  }
+}
+
+/**
+ * Parses, validates and applies one change batch (the /changes answer's text) on a worker
+ * thread, atomically; for batches too large to apply on the event loop within its budget.
+ * Resolves with whether the batch was newer than the replica; throws ChangeBatchError for
+ * a batch that does not validate or apply (retrying it cannot help).
+ */
+export async function applyChangeTextOffThread(opts: { replica: ReplicaStore; text: string; source: string }): Promise<{ version: number; changes: number; applied: boolean }> {
+  if (opts.replica.db.memory) throw new Error('an in-memory replica cannot be written by another thread');
+  const worker = spawn({ kind: 'keyward-changes', data: { dbPath: opts.replica.db.name, source: opts.source, text: opts.text } });
+  const result = await new Promise<ChangesResult>((resolve) => {
+    worker.once('message', resolve);
+    worker.once('error', (err) => resolve({ t: 'error', message: `change worker failed: ${err.message}` }));
+    worker.once('exit', () => resolve({ t: 'error', message: 'change worker exited without an answer' }));
+  });
+  if (result.t === 'invalid') throw new ChangeBatchError(result.message);
+  if (result.t === 'error') throw new Error(result.message);
+  if (result.applied) opts.replica.checkExternalWrites();
+  return { version: result.version, changes: result.changes, applied: result.applied };
 }
 
 async function applyInThread(opts: ApplySnapshotStreamOptions, started: number, head: Uint8Array[]): Promise<SnapshotApplied> {
@@ -123,7 +150,11 @@ async function applyInWorker(opts: ApplySnapshotStreamOptions, started: number, 
   const { port1, port2 } = new MessageChannel();
   const signal = new SharedArrayBuffer(4);
   const counter = new Int32Array(signal);
-  const worker = spawn({ dbPath: opts.replica.db.name, source: opts.source, port: port2, signal, maxLineBytes: opts.maxLineBytes ?? 1 << 20, cacheMb: opts.cacheMb ?? 128 }, [port2]);
+  const worker = spawn({
+    kind: 'keyward-snapshot',
+    data: { dbPath: opts.replica.db.name, source: opts.source, port: port2, signal, maxLineBytes: opts.maxLineBytes ?? 1 << 20, cacheMb: opts.cacheMb ?? 128 },
+    transfer: [port2],
+  });
   const maxInFlight = opts.maxInFlight ?? 64;
   let inFlight = 0;
   let creditWaiter: (() => void) | null = null;

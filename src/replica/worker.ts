@@ -9,12 +9,16 @@
  * posts the next one: constant memory however large the snapshot is. Every line is
  * validated with the protocol's parsers; the first bad line rolls everything back.
  *
+ * The same worker also applies one large change batch (given as its JSON text, parsed and
+ * validated here), so a console that sends thousands of changes at once cannot stall the
+ * event loop either.
+ *
  * Spawned by snapshot-apply.ts; not imported by anything else.
  */
 import { isMainThread, parentPort, receiveMessageOnPort, workerData, type MessagePort } from 'node:worker_threads';
-import { applySnapshot } from './apply.js';
+import { applyChanges, applySnapshot } from './apply.js';
 import { openDatabase } from './store.js';
-import { parseMeta, parseRecord, SnapshotError, type SyncRecord } from '../sync/protocol.js';
+import { parseChangeBatch, parseMeta, parseRecord, SnapshotError, type SyncRecord } from '../sync/protocol.js';
 
 export interface WorkerInput {
   dbPath: string;
@@ -35,6 +39,19 @@ export type WorkerMessage =
   | { t: 'credit' }
   | { t: 'done'; version: number; keys: number; projects: number; wallets: number; applyMs: number }
   | { t: 'error'; message: string; line?: number };
+
+export interface ChangesInput {
+  dbPath: string;
+  source: string;
+  /** the /changes answer as received */
+  text: string;
+}
+
+export type ChangesResult =
+  | { t: 'applied'; version: number; changes: number; applied: boolean }
+  /** the batch does not parse or validate: retrying it cannot help */
+  | { t: 'invalid'; message: string }
+  | { t: 'error'; message: string };
 
 class Aborted extends Error {}
 
@@ -140,8 +157,32 @@ function run(input: WorkerInput): WorkerMessage {
   }
 }
 
-if (!isMainThread && parentPort && (workerData as { kind?: string } | null)?.kind === 'keyward-snapshot') {
+function runChanges(input: ChangesInput): ChangesResult {
+  let value: unknown;
+  try {
+    value = JSON.parse(input.text);
+  } catch {
+    return { t: 'invalid', message: 'change batch is not valid JSON' };
+  }
+  const parsed = parseChangeBatch(value);
+  if (!parsed.ok) return { t: 'invalid', message: parsed.error };
+  const db = openDatabase(input.dbPath);
+  try {
+    const applied = applyChanges(db, parsed.value, { source: input.source });
+    return { t: 'applied', version: parsed.value.version, changes: parsed.value.changes.length, applied };
+  } catch (err) {
+    return { t: 'invalid', message: err instanceof Error ? err.message : String(err) };
+  } finally {
+    db.close();
+  }
+}
+
+const kind = isMainThread ? null : (workerData as { kind?: string } | null)?.kind;
+if (parentPort && kind === 'keyward-snapshot') {
   const result = run(workerData as WorkerInput);
   if (result.t === 'error') parentPort.postMessage(result);
+  parentPort.close();
+} else if (parentPort && kind === 'keyward-changes') {
+  parentPort.postMessage(runChanges(workerData as ChangesInput));
   parentPort.close();
 }

@@ -5,7 +5,7 @@
  * batches are small and applied here. On any error it backs off with jitter and tries
  * again, and the replica keeps serving its last good state meanwhile.
  */
-import { applySnapshotStream } from '../replica/snapshot-apply.js';
+import { applyChangeTextOffThread, applySnapshotStream, ChangeBatchError } from '../replica/snapshot-apply.js';
 import type { ReplicaStore } from '../replica/store.js';
 import { backoffDelay, sleep, type BackoffOptions } from './backoff.js';
 import { CHANGES_PATH, SNAPSHOT_PATH, parseChangeBatch } from './protocol.js';
@@ -64,6 +64,12 @@ class HttpError extends Error {
     super(status === 401 || status === 403 ? `console rejected the sync token on ${what} (${status})` : `console answered ${status} on ${what}`);
   }
 }
+
+/**
+ * Change answers larger than this (about 300 key changes) are applied on a worker thread:
+ * measured, 500 changes cost the event loop ~30 ms, 1000 ~40 ms, on an idle 2-core machine.
+ */
+const OFF_THREAD_CHARS = 96 * 1024;
 
 /** The console sent a batch this replica cannot apply; retrying it would fail again, so a snapshot follows. */
 class BatchError extends Error {}
@@ -136,11 +142,28 @@ export function createSyncClient(opts: SyncClientOptions): SyncClient {
       await res.body?.cancel().catch(() => {});
       throw new HttpError(res.status, 'changes');
     }
-    const parsed = parseChangeBatch(await res.json());
+    const text = await res.text();
+    const t = performance.now();
+    if (text.length > OFF_THREAD_CHARS && !opts.replica.db.memory) {
+      // Hundreds of changes would cost the event loop tens of ms: parse and apply them on a worker.
+      try {
+        const r = await applyChangeTextOffThread({ replica: opts.replica, text, source: 'console' });
+        log.debug({ version: r.version, changes: r.changes, ms: Math.round(performance.now() - t), offThread: true }, 'changes applied');
+      } catch (err) {
+        throw err instanceof ChangeBatchError ? new BatchError(`change batch not applied: ${err.message}`) : err;
+      }
+      return 'ok';
+    }
+    let value: unknown;
+    try {
+      value = JSON.parse(text);
+    } catch {
+      throw new BatchError('console sent a change batch that is not JSON');
+    }
+    const parsed = parseChangeBatch(value);
     if (!parsed.ok) throw new BatchError(`console sent an invalid change batch: ${parsed.error}`);
     const batch = parsed.value;
     if (batch.version !== after) {
-      const t = performance.now();
       try {
         opts.replica.applyChanges(batch, 'console');
       } catch (err) {

@@ -194,3 +194,27 @@ test('usage pushed by a sidecar moves budgets and balances in every replica; a d
   await disabled;
   assert.ok(performance.now() - started < 1000);
 });
+
+test('a sidecar that fell behind by hundreds of changes catches up through a worker-applied batch', async () => {
+  const big = await startConsoleFixture({ overrides: { sync: { maxBatch: 5000 } } });
+  try {
+    let blocked = false;
+    const gate: typeof fetch = (input, init) => (blocked ? Promise.reject(new Error('network down')) : fetch(input, init));
+    const replica = new ReplicaStore({ path: join(dir, 'behind.sqlite') });
+    replicas.push(replica);
+    const client = createSyncClient({ url: big.url, token: big.tokens.sync, waitMs: 200, replica, fetch: gate, backoff: { baseMs: 20, maxMs: 100 } });
+    clients.push(client);
+    await client.start();
+    blocked = true;
+    assert.ok(await until(() => !client.status().connected));
+    await big.api('POST', '/admin/v1/projects', { body: { id: 'p_behind' } });
+    const made = Array.from({ length: 600 }, () => big.console.store.createKey({ kind: 'team', project: 'p_behind' }));
+    blocked = false;
+    await whenReplica(replica, () => lookupSecret(replica, made.at(-1)!.secret) !== null, 10_000);
+    assert.ok(made.every((m) => lookupSecret(replica, m.secret)?.key.id === m.key.id));
+    assert.equal(client.status().snapshots, 1, 'caught up from changes, not a snapshot');
+    await client.stop();
+  } finally {
+    await big.close();
+  }
+});

@@ -4,7 +4,7 @@ import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { ReplicaStore } from '../../src/replica/store.js';
-import { applySnapshotStream, SnapshotApplyError } from '../../src/replica/snapshot-apply.js';
+import { applyChangeTextOffThread, applySnapshotStream, ChangeBatchError, SnapshotApplyError } from '../../src/replica/snapshot-apply.js';
 import { createSyncClient } from '../../src/sync/client.js';
 import { buildSnapshot, measureStall, serveSnapshot, sha256 } from '../helpers/console-replica.js';
 
@@ -121,5 +121,25 @@ test('an aborted apply (client stopping) rolls back and leaves no worker behind'
   }
   await assert.rejects(applySnapshotStream({ replica, body: slow(), source: 'test', signal: ac.signal }), /stopping/);
   assert.equal(replica.status().version, 1);
+  replica.close();
+});
+
+test('a large change batch is parsed, validated and applied on a worker, atomically', async (t) => {
+  const replica = seeded('changes');
+  const change = (i: number, extra: Record<string, unknown> = {}) => ({
+    op: 'upsert', type: 'key', id: `k_c${i}`, hash: sha256(`change-${i}`), kind: 'team', user: null, project: 'p_c', status: 'active',
+    budget: null, spent: 0, models: null, routing: null, rpm: 5, tpm: null, concurrency: null, ...extra,
+  });
+  const batch = { version: 5, changes: [{ op: 'upsert', type: 'project', id: 'p_c', status: 'enabled', budget: null, spent: 0 }, ...Array.from({ length: 5000 }, (_, i) => change(i))] };
+  const { result, maxStallMs } = await measureStall(() => applyChangeTextOffThread({ replica, text: JSON.stringify(batch), source: 'test' }));
+  t.diagnostic(`5000-change batch off the event loop: max stall ${maxStallMs.toFixed(1)} ms`);
+  assert.deepEqual(result, { version: 5, changes: 5001, applied: true });
+  assert.equal(replica.status().version, 5);
+  assert.equal(replica.lookup(sha256('change-4999'))?.key.id, 'k_c4999');
+
+  const bad = { version: 6, changes: [...batch.changes.slice(1, 100).map((c) => ({ ...c, rpm: 7 })), change(1, { kind: 'robot' })] };
+  await assert.rejects(applyChangeTextOffThread({ replica, text: JSON.stringify(bad), source: 'test' }), ChangeBatchError);
+  assert.equal(replica.status().version, 5);
+  assert.equal(replica.lookup(sha256('change-1'))?.key.rpm, 5, 'nothing of a rejected batch applied');
   replica.close();
 });
