@@ -43,6 +43,24 @@ export interface AccessLine {
   upstream_ms: number | null;
 }
 
+/**
+ * Writes access lines straight to the logger's destination, serialised by hand from the
+ * fixed field list: the request path's one log line costs a few microseconds instead of
+ * pino's generic serialisation. The line has pino's shape (level, time, service, msg).
+ */
+export function accessWriter(logger: Logger): (line: AccessLine) => void {
+  const stream = (logger as unknown as Record<symbol, { write(s: string): unknown }>)[pino.symbols.streamSym]!;
+  return (line) => {
+    if (!logger.isLevelEnabled('info')) return;
+    let out = `{"level":"info","time":"${new Date().toISOString()}","service":"keyward"`;
+    for (const k in line) {
+      const v = line[k as keyof AccessLine];
+      out += `,"${k}":${typeof v === 'string' ? JSON.stringify(v) : v === null ? 'null' : String(v)}`;
+    }
+    stream.write(`${out},"msg":"request"}\n`);
+  };
+}
+
 const CONTROL = /[\x00-\x1f\x7f]/g; // eslint-disable-line no-control-regex
 
 /** Attribution headers: trimmed, control characters removed, at most 256 characters. */

@@ -1,7 +1,8 @@
 /**
- * Prometheus metrics (DESIGN section 9). Counters the request path updates directly;
- * gauges read from the adapters at scrape time through the `sources` callbacks, so the
- * adapters stay free of metric code.
+ * Prometheus metrics (DESIGN section 9). The request path only bumps plain numbers;
+ * prom-client reads them at scrape time through `collect()`, so no label hashing or
+ * bucket search happens per request. Gauges of the adapters are read the same way,
+ * through `sources`, so the adapters stay free of metric code.
  */
 import { Counter, Gauge, Histogram, Registry, collectDefaultMetrics } from 'prom-client';
 
@@ -10,51 +11,59 @@ export interface MetricSources {
   limiter: () => { redisErrors: number; failOpenAdmissions: number; slotsHeld: number };
   sync?: () => { lastSyncAt: number | null; connected: boolean };
   usage?: () => { buffered: number; sent: number; dropped: number };
+  inFlight?: () => number;
   now?: () => number;
 }
 
 export interface Metrics {
   registry: Registry;
-  requests: Counter<'route' | 'status' | 'code'>;
-  decisionSeconds: Histogram<'outcome'>;
-  inFlight: Gauge;
+  /** one finished request */
+  request(route: string, status: number, code: string): void;
+  /** seconds from arrival to allow/deny */
+  decision(outcome: 'allow' | 'deny', seconds: number): void;
 }
+
+/** Observations wait here until the next scrape; past this many they are folded in at once. */
+const PENDING_MAX = 4096;
 
 export function createMetrics(sources: MetricSources): Metrics {
   const registry = new Registry();
   collectDefaultMetrics({ register: registry, prefix: 'keyward_process_' });
   const now = sources.now ?? Date.now;
-  const requests = new Counter({
+
+  const requestCounts = new Map<string, number>();
+  new Counter({
     name: 'keyward_requests_total',
-    help: 'Requests by route class name, status and denial code ("" when forwarded)',
+    help: 'Requests by route name, status and denial code ("" when forwarded)',
     labelNames: ['route', 'status', 'code'] as const,
     registers: [registry],
+    collect() {
+      this.reset();
+      for (const [k, n] of requestCounts) {
+        const [route, status, code] = k.split('\u0000') as [string, string, string];
+        this.inc({ route, status, code }, n);
+      }
+    },
   });
-  const decisionSeconds = new Histogram({
+
+  const pending = { allow: [] as number[], deny: [] as number[] };
+  const decisionHistogram = new Histogram({
     name: 'keyward_decision_seconds',
-    help: 'Time from request arrival to allow/deny decision',
+    help: 'Time from request arrival to the allow/deny decision',
     labelNames: ['outcome'] as const,
     buckets: [0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.1, 0.5],
     registers: [registry],
-  });
-  const inFlight = new Gauge({ name: 'keyward_in_flight_requests', help: 'Requests being handled', registers: [registry] });
-  new Gauge({
-    name: 'keyward_replica_version',
-    help: 'Sync version of the replica (-1 before the first sync or import)',
-    registers: [registry],
     collect() {
-      this.set(sources.replica().version ?? -1);
+      drain();
     },
   });
-  new Gauge({
-    name: 'keyward_replica_sync_lag_seconds',
-    help: 'Seconds since the replica last applied a snapshot or change batch, or heard from the console',
-    registers: [registry],
-    collect() {
-      const last = Math.max(sources.replica().appliedAt ?? 0, sources.sync?.().lastSyncAt ?? 0);
-      this.set(last === 0 ? -1 : (now() - last) / 1000);
-    },
-  });
+  const drain = () => {
+    for (const outcome of ['allow', 'deny'] as const) {
+      for (const v of pending[outcome]) decisionHistogram.observe({ outcome }, v);
+      pending[outcome].length = 0;
+    }
+  };
+
   const fromSource = (kind: 'gauge' | 'counter', name: string, help: string, read: () => number) => {
     if (kind === 'gauge') {
       new Gauge({ name, help, registers: [registry], collect() { this.set(read()); } });
@@ -63,6 +72,16 @@ export function createMetrics(sources: MetricSources): Metrics {
       new Counter({ name, help, registers: [registry], collect() { this.reset(); this.inc(read()); } });
     }
   };
+  if (sources.inFlight) fromSource('gauge', 'keyward_in_flight_requests', 'Requests being handled', sources.inFlight);
+  fromSource('gauge', 'keyward_replica_version', 'Sync version of the replica (-1 before the first sync or import)', () => sources.replica().version ?? -1);
+  fromSource('gauge', 'keyward_replica_sync_lag_seconds', 'Seconds since the replica last applied a snapshot or change batch, or heard from the console (-1: never)', () => {
+    const last = Math.max(sources.replica().appliedAt ?? 0, sources.sync?.().lastSyncAt ?? 0);
+    return last === 0 ? -1 : (now() - last) / 1000;
+  });
+  if (sources.sync) {
+    const sync = sources.sync;
+    fromSource('gauge', 'keyward_sync_connected', '1 when the last exchange with the console succeeded', () => (sync().connected ? 1 : 0));
+  }
   fromSource('counter', 'keyward_redis_errors_total', 'Redis errors and timeouts seen by the limiter', () => sources.limiter().redisErrors);
   fromSource('counter', 'keyward_fail_open_admissions_total', 'Requests admitted by the in-process limiter because Redis failed', () => sources.limiter().failOpenAdmissions);
   fromSource('gauge', 'keyward_slots_held', 'Concurrency slots this instance holds', () => sources.limiter().slotsHeld);
@@ -72,5 +91,17 @@ export function createMetrics(sources: MetricSources): Metrics {
     fromSource('counter', 'keyward_usage_events_sent_total', 'Usage events sent to the console', () => usage().sent);
     fromSource('counter', 'keyward_usage_events_dropped_total', 'Usage events dropped because the buffer was full', () => usage().dropped);
   }
-  return { registry, requests, decisionSeconds, inFlight };
+
+  return {
+    registry,
+    request(route, status, code) {
+      const k = `${route}\u0000${status}\u0000${code}`;
+      requestCounts.set(k, (requestCounts.get(k) ?? 0) + 1);
+    },
+    decision(outcome, seconds) {
+      const list = pending[outcome];
+      list.push(seconds);
+      if (list.length >= PENDING_MAX) drain();
+    },
+  };
 }

@@ -4,10 +4,24 @@
  * up to the first file part, then the rest streams through unbuffered.
  */
 import type { IncomingMessage } from 'node:http';
-import { PassThrough, Readable } from 'node:stream';
+import { PassThrough } from 'node:stream';
 import { deny, type Denial } from '../errors.js';
 import { inspectJson } from './json-scan.js';
 import { createLateFieldGuard, lateFieldMessage, multipartBoundary, scanFields, scanLateField } from './multipart.js';
+
+/** What is forwarded instead of `req`; http-proxy-3 only ever calls `pipe` on it. */
+export interface BodySource {
+  pipe<T extends NodeJS.WritableStream>(dest: T): T;
+}
+
+/** A body read whole: one write, no stream machinery on the hot path. */
+class BufferSource implements BodySource {
+  constructor(private readonly buf: Buffer) {}
+  pipe<T extends NodeJS.WritableStream>(dest: T): T {
+    dest.end(this.buf);
+    return dest;
+  }
+}
 
 export interface ModelBody {
   model: string | null;
@@ -15,7 +29,7 @@ export interface ModelBody {
   /** bytes that count towards the TPM estimate: the JSON body, or a multipart body's fields */
   estimateBytes: number;
   /** what to forward instead of `req`; null when nothing was consumed */
-  replay: Readable | null;
+  replay: BodySource | null;
 }
 
 export type BodyResult = { ok: true; body: ModelBody } | { ok: false; denial: Denial; closeConnection: boolean };
@@ -80,9 +94,9 @@ function readUntil(req: IncomingMessage, opts: { limit: number; enough: (chunks:
  * the bytes from that offset on pass through a guard that refuses a second `model`
  * part; its error destroys whatever the stream is piped into (the upstream request).
  */
-function replayStream(req: IncomingMessage, read: { chunks: Buffer[]; ended: boolean }, guard: { boundary: string; from: number } | null): Readable {
+function replayStream(req: IncomingMessage, read: { chunks: Buffer[]; ended: boolean }, guard: { boundary: string; from: number } | null): BodySource {
   const head = read.chunks.length === 1 ? read.chunks[0]! : Buffer.concat(read.chunks);
-  if (read.ended) return Readable.from([head]);
+  if (read.ended) return new BufferSource(head);
   const out = new PassThrough();
   if (guard === null) {
     out.write(head);
@@ -106,10 +120,10 @@ async function readJson(req: IncomingMessage, limit: number): Promise<BodyResult
   const read = await readUntil(req, { limit, enough: () => false });
   if (read.overLimit) return tooLarge(limit);
   const buf = read.chunks.length === 1 ? read.chunks[0]! : Buffer.concat(read.chunks);
-  if (buf.length === 0) return { ok: true, body: { model: null, maxOutputTokens: null, estimateBytes: 0, replay: Readable.from([]) } };
+  if (buf.length === 0) return { ok: true, body: { model: null, maxOutputTokens: null, estimateBytes: 0, replay: new BufferSource(buf) } };
   const found = inspectJson(buf);
   if (!found.ok) return invalid(found.message);
-  return { ok: true, body: { model: found.model, maxOutputTokens: found.maxOutputTokens, estimateBytes: buf.length, replay: Readable.from([buf]) } };
+  return { ok: true, body: { model: found.model, maxOutputTokens: found.maxOutputTokens, estimateBytes: buf.length, replay: new BufferSource(buf) } };
 }
 
 async function readMultipart(req: IncomingMessage, boundary: string): Promise<BodyResult> {

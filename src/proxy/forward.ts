@@ -6,6 +6,7 @@
 import http, { type IncomingMessage, type ServerResponse } from 'node:http';
 import https from 'node:https';
 import type { Readable } from 'node:stream';
+import type { BodySource } from './body.js';
 import { createProxyServer } from 'http-proxy-3';
 
 export interface UpstreamTarget {
@@ -25,23 +26,31 @@ export interface ForwarderOptions {
 }
 
 export interface Forwarder {
-  forward(req: IncomingMessage, res: ServerResponse, opts: { upstream: string; body: Readable | null }): void;
+  forward(req: IncomingMessage, res: ServerResponse, opts: { upstream: string; body: BodySource | null }): void;
   close(): void;
 }
 
 const FIXED_HOP_BY_HOP = ['connection', 'keep-alive', 'te', 'trailer', 'upgrade', 'proxy-authorization', 'proxy-connection'];
 
-/** Removes hop-by-hop headers, including any named in Connection, from a header object. */
+/**
+ * Removes hop-by-hop headers, including any named in Connection, from a header object.
+ * Only present names are deleted: a `delete` turns the object into a slow dictionary,
+ * and these objects are copied and walked again for every request.
+ */
 export function dropHopByHop(headers: Record<string, unknown>): void {
   const connection = headers.connection;
+  if (connection === undefined && headers['keep-alive'] === undefined && headers.te === undefined && headers.trailer === undefined
+    && headers.upgrade === undefined && headers['proxy-authorization'] === undefined && headers['proxy-connection'] === undefined) {
+    return;
+  }
   if (typeof connection === 'string') {
     for (const token of connection.split(',')) {
       const name = token.trim().toLowerCase();
-      // Connection may not remove the framing or the credentials of this request.
-      if (name && name !== 'content-length' && name !== 'transfer-encoding' && name !== 'host') delete headers[name];
+      // Connection may not remove the framing of this request.
+      if (name && name !== 'content-length' && name !== 'transfer-encoding' && name !== 'host' && headers[name] !== undefined) delete headers[name];
     }
   }
-  for (const name of FIXED_HOP_BY_HOP) delete headers[name];
+  for (const name of FIXED_HOP_BY_HOP) if (headers[name] !== undefined) delete headers[name];
 }
 
 class UpstreamTimeout extends Error {
@@ -97,8 +106,8 @@ export function createForwarder(opts: ForwarderOptions): Forwarder {
     forward(req, res, { upstream, body }) {
       const target = targets.get(upstream) ?? targets.get('default')!;
       dropHopByHop(req.headers as Record<string, unknown>);
-      if (body) abortDestinationOnReject(body);
-      proxy.web(req, res, { target: target.url, agent: target.agent, ...(body ? { buffer: body } : {}) }, (err: Error & { code?: string }) => {
+      if (body && typeof (body as Partial<Readable>).once === 'function') abortDestinationOnReject(body as Readable);
+      proxy.web(req, res, { target: target.url, agent: target.agent, ...(body ? { buffer: body as unknown as Readable } : {}) }, (err: Error & { code?: string }) => {
         const kind = err.code === 'UPSTREAM_TIMEOUT' ? 'timeout' : err.code === 'KW_BODY_REJECTED' ? 'rejected' : 'unavailable';
         opts.onFailure(kind, err, req, res);
       });

@@ -9,11 +9,11 @@ import { extractCredential, unknownKeyMessage } from '../auth/credentials.js';
 import { isWellFormedKey } from '../auth/keyformat.js';
 import type { KeyHasher } from '../auth/hash.js';
 import { deny, renderError, type Denial, type ErrorStyle } from '../errors.js';
-import type { Limiter } from '../limits/limiter.js';
+import { isLimited, type Limiter } from '../limits/limiter.js';
 import { checkKey, checkModel, checkStanding } from '../policy/decide.js';
 import type { KeyFacts } from '../replica/store.js';
 import { classify, type Route, type RouteRule } from '../routes.js';
-import { hasBody, readModelBody } from './body.js';
+import { hasBody, readModelBody, type BodySource } from './body.js';
 import type { RequestContext } from './context.js';
 import type { Forwarder } from './forward.js';
 import { estimateTokens } from './usage.js';
@@ -125,9 +125,15 @@ export async function handleRequest(req: IncomingMessage, res: ServerResponse, c
   }
 
   const capacity = deps.upstreams.get(ctx.upstream) ?? { concurrency: 0, rpm: 0 };
+  const limits = { rpm: facts.key.rpm, tpm: facts.key.tpm, concurrency: facts.key.concurrency };
+  // Nothing to enforce: no limiter round trip at all.
+  if (!isLimited(limits.rpm) && !isLimited(limits.tpm) && !isLimited(limits.concurrency) && !isLimited(capacity.rpm) && !isLimited(capacity.concurrency)) {
+    deps.onDecision(ctx, 'allow');
+    return forward(req, res, ctx, deps, { body: body?.replay ?? null, expectContinue: expectContinue && route.class !== 'model' });
+  }
   const admitted = await deps.limiter.admit({
     keyId: facts.key.id,
-    limits: { rpm: facts.key.rpm, tpm: facts.key.tpm, concurrency: facts.key.concurrency },
+    limits,
     tokens,
     route: { name: ctx.upstream, ...capacity },
     requestId: ctx.reqId,
@@ -154,7 +160,7 @@ const LIMIT_MESSAGES = {
   limits_unavailable: 'The limits store is unavailable and the sidecar is configured to fail closed; retry shortly.',
 } as const;
 
-function forward(req: IncomingMessage, res: ServerResponse, ctx: RequestContext, deps: PipelineDeps, opts: { body: import('node:stream').Readable | null; expectContinue: boolean }): void {
+function forward(req: IncomingMessage, res: ServerResponse, ctx: RequestContext, deps: PipelineDeps, opts: { body: BodySource | null; expectContinue: boolean }): void {
   if (opts.expectContinue) res.writeContinue();
   ctx.upstreamStart = performance.now();
   deps.forwarder.forward(req, res, { upstream: ctx.upstream ?? 'default', body: opts.body });

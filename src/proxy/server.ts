@@ -11,7 +11,7 @@ import { renderError, deny } from '../errors.js';
 import type { Limiter } from '../limits/limiter.js';
 import { createLimiter } from '../limits/failover.js';
 import { startAdmin, type AdminServer } from '../obs/admin.js';
-import type { Logger } from '../obs/logger.js';
+import { accessWriter, type Logger } from '../obs/logger.js';
 import { createMetrics, type Metrics } from '../obs/metrics.js';
 import { ReplicaStore } from '../replica/store.js';
 import { buildRules } from '../routes.js';
@@ -64,11 +64,12 @@ export async function startSidecar(opts: SidecarOptions): Promise<Sidecar> {
       leaseMs: config.limits.leaseMs,
       log: (event, fields) => logger.warn(fields, event),
     });
-  const metrics = createMetrics({ replica: () => replica.status(), limiter: () => limiter.stats() });
+  let inFlight = 0;
+  const metrics = createMetrics({ replica: () => replica.status(), limiter: () => limiter.stats(), inFlight: () => inFlight });
+  const writeAccess = accessWriter(logger);
   const contexts = new WeakMap<IncomingMessage, RequestContext>();
   const versionHeader = `${config.messages.vendor}-version`;
   let draining = false;
-  let inFlight = 0;
   let drained: (() => void) | null = null;
   const warnedModes = new Set<string>();
 
@@ -122,13 +123,12 @@ export async function startSidecar(opts: SidecarOptions): Promise<Sidecar> {
     },
     onDecision(ctx, outcome) {
       ctx.decidedAt = performance.now();
-      metrics.decisionSeconds.observe({ outcome }, (ctx.decidedAt - ctx.start) / 1000);
+      metrics.decision(outcome, (ctx.decidedAt - ctx.start) / 1000);
     },
   };
 
   const finish = (res: ServerResponse, ctx: RequestContext) => {
     inFlight--;
-    metrics.inFlight.dec();
     const countTokens = ctx.route?.countTokens ?? false;
     const usage = ctx.usage;
     ctx.lease?.finish({ tokens: countTokens ? 0 : usage ? usage.input_tokens + usage.output_tokens : null });
@@ -145,8 +145,8 @@ export async function startSidecar(opts: SidecarOptions): Promise<Sidecar> {
         at: new Date().toISOString(),
       });
     }
-    metrics.requests.inc({ route: ctx.route?.name ?? 'none', status: String(status), code: ctx.code ?? '' });
-    logger.info(accessLine(ctx, status, performance.now()), 'request');
+    metrics.request(ctx.route?.name ?? 'none', status, ctx.code ?? '');
+    writeAccess(accessLine(ctx, status, performance.now()));
     if (inFlight === 0 && drained) drained();
   };
 
@@ -154,7 +154,6 @@ export async function startSidecar(opts: SidecarOptions): Promise<Sidecar> {
     const ctx = newContext(req, { versionHeader, now: performance.now() });
     contexts.set(req, ctx);
     inFlight++;
-    metrics.inFlight.inc();
     res.once('close', () => finish(res, ctx));
     if (draining) res.setHeader('connection', 'close');
     handleRequest(req, res, ctx, deps, expectContinue).catch((err: Error) => {
