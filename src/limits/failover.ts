@@ -5,8 +5,13 @@
  * failOpenAdmissions) and `closed` answers limits_unavailable. A lease is always finished
  * where it was admitted, because each lease closes over its own limiter.
  *
- * After a failure, admissions skip Redis for BREAKER_MS instead of each waiting out the
- * timeout against a paused server; then Redis is tried again, so recovery is automatic.
+ * After BREAKER_AFTER failures in a row, admissions skip Redis for BREAKER_MS instead of each
+ * waiting out the timeout against a paused server; then Redis is tried again, so recovery
+ * is automatic. A single failure does not trip it: that would send a whole burst to the
+ * per-instance fallback and loosen every limit for a moment.
+ *
+ * While the first connection is being made, an admission waits for it (at most timeoutMs)
+ * rather than failing at once, so a freshly started instance does not fail open.
  */
 import { closeRedisClient, createRedisClient } from './client.js';
 import { DEFAULT_LEASE_MS } from './bucket.js';
@@ -34,7 +39,9 @@ export interface CreateLimiterOptions {
   log?: (event: string, fields: Record<string, unknown>) => void;
 }
 
-/** How long admissions go straight to the fallback after a Redis failure. */
+/** Consecutive Redis failures that send admissions straight to the fallback... */
+export const BREAKER_AFTER = 3;
+/** ...for this long. */
 export const BREAKER_MS = 250;
 /** Slack on top of timeoutMs for the guard that bounds a whole admission. */
 const GUARD_SLACK_MS = 25;
@@ -75,7 +82,24 @@ export function createLimiter(opts: CreateLimiterOptions = {}): Limiter {
   });
   let failOpenAdmissions = 0;
   let guardTimeouts = 0;
+  let failuresInARow = 0;
   let skipUntil = 0;
+
+  let connecting = true;
+  const firstAttempt = new Promise<void>((resolve) => {
+    const settled = (): void => {
+      connecting = false;
+      resolve();
+    };
+    for (const event of ['ready', 'error', 'close', 'end']) client.once(event, settled);
+  });
+  const firstConnection = (): Promise<void> => {
+    let timer: NodeJS.Timeout | undefined;
+    const bound = new Promise<void>((resolve) => {
+      timer = setTimeout(resolve, timeoutMs);
+    });
+    return Promise.race([firstAttempt, bound]).finally(() => clearTimeout(timer));
+  };
 
   /**
    * ioredis' commandTimeout normally answers first; this guard also bounds what it does not
@@ -117,12 +141,14 @@ export function createLimiter(opts: CreateLimiterOptions = {}): Limiter {
       // Nothing to count: nothing can be unavailable either, whatever state Redis is in.
       if (!hasAnyLimit(input)) return shared.admit(input);
       if (performance.now() < skipUntil) return degrade(input);
+      if (connecting) await firstConnection();
       try {
         const res = await withDeadline(shared.admit(input));
+        failuresInARow = 0;
         setDown(false);
         return res;
       } catch (err) {
-        skipUntil = performance.now() + BREAKER_MS;
+        if (++failuresInARow >= BREAKER_AFTER) skipUntil = performance.now() + BREAKER_MS;
         setDown(true, err instanceof Error ? err.message : String(err));
         return degrade(input);
       }
