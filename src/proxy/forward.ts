@@ -97,6 +97,11 @@ export function createForwarder(opts: ForwarderOptions): Forwarder {
   }
   proxy.on('proxyRes', (proxyRes, req, res) => {
     dropHopByHop(proxyRes.headers as Record<string, unknown>);
+    // An upstream that dies mid-response must not leave the client waiting on an open,
+    // seemingly healthy stream: cut the client's response too.
+    proxyRes.once('close', () => {
+      if (!proxyRes.complete) res.destroy();
+    });
     opts.onResponse(proxyRes, req, res as ServerResponse);
   });
   // A client that went away mid-request: http-proxy-3 already destroyed the upstream request.
