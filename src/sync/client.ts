@@ -1,14 +1,11 @@
 /**
  * The sidecar's sync client (DESIGN section 7): a snapshot at start and after a 410, then
- * long-poll changes, each applied atomically. Snapshots are applied by a worker thread
- * (replica/snapshot-apply.ts), so even a million keys never stall the event loop; change
- * batches are small and applied here. On any error it backs off with jitter and tries
- * again, and the replica keeps serving its last good state meanwhile.
+ * long-poll changes, each applied atomically by the target it is given (the replica's
+ * sync target applies large ones off the event loop). On any error it backs off with
+ * jitter and tries again, and the replica keeps serving its last good state meanwhile.
  */
-import { applyChangeTextOffThread, applySnapshotStream, ChangeBatchError } from '../replica/snapshot-apply.js';
-import type { ReplicaStore } from '../replica/store.js';
 import { backoffDelay, sleep, type BackoffOptions } from './backoff.js';
-import { CHANGES_PATH, SNAPSHOT_PATH, parseChangeBatch } from './protocol.js';
+import { CHANGES_PATH, SNAPSHOT_PATH } from './protocol.js';
 
 export { createUsagePusher, type UsagePusher, type UsagePusherOptions, type UsageStats } from './usage-pusher.js';
 
@@ -22,13 +19,25 @@ export interface SyncLogger {
 
 const quiet: SyncLogger = { debug() {}, info() {}, warn() {}, error() {} };
 
+/**
+ * What the client writes to. Applying is the replica's business (threads, transactions);
+ * an error with `invalidBatch: true` means the batch can never be applied as sent, so
+ * the client takes a snapshot instead of retrying it.
+ */
+export interface SyncTarget {
+  version(): number | null;
+  applySnapshot(opts: { body: AsyncIterable<Uint8Array>; signal?: AbortSignal; source: string }): Promise<{ version: number; keys: number; projects: number; wallets: number; totalMs: number }>;
+  applyChangeText(text: string, source: string): Promise<{ version: number; changes: number; applied: boolean; offThread: boolean }>;
+}
+
 export interface SyncClientOptions {
   /** console base URL, e.g. http://127.0.0.1:7000 */
   url: string;
   token: string;
   /** long-poll wait the console is asked for (0..60000) */
   waitMs: number;
-  replica: ReplicaStore;
+  /** where snapshots and batches go; the composition root hands in the replica's sync target */
+  target: SyncTarget;
   log?: SyncLogger;
   now?: () => number;
   fetch?: typeof fetch;
@@ -65,11 +74,6 @@ class HttpError extends Error {
   }
 }
 
-/**
- * Change answers larger than this (about 300 key changes) are applied on a worker thread:
- * measured, 500 changes cost the event loop ~30 ms, 1000 ~40 ms, on an idle 2-core machine.
- */
-const OFF_THREAD_CHARS = 96 * 1024;
 
 /** The console sent a batch this replica cannot apply; retrying it would fail again, so a snapshot follows. */
 class BatchError extends Error {}
@@ -95,7 +99,7 @@ export function createSyncClient(opts: SyncClientOptions): SyncClient {
   const first = new Promise<void>((resolve) => (markFirst = resolve));
 
   const succeeded = () => {
-    if (st.failures > 0 || !st.connected) log.info({ version: opts.replica.status().version }, 'console sync connected');
+    if (st.failures > 0 || !st.connected) log.info({ version: opts.target.version() }, 'console sync connected');
     st.lastSyncAt = now();
     st.connected = true;
     st.failures = 0;
@@ -120,7 +124,7 @@ export function createSyncClient(opts: SyncClientOptions): SyncClient {
           yield chunk;
         }
       })();
-      const applied = await applySnapshotStream({ replica: opts.replica, body, source: 'console', signal, transferChunks: true });
+      const applied = await opts.target.applySnapshot({ body, source: 'console', signal });
       st.snapshots++;
       st.lastSnapshot = { version: applied.version, keys: applied.keys, totalMs: applied.totalMs };
       log.info({ version: applied.version, keys: applied.keys, projects: applied.projects, wallets: applied.wallets, ms: applied.totalMs }, 'snapshot applied');
@@ -144,33 +148,15 @@ export function createSyncClient(opts: SyncClientOptions): SyncClient {
     }
     const text = await res.text();
     const t = performance.now();
-    if (text.length > OFF_THREAD_CHARS && !opts.replica.db.memory) {
-      // Hundreds of changes would cost the event loop tens of ms: parse and apply them on a worker.
-      try {
-        const r = await applyChangeTextOffThread({ replica: opts.replica, text, source: 'console' });
-        log.debug({ version: r.version, changes: r.changes, ms: Math.round(performance.now() - t), offThread: true }, 'changes applied');
-      } catch (err) {
-        throw err instanceof ChangeBatchError ? new BatchError(`change batch not applied: ${err.message}`) : err;
-      }
-      return 'ok';
-    }
-    let value: unknown;
+    let r: Awaited<ReturnType<SyncTarget['applyChangeText']>>;
     try {
-      value = JSON.parse(text);
-    } catch {
-      throw new BatchError('console sent a change batch that is not JSON');
+      r = await opts.target.applyChangeText(text, 'console');
+    } catch (err) {
+      throw (err as { invalidBatch?: boolean }).invalidBatch ? new BatchError((err as Error).message) : err;
     }
-    const parsed = parseChangeBatch(value);
-    if (!parsed.ok) throw new BatchError(`console sent an invalid change batch: ${parsed.error}`);
-    const batch = parsed.value;
-    if (batch.version !== after) {
-      try {
-        opts.replica.applyChanges(batch, 'console');
-      } catch (err) {
-        throw new BatchError(`change batch ${batch.version} not applied: ${(err as Error).message}`);
-      }
-      log.debug({ version: batch.version, changes: batch.changes.length, ms: Math.round(performance.now() - t) }, 'changes applied');
-    } else if (opts.waitMs > 0 && now() - started < opts.waitMs / 10) {
+    if (r.applied || r.changes > 0) {
+      log.debug({ version: r.version, changes: r.changes, ms: Math.round(performance.now() - t), offThread: r.offThread }, 'changes applied');
+    } else if (r.version === after && opts.waitMs > 0 && now() - started < opts.waitMs / 10) {
       // An empty answer long before waitMs (a console shutting down, or one that ignores waitMs): do not spin.
       await sleep(backoffDelay(1, opts.backoff), stopper.signal);
     }
@@ -181,7 +167,7 @@ export function createSyncClient(opts: SyncClientOptions): SyncClient {
     let needSnapshot = true;
     while (!stopper.signal.aborted) {
       try {
-        const version = opts.replica.status().version;
+        const version = opts.target.version();
         if (needSnapshot || version === null) {
           await snapshot();
           needSnapshot = false;
@@ -200,7 +186,7 @@ export function createSyncClient(opts: SyncClientOptions): SyncClient {
         const delay = backoffDelay(st.failures, opts.backoff);
         // The first failure is worth a warning; a console that stays away is reported less loudly.
         const level = st.failures === 1 || st.failures % 20 === 0 ? 'warn' : 'debug';
-        log[level]({ err: st.lastError, failures: st.failures, retryInMs: delay, version: opts.replica.status().version }, 'console sync failed; serving from the replica');
+        log[level]({ err: st.lastError, failures: st.failures, retryInMs: delay, version: opts.target.version() }, 'console sync failed; serving from the replica');
         if (err instanceof BatchError) needSnapshot = true;
         await sleep(delay, stopper.signal);
       }
@@ -218,7 +204,7 @@ export function createSyncClient(opts: SyncClientOptions): SyncClient {
       await loop;
     },
     status() {
-      return { version: opts.replica.status().version, ...st };
+      return { version: opts.target.version(), ...st };
     },
   };
 }

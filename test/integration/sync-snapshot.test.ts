@@ -6,6 +6,7 @@ import { join } from 'node:path';
 import { ReplicaStore } from '../../src/replica/store.js';
 import { applyChangeTextOffThread, applySnapshotStream, ChangeBatchError, SnapshotApplyError } from '../../src/replica/snapshot-apply.js';
 import { createSyncClient } from '../../src/sync/client.js';
+import { replicaSyncTarget } from '../../src/replica/sync-target.js';
 import { buildSnapshot, measureStall, serveSnapshot, sha256 } from '../helpers/console-replica.js';
 
 const KEYS = 20_000;
@@ -39,7 +40,7 @@ async function* stream(chunks: Buffer[], opts: { failAt?: number } = {}): AsyncG
 async function syncBig(name: string) {
   const replica = seeded(name);
   const console = await serveSnapshot({ chunks: big, version: 2 });
-  const client = createSyncClient({ url: console.url, token: 'sync-token-0123456789', waitMs: 1000, replica });
+  const client = createSyncClient({ url: console.url, token: 'sync-token-0123456789', waitMs: 1000, target: replicaSyncTarget(replica) });
   // Reads during the apply must see the old replica, whole, until the commit swaps it.
   const seen = { reads: 0, mixed: 0, oldAfterSwap: 0 };
   const reader = setInterval(() => {
