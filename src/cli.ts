@@ -12,6 +12,7 @@ import { ReplicaStore } from './replica/store.js';
 import { ApplyError } from './replica/apply.js';
 import { parseSnapshotLines, SnapshotError } from './sync/protocol.js';
 import { runDemo } from './demo/run.js';
+import { registerConsoleCommands } from './console/cli.js';
 
 function loadConfig(file: string): Config {
   return loadConfigFile({ file, schema: configSchema });
@@ -92,9 +93,11 @@ export function buildProgram(): Command {
       }
     });
 
+  registerConsoleCommands(program);
+
   program
     .command('demo')
-    .description('run the sidecar with demo keys and a sample upstream on loopback (no other services needed)')
+    .description('run console, sidecar and a sample upstream on loopback with demo keys (no other services needed)')
     .option('--port <n>', 'proxy port (falls back to any free port when taken)', (v) => Number(v), 8080)
     .action(async (o: { port: number }) => {
       const demo = await runDemo({ port: o.port });

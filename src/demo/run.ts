@@ -1,41 +1,20 @@
 /**
- * `keyward demo` (what `npm start` runs): a fresh replica with demo keys, the sample
- * upstream and the sidecar, all on loopback, with curl lines that show each outcome.
- * Needs nothing but this package: no Redis, no console.
+ * `keyward demo` (what `npm start` runs): the whole system on loopback, with nothing else
+ * installed: the reference console (fresh store, random master key and tokens), a demo
+ * upstream, and a sidecar that syncs its replica from the console. Demo keys are created
+ * through the console's admin API, as an operator would, and curl lines show each outcome.
  */
+import { randomBytes } from 'node:crypto';
 import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { generateKey } from '../auth/keyformat.js';
-import { makeKeyHasher } from '../auth/hash.js';
 import { configSchema } from '../config/schema.js';
+import { adminClient } from '../console/cli-client.js';
+import { consoleConfigSchema } from '../console/config.js';
+import { startConsole } from '../console/server.js';
 import { createLogger } from '../obs/logger.js';
 import { startSidecar } from '../proxy/server.js';
-import { ReplicaStore } from '../replica/store.js';
-import type { SyncRecord } from '../sync/protocol.js';
 import { startDemoUpstream } from './upstream.js';
-
-interface DemoKeys {
-  ok: string;
-  broke: string;
-  scoped: string;
-}
-
-function demoSnapshot(keys: DemoKeys): SyncRecord[] {
-  const hash = makeKeyHasher({ hash: 'sha256' });
-  const key = (id: string, secret: string, extra: Partial<Extract<SyncRecord, { type: 'key' }>>): SyncRecord => ({
-    type: 'key', id, hash: hash(secret), kind: 'personal', user: null, project: null, status: 'active', budget: null, spent: 0,
-    models: null, routing: null, rpm: 60, tpm: 100_000, concurrency: 4, ...extra,
-  } as SyncRecord);
-  return [
-    { type: 'wallet', user: 'u_alice', balance: 25 },
-    { type: 'wallet', user: 'u_bob', balance: 0 },
-    { type: 'project', id: 'p_demo', status: 'enabled', budget: 100, spent: 0 },
-    key('k_alice', keys.ok, { user: 'u_alice' }),
-    key('k_bob', keys.broke, { user: 'u_bob' }),
-    key('k_team', keys.scoped, { kind: 'team', project: 'p_demo', models: ['demo-model', 'gpt-4o-mini*'] }),
-  ];
-}
 
 async function listenWithFallback<T>(start: (port: number) => Promise<T>, port: number): Promise<T> {
   try {
@@ -46,13 +25,38 @@ async function listenWithFallback<T>(start: (port: number) => Promise<T>, port: 
   }
 }
 
-export async function runDemo(opts: { port?: number; adminPort?: number; log?: (line: string) => void } = {}) {
+const token = () => randomBytes(24).toString('base64url');
+
+/** Wallets, a project and three keys, created through the admin API. */
+async function seed(admin: ReturnType<typeof adminClient>) {
+  await admin('PUT', '/admin/v1/wallets/alice', { balance: 25 });
+  await admin('PUT', '/admin/v1/wallets/bob', { balance: 0 });
+  await admin('POST', '/admin/v1/projects', { id: 'demo-team', budget: 100, members: ['alice'] });
+  const create = (body: Record<string, unknown>) => admin<{ secret: string }>('POST', '/admin/v1/keys', body).then((r) => r.secret);
+  return {
+    ok: await create({ kind: 'personal', user: 'alice', name: 'alice laptop', rpm: 60, tpm: 100_000, concurrency: 4 }),
+    broke: await create({ kind: 'personal', user: 'bob', name: 'bob laptop' }),
+    scoped: await create({ kind: 'team', project: 'demo-team', name: 'team bot', models: ['demo-model', 'gpt-4o-mini*'] }),
+  };
+}
+
+export async function runDemo(opts: { port?: number; adminPort?: number; consolePort?: number; log?: (line: string) => void } = {}) {
   const say = opts.log ?? ((line: string) => process.stdout.write(`${line}\n`));
   const dir = mkdtempSync(join(tmpdir(), 'keyward-demo-'));
+  const secrets = { master: randomBytes(32).toString('hex'), sync: token(), admin: token() };
   const upstream = await startDemoUpstream();
-  const keys: DemoKeys = { ok: generateKey(), broke: generateKey(), scoped: generateKey() };
-  const replica = new ReplicaStore({ path: join(dir, 'replica.sqlite') });
-  replica.applySnapshot({ version: 1, records: demoSnapshot(keys).map((record, i) => ({ line: i + 2, record })), source: 'demo' });
+  const consoleConfig = (port: number) =>
+    consoleConfigSchema.parse({
+      listen: { port },
+      store: { path: join(dir, 'console.sqlite') },
+      auth: { syncTokens: [secrets.sync], adminTokens: [secrets.admin] },
+      pricing: { models: [{ match: '*', inputPerMillion: 2.5, outputPerMillion: 10 }], unpriced: { inputPerMillion: 0, outputPerMillion: 0 } },
+    });
+  const console = await listenWithFallback(
+    (port) => startConsole({ config: consoleConfig(port), env: { KEYWARD_MASTER_KEY: secrets.master } }),
+    opts.consolePort ?? 7000,
+  );
+  const keys = await seed(adminClient({ url: console.url, token: secrets.admin }));
 
   const config = (port: number, adminPort: number) =>
     configSchema.parse({
@@ -60,34 +64,41 @@ export async function runDemo(opts: { port?: number; adminPort?: number; log?: (
       admin: { port: adminPort },
       upstreams: { default: { url: upstream.url } },
       replica: { path: join(dir, 'replica.sqlite') },
-      logging: { level: 'info' },
+      console: { url: console.url, token: secrets.sync, waitMs: 25_000 },
     });
   const logger = createLogger({ level: 'info', destination: process.stderr });
   const sidecar = await listenWithFallback(
-    (port) => listenWithFallback((adminPort) => startSidecar({ config: config(port, adminPort), logger, replica }), opts.adminPort ?? 9090),
+    (port) => listenWithFallback((adminPort) => startSidecar({ config: config(port, adminPort), logger }), opts.adminPort ?? 9090),
     opts.port ?? 8080,
   );
+  await sidecar.sync?.start(); // the first sync: the demo keys are in the replica from here on
+
   const base = sidecar.url;
   const body = (model: string) => `-H 'content-type: application/json' -d '{"model":"${model}","messages":[{"role":"user","content":"hi"}]}'`;
-  say(`keyward demo: sidecar ${base} (admin http://127.0.0.1:${sidecar.adminPort}), demo upstream ${upstream.url}`);
-  say('Demo keys (they live only in this demo replica):');
-  say(`  alice (personal, balance 25):   ${keys.ok}`);
-  say(`  bob   (personal, balance 0):    ${keys.broke}`);
-  say(`  team  (models demo-model, gpt-4o-mini*): ${keys.scoped}`);
+  say(`keyward demo: sidecar ${base} (admin http://127.0.0.1:${sidecar.adminPort}), console ${console.url}, demo upstream ${upstream.url}`);
+  say('Demo keys, created through the console (they live only in this demo):');
+  say(`  alice (personal, wallet 25):              ${keys.ok}`);
+  say(`  bob   (personal, wallet 0):               ${keys.broke}`);
+  say(`  team  (models demo-model, gpt-4o-mini*):  ${keys.scoped}`);
   say('Try:');
   say(`  200  curl -s ${base}/v1/chat/completions -H 'authorization: Bearer ${keys.ok}' ${body('demo-model')}`);
   say(`  401  curl -s ${base}/v1/models -H 'authorization: Bearer not-a-real-key'`);
   say(`  402  curl -s ${base}/v1/chat/completions -H 'authorization: Bearer ${keys.broke}' ${body('demo-model')}`);
   say(`  403  curl -s ${base}/v1/chat/completions -H 'authorization: Bearer ${keys.scoped}' ${body('gpt-4o')}`);
-  say(`       curl -s http://127.0.0.1:${sidecar.adminPort}/metrics`);
+  say('The console, from another shell:');
+  say(`  export KEYWARD_CONSOLE_URL=${console.url} KEYWARD_ADMIN_TOKEN=${secrets.admin}`);
+  say('  npx keyward keys list        # then: npx keyward keys delete <id>  -> that key answers 401 api_key_deleted');
+  say(`  curl -s http://127.0.0.1:${sidecar.adminPort}/metrics`);
   say('Access log lines go to stderr. Ctrl-C stops the demo.');
   return {
     sidecar,
     upstream,
+    console,
     keys,
+    adminToken: secrets.admin,
     async close() {
       await sidecar.close({ graceMs: 1000 });
-      replica.close();
+      await console.close();
       await upstream.close();
       rmSync(dir, { recursive: true, force: true });
     },

@@ -14,6 +14,8 @@ import { startAdmin, type AdminServer } from '../obs/admin.js';
 import { accessWriter, type Logger } from '../obs/logger.js';
 import { createMetrics, type Metrics } from '../obs/metrics.js';
 import { ReplicaStore } from '../replica/store.js';
+import { replicaSyncTarget } from '../replica/sync-target.js';
+import { createSyncClient, createUsagePusher, type SyncClient, type UsagePusher } from '../sync/client.js';
 import { buildRules } from '../routes.js';
 import type { UsageEvent } from '../sync/protocol.js';
 import { accessLine, newContext, type RequestContext } from './context.js';
@@ -28,9 +30,12 @@ export interface SidecarOptions {
   limiter?: Limiter;
   /** injected in tests; by default opened at `config.replica.path` */
   replica?: ReplicaStore;
-  /** receives one event per model response that reported usage */
+  /** receives one event per model response that reported usage; by default the console's usage push */
   usageSink?: (event: UsageEvent) => void;
 }
+
+/** Usage events held for the console while it is away; what overflows is counted as dropped. */
+const USAGE_BUFFER = 100_000;
 
 export interface Sidecar {
   port: number;
@@ -39,6 +44,9 @@ export interface Sidecar {
   replica: ReplicaStore;
   limiter: Limiter;
   metrics: Metrics;
+  /** present when `console` is configured */
+  sync: SyncClient | null;
+  usage: UsagePusher | null;
   /** stop accepting, let in-flight requests finish within `graceMs`, release everything */
   close(opts?: { graceMs?: number }): Promise<void>;
 }
@@ -64,8 +72,22 @@ export async function startSidecar(opts: SidecarOptions): Promise<Sidecar> {
       leaseMs: config.limits.leaseMs,
       log: (event, fields) => logger.warn(fields, event),
     });
+  const consoleCfg = config.console;
+  const sync = consoleCfg
+    ? createSyncClient({ url: consoleCfg.url, token: consoleCfg.token, waitMs: consoleCfg.waitMs, target: replicaSyncTarget(replica), log: logger })
+    : null;
+  const usagePusher = consoleCfg && !opts.usageSink
+    ? createUsagePusher({ url: consoleCfg.url, token: consoleCfg.token, maxBuffer: USAGE_BUFFER, batchSize: 500, flushMs: 1000, log: logger })
+    : null;
+  const usageSink = opts.usageSink ?? (usagePusher ? (e: UsageEvent) => usagePusher.push(e) : null);
   let inFlight = 0;
-  const metrics = createMetrics({ replica: () => replica.status(), limiter: () => limiter.stats(), inFlight: () => inFlight });
+  const metrics = createMetrics({
+    replica: () => replica.status(),
+    limiter: () => limiter.stats(),
+    inFlight: () => inFlight,
+    ...(sync ? { sync: () => sync.status() } : {}),
+    ...(usagePusher ? { usage: () => usagePusher.stats() } : {}),
+  });
   const writeAccess = accessWriter(logger);
   const contexts = new WeakMap<IncomingMessage, RequestContext>();
   const versionHeader = `${config.messages.vendor}-version`;
@@ -134,8 +156,8 @@ export async function startSidecar(opts: SidecarOptions): Promise<Sidecar> {
     ctx.lease?.finish({ tokens: countTokens ? 0 : usage ? usage.input_tokens + usage.output_tokens : null });
     // 499: the client went away before the response was complete (nginx's convention)
     const status = res.writableFinished ? res.statusCode : 499;
-    if (usage && !countTokens && ctx.facts && opts.usageSink) {
-      opts.usageSink({
+    if (usage && !countTokens && ctx.facts && usageSink) {
+      usageSink({
         request_id: ctx.reqId,
         key_id: ctx.facts.key.id,
         model: ctx.model,
@@ -187,9 +209,14 @@ export async function startSidecar(opts: SidecarOptions): Promise<Sidecar> {
     throw err;
   }
 
+  // Not awaited: the replica serves what it has (a previous run's data) while the first sync runs.
+  void sync?.start();
+
   return {
     port,
     adminPort: admin.port,
+    sync,
+    usage: usagePusher,
     url: `http://${config.server.host.includes(':') ? `[${config.server.host}]` : config.server.host}:${port}`,
     replica,
     limiter,
@@ -210,6 +237,9 @@ export async function startSidecar(opts: SidecarOptions): Promise<Sidecar> {
       server.closeAllConnections();
       forwarder.close();
       await admin.close();
+      // Last: the responses above may still have produced usage to push.
+      await usagePusher?.stop();
+      await sync?.stop();
       await limiter.close();
       if (!opts.replica) replica.close();
     },
