@@ -36,7 +36,7 @@ describe('keyward CLI', () => {
   test('--help lists the verbs', () => {
     const r = run(['--help']);
     assert.equal(r.status, 0);
-    for (const verb of ['serve', 'import', 'check-config', 'demo']) assert.match(r.stdout, new RegExp(`\\b${verb}\\b`));
+    for (const verb of ['serve', 'import', 'check-config', 'demo', 'console', 'keys', 'projects', 'wallets']) assert.match(r.stdout, new RegExp(`\\b${verb}\\b`));
   });
 
   test('check-config: 0 for a valid file, 1 with every problem named', () => {
