@@ -6,18 +6,11 @@
  */
 import { backoffDelay, sleep, type BackoffOptions } from './backoff.js';
 import { CHANGES_PATH, SNAPSHOT_PATH } from './protocol.js';
+import { quiet, type SyncLogger } from './log.js';
 
 export { createUsagePusher, type UsagePusher, type UsagePusherOptions, type UsageStats } from './usage-pusher.js';
+export type { SyncLogger } from './log.js';
 
-/** pino's shape; the client never passes it the token. */
-export interface SyncLogger {
-  debug(obj: object, msg?: string): void;
-  info(obj: object, msg?: string): void;
-  warn(obj: object, msg?: string): void;
-  error(obj: object, msg?: string): void;
-}
-
-const quiet: SyncLogger = { debug() {}, info() {}, warn() {}, error() {} };
 
 /**
  * What the client writes to. Applying is the replica's business (threads, transactions);

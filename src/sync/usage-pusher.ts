@@ -8,7 +8,7 @@
  */
 import { backoffDelay, type BackoffOptions } from './backoff.js';
 import { USAGE_PATH, type UsageEvent } from './protocol.js';
-import type { SyncLogger } from './client.js';
+import type { SyncLogger } from './log.js';
 
 export interface UsagePusherOptions {
   url: string;
