@@ -147,3 +147,26 @@ describe('readiness', () => {
     }
   });
 });
+
+describe('key format and peppered hashes', () => {
+  test('keys.format keyward refuses a mistyped key without a lookup; hmac-sha256 with a pepper authenticates', async () => {
+    const hk = await startHarness({
+      upstream: up.url,
+      config: { keys: { format: 'keyward', hash: 'hmac-sha256', pepper: 'pepper-0123456789abcdef' } },
+      keys: { k_ok: {}, k_odd: { secret: 'legacy-key-of-another-shape' } },
+    });
+    try {
+      const ok = hk.keys.k_ok!;
+      assert.equal((await send(hk.url, { path: '/v1/models', headers: bearer(ok) })).status, 200);
+      // one character changed: the checksum fails, so no lookup happens at all
+      const typo = ok.slice(0, 10) + (ok[10] === 'a' ? 'b' : 'a') + ok.slice(11);
+      const res = await send(hk.url, { path: '/v1/models', headers: bearer(typo) });
+      assert.equal(res.status, 401);
+      assert.equal(res.headers['x-keyward-error'], 'invalid_api_key');
+      // a key of another shape is refused even though the replica knows its hash
+      assert.equal((await send(hk.url, { path: '/v1/models', headers: bearer('legacy-key-of-another-shape') })).status, 401);
+    } finally {
+      await hk.close();
+    }
+  });
+});
