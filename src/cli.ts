@@ -61,7 +61,10 @@ export function buildProgram(): Command {
       const logger = createLogger({ level: config.logging.level });
       const sidecar = await startSidecar({ config, logger });
       logger.info({ listen: sidecar.url, admin_port: sidecar.adminPort }, 'keyward listening');
-      untilSignal(() => sidecar.close());
+      untilSignal(async () => {
+        await sidecar.close();
+        await new Promise<void>((resolve) => logger.flush(() => resolve()));
+      });
     });
 
   program

@@ -9,12 +9,11 @@
 import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import pino from 'pino';
 import { Redis } from 'ioredis';
 import { makeKeyHasher } from '../../src/auth/hash.js';
 import { generateKey } from '../../src/auth/keyformat.js';
 import { configSchema } from '../../src/config/schema.js';
-import { createLogger } from '../../src/obs/logger.js';
+import { createLogger, logDestination } from '../../src/obs/logger.js';
 import { startSidecar } from '../../src/proxy/server.js';
 import { ReplicaStore } from '../../src/replica/store.js';
 import type { SyncRecord } from '../../src/sync/protocol.js';
@@ -46,7 +45,8 @@ const records: SyncRecord[] = [
 ];
 const replica = new ReplicaStore({ path: config.replica.path });
 replica.applySnapshot({ version: 1, records: records.map((record, i) => ({ line: i + 2, record })), source: 'bench' });
-const logger = createLogger({ level: 'info', destination: pino.destination({ dest: '/dev/null', sync: false }) });
+// As in production, only to /dev/null.
+const logger = createLogger({ level: 'info', destination: logDestination('/dev/null') });
 const sidecar = await startSidecar({ config, logger, replica });
 ready({ port: sidecar.port, key, mode });
 

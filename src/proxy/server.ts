@@ -235,6 +235,7 @@ export async function startSidecar(opts: SidecarOptions): Promise<Sidecar> {
         });
       }
       server.closeAllConnections();
+      writeAccess.flush();
       forwarder.close();
       await admin.close();
       // Last: the responses above may still have produced usage to push.

@@ -88,15 +88,15 @@ describe('keyward CLI', () => {
 
     const child = spawn(process.execPath, [BIN, 'serve', '--config', cfg], { stdio: ['ignore', 'pipe', 'pipe'] });
     try {
-      const lines = createInterface({ input: child.stdout! });
-      let url = '';
-      for await (const line of lines) {
-        const l = JSON.parse(line) as { msg: string; listen?: string };
-        if (l.msg === 'keyward listening') {
-          url = l.listen!;
-          break;
-        }
-      }
+      const out: Record<string, unknown>[] = [];
+      const url = await new Promise<string>((resolve) => {
+        createInterface({ input: child.stdout! }).on('line', (line) => {
+          const l = JSON.parse(line) as Record<string, unknown>;
+          out.push(l);
+          if (l.msg === 'keyward listening') resolve(l.listen as string);
+        });
+      });
+      let sent = 2;
       assert.equal((await send(url, { path: '/v1/models', headers: bearer('secret-one') })).status, 200);
       assert.equal((await send(url, { path: '/v1/models', headers: bearer('secret-two') })).status, 401);
       const second = join(dir, 'second.ndjson');
@@ -107,11 +107,17 @@ describe('keyward CLI', () => {
       let status = 0;
       while (Date.now() < deadline && status !== 200) {
         status = (await send(url, { path: '/v1/models', headers: bearer('secret-two') })).status;
+        sent++;
       }
       assert.equal(status, 200);
       child.kill('SIGTERM');
       const [code] = (await once(child, 'exit')) as [number];
       assert.equal(code, 0);
+      // Access lines are written in batches; the ones still held at SIGTERM are flushed, not lost.
+      const access = out.filter((l) => l.msg === 'request');
+      assert.equal(access.length, sent, 'every request has its access line');
+      assert.deepEqual([access[0]!.status, access[1]!.status, access.at(-1)!.status], [200, 401, 200]);
+      assert.ok(access.every((l) => typeof l.req_id === 'string' && typeof l.duration_ms === 'number'));
     } finally {
       child.kill('SIGKILL');
     }
