@@ -9,7 +9,7 @@ import { extractCredential, unknownKeyMessage } from '../auth/credentials.js';
 import { isWellFormedKey } from '../auth/keyformat.js';
 import type { KeyHasher } from '../auth/hash.js';
 import { deny, renderError, type Denial, type ErrorStyle } from '../errors.js';
-import { isLimited, type Limiter } from '../limits/limiter.js';
+import { hasAnyLimit, type Limiter } from '../limits/limiter.js';
 import { checkKey, checkModel, checkStanding } from '../policy/decide.js';
 import type { KeyFacts } from '../replica/store.js';
 import { classify, type Route, type RouteRule } from '../routes.js';
@@ -125,19 +125,19 @@ export async function handleRequest(req: IncomingMessage, res: ServerResponse, c
   }
 
   const capacity = deps.upstreams.get(ctx.upstream) ?? { concurrency: 0, rpm: 0 };
-  const limits = { rpm: facts.key.rpm, tpm: facts.key.tpm, concurrency: facts.key.concurrency };
-  // Nothing to enforce: no limiter round trip at all.
-  if (!isLimited(limits.rpm) && !isLimited(limits.tpm) && !isLimited(limits.concurrency) && !isLimited(capacity.rpm) && !isLimited(capacity.concurrency)) {
-    deps.onDecision(ctx, 'allow');
-    return forward(req, res, ctx, deps, { body: body?.replay ?? null, expectContinue: expectContinue && route.class !== 'model' });
-  }
-  const admitted = await deps.limiter.admit({
+  const admission = {
     keyId: facts.key.id,
-    limits,
+    limits: { rpm: facts.key.rpm, tpm: facts.key.tpm, concurrency: facts.key.concurrency },
     tokens,
     route: { name: ctx.upstream, ...capacity },
     requestId: ctx.reqId,
-  });
+  };
+  // Nothing to enforce: no limiter round trip at all.
+  if (!hasAnyLimit(admission)) {
+    deps.onDecision(ctx, 'allow');
+    return forward(req, res, ctx, deps, { body: body?.replay ?? null, expectContinue: expectContinue && route.class !== 'model' });
+  }
+  const admitted = await deps.limiter.admit(admission);
   if (!admitted.ok) {
     const message = LIMIT_MESSAGES[admitted.code];
     sendDenial(req, res, ctx, deny(admitted.code, message, { retryAfterMs: admitted.retryAfterMs }), route.style);
