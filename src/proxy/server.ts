@@ -101,6 +101,8 @@ export async function startSidecar(opts: SidecarOptions): Promise<Sidecar> {
       const ctx = contexts.get(req);
       if (!ctx) return;
       if (ctx.upstreamStart !== null) ctx.upstreamMs = performance.now() - ctx.upstreamStart;
+      // The client can quote the id its access-log line carries, unless the upstream names its own.
+      if (proxyRes.headers['x-request-id'] === undefined) proxyRes.headers['x-request-id'] = ctx.reqId;
       if (ctx.route?.class !== 'model') return;
       const tap = createUsageTap({ contentType: proxyRes.headers['content-type'], contentEncoding: proxyRes.headers['content-encoding'] });
       if (!tap) return;

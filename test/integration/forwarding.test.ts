@@ -63,6 +63,8 @@ describe('forwarding', () => {
     for (const hop of ['x-hop', 'keep-alive', 'te', 'proxy-authorization']) assert.equal(rec.headers[hop], undefined, hop);
     const line = await waitForLine(h, (l) => l.path === '/v1/chat/completions' && l.status === 200);
     assert.equal(line.model, 'gpt-4o');
+    assert.equal(res.headers['x-request-id'], line.req_id, 'the response names the id of its access-log line');
+    assert.equal(rec.headers['x-request-id'], undefined, 'nothing is added to the forwarded request');
     assert.equal(line.app_name, 'tester');
   });
 
