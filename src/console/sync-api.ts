@@ -4,7 +4,7 @@
  * has already checked the sync token.
  */
 import type { IncomingMessage, ServerResponse } from 'node:http';
-import { CHANGES_PATH, SNAPSHOT_PATH, USAGE_PATH, usageEvent, type UsageEvent } from '../sync/protocol.js';
+import { CHANGES_PATH, SNAPSHOT_PATH, USAGE_PATH, parseUsageLines } from '../sync/protocol.js';
 import { ApiError, invalid } from './errors.js';
 import { readBody, sendJson, type ConsoleLogger } from './http.js';
 import type { Pricer } from './pricing.js';
@@ -59,29 +59,9 @@ async function changes(c: SyncContext): Promise<void> {
   }
 }
 
-function parseUsage(text: string): { events: UsageEvent[]; errors: { line: number; error: string }[] } {
-  const events: UsageEvent[] = [];
-  const errors: { line: number; error: string }[] = [];
-  text.split('\n').forEach((raw, i) => {
-    const line = raw.trim();
-    if (line === '') return;
-    let value: unknown;
-    try {
-      value = JSON.parse(line);
-    } catch {
-      errors.push({ line: i + 1, error: 'not valid JSON' });
-      return;
-    }
-    const r = usageEvent.safeParse(value);
-    if (r.success) events.push(r.data);
-    else errors.push({ line: i + 1, error: r.error.issues.map((x) => `${x.path.join('.') || '(line)'}: ${x.message}`).join('; ') });
-  });
-  return { events, errors };
-}
-
 async function usage(c: SyncContext): Promise<void> {
   const body = await readBody(c.req, c.maxUsageBytes);
-  const { events, errors } = parseUsage(body.toString('utf8'));
+  const { events, errors } = parseUsageLines(body.toString('utf8'));
   const result = ingestUsage({ store: c.store, pricer: c.pricer, events });
   if (errors.length > 0) c.log.warn({ invalid: errors.length, first: errors[0] }, 'usage lines rejected');
   // Valid lines are charged even when others are not: retrying cannot fix a malformed line.

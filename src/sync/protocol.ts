@@ -182,3 +182,27 @@ export function parseSnapshotLines(lines: Iterable<string>): { version: number; 
   if (version === null) throw new SnapshotError('empty snapshot: no meta record', Math.max(n, 1));
   return { version, records };
 }
+
+/**
+ * Validates a usage upload (NDJSON, one event per line). Good lines are kept and bad ones
+ * reported by 1-based line number, so one bad event does not cost the rest of the batch.
+ */
+export function parseUsageLines(text: string): { events: UsageEvent[]; errors: { line: number; error: string }[] } {
+  const events: UsageEvent[] = [];
+  const errors: { line: number; error: string }[] = [];
+  text.split('\n').forEach((raw, i) => {
+    const line = raw.trim();
+    if (line === '') return;
+    let value: unknown;
+    try {
+      value = JSON.parse(line);
+    } catch {
+      errors.push({ line: i + 1, error: 'not valid JSON' });
+      return;
+    }
+    const r = usageEvent.safeParse(value);
+    if (r.success) events.push(r.data);
+    else errors.push({ line: i + 1, error: issueText(r.error) });
+  });
+  return { events, errors };
+}
