@@ -25,7 +25,6 @@ export interface RequestContext {
   appUrl: string | null;
   upstreamStart: number | null;
   upstreamMs: number | null;
-  decidedAt: number | null;
   usage: Usage | null;
   lease: Lease | null;
 }
@@ -49,7 +48,6 @@ export function newContext(req: IncomingMessage, opts: { versionHeader: string; 
     appUrl: cleanAttribution(req.headers['x-app-url']),
     upstreamStart: null,
     upstreamMs: null,
-    decidedAt: null,
     usage: null,
     lease: null,
   };

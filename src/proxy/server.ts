@@ -146,8 +146,7 @@ export async function startSidecar(opts: SidecarOptions): Promise<Sidecar> {
       logger.warn({ routing: mode }, 'key routing mode names no upstream; using default');
     },
     onDecision(ctx, outcome) {
-      ctx.decidedAt = performance.now();
-      metrics.decision(outcome, (ctx.decidedAt - ctx.start) / 1000);
+      metrics.decision(outcome, (performance.now() - ctx.start) / 1000);
     },
   };
 
