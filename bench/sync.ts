@@ -21,7 +21,7 @@ import { consoleConfigSchema } from '../src/console/config.js';
 import { startConsole } from '../src/console/server.js';
 import { ReplicaStore } from '../src/replica/store.js';
 import { createSyncClient } from '../src/sync/client.js';
-import { replicaSyncTarget } from '../src/replica/sync-target.js';
+import { replicaWriter } from '../src/replica/writer.js';
 
 const arg = (name: string, def: number) => {
   const i = process.argv.indexOf(`--${name}`);
@@ -100,7 +100,7 @@ async function main(): Promise<void> {
     console.log(`baseline, idle loop for 3 s: ${stallText(idle)}`);
 
     const replica = new ReplicaStore({ path: join(dir, 'replica.sqlite') });
-    const client = createSyncClient({ url, token: SYNC, waitMs: 25_000, target: replicaSyncTarget(replica) });
+    const client = createSyncClient({ url, token: SYNC, waitMs: 25_000, target: replicaWriter(replica) });
     const initial = await measure(() => client.start());
     console.log(`initial snapshot: ${n} keys applied in ${initial.ms.toFixed(0)} ms; ${stallText(initial)}`);
     await client.stop();
@@ -114,7 +114,7 @@ async function main(): Promise<void> {
         reads++;
       }
     }, 1);
-    const again = createSyncClient({ url, token: SYNC, waitMs: 25_000, target: replicaSyncTarget(replica) });
+    const again = createSyncClient({ url, token: SYNC, waitMs: 25_000, target: replicaWriter(replica) });
     const resnap = await measure(() => again.start());
     clearInterval(reader);
     console.log(`re-snapshot over a full replica: ${resnap.ms.toFixed(0)} ms; ${stallText(resnap)}; ${reads} lookups served meanwhile, ${misses} misses`);

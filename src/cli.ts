@@ -3,14 +3,11 @@
  * module) console, keys, projects, wallets.
  */
 import { Command, Option } from 'commander';
-import { readFileSync } from 'node:fs';
 import { ConfigError, loadConfigFile } from './config/load.js';
 import { configSchema, type Config } from './config/schema.js';
 import { createLogger } from './obs/logger.js';
 import { startSidecar } from './proxy/server.js';
-import { ReplicaStore } from './replica/store.js';
-import { ApplyError } from './replica/apply.js';
-import { parseSnapshotLines, SnapshotError } from './sync/protocol.js';
+import { importSnapshotFile, ImportError } from './proxy/import.js';
 import { runDemo } from './demo/run.js';
 import { registerConsoleCommands } from './console/cli.js';
 
@@ -38,7 +35,7 @@ function untilSignal(stop: () => Promise<void>): void {
 }
 
 function fail(err: unknown): never {
-  if (err instanceof ConfigError || err instanceof SnapshotError || err instanceof ApplyError) {
+  if (err instanceof ConfigError || err instanceof ImportError) {
     process.stderr.write(`${err.message}\n`);
   } else {
     process.stderr.write(`keyward: ${err instanceof Error ? err.message : String(err)}\n`);
@@ -82,18 +79,12 @@ export function buildProgram(): Command {
     .argument('<file>', 'snapshot file')
     .addOption(new Option('-c, --config <file>', 'config file naming replica.path').conflicts('replica'))
     .option('--replica <path>', 'replica file (instead of --config)')
-    .action((file: string, o: { config?: string; replica?: string }) => {
+    .action(async (file: string, o: { config?: string; replica?: string }) => {
       const path = o.replica ?? (o.config ? loadConfig(o.config).replica.path : undefined);
       if (!path) throw new Error('import needs --config <file> or --replica <path>');
-      // Validate every line before touching the replica: a bad file changes nothing.
-      const snap = parseSnapshotLines(readFileSync(file, 'utf8').split('\n'));
-      const replica = new ReplicaStore({ path });
-      try {
-        const counts = replica.applySnapshot({ version: snap.version, records: snap.records, source: `import:${file}` });
-        process.stdout.write(`imported version ${snap.version}: ${counts.keys} keys, ${counts.projects} projects, ${counts.wallets} wallets\n`);
-      } finally {
-        replica.close();
-      }
+      // Every line is validated inside the one transaction: a bad file changes nothing.
+      const counts = await importSnapshotFile({ replicaPath: path, file });
+      process.stdout.write(`imported version ${counts.version}: ${counts.keys} keys, ${counts.projects} projects, ${counts.wallets} wallets\n`);
     });
 
   registerConsoleCommands(program);

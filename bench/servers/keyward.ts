@@ -16,7 +16,7 @@ import { configSchema } from '../../src/config/schema.js';
 import { createLogger, logDestination } from '../../src/obs/logger.js';
 import { startSidecar } from '../../src/proxy/server.js';
 import { ReplicaStore } from '../../src/replica/store.js';
-import type { SyncRecord } from '../../src/sync/protocol.js';
+import type { SyncRecord } from '../../src/protocol/records.js';
 import { exitWithParent, ready } from './common.js';
 
 const upstream = process.argv[2] ?? 'http://127.0.0.1:4000';

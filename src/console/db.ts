@@ -6,7 +6,7 @@
 import Database from 'better-sqlite3';
 import { mkdirSync } from 'node:fs';
 import { dirname } from 'node:path';
-import type { KeyRecord, ProjectRecord, WalletRecord } from '../sync/protocol.js';
+import type { KeyRecord, ProjectRecord, WalletRecord } from '../protocol/records.js';
 
 const DDL = `
 CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value BLOB NOT NULL);

@@ -4,7 +4,7 @@
  * state. Long polls wait on an in-process signal raised after each commit: no polling loop.
  */
 import type { DB } from './db.js';
-import type { SyncRecord } from '../sync/protocol.js';
+import type { SyncRecord } from '../protocol/records.js';
 
 export type FeedAnswer =
   | { kind: 'changes'; version: number; body: string }

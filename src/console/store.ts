@@ -7,7 +7,7 @@
 import { randomBytes } from 'node:crypto';
 import { generateKey } from '../auth/keyformat.js';
 import type { KeyHasher } from '../auth/hash.js';
-import type { SyncRecord } from '../sync/protocol.js';
+import type { SyncRecord } from '../protocol/records.js';
 import { MasterKeyError, open, seal } from './crypto.js';
 import {
   KEY_COLUMNS, keyRecordOf, keyViewOf, money, projectRecordOf, projectViewOf, walletRecordOf, walletViewOf,

@@ -4,7 +4,8 @@
  * has already checked the sync token.
  */
 import type { IncomingMessage, ServerResponse } from 'node:http';
-import { CHANGES_PATH, SNAPSHOT_PATH, USAGE_PATH, parseUsageLines } from '../sync/protocol.js';
+import { CHANGES_PATH, SNAPSHOT_PATH, USAGE_PATH } from '../protocol/records.js';
+import { parseUsageLines } from '../protocol/usage.js';
 import { ApiError, invalid } from './errors.js';
 import { readBody, sendJson, type ConsoleLogger } from './http.js';
 import type { Pricer } from './pricing.js';

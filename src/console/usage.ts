@@ -7,7 +7,8 @@
  * mistaken for repeats.
  */
 import { createHash } from 'node:crypto';
-import type { SyncRecord, UsageEvent } from '../sync/protocol.js';
+import type { SyncRecord } from '../protocol/records.js';
+import type { UsageEvent } from '../protocol/usage.js';
 import { keyRecordOf, money, projectRecordOf, walletRecordOf, type KeyRow, type ProjectRow } from './db.js';
 import type { Pricer } from './pricing.js';
 import type { ConsoleStore } from './store.js';

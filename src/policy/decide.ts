@@ -5,22 +5,11 @@
  */
 import { deny, type Denial } from '../errors.js';
 import type { RouteClass } from '../routes.js';
+import type { FactsKey, FactsProject } from './facts.js';
 
-export interface PolicyKey {
-  id: string;
-  kind: 'personal' | 'team';
-  status: 'active' | 'deleted';
-  budget: number | null;
-  spent: number;
-  models: string[] | null;
-}
-
-export interface PolicyProject {
-  status: 'enabled' | 'disabled';
-  budget: number | null;
-  spent: number;
-}
-
+/** The parts of the facts each decision reads (tests build just these). */
+export type PolicyKey = Pick<FactsKey, 'id' | 'kind' | 'status' | 'budget' | 'spent' | 'models'>;
+export type PolicyProject = Pick<FactsProject, 'status' | 'budget' | 'spent'>;
 export interface PolicyFacts {
   key: PolicyKey;
   project: PolicyProject | null;

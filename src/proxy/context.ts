@@ -7,7 +7,7 @@ import { randomUUID } from 'node:crypto';
 import { cleanAttribution, saneRequestId, type AccessLine } from '../obs/logger.js';
 import type { Lease } from '../limits/limiter.js';
 import type { Route } from '../routes.js';
-import type { KeyFacts } from '../replica/store.js';
+import type { KeyFacts } from '../policy/facts.js';
 import type { Usage } from './usage.js';
 
 export interface RequestContext {

@@ -11,7 +11,7 @@ import type { KeyHasher } from '../auth/hash.js';
 import { deny, renderError, type Denial, type ErrorStyle } from '../errors.js';
 import { hasAnyLimit, type Limiter } from '../limits/limiter.js';
 import { checkKey, checkModel, checkStanding } from '../policy/decide.js';
-import type { KeyFacts } from '../replica/store.js';
+import type { KeyFacts } from '../policy/facts.js';
 import { classify, type Route, type RouteRule } from '../routes.js';
 import { hasBody, readModelBody, type BodySource } from './body.js';
 import type { RequestContext } from './context.js';

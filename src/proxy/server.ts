@@ -14,10 +14,10 @@ import { startAdmin, type AdminServer } from '../obs/admin.js';
 import { accessWriter, type Logger } from '../obs/logger.js';
 import { createMetrics, type Metrics } from '../obs/metrics.js';
 import { ReplicaStore } from '../replica/store.js';
-import { replicaSyncTarget } from '../replica/sync-target.js';
+import { replicaWriter } from '../replica/writer.js';
 import { createSyncClient, createUsagePusher, type SyncClient, type UsagePusher } from '../sync/client.js';
 import { buildRules } from '../routes.js';
-import type { UsageEvent } from '../sync/protocol.js';
+import type { UsageEvent } from '../protocol/usage.js';
 import { accessLine, newContext, type RequestContext } from './context.js';
 import { createForwarder, type Forwarder } from './forward.js';
 import { handleRequest, sendDenial, type PipelineDeps } from './pipeline.js';
@@ -74,7 +74,7 @@ export async function startSidecar(opts: SidecarOptions): Promise<Sidecar> {
     });
   const consoleCfg = config.console;
   const sync = consoleCfg
-    ? createSyncClient({ url: consoleCfg.url, token: consoleCfg.token, waitMs: consoleCfg.waitMs, target: replicaSyncTarget(replica), log: logger })
+    ? createSyncClient({ url: consoleCfg.url, token: consoleCfg.token, waitMs: consoleCfg.waitMs, target: replicaWriter(replica), log: logger })
     : null;
   const usagePusher = consoleCfg && !opts.usageSink
     ? createUsagePusher({ url: consoleCfg.url, token: consoleCfg.token, maxBuffer: USAGE_BUFFER, batchSize: 500, flushMs: 1000, log: logger })

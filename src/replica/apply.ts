@@ -4,7 +4,7 @@
  * `keyward import`, by the sync client, and by the snapshot worker (off the event loop).
  */
 import type Database from 'better-sqlite3';
-import type { Change, ChangeBatch, KeyRecord, ProjectRecord, SyncRecord, WalletRecord } from '../sync/protocol.js';
+import type { Change, ChangeBatch, KeyRecord, ProjectRecord, SyncRecord, WalletRecord } from '../protocol/records.js';
 
 export class ApplyError extends Error {
   constructor(

@@ -6,18 +6,11 @@
  * old replica stays. In-memory replicas (tests, demos) are applied on this thread.
  */
 import { MessageChannel, Worker, type MessagePort } from 'node:worker_threads';
-import { parseSnapshotLines } from '../sync/protocol.js';
+import { InvalidBatchError, type SnapshotApplied } from '../protocol/writer.js';
+import { collectSnapshot, LineSplitter, readSnapshot, type NumberedLine } from '../protocol/ndjson.js';
 import type { ReplicaStore } from './store.js';
 import type { ChangesResult, ChunkMessage, WorkerMessage } from './worker.js';
 
-export interface SnapshotApplied {
-  version: number;
-  keys: number;
-  projects: number;
-  wallets: number;
-  /** time from the first byte handed over to the commit */
-  totalMs: number;
-}
 
 async function* prepend(head: Uint8Array[], body: AsyncIterable<Uint8Array>): AsyncGenerator<Uint8Array> {
   yield* head;
@@ -79,17 +72,11 @@ function spawn(opts: { kind: 'keyward-snapshot' | 'keyward-changes'; data: Recor
   return new Worker(BOOT, { eval: true, workerData: { ...opts.data, entry: WORKER_ENTRY, tsx: TSX_API, kind: opts.kind }, transferList: opts.transfer ?? [] });
 }
 
-export class ChangeBatchError extends Error {
-  constructor(message: string) {
-    super(message);
-    this.name = 'ChangeBatchError';
-  }
-}
 
 /**
  * Parses, validates and applies one change batch (the /changes answer's text) on a worker
  * thread, atomically; for batches too large to apply on the event loop within its budget.
- * Resolves with whether the batch was newer than the replica; throws ChangeBatchError for
+ * Resolves with whether the batch was newer than the replica; throws InvalidBatchError for
  * a batch that does not validate or apply (retrying it cannot help).
  */
 export async function applyChangeTextOffThread(opts: { replica: ReplicaStore; text: string; source: string }): Promise<{ version: number; changes: number; applied: boolean }> {
@@ -100,20 +87,20 @@ export async function applyChangeTextOffThread(opts: { replica: ReplicaStore; te
     worker.once('error', (err) => resolve({ t: 'error', message: `change worker failed: ${err.message}` }));
     worker.once('exit', () => resolve({ t: 'error', message: 'change worker exited without an answer' }));
   });
-  if (result.t === 'invalid') throw new ChangeBatchError(result.message);
+  if (result.t === 'invalid') throw new InvalidBatchError(result.message);
   if (result.t === 'error') throw new Error(result.message);
   if (result.applied) opts.replica.checkExternalWrites();
   return { version: result.version, changes: result.changes, applied: result.applied };
 }
 
 async function applyInThread(opts: ApplySnapshotStreamOptions, started: number, head: Uint8Array[]): Promise<SnapshotApplied> {
-  const decoder = new TextDecoder('utf-8', { fatal: true });
-  let text = '';
-  for (const chunk of head) text += decoder.decode(chunk, { stream: true });
-  for await (const chunk of opts.body) text += decoder.decode(chunk, { stream: true });
+  const splitter = new LineSplitter(opts.maxLineBytes ?? 1 << 20);
+  const lines: NumberedLine[] = [];
+  for (const chunk of head) lines.push(...splitter.push(chunk));
+  for await (const chunk of opts.body) lines.push(...splitter.push(chunk));
   try {
-    text += decoder.decode();
-    const { version, records } = parseSnapshotLines(text.split('\n'));
+    lines.push(...splitter.end());
+    const { version, records } = collectSnapshot(readSnapshot(lines));
     const counts = opts.replica.applySnapshot({ version, records, source: opts.source });
     return { version, ...counts, totalMs: Math.round(performance.now() - started) };
   } catch (err) {

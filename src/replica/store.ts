@@ -8,37 +8,9 @@ import { mkdirSync } from 'node:fs';
 import { dirname } from 'node:path';
 import { applyChanges, applySnapshot, type SnapshotSource } from './apply.js';
 import { prepareDatabase } from './schema.js';
-import type { ChangeBatch } from '../sync/protocol.js';
+import type { ChangeBatch } from '../protocol/records.js';
+import type { KeyFacts } from '../policy/facts.js';
 
-export interface ReplicaKey {
-  id: string;
-  kind: 'personal' | 'team';
-  userId: string | null;
-  projectId: string | null;
-  status: 'active' | 'deleted';
-  budget: number | null;
-  spent: number;
-  models: string[] | null;
-  routing: string | null;
-  rpm: number | null;
-  tpm: number | null;
-  concurrency: number | null;
-}
-
-export interface ReplicaProject {
-  id: string;
-  status: 'enabled' | 'disabled';
-  budget: number | null;
-  spent: number;
-}
-
-/** Everything the policy needs about one key, read in one query. */
-export interface KeyFacts {
-  key: ReplicaKey;
-  project: ReplicaProject | null;
-  /** null when the console sent no wallet for the key's user */
-  walletBalance: number | null;
-}
 
 export interface ReplicaStatus {
   ready: boolean;

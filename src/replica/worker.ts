@@ -18,7 +18,8 @@
 import { isMainThread, parentPort, receiveMessageOnPort, workerData, type MessagePort } from 'node:worker_threads';
 import { applyChanges, applySnapshot } from './apply.js';
 import { openDatabase } from './store.js';
-import { parseChangeBatch, parseMeta, parseRecord, SnapshotError, type SyncRecord } from '../sync/protocol.js';
+import { LineSplitter, readSnapshot, SnapshotError, type NumberedLine, type SnapshotItem } from '../protocol/ndjson.js';
+import { parseChangeBatch, type SyncRecord } from '../protocol/records.js';
 
 export interface WorkerInput {
   dbPath: string;
@@ -68,45 +69,20 @@ function receiver(input: WorkerInput): () => ChunkMessage {
   };
 }
 
-/** Numbered lines from the chunk stream, decoded as UTF-8 across chunk boundaries. */
-function* lines(input: WorkerInput, next: () => ChunkMessage): Generator<{ text: string; line: number }> {
-  const decoder = new TextDecoder('utf-8', { fatal: true });
-  let rest = '';
-  let n = 0;
+/** Numbered lines from the chunk stream, pulled as the snapshot reader asks for them. */
+function* lines(input: WorkerInput, next: () => ChunkMessage): Generator<NumberedLine> {
+  const splitter = new LineSplitter(input.maxLineBytes);
   for (;;) {
     const msg = next();
     if (msg.t === 'abort') throw new Aborted(msg.reason);
-    const text = msg.t === 'end' ? rest + decoder.decode() : rest + decoder.decode(msg.data, { stream: true });
-    if (msg.t === 'chunk') parentPort!.postMessage({ t: 'credit' } satisfies WorkerMessage);
-    let start = 0;
-    for (let nl = text.indexOf('\n'); nl !== -1; nl = text.indexOf('\n', start)) {
-      yield { text: text.slice(start, nl), line: ++n };
-      start = nl + 1;
-    }
-    rest = text.slice(start);
-    if (rest.length > input.maxLineBytes) throw new SnapshotError(`line longer than ${input.maxLineBytes} bytes`, n + 1);
-    if (msg.t === 'end') {
-      if (rest.trim() !== '') yield { text: rest, line: ++n };
-      return;
-    }
+    if (msg.t === 'end') return yield* splitter.end();
+    parentPort!.postMessage({ t: 'credit' } satisfies WorkerMessage);
+    yield* splitter.push(msg.data);
   }
 }
 
-function decode(text: string, line: number): unknown {
-  try {
-    return JSON.parse(text);
-  } catch {
-    throw new SnapshotError('not valid JSON', line);
-  }
-}
-
-function* records(source: Generator<{ text: string; line: number }>): Generator<{ line: number; record: SyncRecord }> {
-  for (const { text, line } of source) {
-    if (text.trim() === '') continue;
-    const r = parseRecord(decode(text, line));
-    if (!r.ok) throw new SnapshotError(r.error, line);
-    yield { line, record: r.value };
-  }
+function* records(items: Generator<SnapshotItem>): Generator<{ line: number; record: SyncRecord }> {
+  for (const item of items) if (item.type === 'record') yield item;
 }
 
 /**
@@ -132,18 +108,12 @@ function run(input: WorkerInput): WorkerMessage {
   const db = openDatabase(input.dbPath);
   db.pragma(`cache_size = -${Math.max(2, Math.round(input.cacheMb)) * 1024}`);
   try {
-    const source = lines(input, receiver(input));
-    let version: number | null = null;
-    while (version === null) {
-      const { value, done } = source.next();
-      if (done) throw new SnapshotError('empty snapshot: no meta record', 1);
-      if (value.text.trim() === '') continue;
-      const meta = parseMeta(decode(value.text, value.line));
-      if (!meta.ok) throw new SnapshotError(`expected the meta record first: ${meta.error}`, value.line);
-      version = meta.value.version;
-    }
+    const items = readSnapshot(lines(input, receiver(input)));
+    const first = items.next();
+    // readSnapshot yields the meta record first or throws
+    const version = (first.value as Extract<SnapshotItem, { type: 'meta' }>).version;
     const started = performance.now();
-    const counts = applySnapshot(db, { version, records: records(source), source: input.source });
+    const counts = applySnapshot(db, { version, records: records(items), source: input.source });
     const applyMs = Math.round(performance.now() - started);
     parentPort!.postMessage({ t: 'done', version, ...counts, applyMs } satisfies WorkerMessage);
     foldWal(db);

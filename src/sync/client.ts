@@ -5,23 +5,13 @@
  * jitter and tries again, and the replica keeps serving its last good state meanwhile.
  */
 import { backoffDelay, sleep, type BackoffOptions } from './backoff.js';
-import { CHANGES_PATH, SNAPSHOT_PATH } from './protocol.js';
+import { CHANGES_PATH, SNAPSHOT_PATH } from '../protocol/records.js';
+import { InvalidBatchError, type ChangesApplied, type ReplicaWriter } from '../protocol/writer.js';
 import { quiet, type SyncLogger } from './log.js';
 
 export { createUsagePusher, type UsagePusher, type UsagePusherOptions, type UsageStats } from './usage-pusher.js';
 export type { SyncLogger } from './log.js';
 
-
-/**
- * What the client writes to. Applying is the replica's business (threads, transactions);
- * an error with `invalidBatch: true` means the batch can never be applied as sent, so
- * the client takes a snapshot instead of retrying it.
- */
-export interface SyncTarget {
-  version(): number | null;
-  applySnapshot(opts: { body: AsyncIterable<Uint8Array>; signal?: AbortSignal; source: string }): Promise<{ version: number; keys: number; projects: number; wallets: number; totalMs: number }>;
-  applyChangeText(text: string, source: string): Promise<{ version: number; changes: number; applied: boolean; offThread: boolean }>;
-}
 
 export interface SyncClientOptions {
   /** console base URL, e.g. http://127.0.0.1:7000 */
@@ -30,7 +20,7 @@ export interface SyncClientOptions {
   /** long-poll wait the console is asked for (0..60000) */
   waitMs: number;
   /** where snapshots and batches go; the composition root hands in the replica's sync target */
-  target: SyncTarget;
+  target: ReplicaWriter;
   log?: SyncLogger;
   now?: () => number;
   fetch?: typeof fetch;
@@ -69,7 +59,6 @@ class HttpError extends Error {
 
 
 /** The console sent a batch this replica cannot apply; retrying it would fail again, so a snapshot follows. */
-class BatchError extends Error {}
 
 /** A readable reason for a fetch failure: fetch's own message is only "fetch failed". */
 function reason(err: unknown): string {
@@ -141,12 +130,7 @@ export function createSyncClient(opts: SyncClientOptions): SyncClient {
     }
     const text = await res.text();
     const t = performance.now();
-    let r: Awaited<ReturnType<SyncTarget['applyChangeText']>>;
-    try {
-      r = await opts.target.applyChangeText(text, 'console');
-    } catch (err) {
-      throw (err as { invalidBatch?: boolean }).invalidBatch ? new BatchError((err as Error).message) : err;
-    }
+    const r: ChangesApplied = await opts.target.applyChangeText(text, 'console');
     if (r.applied || r.changes > 0) {
       log.debug({ version: r.version, changes: r.changes, ms: Math.round(performance.now() - t), offThread: r.offThread }, 'changes applied');
     } else if (r.version === after && opts.waitMs > 0 && now() - started < opts.waitMs / 10) {
@@ -180,7 +164,7 @@ export function createSyncClient(opts: SyncClientOptions): SyncClient {
         // The first failure is worth a warning; a console that stays away is reported less loudly.
         const level = st.failures === 1 || st.failures % 20 === 0 ? 'warn' : 'debug';
         log[level]({ err: st.lastError, failures: st.failures, retryInMs: delay, version: opts.target.version() }, 'console sync failed; serving from the replica');
-        if (err instanceof BatchError) needSnapshot = true;
+        if (err instanceof InvalidBatchError) needSnapshot = true;
         await sleep(delay, stopper.signal);
       }
     }

@@ -7,7 +7,8 @@
  * refuses a batch outright (4xx), which no retry would fix.
  */
 import { backoffDelay, type BackoffOptions } from './backoff.js';
-import { USAGE_PATH, type UsageEvent } from './protocol.js';
+import { USAGE_PATH } from '../protocol/records.js';
+import type { UsageEvent } from '../protocol/usage.js';
 import type { SyncLogger } from './log.js';
 
 export interface UsagePusherOptions {

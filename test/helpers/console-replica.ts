@@ -6,7 +6,7 @@ import { createHash } from 'node:crypto';
 import { createServer, type Server } from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { ReplicaStore } from '../../src/replica/store.js';
-import type { KeyFacts } from '../../src/replica/store.js';
+import type { KeyFacts } from '../../src/policy/facts.js';
 
 export const sha256 = (s: string) => createHash('sha256').update(s, 'utf8').digest('hex');
 

@@ -14,7 +14,8 @@ import type { Limiter } from '../../src/limits/limiter.js';
 import { createLogger } from '../../src/obs/logger.js';
 import { startSidecar, type Sidecar } from '../../src/proxy/server.js';
 import { ReplicaStore } from '../../src/replica/store.js';
-import type { KeyRecord, SyncRecord, UsageEvent } from '../../src/sync/protocol.js';
+import type { KeyRecord, SyncRecord } from '../../src/protocol/records.js';
+import type { UsageEvent } from '../../src/protocol/usage.js';
 
 export type KeySpec = Partial<Omit<KeyRecord, 'type' | 'hash'>> & { secret?: string };
 

@@ -6,7 +6,7 @@ import { makeKeyHasher } from '../../src/auth/hash.js';
 import { isWellFormedKey } from '../../src/auth/keyformat.js';
 import { startConsole } from '../../src/console/server.js';
 import { MasterKeyError } from '../../src/console/crypto.js';
-import { parseSnapshotLines } from '../../src/sync/protocol.js';
+import { parseSnapshotText } from '../../src/protocol/ndjson.js';
 import { startConsoleFixture, syncGet, type ConsoleFixture } from '../helpers/console-fixture.js';
 
 let fx: ConsoleFixture;
@@ -36,7 +36,7 @@ test('create → hash as the sidecar computes it, reveal returns the same key, n
 
   const snap = await syncGet(fx, '/sync/v1/snapshot');
   assert.equal(snap.status, 200);
-  const parsed = parseSnapshotLines(snap.text.split('\n'));
+  const parsed = parseSnapshotText(snap.text);
   const rec = parsed.records.map((r) => r.record).find((r) => r.type === 'key' && r.id === created.body.key.id);
   assert.ok(rec && rec.type === 'key');
   assert.equal(rec.hash, makeKeyHasher({ hash: 'sha256' })(secret));

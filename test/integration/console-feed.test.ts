@@ -1,6 +1,7 @@
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
-import { parseChangeBatch, parseSnapshotLines } from '../../src/sync/protocol.js';
+import { parseChangeBatch } from '../../src/protocol/records.js';
+import { parseSnapshotText } from '../../src/protocol/ndjson.js';
 import { startConsoleFixture, syncGet, type ConsoleFixture } from '../helpers/console-fixture.js';
 
 let fx: ConsoleFixture;
@@ -13,7 +14,7 @@ after(async () => {
 
 async function version(): Promise<number> {
   const snap = await syncGet(fx, '/sync/v1/snapshot');
-  return parseSnapshotLines(snap.text.split('\n')).version;
+  return parseSnapshotText(snap.text).version;
 }
 
 test('a long poll answers as soon as a change is committed, well before waitMs', async (t) => {

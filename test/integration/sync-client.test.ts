@@ -5,7 +5,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { ReplicaStore } from '../../src/replica/store.js';
 import { createSyncClient, type SyncClient } from '../../src/sync/client.js';
-import { replicaSyncTarget } from '../../src/replica/sync-target.js';
+import { replicaWriter } from '../../src/replica/writer.js';
 import { startConsole } from '../../src/console/server.js';
 import { startConsoleFixture, type ConsoleFixture } from '../helpers/console-fixture.js';
 import { lookupSecret, until, whenReplica } from '../helpers/console-replica.js';
@@ -28,7 +28,7 @@ after(async () => {
 
 function sidecar(name: string, extra: { fetch?: typeof fetch } = {}) {
   const replica = new ReplicaStore({ path: join(dir, `${name}.sqlite`) });
-  const client = createSyncClient({ url: fx.url, token: fx.tokens.sync, waitMs: 1000, target: replicaSyncTarget(replica), backoff: { baseMs: 20, maxMs: 200 }, ...extra });
+  const client = createSyncClient({ url: fx.url, token: fx.tokens.sync, waitMs: 1000, target: replicaWriter(replica), backoff: { baseMs: 20, maxMs: 200 }, ...extra });
   replicas.push(replica);
   clients.push(client);
   return { replica, client };
@@ -127,7 +127,7 @@ test('a bad snapshot is rejected whole and the old replica stays', async () => {
   await client.stop();
 
   corrupt = true;
-  const again = createSyncClient({ url: fx.url, token: fx.tokens.sync, waitMs: 1000, target: replicaSyncTarget(replica), fetch: tamper, backoff: { baseMs: 20, maxMs: 50 } });
+  const again = createSyncClient({ url: fx.url, token: fx.tokens.sync, waitMs: 1000, target: replicaWriter(replica), fetch: tamper, backoff: { baseMs: 20, maxMs: 50 } });
   clients.push(again);
   void again.start();
   assert.ok(await until(() => again.status().failures > 0));
@@ -143,7 +143,7 @@ test('a wrong sync token is reported without the token and retried', async () =>
   const replica = new ReplicaStore({ path: join(dir, 'token.sqlite') });
   replicas.push(replica);
   const badToken = 'wrong-token-0123456789abcdef';
-  const client = createSyncClient({ url: fx.url, token: badToken, waitMs: 1000, target: replicaSyncTarget(replica), backoff: { baseMs: 20, maxMs: 50 } });
+  const client = createSyncClient({ url: fx.url, token: badToken, waitMs: 1000, target: replicaWriter(replica), backoff: { baseMs: 20, maxMs: 50 } });
   clients.push(client);
   void client.start();
   assert.ok(await until(() => client.status().failures >= 2));
@@ -203,7 +203,7 @@ test('a sidecar that fell behind by hundreds of changes catches up through a wor
     const gate: typeof fetch = (input, init) => (blocked ? Promise.reject(new Error('network down')) : fetch(input, init));
     const replica = new ReplicaStore({ path: join(dir, 'behind.sqlite') });
     replicas.push(replica);
-    const client = createSyncClient({ url: big.url, token: big.tokens.sync, waitMs: 200, target: replicaSyncTarget(replica), fetch: gate, backoff: { baseMs: 20, maxMs: 100 } });
+    const client = createSyncClient({ url: big.url, token: big.tokens.sync, waitMs: 200, target: replicaWriter(replica), fetch: gate, backoff: { baseMs: 20, maxMs: 100 } });
     clients.push(client);
     await client.start();
     blocked = true;

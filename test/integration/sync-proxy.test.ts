@@ -15,7 +15,7 @@ import { createLogger } from '../../src/obs/logger.js';
 import { startSidecar, type Sidecar } from '../../src/proxy/server.js';
 import { ReplicaStore } from '../../src/replica/store.js';
 import { createSyncClient, createUsagePusher, type SyncClient, type UsagePusher } from '../../src/sync/client.js';
-import { replicaSyncTarget } from '../../src/replica/sync-target.js';
+import { replicaWriter } from '../../src/replica/writer.js';
 import { startConsoleFixture, type ConsoleFixture } from '../helpers/console-fixture.js';
 import { lookupSecret, until, whenReplica } from '../helpers/console-replica.js';
 import { startFakeUpstream, type FakeUpstream } from '../helpers/upstream.js';
@@ -47,7 +47,7 @@ before(async () => {
     const pusher = createUsagePusher({ url: fx.url, token: fx.tokens.sync, maxBuffer: 10_000, batchSize: 100, flushMs: 20, backoff: { baseMs: 20, maxMs: 200 } });
     const logger = createLogger({ level: 'warn', destination: new Writable({ write: (_c, _e, cb) => cb() }) });
     const sidecar = await startSidecar({ config, logger, replica, usageSink: (e) => pusher.push(e) });
-    const client = createSyncClient({ url: fx.url, token: fx.tokens.sync, waitMs: 2000, target: replicaSyncTarget(replica), backoff: { baseMs: 20, maxMs: 200 } });
+    const client = createSyncClient({ url: fx.url, token: fx.tokens.sync, waitMs: 2000, target: replicaWriter(replica), backoff: { baseMs: 20, maxMs: 200 } });
     nodes.push({ sidecar, replica, client, pusher });
   }
   await Promise.all(nodes.map((n) => n.client.start()));

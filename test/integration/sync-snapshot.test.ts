@@ -4,9 +4,10 @@ import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { ReplicaStore } from '../../src/replica/store.js';
-import { applyChangeTextOffThread, applySnapshotStream, ChangeBatchError, SnapshotApplyError } from '../../src/replica/snapshot-apply.js';
+import { applyChangeTextOffThread, applySnapshotStream, SnapshotApplyError } from '../../src/replica/snapshot-apply.js';
+import { InvalidBatchError } from '../../src/protocol/writer.js';
 import { createSyncClient } from '../../src/sync/client.js';
-import { replicaSyncTarget } from '../../src/replica/sync-target.js';
+import { replicaWriter } from '../../src/replica/writer.js';
 import { buildSnapshot, measureStall, serveSnapshot, sha256 } from '../helpers/console-replica.js';
 
 const KEYS = 20_000;
@@ -40,7 +41,7 @@ async function* stream(chunks: Buffer[], opts: { failAt?: number } = {}): AsyncG
 async function syncBig(name: string) {
   const replica = seeded(name);
   const console = await serveSnapshot({ chunks: big, version: 2 });
-  const client = createSyncClient({ url: console.url, token: 'sync-token-0123456789', waitMs: 1000, target: replicaSyncTarget(replica) });
+  const client = createSyncClient({ url: console.url, token: 'sync-token-0123456789', waitMs: 1000, target: replicaWriter(replica) });
   // Reads during the apply must see the old replica, whole, until the commit swaps it.
   const seen = { reads: 0, mixed: 0, oldAfterSwap: 0 };
   const reader = setInterval(() => {
@@ -139,7 +140,7 @@ test('a large change batch is parsed, validated and applied on a worker, atomica
   assert.equal(replica.lookup(sha256('change-4999'))?.key.id, 'k_c4999');
 
   const bad = { version: 6, changes: [...batch.changes.slice(1, 100).map((c) => ({ ...c, rpm: 7 })), change(1, { kind: 'robot' })] };
-  await assert.rejects(applyChangeTextOffThread({ replica, text: JSON.stringify(bad), source: 'test' }), ChangeBatchError);
+  await assert.rejects(applyChangeTextOffThread({ replica, text: JSON.stringify(bad), source: 'test' }), InvalidBatchError);
   assert.equal(replica.status().version, 5);
   assert.equal(replica.lookup(sha256('change-1'))?.key.rpm, 5, 'nothing of a rejected batch applied');
   replica.close();

@@ -1,7 +1,7 @@
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { createUsagePusher } from '../../src/sync/client.js';
-import type { UsageEvent } from '../../src/sync/protocol.js';
+import type { UsageEvent } from '../../src/protocol/usage.js';
 import { startConsoleFixture, type ConsoleFixture } from '../helpers/console-fixture.js';
 import { until } from '../helpers/console-replica.js';
 

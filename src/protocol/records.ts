@@ -1,6 +1,7 @@
 /**
- * Console sync protocol v1 (DESIGN section 7): record shapes and their validators.
- * Pure: no I/O. Shared by the sidecar (import, sync client, replica) and the reference console.
+ * Console sync protocol v1 (DESIGN section 7): record shapes, change batches and their
+ * validators. Pure: no I/O. Shared by the sidecar (import, sync client, replica) and the
+ * reference console.
  */
 import { z } from 'zod';
 
@@ -70,28 +71,7 @@ export interface ChangeBatch {
   changes: Change[];
 }
 
-export interface UsageEvent {
-  request_id: string;
-  key_id: string;
-  model: string | null;
-  input_tokens: number;
-  output_tokens: number;
-  status: number;
-  /** ISO-8601 time the request completed */
-  at: string;
-}
-
-export const usageEvent = z.strictObject({
-  request_id: z.string().min(1).max(256),
-  key_id: id,
-  model: z.string().max(256).nullable(),
-  input_tokens: z.number().int().nonnegative(),
-  output_tokens: z.number().int().nonnegative(),
-  status: z.number().int(),
-  at: z.string().min(1),
-});
-
-function issueText(error: z.ZodError): string {
+export function issueText(error: z.ZodError): string {
   return error.issues.map((i) => (i.path.length ? `${i.path.join('.')}: ${i.message}` : i.message)).join('; ');
 }
 
@@ -140,69 +120,3 @@ export const SNAPSHOT_PATH = '/sync/v1/snapshot';
 export const CHANGES_PATH = '/sync/v1/changes';
 export const USAGE_PATH = '/sync/v1/usage';
 
-export class SnapshotError extends Error {
-  constructor(
-    message: string,
-    readonly line: number,
-  ) {
-    super(`line ${line}: ${message}`);
-    this.name = 'SnapshotError';
-  }
-}
-
-/**
- * Validates a snapshot's NDJSON lines: the first non-empty line is the meta record, each
- * following line one record. Throws SnapshotError naming the first bad line, so a caller
- * that validates everything before writing rejects a bad file whole.
- */
-export function parseSnapshotLines(lines: Iterable<string>): { version: number; records: { line: number; record: SyncRecord }[] } {
-  let version: number | null = null;
-  const records: { line: number; record: SyncRecord }[] = [];
-  let n = 0;
-  for (const raw of lines) {
-    n++;
-    const text = raw.trim();
-    if (text === '') continue;
-    let value: unknown;
-    try {
-      value = JSON.parse(text);
-    } catch {
-      throw new SnapshotError('not valid JSON', n);
-    }
-    if (version === null) {
-      const meta = parseMeta(value);
-      if (!meta.ok) throw new SnapshotError(`expected the meta record first: ${meta.error}`, n);
-      version = meta.value.version;
-      continue;
-    }
-    const rec = parseRecord(value);
-    if (!rec.ok) throw new SnapshotError(rec.error, n);
-    records.push({ line: n, record: rec.value });
-  }
-  if (version === null) throw new SnapshotError('empty snapshot: no meta record', Math.max(n, 1));
-  return { version, records };
-}
-
-/**
- * Validates a usage upload (NDJSON, one event per line). Good lines are kept and bad ones
- * reported by 1-based line number, so one bad event does not cost the rest of the batch.
- */
-export function parseUsageLines(text: string): { events: UsageEvent[]; errors: { line: number; error: string }[] } {
-  const events: UsageEvent[] = [];
-  const errors: { line: number; error: string }[] = [];
-  text.split('\n').forEach((raw, i) => {
-    const line = raw.trim();
-    if (line === '') return;
-    let value: unknown;
-    try {
-      value = JSON.parse(line);
-    } catch {
-      errors.push({ line: i + 1, error: 'not valid JSON' });
-      return;
-    }
-    const r = usageEvent.safeParse(value);
-    if (r.success) events.push(r.data);
-    else errors.push({ line: i + 1, error: issueText(r.error) });
-  });
-  return { events, errors };
-}

@@ -1,0 +1,43 @@
+/**
+ * What the sync client (and `keyward import`) writes to: the replica, seen only through
+ * this interface, so sync and replica share the protocol and never import each other.
+ * Applying is the replica's business (threads, transactions); the client only reads the
+ * console and hands the bytes over.
+ */
+
+export interface SnapshotApplied {
+  version: number;
+  keys: number;
+  projects: number;
+  wallets: number;
+  /** time from the first byte handed over to the commit */
+  totalMs: number;
+}
+
+export interface ChangesApplied {
+  version: number;
+  changes: number;
+  /** false when the batch was not newer than the replica */
+  applied: boolean;
+  offThread: boolean;
+}
+
+export interface ReplicaWriter {
+  /** the replica's version, null before the first snapshot or import */
+  version(): number | null;
+  /** applies a whole snapshot atomically; a bad one is rejected whole and the old data stays */
+  applySnapshot(opts: { body: AsyncIterable<Uint8Array>; signal?: AbortSignal; source: string }): Promise<SnapshotApplied>;
+  /** applies one `/changes` answer, given as received; throws InvalidBatchError when it can never apply */
+  applyChangeText(text: string, source: string): Promise<ChangesApplied>;
+}
+
+/**
+ * A change batch that can never be applied as sent (bad JSON, a bad record, a broken
+ * constraint): retrying it cannot help, so the client takes a snapshot instead.
+ */
+export class InvalidBatchError extends Error {
+  constructor(message: string) {
+    super(message);
+    this.name = 'InvalidBatchError';
+  }
+}

@@ -1,0 +1,40 @@
+/**
+ * The replica as a ReplicaWriter (the protocol's interface): what the sync client and
+ * `keyward import` write through. This side knows threads and transactions: large
+ * snapshots and large change batches are applied off the event loop (snapshot-apply.ts),
+ * small ones here.
+ */
+import { parseChangeBatch } from '../protocol/records.js';
+import { InvalidBatchError, type ReplicaWriter } from '../protocol/writer.js';
+import { applyChangeTextOffThread, applySnapshotStream } from './snapshot-apply.js';
+import type { ReplicaStore } from './store.js';
+
+/** A change batch larger than this is parsed and applied on a worker thread. */
+const OFF_THREAD_CHARS = 96 * 1024;
+
+export function replicaWriter(replica: ReplicaStore): ReplicaWriter {
+  return {
+    version: () => replica.status().version,
+    applySnapshot: ({ body, signal, source }) => applySnapshotStream({ replica, body, source, transferChunks: true, ...(signal ? { signal } : {}) }),
+    async applyChangeText(text, source) {
+      if (text.length > OFF_THREAD_CHARS && !replica.db.memory) {
+        return { ...(await applyChangeTextOffThread({ replica, text, source })), offThread: true };
+      }
+      let value: unknown;
+      try {
+        value = JSON.parse(text);
+      } catch {
+        throw new InvalidBatchError('the change batch is not JSON');
+      }
+      const parsed = parseChangeBatch(value);
+      if (!parsed.ok) throw new InvalidBatchError(`invalid change batch: ${parsed.error}`);
+      const batch = parsed.value;
+      try {
+        const applied = replica.applyChanges(batch, source);
+        return { version: batch.version, changes: batch.changes.length, applied, offThread: false };
+      } catch (err) {
+        throw new InvalidBatchError(`change batch ${batch.version} not applied: ${(err as Error).message}`);
+      }
+    },
+  };
+}
