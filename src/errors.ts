@@ -5,55 +5,82 @@
 
 export type ErrorStyle = 'openai' | 'messages';
 
-export type ErrorCode =
-  | 'not_found'
-  | 'invalid_path'
-  | 'missing_api_key'
-  | 'conflicting_api_keys'
-  | 'invalid_api_key'
-  | 'api_key_deleted'
-  | 'project_disabled'
-  | 'key_budget_exhausted'
-  | 'project_budget_exhausted'
-  | 'insufficient_balance'
-  | 'invalid_request'
-  | 'body_too_large'
-  | 'model_not_allowed'
-  | 'route_capacity_exceeded'
-  | 'rpm_exceeded'
-  | 'tpm_exceeded'
-  | 'concurrency_exceeded'
-  | 'upstream_unavailable'
-  | 'upstream_timeout'
-  | 'not_ready'
-  | 'limits_unavailable'
-  | 'internal_error';
+
+/**
+ * Every code's status and its messages. A code's `message` is what a client reads;
+ * `variants` are the other situations the same code covers. `{name}` placeholders are
+ * filled from `params` (already cleaned and bounded by the caller). Codes that describe
+ * a problem with the input (`invalid_request`, `invalid_path`) may carry the parser's
+ * own description of what is wrong instead.
+ */
+interface CatalogueEntry {
+  status: number;
+  message: string;
+  variants?: Record<string, string>;
+}
+
+export const CATALOGUE = {
+  not_found: { status: 404, message: 'No route here for {method} on this path.' },
+  invalid_path: { status: 400, message: 'The request path is not accepted.' },
+  missing_api_key: {
+    status: 401,
+    message: 'No API key was sent. Send it as Authorization: Bearer <key>.',
+    variants: {
+      messages: 'No API key was sent. Send it in the x-api-key header (or as Authorization: Bearer <key>).',
+      not_bearer: 'The Authorization header must use the Bearer scheme: Authorization: Bearer <key>.',
+      not_bearer_messages: 'The Authorization header must use the Bearer scheme; or send the key in the x-api-key header.',
+      x_api_key_here: 'This route reads the key only from the Authorization header: send Authorization: Bearer <key> instead of x-api-key.',
+    },
+  },
+  conflicting_api_keys: {
+    status: 401,
+    message: 'Both x-api-key and Authorization: Bearer were sent with different keys; send one key.',
+    variants: {
+      two_authorization: 'More than one Authorization header was sent; send exactly one.',
+      two_x_api_key: 'More than one x-api-key header was sent; send exactly one.',
+    },
+  },
+  invalid_api_key: {
+    status: 401,
+    message: 'Invalid API key. Check the key, or create a new one in the console.',
+    variants: {
+      provider: 'Invalid API key: this looks like {what}. Provider keys are not accepted here; use an API key issued by this service.',
+    },
+  },
+  api_key_deleted: { status: 401, message: 'This API key has been deleted. Create a new key in the console.' },
+  ip_not_allowed: { status: 403, message: 'This API key may not be used from this network address.' },
+  browser_request_refused: {
+    status: 403,
+    message: 'API keys must not be used from browser code. Call the API from a server, or ask for a key that allows browsers.',
+  },
+  project_disabled: { status: 402, message: 'The project this key belongs to is disabled.' },
+  key_budget_exhausted: { status: 402, message: "This key's budget is used up. Ask a project admin to raise it." },
+  project_budget_exhausted: { status: 402, message: "The project's budget is used up. Ask a project admin to raise it." },
+  insufficient_balance: { status: 402, message: 'Your wallet balance is used up. Add credit to continue.' },
+  invalid_request: { status: 400, message: 'The request could not be read.', variants: { http: 'The request could not be parsed as HTTP.' } },
+  body_too_large: { status: 413, message: 'The request body is larger than {limit} bytes.' },
+  model_not_allowed: {
+    status: 403,
+    message: 'This key may not use the model "{model}".',
+    variants: { unnamed: 'This key is limited to certain models; name the model in the request.' },
+  },
+  route_capacity_exceeded: { status: 429, message: 'The upstream this key is routed to is at capacity; retry after the indicated time.' },
+  rpm_exceeded: { status: 429, message: "This key's requests-per-minute limit is reached; retry after the indicated time." },
+  tpm_exceeded: { status: 429, message: "This key's tokens-per-minute limit is reached; retry after the indicated time." },
+  concurrency_exceeded: { status: 429, message: 'This key has too many requests in flight; retry when one has finished.' },
+  upstream_unavailable: { status: 502, message: 'The upstream gateway could not be reached.' },
+  upstream_timeout: { status: 504, message: 'The upstream gateway did not answer in time.' },
+  not_ready: { status: 503, message: 'The sidecar has not loaded its key replica yet; try again shortly.' },
+  limits_unavailable: { status: 503, message: 'The limits store is unavailable and the sidecar is configured to fail closed; retry shortly.' },
+  internal_error: { status: 500, message: 'The sidecar failed to handle the request.' },
+} satisfies Record<string, CatalogueEntry>;
+
+export type ErrorCode = keyof typeof CATALOGUE;
+
+type VariantOf<C extends ErrorCode> = (typeof CATALOGUE)[C] extends { variants: infer V } ? keyof V & string : never;
 
 /** Default status per code; project_disabled is 403 on files routes and 402 on model routes. */
-export const STATUS: Record<ErrorCode, number> = {
-  not_found: 404,
-  invalid_path: 400,
-  missing_api_key: 401,
-  conflicting_api_keys: 401,
-  invalid_api_key: 401,
-  api_key_deleted: 401,
-  project_disabled: 402,
-  key_budget_exhausted: 402,
-  project_budget_exhausted: 402,
-  insufficient_balance: 402,
-  invalid_request: 400,
-  body_too_large: 413,
-  model_not_allowed: 403,
-  route_capacity_exceeded: 429,
-  rpm_exceeded: 429,
-  tpm_exceeded: 429,
-  concurrency_exceeded: 429,
-  upstream_unavailable: 502,
-  upstream_timeout: 504,
-  not_ready: 503,
-  limits_unavailable: 503,
-  internal_error: 500,
-};
+export const STATUS = Object.fromEntries(Object.entries(CATALOGUE).map(([code, e]) => [code, e.status])) as Record<ErrorCode, number>;
 
 export interface Denial {
   code: ErrorCode;
@@ -113,6 +140,27 @@ export function renderError(denial: Denial, style: ErrorStyle): ErrorResponse {
   return { status, headers, body: text };
 }
 
-export function deny(code: ErrorCode, message: string, extra?: Omit<Denial, 'code' | 'message'>): Denial {
-  return { code, message, ...extra };
+export interface DenyOptions<C extends ErrorCode> {
+  /** another situation the code covers (see the catalogue) */
+  variant?: VariantOf<C>;
+  /** values for the message's `{name}` placeholders */
+  params?: Record<string, string | number>;
+  /** invalid_request / invalid_path: the parser's own description of what is wrong */
+  detail?: string;
+  status?: number;
+  retryAfterMs?: number;
+}
+
+function fill(template: string, params: Record<string, string | number> | undefined): string {
+  return params ? template.replace(/\{(\w+)\}/g, (m, name: string) => (params[name] === undefined ? m : String(params[name]))) : template;
+}
+
+/** The one way a denial is made: the message comes from the catalogue. */
+export function deny<C extends ErrorCode>(code: C, opts: DenyOptions<C> = {}): Denial {
+  const entry: CatalogueEntry = CATALOGUE[code];
+  const template = opts.variant !== undefined ? entry.variants![opts.variant]! : entry.message;
+  const denial: Denial = { code, message: opts.detail ?? fill(template, opts.params) };
+  if (opts.status !== undefined) denial.status = opts.status;
+  if (opts.retryAfterMs !== undefined) denial.retryAfterMs = opts.retryAfterMs;
+  return denial;
 }

@@ -40,38 +40,40 @@ function parseBearer(value: string | undefined): Bearer {
   return key === '' ? { kind: 'none' } : { kind: 'key', key };
 }
 
-const conflict = (message: string) => ({ ok: false as const, denial: deny('conflicting_api_keys', message) });
-const missing = (message: string) => ({ ok: false as const, denial: deny('missing_api_key', message) });
+type ConflictVariant = 'two_authorization' | 'two_x_api_key' | undefined;
+type MissingVariant = 'messages' | 'not_bearer' | 'not_bearer_messages' | 'x_api_key_here' | undefined;
+const conflict = (variant: ConflictVariant) => ({ ok: false as const, denial: deny('conflicting_api_keys', variant ? { variant } : {}) });
+const missing = (variant: MissingVariant) => ({ ok: false as const, denial: deny('missing_api_key', variant ? { variant } : {}) });
 
 export function extractCredential(rawHeaders: readonly string[], rule: CredentialRule): Extracted {
   const found = collect(rawHeaders);
   if (found.authorization.length > 1) {
-    return conflict('More than one Authorization header was sent; send exactly one.');
+    return conflict('two_authorization');
   }
   if (found.apiKey.length > 1) {
-    return conflict('More than one x-api-key header was sent; send exactly one.');
+    return conflict('two_x_api_key');
   }
   const bearer = parseBearer(found.authorization[0]);
   if (rule === 'messages') {
     const apiKey = found.apiKey[0]?.trim() ?? '';
     if (apiKey !== '') {
       if (bearer.kind === 'key' && bearer.key !== apiKey) {
-        return conflict('Both x-api-key and Authorization: Bearer were sent with different keys; send one key.');
+        return conflict(undefined);
       }
       return { ok: true, key: apiKey, header: 'x-api-key' };
     }
     if (bearer.kind === 'key') return { ok: true, key: bearer.key, header: 'authorization' };
     if (bearer.kind === 'other-scheme') {
-      return missing('The Authorization header must use the Bearer scheme; or send the key in the x-api-key header.');
+      return missing('not_bearer_messages');
     }
-    return missing('No API key was sent. Send it in the x-api-key header (or as Authorization: Bearer <key>).');
+    return missing('messages');
   }
   if (bearer.kind === 'key') return { ok: true, key: bearer.key, header: 'authorization' };
-  if (bearer.kind === 'other-scheme') return missing('The Authorization header must use the Bearer scheme: Authorization: Bearer <key>.');
+  if (bearer.kind === 'other-scheme') return missing('not_bearer');
   if (found.apiKey.length > 0) {
-    return missing('This route reads the key only from the Authorization header: send Authorization: Bearer <key> instead of x-api-key.');
+    return missing('x_api_key_here');
   }
-  return missing('No API key was sent. Send it as Authorization: Bearer <key>.');
+  return missing(undefined);
 }
 
 const PROVIDER_PREFIXES: readonly [string, string][] = [
@@ -84,15 +86,11 @@ const PROVIDER_PREFIXES: readonly [string, string][] = [
   ['xai-', 'an xAI key'],
 ];
 
-/** The 401 message for a key that is not in the replica; names a provider when the key looks like one. */
-export function unknownKeyMessage(key: string): string {
+/** The 401 for a key that is not in the replica; names a provider when the key looks like one. */
+export function unknownKeyDenial(key: string): Denial {
   for (const [prefix, what] of PROVIDER_PREFIXES) {
-    if (key.startsWith(prefix)) {
-      return `Invalid API key: this looks like ${what}. Provider keys are not accepted here; use an API key issued by this service.`;
-    }
+    if (key.startsWith(prefix)) return deny('invalid_api_key', { variant: 'provider', params: { what } });
   }
-  if (/^sk-[A-Za-z0-9_-]{20,}$/.test(key)) {
-    return 'Invalid API key: this looks like an OpenAI API key. Provider keys are not accepted here; use an API key issued by this service.';
-  }
-  return 'Invalid API key. Check the key, or create a new one in the console.';
+  if (/^sk-[A-Za-z0-9_-]{20,}$/.test(key)) return deny('invalid_api_key', { variant: 'provider', params: { what: 'an OpenAI API key' } });
+  return deny('invalid_api_key');
 }

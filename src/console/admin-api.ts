@@ -7,7 +7,8 @@ import type { IncomingMessage, ServerResponse } from 'node:http';
 import { z } from 'zod';
 import { idPattern } from './config.js';
 import { ApiError, invalid } from './errors.js';
-import { forbidden, match, readJson, sendJson, type ConsoleLogger, type Principal } from './http.js';
+import { forbidden, match, readJson, sendJson, type Principal } from './http.js';
+import type { LogSink } from '../log.js';
 import type { ConsoleStore } from './store.js';
 
 const ident = z.string().regex(idPattern, 'expected an id of letters, digits, and . _ @ -');
@@ -45,7 +46,7 @@ interface Ctx {
   query: URLSearchParams;
   who: Principal & { role: 'admin' | 'user' };
   store: ConsoleStore;
-  log: ConsoleLogger;
+  log: LogSink;
 }
 
 type Handler = (ctx: Ctx) => Promise<void> | void;

@@ -5,20 +5,13 @@
 import { createHash } from 'node:crypto';
 import type { IncomingMessage, ServerResponse } from 'node:http';
 import type { z } from 'zod';
+import type { LogSink } from '../log.js';
 import type { ConsoleConfig } from './config.js';
 import { ApiError, invalid } from './errors.js';
 
 export type Principal = { role: 'admin' } | { role: 'user'; user: string } | { role: 'sync' };
 
 /** Minimal logger shape (pino's); the console never passes it a key, token or master key. */
-export interface ConsoleLogger {
-  debug(obj: object, msg?: string): void;
-  info(obj: object, msg?: string): void;
-  warn(obj: object, msg?: string): void;
-  error(obj: object, msg?: string): void;
-}
-
-export const silentLogger: ConsoleLogger = { debug() {}, info() {}, warn() {}, error() {} };
 
 const digest = (token: string) => createHash('sha256').update(token, 'utf8').digest('hex');
 

@@ -12,7 +12,8 @@ import { readMasterKey } from './crypto.js';
 import { openConsoleDb } from './db.js';
 import { ApiError } from './errors.js';
 import { ChangeFeed } from './feed.js';
-import { makeAuthenticator, principalName, sendError, silentLogger, unauthorized, forbidden, type ConsoleLogger } from './http.js';
+import { makeAuthenticator, principalName, sendError, unauthorized, forbidden } from './http.js';
+import { quiet, type LogSink } from '../log.js';
 import { makePricer } from './pricing.js';
 import { ConsoleStore } from './store.js';
 import { handleSync } from './sync-api.js';
@@ -21,7 +22,7 @@ export interface StartConsoleOptions {
   config: ConsoleConfig;
   /** where the master key is read from; defaults to process.env */
   env?: NodeJS.ProcessEnv;
-  log?: ConsoleLogger;
+  log?: LogSink;
   now?: () => number;
 }
 
@@ -35,7 +36,7 @@ export interface RunningConsole {
 
 export async function startConsole(opts: StartConsoleOptions): Promise<RunningConsole> {
   const { config } = opts;
-  const log = opts.log ?? silentLogger;
+  const log = opts.log ?? quiet;
   const masterKey = readMasterKey({ env: opts.env ?? process.env, name: config.masterKeyEnv });
   const hasher = makeKeyHasher({ hash: config.keys.hash, pepper: config.keys.pepper });
   const db = openConsoleDb(config.store.path);

@@ -7,7 +7,8 @@ import type { IncomingMessage, ServerResponse } from 'node:http';
 import { CHANGES_PATH, SNAPSHOT_PATH, USAGE_PATH } from '../protocol/records.js';
 import { parseUsageLines } from '../protocol/usage.js';
 import { ApiError, invalid } from './errors.js';
-import { readBody, sendJson, type ConsoleLogger } from './http.js';
+import { readBody, sendJson } from './http.js';
+import type { LogSink } from '../log.js';
 import type { Pricer } from './pricing.js';
 import { streamSnapshot } from './snapshot.js';
 import type { ConsoleStore } from './store.js';
@@ -23,7 +24,7 @@ export interface SyncContext {
   store: ConsoleStore;
   pricer: Pricer;
   maxUsageBytes: number;
-  log: ConsoleLogger;
+  log: LogSink;
 }
 
 function intParam(q: URLSearchParams, name: string, opts: { min: number; max: number; def?: number }): number {

@@ -2,9 +2,13 @@
  * pino JSON on stdout (DESIGN section 9). Request lines are built from an explicit
  * field list, never from headers, so no credential can slip into a log line.
  */
-import pino, { type Logger } from 'pino';
+import pino from 'pino';
 
-export type { Logger };
+/**
+ * The sidecar's logger: pino, plus the access-line writer that shares its destination
+ * (handed to both here, so nothing reaches into pino's internals to find it).
+ */
+export type Logger = pino.Logger & { readonly access: AccessWriter };
 
 /** stdout or a file, written asynchronously; pino flushes what is left when the process exits. */
 export function logDestination(dest: string | number = 1): pino.DestinationStream {
@@ -12,7 +16,8 @@ export function logDestination(dest: string | number = 1): pino.DestinationStrea
 }
 
 export function createLogger(opts: { level: string; destination?: pino.DestinationStream }): Logger {
-  return pino(
+  const destination = opts.destination ?? logDestination(1);
+  const logger = pino(
     {
       level: opts.level,
       base: { service: 'keyward' },
@@ -21,8 +26,9 @@ export function createLogger(opts: { level: string; destination?: pino.Destinati
       // Defence in depth: should a header object ever be logged by mistake, these never print.
       redact: { paths: ['authorization', '*.authorization', 'headers.authorization', 'headers["x-api-key"]', 'key', '*.key'], censor: '[redacted]' },
     },
-    opts.destination ?? logDestination(1),
+    destination,
   );
+  return Object.assign(logger, { access: accessWriter({ stream: destination, enabled: () => logger.isLevelEnabled('info') }) });
 }
 
 /** One line per request, written when the response has ended. */
@@ -64,8 +70,8 @@ const ACCESS_BATCH_LINES = 512;
  * per line cost more than building the line. The lines keep pino's shape (level, time,
  * service, msg) and go to the same destination as every other log line.
  */
-export function accessWriter(logger: Logger): AccessWriter {
-  const stream = (logger as unknown as Record<symbol, { write(s: string): unknown; flushSync?: () => void }>)[pino.symbols.streamSym]!;
+function accessWriter(opts: { stream: pino.DestinationStream; enabled: () => boolean }): AccessWriter {
+  const stream = opts.stream as pino.DestinationStream & { flushSync?: () => void };
   const str = (v: string | null) => (v === null ? 'null' : JSON.stringify(v));
   let held: string[] = [];
   let timer: NodeJS.Timeout | null = null;
@@ -82,7 +88,7 @@ export function accessWriter(logger: Logger): AccessWriter {
     stream.flushSync?.();
   });
   const write = ((l: AccessLine) => {
-    if (!logger.isLevelEnabled('info')) return;
+    if (!opts.enabled()) return;
     held.push(
       `{"level":"info","time":"${new Date().toISOString()}","service":"keyward","req_id":${str(l.req_id)},"method":${str(l.method)},` +
         `"path":${str(l.path)},"route":${str(l.route)},"status":${l.status},"code":${str(l.code)},"key_id":${str(l.key_id)},` +
@@ -95,20 +101,4 @@ export function accessWriter(logger: Logger): AccessWriter {
   }) as AccessWriter;
   write.flush = flush;
   return write;
-}
-
-const CONTROL = /[\x00-\x1f\x7f]/g; // eslint-disable-line no-control-regex
-
-/** Attribution headers: trimmed, control characters removed, at most 256 characters. */
-export function cleanAttribution(value: string | string[] | undefined): string | null {
-  if (value === undefined) return null;
-  const v = (Array.isArray(value) ? value[0] ?? '' : value).replace(CONTROL, '').trim().slice(0, 256);
-  return v === '' ? null : v;
-}
-
-const SANE_REQUEST_ID = /^[A-Za-z0-9._:@/+=-]{1,128}$/;
-
-export function saneRequestId(value: string | string[] | undefined): string | null {
-  const v = Array.isArray(value) ? value[0] : value;
-  return v !== undefined && SANE_REQUEST_ID.test(v) ? v : null;
 }

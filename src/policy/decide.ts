@@ -19,9 +19,9 @@ export interface PolicyFacts {
 const exhausted = (spent: number, budget: number | null) => budget !== null && spent >= budget;
 
 /** Step 3: a known key that is not deleted. `facts` null means no key has this hash. */
-export function checkKey(facts: PolicyFacts | null, unknownMessage: () => string): Denial | null {
-  if (facts === null) return deny('invalid_api_key', unknownMessage());
-  if (facts.key.status === 'deleted') return deny('api_key_deleted', 'This API key has been deleted. Create a new key in the console.');
+export function checkKey(facts: PolicyFacts | null, unknown: () => Denial): Denial | null {
+  if (facts === null) return unknown();
+  if (facts.key.status === 'deleted') return deny('api_key_deleted');
   return null;
 }
 
@@ -32,21 +32,21 @@ export function checkStanding(facts: PolicyFacts, routeClass: RouteClass): Denia
   if (routeClass === 'files') {
     // A team key whose project is missing from the replica is treated as disabled: fail closed.
     if (key.kind === 'team' && (project === null || project.status !== 'enabled')) {
-      return deny('project_disabled', 'The project this key belongs to is disabled.', { status: 403 });
+      return deny('project_disabled', { status: 403 });
     }
     return null;
   }
   if (key.kind === 'team') {
     if (project === null || project.status !== 'enabled') {
-      return deny('project_disabled', 'The project this key belongs to is disabled.', { status: 402 });
+      return deny('project_disabled', { status: 402 });
     }
-    if (exhausted(key.spent, key.budget)) return deny('key_budget_exhausted', "This key's budget is used up. Ask a project admin to raise it.");
+    if (exhausted(key.spent, key.budget)) return deny('key_budget_exhausted');
     if (exhausted(project.spent, project.budget)) {
-      return deny('project_budget_exhausted', "The project's budget is used up. Ask a project admin to raise it.");
+      return deny('project_budget_exhausted');
     }
     return null;
   }
-  if ((facts.walletBalance ?? 0) <= 0) return deny('insufficient_balance', 'Your wallet balance is used up. Add credit to continue.');
+  if ((facts.walletBalance ?? 0) <= 0) return deny('insufficient_balance');
   return null;
 }
 
@@ -77,10 +77,10 @@ export function modelInScope(scope: readonly string[] | null, model: string): bo
 export function checkModel(key: PolicyKey, model: string | null): Denial | null {
   if (model === null) {
     if (key.models === null || key.models.length === 0) return null;
-    return deny('model_not_allowed', 'This key is limited to certain models; name the model in the request.');
+    return deny('model_not_allowed', { variant: 'unnamed' });
   }
   if (modelInScope(key.models, model)) return null;
-  return deny('model_not_allowed', `This key may not use the model "${truncate(model)}".`);
+  return deny('model_not_allowed', { params: { model: truncate(model) } });
 }
 
 function truncate(s: string): string {

@@ -37,10 +37,10 @@ export type BodyResult = { ok: true; body: ModelBody } | { ok: false; denial: De
 /** Fields before the first file part are read up to this many bytes; past it the model is "not found". */
 const MULTIPART_HEAD_LIMIT = 1 << 20;
 
-const invalid = (message: string): BodyResult => ({ ok: false, denial: deny('invalid_request', message), closeConnection: false });
+const invalid = (message: string): BodyResult => ({ ok: false, denial: deny('invalid_request', { detail: message }), closeConnection: false });
 
 function tooLarge(limit: number): BodyResult {
-  return { ok: false, denial: deny('body_too_large', `The request body is larger than ${limit} bytes.`), closeConnection: true };
+  return { ok: false, denial: deny('body_too_large', { params: { limit } }), closeConnection: true };
 }
 
 export function hasBody(req: IncomingMessage): boolean {

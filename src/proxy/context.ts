@@ -4,7 +4,7 @@
  */
 import type { IncomingMessage } from 'node:http';
 import { randomUUID } from 'node:crypto';
-import { cleanAttribution, saneRequestId, type AccessLine } from '../obs/logger.js';
+import type { AccessLine } from '../obs/logger.js';
 import type { Lease } from '../limits/limiter.js';
 import type { Route } from '../routes.js';
 import type { KeyFacts } from '../policy/facts.js';
@@ -27,6 +27,23 @@ export interface RequestContext {
   upstreamMs: number | null;
   usage: Usage | null;
   lease: Lease | null;
+}
+
+const CONTROL = /[\x00-\x1f\x7f]/g; // eslint-disable-line no-control-regex
+
+/** Attribution headers: trimmed, control characters removed, at most 256 characters. */
+export function cleanAttribution(value: string | string[] | undefined): string | null {
+  if (value === undefined) return null;
+  const v = (Array.isArray(value) ? value[0] ?? '' : value).replace(CONTROL, '').trim().slice(0, 256);
+  return v === '' ? null : v;
+}
+
+const SANE_REQUEST_ID = /^[A-Za-z0-9._:@/+=-]{1,128}$/;
+
+/** An incoming x-request-id is honoured only when it is short and plain. */
+export function saneRequestId(value: string | string[] | undefined): string | null {
+  const v = Array.isArray(value) ? value[0] : value;
+  return v !== undefined && SANE_REQUEST_ID.test(v) ? v : null;
 }
 
 export function newContext(req: IncomingMessage, opts: { versionHeader: string; now: number }): RequestContext {

@@ -19,16 +19,34 @@ export type ForwardFailure = 'timeout' | 'unavailable' | 'rejected';
 
 export interface ForwarderOptions {
   upstreams: Record<string, UpstreamTarget>;
-  /** called once per forwarded response, before its headers are written to the client */
-  onResponse: (proxyRes: IncomingMessage, req: IncomingMessage, res: ServerResponse) => void;
-  /** the upstream could not be reached or went quiet for longer than its timeout */
-  onFailure: (kind: ForwardFailure, err: Error, req: IncomingMessage, res: ServerResponse) => void;
+}
+
+/** What one forwarded call wants to hear about its own response. */
+export interface ForwardHooks {
+  /** once, before the response's headers are written to the client */
+  onResponse(proxyRes: IncomingMessage): void;
+  /** the upstream could not be reached, went quiet for longer than its timeout, or the body refused itself */
+  onFailure(kind: ForwardFailure, err: Error): void;
+}
+
+export interface ForwardCall {
+  upstream: string;
+  /** what to send instead of `req` (a body read for the checks); null streams `req` itself */
+  body: BodySource | null;
+  hooks: ForwardHooks;
 }
 
 export interface Forwarder {
-  forward(req: IncomingMessage, res: ServerResponse, opts: { upstream: string; body: BodySource | null }): void;
+  forward(req: IncomingMessage, res: ServerResponse, call: ForwardCall): void;
   close(): void;
 }
+
+/**
+ * http-proxy-3 reports responses through one server-wide event; the call's hooks ride on
+ * its response object under a private symbol, so the event finds them without a lookup.
+ */
+const HOOKS = Symbol('keyward.forwardHooks');
+type HookedResponse = ServerResponse & { [HOOKS]?: ForwardHooks };
 
 const FIXED_HOP_BY_HOP = ['connection', 'keep-alive', 'te', 'trailer', 'upgrade', 'proxy-authorization', 'proxy-connection'];
 
@@ -95,26 +113,27 @@ export function createForwarder(opts: ForwarderOptions): Forwarder {
     const agent = url.protocol === 'https:' ? new https.Agent(agentOpts) : new http.Agent(agentOpts);
     targets.set(name, { url, agent: timeoutAgent(agent, up.timeoutMs) });
   }
-  proxy.on('proxyRes', (proxyRes, req, res) => {
+  proxy.on('proxyRes', (proxyRes, _req, res) => {
     dropHopByHop(proxyRes.headers as Record<string, unknown>);
     // An upstream that dies mid-response must not leave the client waiting on an open,
     // seemingly healthy stream: cut the client's response too.
     proxyRes.once('close', () => {
       if (!proxyRes.complete) res.destroy();
     });
-    opts.onResponse(proxyRes, req, res as ServerResponse);
+    (res as HookedResponse)[HOOKS]?.onResponse(proxyRes);
   });
   // A client that went away mid-request: http-proxy-3 already destroyed the upstream request.
   proxy.on('econnreset', () => {});
 
   return {
-    forward(req, res, { upstream, body }) {
+    forward(req, res, { upstream, body, hooks }) {
       const target = targets.get(upstream) ?? targets.get('default')!;
+      (res as HookedResponse)[HOOKS] = hooks;
       dropHopByHop(req.headers as Record<string, unknown>);
       if (body && typeof (body as Partial<Readable>).once === 'function') abortDestinationOnReject(body as Readable);
       proxy.web(req, res, { target: target.url, agent: target.agent, ...(body ? { buffer: body as unknown as Readable } : {}) }, (err: Error & { code?: string }) => {
         const kind = err.code === 'UPSTREAM_TIMEOUT' ? 'timeout' : err.code === 'KW_BODY_REJECTED' ? 'rejected' : 'unavailable';
-        opts.onFailure(kind, err, req, res);
+        hooks.onFailure(kind, err);
       });
     },
     close() {

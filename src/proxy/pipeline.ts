@@ -1,22 +1,20 @@
 /**
- * The request pipeline: DESIGN section 5 in order, the first failure answers and
- * nothing is forwarded. Pure decisions come from routes, auth and policy; this file
- * only reads the request, asks the replica and the limiter, and writes the answer.
+ * The decision pipeline: DESIGN section 5 in order, the first failure ends it. Every
+ * step takes data and returns a value (a denial, or what the next step needs); nothing
+ * here writes to the client. The exchange renders a Deny or forwards an Allow, so the
+ * whole order is table-testable with a replica lookup, a limiter and a body reader
+ * handed in.
  */
-import type { IncomingMessage, ServerResponse } from 'node:http';
-import { performance } from 'node:perf_hooks';
-import { extractCredential, unknownKeyMessage } from '../auth/credentials.js';
+import { extractCredential, unknownKeyDenial } from '../auth/credentials.js';
 import { isWellFormedKey } from '../auth/keyformat.js';
 import type { KeyHasher } from '../auth/hash.js';
-import { deny, renderError, type Denial, type ErrorStyle } from '../errors.js';
-import { hasAnyLimit, type Limiter } from '../limits/limiter.js';
+import { deny, type Denial, type ErrorStyle } from '../errors.js';
+import { hasAnyLimit, type AdmitInput, type Lease, type Limiter } from '../limits/limiter.js';
 import { checkKey, checkModel, checkStanding } from '../policy/decide.js';
+import { estimateTokens } from '../policy/estimate.js';
 import type { KeyFacts } from '../policy/facts.js';
 import { classify, type Route, type RouteRule } from '../routes.js';
-import { hasBody, readModelBody, type BodySource } from './body.js';
-import type { RequestContext } from './context.js';
-import type { Forwarder } from './forward.js';
-import { estimateTokens } from './usage.js';
+import type { BodyResult, BodySource } from './body.js';
 
 export interface PipelineDeps {
   rules: readonly RouteRule[];
@@ -25,36 +23,52 @@ export interface PipelineDeps {
   lookup: (hash: string) => KeyFacts | null;
   ready: () => boolean;
   limiter: Limiter;
-  forwarder: Forwarder;
   upstreams: ReadonlyMap<string, { concurrency: number; rpm: number }>;
   maxJsonBodyBytes: number;
   /** a key's routing mode names no upstream: the request goes to `default` */
   onUnknownRouting: (mode: string) => void;
-  onDecision: (ctx: RequestContext, outcome: 'allow' | 'deny') => void;
 }
 
-/**
- * A denied request's unread body: Node discards a small one and keeps the connection;
- * a large or unsized one is not worth reading, so that connection is closed instead.
- */
-function leavesLargeBodyUnread(req: IncomingMessage): boolean {
-  if (req.complete || !hasBody(req)) return false;
-  return !(Number(req.headers['content-length']) <= 65_536);
+/** What the pipeline reads of a request: its head, and its body only when a step needs it. */
+export interface RequestInput {
+  method: string;
+  url: string;
+  rawHeaders: readonly string[];
+  /** step 6: reads the model body (called at most once, only on model routes) */
+  readBody: (opts: { limit: number; modelRequired: boolean }) => Promise<BodyResult>;
 }
 
-/** Writes a denial in the route's style. */
-export function sendDenial(req: IncomingMessage, res: ServerResponse, ctx: RequestContext, denial: Denial, style: ErrorStyle): void {
-  ctx.code = denial.code;
-  if (res.headersSent) {
-    res.destroy();
-    return;
-  }
-  const out = renderError(denial, style);
-  const headers: Record<string, string> = { ...out.headers, 'x-request-id': ctx.reqId };
-  if (leavesLargeBodyUnread(req)) headers.connection = 'close';
-  res.writeHead(out.status, headers);
-  res.end(out.body);
+/** What was learnt before the decision, for the access line either way. */
+export interface Seen {
+  route: Route | null;
+  facts: KeyFacts | null;
+  upstream: string | null;
+  model: string | null;
 }
+
+export interface Allow {
+  allow: true;
+  seen: Seen & { route: Route; facts: KeyFacts; upstream: string };
+  /** what to forward instead of the request stream; null when nothing was consumed */
+  body: BodySource | null;
+  /** the body was read here, so an `Expect: 100-continue` has been answered already */
+  bodyRead: boolean;
+  /** held limits (null when nothing is limited); the exchange settles it */
+  lease: Lease | null;
+  /** the TPM reservation */
+  tokens: number;
+}
+
+export interface Deny {
+  allow: false;
+  seen: Seen;
+  denial: Denial;
+  style: ErrorStyle;
+}
+
+export type Decision = Allow | Deny;
+
+const denied = (seen: Seen, denial: Denial): Deny => ({ allow: false, seen, denial, style: seen.route?.style ?? 'openai' });
 
 function chooseUpstream(deps: PipelineDeps, facts: KeyFacts): string {
   const mode = facts.key.routing;
@@ -63,105 +77,64 @@ function chooseUpstream(deps: PipelineDeps, facts: KeyFacts): string {
   return 'default';
 }
 
-/** Steps 1-5: route, credential, key, standing. Returns the route and facts, or answers. */
-function authenticate(req: IncomingMessage, res: ServerResponse, ctx: RequestContext, deps: PipelineDeps): { route: Route; facts: KeyFacts } | null {
-  const classified = classify(deps.rules, ctx.method, req.url ?? '/');
+/** Steps 1-5: route, readiness, credential, key, standing. */
+function authenticate(input: RequestInput, deps: PipelineDeps, seen: Seen): Denial | null {
+  const classified = classify(deps.rules, input.method, input.url);
   if (!classified.ok) {
-    sendDenial(req, res, ctx, deny(classified.code, classified.message), 'openai');
-    return null;
+    return classified.code === 'not_found' ? deny('not_found', { params: { method: input.method } }) : deny('invalid_path', { detail: classified.message });
   }
   const route = classified.route;
-  ctx.route = route;
-  if (!deps.ready()) {
-    sendDenial(req, res, ctx, deny('not_ready', 'The sidecar has not loaded its key replica yet; try again shortly.', { retryAfterMs: 1000 }), route.style);
-    return null;
-  }
-  const cred = extractCredential(req.rawHeaders, route.credentials);
-  if (!cred.ok) {
-    sendDenial(req, res, ctx, cred.denial, route.style);
-    return null;
-  }
+  seen.route = route;
+  if (!deps.ready()) return deny('not_ready', { retryAfterMs: 1000 });
+  const cred = extractCredential(input.rawHeaders, route.credentials);
+  if (!cred.ok) return cred.denial;
   const key = cred.key;
   const facts = deps.keyFormat === 'keyward' && !isWellFormedKey(key) ? null : deps.lookup(deps.hashKey(key));
-  const denial = checkKey(facts, () => unknownKeyMessage(key)) ?? checkStanding(facts!, route.class);
-  if (denial) {
-    ctx.facts = facts;
-    sendDenial(req, res, ctx, denial, route.style);
-    return null;
-  }
-  ctx.facts = facts;
-  return { route, facts: facts! };
+  seen.facts = facts;
+  return checkKey(facts, () => unknownKeyDenial(key)) ?? checkStanding(facts!, route.class);
 }
 
-export async function handleRequest(req: IncomingMessage, res: ServerResponse, ctx: RequestContext, deps: PipelineDeps, expectContinue: boolean): Promise<void> {
-  const auth = authenticate(req, res, ctx, deps);
-  if (!auth) return deps.onDecision(ctx, 'deny');
-  const { route, facts } = auth;
-  ctx.upstream = chooseUpstream(deps, facts);
-  if (route.class === 'listing') {
-    deps.onDecision(ctx, 'allow');
-    return forward(req, res, ctx, deps, { body: null, expectContinue });
-  }
+/** Step 8's input: the key's limits, the TPM reservation and the upstream's capacity. */
+function admission(deps: PipelineDeps, seen: Allow['seen'], tokens: number, requestId: string): AdmitInput {
+  const key = seen.facts.key;
+  const capacity = deps.upstreams.get(seen.upstream) ?? { concurrency: 0, rpm: 0 };
+  return {
+    keyId: key.id,
+    limits: { rpm: key.rpm, tpm: key.tpm, concurrency: key.concurrency },
+    tokens,
+    route: { name: seen.upstream, ...capacity },
+    requestId,
+  };
+}
+
+export async function decide(input: RequestInput, deps: PipelineDeps, requestId: string): Promise<Decision> {
+  const seen: Seen = { route: null, facts: null, upstream: null, model: null };
+  const authDenial = authenticate(input, deps, seen);
+  if (authDenial) return denied(seen, authDenial);
+  const admitted = seen as Allow['seen'];
+  admitted.upstream = chooseUpstream(deps, admitted.facts);
+  const route = admitted.route;
+  const allow = (extra: Omit<Allow, 'allow' | 'seen'>): Allow => ({ allow: true, seen: admitted, ...extra });
+  if (route.class === 'listing') return allow({ body: null, bodyRead: false, lease: null, tokens: 0 });
 
   let tokens = 0;
-  let body = null;
+  let body: BodySource | null = null;
+  const bodyRead = route.class === 'model';
   if (route.class === 'model') {
-    if (expectContinue) res.writeContinue();
-    const read = await readModelBody(req, { limit: deps.maxJsonBodyBytes, modelRequired: route.modelRequired });
-    if (res.destroyed) return; // the client went away while we read
-    if (!read.ok) {
-      sendDenial(req, res, ctx, read.denial, route.style);
-      return deps.onDecision(ctx, 'deny');
-    }
-    body = read.body;
-    ctx.model = body.model;
+    const read = await input.readBody({ limit: deps.maxJsonBodyBytes, modelRequired: route.modelRequired });
+    if (!read.ok) return denied(seen, read.denial);
+    body = read.body.replay;
+    seen.model = read.body.model;
     // A bodiless call (GET or DELETE /v1/responses/{id}, a cancel) selects no model, so scope does not apply.
-    const scope = body.replay === null ? null : checkModel(facts.key, body.model);
-    if (scope) {
-      sendDenial(req, res, ctx, scope, route.style);
-      return deps.onDecision(ctx, 'deny');
-    }
-    tokens = route.countTokens ? 0 : estimateTokens({ bodyBytes: body.estimateBytes, maxOutputTokens: body.maxOutputTokens });
+    const scope = body === null ? null : checkModel(admitted.facts.key, read.body.model);
+    if (scope) return denied(seen, scope);
+    tokens = route.countTokens ? 0 : estimateTokens({ bodyBytes: read.body.estimateBytes, maxOutputTokens: read.body.maxOutputTokens });
   }
 
-  const capacity = deps.upstreams.get(ctx.upstream) ?? { concurrency: 0, rpm: 0 };
-  const admission = {
-    keyId: facts.key.id,
-    limits: { rpm: facts.key.rpm, tpm: facts.key.tpm, concurrency: facts.key.concurrency },
-    tokens,
-    route: { name: ctx.upstream, ...capacity },
-    requestId: ctx.reqId,
-  };
+  const limits = admission(deps, admitted, tokens, requestId);
   // Nothing to enforce: no limiter round trip at all.
-  if (!hasAnyLimit(admission)) {
-    deps.onDecision(ctx, 'allow');
-    return forward(req, res, ctx, deps, { body: body?.replay ?? null, expectContinue: expectContinue && route.class !== 'model' });
-  }
-  const admitted = await deps.limiter.admit(admission);
-  if (!admitted.ok) {
-    const message = LIMIT_MESSAGES[admitted.code];
-    sendDenial(req, res, ctx, deny(admitted.code, message, { retryAfterMs: admitted.retryAfterMs }), route.style);
-    return deps.onDecision(ctx, 'deny');
-  }
-  ctx.lease = admitted.lease;
-  if (res.destroyed) {
-    ctx.lease.finish({ tokens: route.countTokens ? 0 : null });
-    return;
-  }
-  deps.onDecision(ctx, 'allow');
-  forward(req, res, ctx, deps, { body: body?.replay ?? null, expectContinue: expectContinue && route.class !== 'model' });
-}
-
-const LIMIT_MESSAGES = {
-  route_capacity_exceeded: 'The upstream this key is routed to is at capacity; retry after the indicated time.',
-  rpm_exceeded: "This key's requests-per-minute limit is reached; retry after the indicated time.",
-  tpm_exceeded: "This key's tokens-per-minute limit is reached; retry after the indicated time.",
-  concurrency_exceeded: 'This key has too many requests in flight; retry when one has finished.',
-  limits_unavailable: 'The limits store is unavailable and the sidecar is configured to fail closed; retry shortly.',
-} as const;
-
-function forward(req: IncomingMessage, res: ServerResponse, ctx: RequestContext, deps: PipelineDeps, opts: { body: BodySource | null; expectContinue: boolean }): void {
-  if (opts.expectContinue) res.writeContinue();
-  ctx.upstreamStart = performance.now();
-  deps.forwarder.forward(req, res, { upstream: ctx.upstream ?? 'default', body: opts.body });
+  if (!hasAnyLimit(limits)) return allow({ body, bodyRead, lease: null, tokens });
+  const result = await deps.limiter.admit(limits);
+  if (!result.ok) return denied(seen, deny(result.code, { retryAfterMs: result.retryAfterMs }));
+  return allow({ body, bodyRead, lease: result.lease, tokens });
 }

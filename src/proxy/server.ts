@@ -1,27 +1,23 @@
 /**
- * Composition: builds the replica, limiter, forwarder, metrics and admin listener from
- * the config, runs the pipeline for each request, writes the access log line when the
- * response ends, and drains on shutdown. Adapters meet only here.
+ * Composition: builds the replica, limiter, sync client, usage pusher, forwarder, metrics
+ * and admin listener from the config and hands them to the exchanges, which own each
+ * request's life. Adapters meet only here. Shutdown drains in the order that loses nothing.
  */
-import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
-import { performance } from 'node:perf_hooks';
+import { createServer, type Server } from 'node:http';
 import { makeKeyHasher } from '../auth/hash.js';
 import type { Config } from '../config/schema.js';
-import { renderError, deny } from '../errors.js';
 import type { Limiter } from '../limits/limiter.js';
 import { createLimiter } from '../limits/failover.js';
 import { startAdmin, type AdminServer } from '../obs/admin.js';
-import { accessWriter, type Logger } from '../obs/logger.js';
+import type { Logger } from '../obs/logger.js';
 import { createMetrics, type Metrics } from '../obs/metrics.js';
+import type { UsageEvent } from '../protocol/usage.js';
 import { ReplicaStore } from '../replica/store.js';
 import { replicaWriter } from '../replica/writer.js';
-import { createSyncClient, createUsagePusher, type SyncClient, type UsagePusher } from '../sync/client.js';
 import { buildRules } from '../routes.js';
-import type { UsageEvent } from '../protocol/usage.js';
-import { accessLine, newContext, type RequestContext } from './context.js';
-import { createForwarder, type Forwarder } from './forward.js';
-import { handleRequest, sendDenial, type PipelineDeps } from './pipeline.js';
-import { createUsageTap } from './usage.js';
+import { createSyncClient, createUsagePusher, type SyncClient, type UsagePusher } from '../sync/client.js';
+import { answerClientError, createExchanges } from './exchange.js';
+import { createForwarder } from './forward.js';
 
 export interface SidecarOptions {
   config: Config;
@@ -62,6 +58,16 @@ function listen(server: Server, port: number, host: string): Promise<number> {
   });
 }
 
+/** Warns once per distinct value (at most 100 of them): a misrouted key must not flood the log. */
+function onceEach(warn: (value: string) => void): (value: string) => void {
+  const seen = new Set<string>();
+  return (value) => {
+    if (seen.has(value) || seen.size >= 100) return;
+    seen.add(value);
+    warn(value);
+  };
+}
+
 export async function startSidecar(opts: SidecarOptions): Promise<Sidecar> {
   const { config, logger } = opts;
   const replica = opts.replica ?? new ReplicaStore({ path: config.replica.path });
@@ -76,125 +82,42 @@ export async function startSidecar(opts: SidecarOptions): Promise<Sidecar> {
   const sync = consoleCfg
     ? createSyncClient({ url: consoleCfg.url, token: consoleCfg.token, waitMs: consoleCfg.waitMs, target: replicaWriter(replica), log: logger })
     : null;
+  const forwarder = createForwarder({ upstreams: config.upstreams });
   const usagePusher = consoleCfg && !opts.usageSink
     ? createUsagePusher({ url: consoleCfg.url, token: consoleCfg.token, maxBuffer: USAGE_BUFFER, batchSize: 500, flushMs: 1000, log: logger })
     : null;
-  const usageSink = opts.usageSink ?? (usagePusher ? (e: UsageEvent) => usagePusher.push(e) : null);
-  let inFlight = 0;
-  const metrics = createMetrics({
+  const metrics: Metrics = createMetrics({
     replica: () => replica.status(),
     limiter: () => limiter.stats(),
-    inFlight: () => inFlight,
+    inFlight: () => exchanges.inFlight(),
     ...(sync ? { sync: () => sync.status() } : {}),
     ...(usagePusher ? { usage: () => usagePusher.stats() } : {}),
   });
-  const writeAccess = accessWriter(logger);
-  const contexts = new WeakMap<IncomingMessage, RequestContext>();
-  const versionHeader = `${config.messages.vendor}-version`;
-  let draining = false;
-  let drained: (() => void) | null = null;
-  const warnedModes = new Set<string>();
-
-  const forwarder: Forwarder = createForwarder({
-    upstreams: config.upstreams,
-    onResponse(proxyRes, req) {
-      const ctx = contexts.get(req);
-      if (!ctx) return;
-      if (ctx.upstreamStart !== null) ctx.upstreamMs = performance.now() - ctx.upstreamStart;
-      // The client can quote the id its access-log line carries, unless the upstream names its own.
-      if (proxyRes.headers['x-request-id'] === undefined) proxyRes.headers['x-request-id'] = ctx.reqId;
-      if (ctx.route?.class !== 'model') return;
-      const tap = createUsageTap({ contentType: proxyRes.headers['content-type'], contentEncoding: proxyRes.headers['content-encoding'] });
-      if (!tap) return;
-      proxyRes.on('data', (chunk: Buffer) => tap.push(chunk));
-      proxyRes.once('end', () => {
-        ctx.usage = tap.end();
-      });
+  const exchanges = createExchanges({
+    pipeline: {
+      rules: buildRules(config.routes),
+      hashKey: makeKeyHasher(config.keys),
+      keyFormat: config.keys.format,
+      lookup: (hash) => replica.lookup(hash),
+      ready: () => replica.status().ready,
+      limiter,
+      upstreams: new Map(Object.entries(config.upstreams).map(([name, u]) => [name, u.capacity])),
+      maxJsonBodyBytes: config.server.maxJsonBodyBytes,
+      onUnknownRouting: onceEach((mode) => logger.warn({ routing: mode }, 'key routing mode names no upstream; using default')),
     },
-    onFailure(kind, err, req, res) {
-      const ctx = contexts.get(req);
-      if (!ctx) return;
-      if (res.headersSent) {
-        res.destroy(); // mid-response: the client must see a broken response, not a truncated "success"
-        return;
-      }
-      const denial =
-        kind === 'rejected'
-          ? deny('invalid_request', err.message)
-          : kind === 'timeout'
-            ? deny('upstream_timeout', 'The upstream gateway did not answer in time.')
-            : deny('upstream_unavailable', 'The upstream gateway could not be reached.');
-      if (kind !== 'rejected') logger.warn({ req_id: ctx.reqId, upstream: ctx.upstream, err: err.message }, 'upstream failure');
-      sendDenial(req, res, ctx, denial, ctx.route?.style ?? 'openai');
-    },
-  });
-
-  const upstreams = new Map(Object.entries(config.upstreams).map(([name, u]) => [name, u.capacity]));
-  const deps: PipelineDeps = {
-    rules: buildRules(config.routes),
-    hashKey: makeKeyHasher(config.keys),
-    keyFormat: config.keys.format,
-    lookup: (hash) => replica.lookup(hash),
-    ready: () => replica.status().ready,
-    limiter,
     forwarder,
-    upstreams,
-    maxJsonBodyBytes: config.server.maxJsonBodyBytes,
-    onUnknownRouting(mode) {
-      if (warnedModes.has(mode) || warnedModes.size > 100) return;
-      warnedModes.add(mode);
-      logger.warn({ routing: mode }, 'key routing mode names no upstream; using default');
-    },
-    onDecision(ctx, outcome) {
-      metrics.decision(outcome, (performance.now() - ctx.start) / 1000);
-    },
-  };
-
-  const finish = (res: ServerResponse, ctx: RequestContext) => {
-    inFlight--;
-    const countTokens = ctx.route?.countTokens ?? false;
-    const usage = ctx.usage;
-    ctx.lease?.finish({ tokens: countTokens ? 0 : usage ? usage.input_tokens + usage.output_tokens : null });
-    // 499: the client went away before the response was complete (nginx's convention)
-    const status = res.writableFinished ? res.statusCode : 499;
-    if (usage && !countTokens && ctx.facts && usageSink) {
-      usageSink({
-        request_id: ctx.reqId,
-        key_id: ctx.facts.key.id,
-        model: ctx.model,
-        input_tokens: usage.input_tokens,
-        output_tokens: usage.output_tokens,
-        status,
-        at: new Date().toISOString(),
-      });
-    }
-    metrics.request(ctx.route?.name ?? 'none', status, ctx.code ?? '');
-    writeAccess(accessLine(ctx, status, performance.now()));
-    if (inFlight === 0 && drained) drained();
-  };
-
-  const onRequest = (req: IncomingMessage, res: ServerResponse, expectContinue: boolean) => {
-    const ctx = newContext(req, { versionHeader, now: performance.now() });
-    contexts.set(req, ctx);
-    inFlight++;
-    res.once('close', () => finish(res, ctx));
-    if (draining) res.setHeader('connection', 'close');
-    handleRequest(req, res, ctx, deps, expectContinue).catch((err: Error) => {
-      logger.error({ req_id: ctx.reqId, err: err.message }, 'request failed');
-      if (!res.headersSent) sendDenial(req, res, ctx, deny('internal_error', 'The sidecar failed to handle the request.'), ctx.route?.style ?? 'openai');
-      else res.destroy();
-    });
-  };
+    metrics,
+    access: logger.access,
+    usageSink: opts.usageSink ?? (usagePusher ? (e: UsageEvent) => usagePusher.push(e) : null),
+    log: logger,
+    versionHeader: `${config.messages.vendor}-version`,
+  });
+  let draining = false;
 
   const server = createServer({ keepAliveTimeout: 65_000, requestTimeout: 0, headersTimeout: 60_000 });
-  server.on('request', (req, res) => onRequest(req, res, false));
-  // Expect: 100-continue is answered only once the credentials have been checked.
-  server.on('checkContinue', (req, res) => onRequest(req, res, true));
-  server.on('clientError', (err: NodeJS.ErrnoException, socket) => {
-    if (!socket.writable) return socket.destroy();
-    const out = renderError(deny('invalid_request', 'The request could not be parsed as HTTP.'), 'openai');
-    socket.end(`HTTP/1.1 400 Bad Request\r\ncontent-type: application/json\r\nx-keyward-error: invalid_request\r\ncontent-length: ${Buffer.byteLength(out.body)}\r\nconnection: close\r\n\r\n${out.body}`);
-  });
+  server.on('request', (req, res) => exchanges.handle(req, res, false));
+  server.on('checkContinue', (req, res) => exchanges.handle(req, res, true));
+  server.on('clientError', (_err, socket) => answerClientError(socket));
 
   const port = await listen(server, config.server.port, config.server.host);
   let admin: AdminServer;
@@ -224,19 +147,12 @@ export async function startSidecar(opts: SidecarOptions): Promise<Sidecar> {
     metrics,
     async close({ graceMs = config.server.shutdownGraceMs } = {}) {
       draining = true;
+      exchanges.startDraining();
       server.close();
       server.closeIdleConnections();
-      if (inFlight > 0) {
-        await new Promise<void>((resolve) => {
-          const timer = setTimeout(resolve, graceMs);
-          drained = () => {
-            clearTimeout(timer);
-            resolve();
-          };
-        });
-      }
+      await exchanges.drained(graceMs);
       server.closeAllConnections();
-      writeAccess.flush();
+      logger.access.flush();
       forwarder.close();
       await admin.close();
       // Last: the responses above may still have produced usage to push.

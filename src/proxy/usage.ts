@@ -30,13 +30,6 @@ export interface UsageTapOptions {
   contentEncoding?: string;
 }
 
-/** TPM reservation for a request: prompt tokens estimated from the body, plus the output cap. */
-export function estimateTokens(opts: { bodyBytes: number; maxOutputTokens: number | null }): number {
-  const body = Number.isFinite(opts.bodyBytes) && opts.bodyBytes > 0 ? Math.ceil(opts.bodyBytes / 4) : 0;
-  const out = opts.maxOutputTokens;
-  return body + (typeof out === 'number' && Number.isFinite(out) && out > 0 ? Math.ceil(out) : 0);
-}
-
 const HEAD_CAP = 1 << 20;
 const TAIL_CAP = 64 << 10;
 const PREFIX_CAP = 4 << 10;

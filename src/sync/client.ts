@@ -7,10 +7,9 @@
 import { backoffDelay, sleep, type BackoffOptions } from './backoff.js';
 import { CHANGES_PATH, SNAPSHOT_PATH } from '../protocol/records.js';
 import { InvalidBatchError, type ChangesApplied, type ReplicaWriter } from '../protocol/writer.js';
-import { quiet, type SyncLogger } from './log.js';
+import { quiet, type LogSink } from '../log.js';
 
 export { createUsagePusher, type UsagePusher, type UsagePusherOptions, type UsageStats } from './usage-pusher.js';
-export type { SyncLogger } from './log.js';
 
 
 export interface SyncClientOptions {
@@ -21,7 +20,7 @@ export interface SyncClientOptions {
   waitMs: number;
   /** where snapshots and batches go; the composition root hands in the replica's sync target */
   target: ReplicaWriter;
-  log?: SyncLogger;
+  log?: LogSink;
   now?: () => number;
   fetch?: typeof fetch;
   backoff?: BackoffOptions;

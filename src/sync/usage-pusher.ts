@@ -9,7 +9,7 @@
 import { backoffDelay, type BackoffOptions } from './backoff.js';
 import { USAGE_PATH } from '../protocol/records.js';
 import type { UsageEvent } from '../protocol/usage.js';
-import type { SyncLogger } from './log.js';
+import type { LogSink } from '../log.js';
 
 export interface UsagePusherOptions {
   url: string;
@@ -21,7 +21,7 @@ export interface UsagePusherOptions {
   /** how often buffered events are sent when fewer than batchSize wait */
   flushMs: number;
   fetch?: typeof fetch;
-  log?: SyncLogger;
+  log?: LogSink;
   backoff?: BackoffOptions;
   /** per-request timeout */
   timeoutMs?: number;

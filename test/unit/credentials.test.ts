@@ -1,6 +1,6 @@
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { extractCredential, unknownKeyMessage, type CredentialRule } from '../../src/auth/credentials.js';
+import { extractCredential, unknownKeyDenial, type CredentialRule } from '../../src/auth/credentials.js';
 
 const K1 = 'kw_Z8p2QvT7mR4xW1nB6cY3dL9fH5jK0sA2eG8uI4oP7qE_3fK9aB';
 const K2 = 'kw_Q1w2E3r4T5y6U7i8O9p0AsDfGhJkLzXcVbNmQwErTyU_9zZ1yY';
@@ -105,8 +105,8 @@ const PROVIDER: [key: string, marker: string, who: RegExp][] = [
 ];
 
 for (const [key, marker, who] of PROVIDER) {
-  test(`unknownKeyMessage: ${marker}… is called a provider key without echoing it`, () => {
-    const msg = unknownKeyMessage(key);
+  test(`unknownKeyDenial: ${marker}… is called a provider key without echoing it`, () => {
+    const msg = unknownKeyDenial(key).message;
     assert.match(msg, /looks like/);
     assert.match(msg, /provider key/i);
     assert.match(msg, who);
@@ -115,9 +115,9 @@ for (const [key, marker, who] of PROVIDER) {
   });
 }
 
-test('unknownKeyMessage: other keys get the plain message, never the key', () => {
+test('unknownKeyDenial: other keys get the plain message, never the key', () => {
   for (const key of [K1, 'my-own-key-1234567', 'sk-short', 'Bearer-ish', 'x'.repeat(300)]) {
-    const msg = unknownKeyMessage(key);
+    const msg = unknownKeyDenial(key).message;
     assert.match(msg, /^Invalid API key/);
     assert.doesNotMatch(msg, /looks like/);
     for (let n = 4; n <= key.length; n++) assert.ok(!msg.includes(key.slice(0, n)), `${key}: leaks ${n} chars`);
@@ -125,10 +125,10 @@ test('unknownKeyMessage: other keys get the plain message, never the key', () =>
 });
 
 test(
-  'unknownKeyMessage: OpenAI admin and legacy user keys (sk-admin-, sk-None-) are recognised too',
+  'unknownKeyDenial: OpenAI admin and legacy user keys (sk-admin-, sk-None-) are recognised too',
   () => {
     for (const key of ['sk-admin-AbCdEfGhIjKlMnOpQrStUvWxYz0123456789', 'sk-None-AbCdEfGhIjKlMnOpQrStUvWxYz0123456789']) {
-      assert.match(unknownKeyMessage(key), /looks like/, key);
+      assert.match(unknownKeyDenial(key).message, /looks like/, key);
     }
   },
 );

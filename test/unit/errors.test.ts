@@ -1,6 +1,9 @@
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { deny, renderError, STATUS, type ErrorCode } from '../../src/errors.js';
+import { CATALOGUE, deny, renderError, STATUS, type Denial, type ErrorCode } from '../../src/errors.js';
+
+/** A denial with a message of the test's choosing (renderError must not care where it came from). */
+const denial = (code: ErrorCode, message: string, extra: Omit<Denial, 'code' | 'message'> = {}): Denial => ({ code, message, ...extra });
 
 // DESIGN section 5: code -> status. Kept literal here so a change to the catalogue shows up.
 const EXPECTED: Record<ErrorCode, number> = {
@@ -10,6 +13,8 @@ const EXPECTED: Record<ErrorCode, number> = {
   conflicting_api_keys: 401,
   invalid_api_key: 401,
   api_key_deleted: 401,
+  ip_not_allowed: 403,
+  browser_request_refused: 403,
   project_disabled: 402,
   key_budget_exhausted: 402,
   project_budget_exhausted: 402,
@@ -67,8 +72,8 @@ test('STATUS covers exactly the DESIGN catalogue', () => {
 for (const code of CODES) {
   const status = EXPECTED[code];
   test(`renderError ${code}: ${status} in both styles`, () => {
-    const oa = renderError(deny(code, MESSAGE), 'openai');
-    const ms = renderError(deny(code, MESSAGE), 'messages');
+    const oa = renderError(denial(code, MESSAGE), 'openai');
+    const ms = renderError(denial(code, MESSAGE), 'messages');
     for (const r of [oa, ms]) {
       assert.equal(r.status, status);
       assert.equal(r.headers['content-type'], 'application/json');
@@ -92,7 +97,7 @@ for (const code of CODES) {
 }
 
 test('project_disabled with a 403 override (files routes)', () => {
-  const d = deny('project_disabled', 'The project is disabled.', { status: 403 });
+  const d = denial('project_disabled', 'The project is disabled.', { status: 403 });
   assert.deepEqual(d, { code: 'project_disabled', message: 'The project is disabled.', status: 403 });
   const oa = renderError(d, 'openai');
   const ms = renderError(d, 'messages');
@@ -104,10 +109,10 @@ test('project_disabled with a 403 override (files routes)', () => {
   assert.equal(oa.headers['x-keyward-error'], 'project_disabled');
   assert.equal(oa.headers['x-should-retry'], 'false');
   // without the override it is the 402 of model routes
-  const plain = renderError(deny('project_disabled', 'x'), 'openai');
+  const plain = renderError(denial('project_disabled', 'x'), 'openai');
   assert.equal(plain.status, 402);
   assert.equal(JSON.parse(plain.body).error.type, 'insufficient_quota');
-  assert.equal(JSON.parse(renderError(deny('project_disabled', 'x'), 'messages').body).error.type, 'billing_error');
+  assert.equal(JSON.parse(renderError(denial('project_disabled', 'x'), 'messages').body).error.type, 'billing_error');
 });
 
 // [retryAfterMs, Retry-After seconds, retry-after-ms]
@@ -130,7 +135,7 @@ for (const [ms, secs, msHeader] of RETRY) {
   test(`429 Retry-After for retryAfterMs=${ms}: ${secs}s`, () => {
     for (const code of ['rpm_exceeded', 'tpm_exceeded', 'concurrency_exceeded', 'route_capacity_exceeded'] as const) {
       for (const style of ['openai', 'messages'] as const) {
-        const r = renderError(deny(code, 'slow down', ms === undefined ? undefined : { retryAfterMs: ms }), style);
+        const r = renderError(denial(code, 'slow down', ms === undefined ? undefined : { retryAfterMs: ms }), style);
         assert.equal(r.status, 429);
         assert.equal(r.headers['retry-after'], secs);
         const h = r.headers['retry-after-ms'];
@@ -144,7 +149,7 @@ for (const [ms, secs, msHeader] of RETRY) {
 
 test('Retry-After is consistent with retry-after-ms (never shorter)', () => {
   for (let ms = 1; ms < 5000; ms += 37) {
-    const r = renderError(deny('rpm_exceeded', 'x', { retryAfterMs: ms }), 'openai');
+    const r = renderError(denial('rpm_exceeded', 'x', { retryAfterMs: ms }), 'openai');
     const secs = Number(r.headers['retry-after']);
     assert.ok(Number.isInteger(secs) && secs >= 1);
     assert.ok(secs * 1000 >= Number(r.headers['retry-after-ms']), `ms=${ms}`);
@@ -153,22 +158,38 @@ test('Retry-After is consistent with retry-after-ms (never shorter)', () => {
 });
 
 test('a 503 with a wait carries Retry-After; other non-429 denials never do', () => {
-  const r = renderError(deny('limits_unavailable', 'x', { retryAfterMs: 2500 }), 'openai');
+  const r = renderError(denial('limits_unavailable', 'x', { retryAfterMs: 2500 }), 'openai');
   assert.equal(r.status, 503);
   assert.equal(r.headers['retry-after'], '3');
-  assert.equal(renderError(deny('not_ready', 'x'), 'openai').headers['retry-after'], undefined);
-  assert.equal(renderError(deny('model_not_allowed', 'x', { retryAfterMs: 2500 }), 'openai').headers['retry-after'], undefined);
+  assert.equal(renderError(denial('not_ready', 'x'), 'openai').headers['retry-after'], undefined);
+  assert.equal(renderError(denial('model_not_allowed', 'x', { retryAfterMs: 2500 }), 'openai').headers['retry-after'], undefined);
 });
 
-test('deny keeps the code and message and only the extras given', () => {
-  assert.deepEqual(deny('rpm_exceeded', 'm'), { code: 'rpm_exceeded', message: 'm' });
-  assert.deepEqual(deny('rpm_exceeded', 'm', { retryAfterMs: 5 }), { code: 'rpm_exceeded', message: 'm', retryAfterMs: 5 });
+test('deny takes the message from the catalogue, fills its placeholders, and keeps only the extras given', () => {
+  assert.deepEqual(deny('rpm_exceeded'), { code: 'rpm_exceeded', message: CATALOGUE.rpm_exceeded.message });
+  assert.deepEqual(deny('rpm_exceeded', { retryAfterMs: 5 }), { code: 'rpm_exceeded', message: CATALOGUE.rpm_exceeded.message, retryAfterMs: 5 });
+  assert.equal(deny('model_not_allowed', { params: { model: 'gpt-4o' } }).message, 'This key may not use the model "gpt-4o".');
+  assert.equal(deny('model_not_allowed', { variant: 'unnamed' }).message, CATALOGUE.model_not_allowed.variants.unnamed);
+  assert.equal(deny('body_too_large', { params: { limit: 10 } }).message, 'The request body is larger than 10 bytes.');
+  assert.equal(deny('invalid_request', { detail: 'bad JSON at byte 3' }).message, 'bad JSON at byte 3');
+  assert.deepEqual(deny('project_disabled', { status: 403 }), { code: 'project_disabled', message: CATALOGUE.project_disabled.message, status: 403 });
+});
+
+test('every code has a message; no message is left with an unfilled placeholder when its params are given', () => {
+  for (const [code, entry] of Object.entries(CATALOGUE)) {
+    assert.ok(entry.message.length > 10, code);
+    for (const text of [entry.message, ...Object.values((entry as { variants?: Record<string, string> }).variants ?? {})]) {
+      const names = [...text.matchAll(/\{(\w+)\}/g)].map((m) => m[1]!);
+      const filled = deny(code as ErrorCode, { params: Object.fromEntries(names.map((n) => [n, 'X'])) });
+      if (text === entry.message) assert.doesNotMatch(filled.message, /\{\w+\}/, code);
+    }
+  }
 });
 
 test('messages are JSON-escaped, not interpolated', () => {
   const tricky = 'a"b\\c\n</script>\u0000';
   for (const style of ['openai', 'messages'] as const) {
-    const r = renderError(deny('invalid_request', tricky), style);
+    const r = renderError(denial('invalid_request', tricky), style);
     assert.equal(JSON.parse(r.body).error.message, tricky);
   }
 });

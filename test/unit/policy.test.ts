@@ -16,11 +16,11 @@ const personal = (balance: number | null, k: Partial<PolicyKey> = {}): PolicyFac
 const statusOf = (d: Denial) => d.status ?? STATUS[d.code];
 const summary = (d: Denial | null) => (d === null ? null : `${statusOf(d)} ${d.code}`);
 
-test('checkKey: unknown key is invalid_api_key with the caller-supplied message', () => {
+test('checkKey: unknown key is the caller-supplied invalid_api_key denial', () => {
   let calls = 0;
   const d = checkKey(null, () => {
     calls++;
-    return 'custom unknown message';
+    return { code: 'invalid_api_key', message: 'custom unknown message' };
   });
   assert.equal(summary(d), '401 invalid_api_key');
   assert.equal(d?.message, 'custom unknown message');

@@ -1,7 +1,8 @@
 import assert from 'node:assert/strict';
 import { describe, test } from 'node:test';
 import * as zlib from 'node:zlib';
-import { type Usage, createUsageTap, estimateTokens, lastUsageObject } from '../../src/proxy/usage.js';
+import { estimateTokens } from '../../src/policy/estimate.js';
+import { type Usage, createUsageTap, lastUsageObject } from '../../src/proxy/usage.js';
 
 const JSON_CT = 'application/json';
 const SSE_CT = 'text/event-stream; charset=utf-8';

@@ -1,0 +1,200 @@
+/**
+ * One request's life: the pipeline decides, then this module either answers the denial
+ * or forwards, taps the response for usage, and when the response has ended (or either
+ * side went away) settles every limit, reports usage, counts the request and writes its
+ * access line. Denials are written here and nowhere else.
+ */
+import type { IncomingMessage, ServerResponse } from 'node:http';
+import type { Duplex } from 'node:stream';
+import { performance } from 'node:perf_hooks';
+import { deny, renderError, type Denial, type ErrorStyle } from '../errors.js';
+import type { LogSink } from '../log.js';
+import type { AccessWriter } from '../obs/logger.js';
+import type { Metrics } from '../obs/metrics.js';
+import type { UsageEvent } from '../protocol/usage.js';
+import { hasBody, readModelBody } from './body.js';
+import { accessLine, newContext, type RequestContext } from './context.js';
+import type { ForwardFailure, Forwarder } from './forward.js';
+import { decide, type Allow, type Decision, type PipelineDeps } from './pipeline.js';
+import { createUsageTap } from './usage.js';
+
+export interface ExchangeDeps {
+  pipeline: PipelineDeps;
+  forwarder: Forwarder;
+  metrics: Metrics;
+  access: AccessWriter;
+  /** receives one event per model response that reported usage; null: nobody listens */
+  usageSink: ((event: UsageEvent) => void) | null;
+  log: LogSink;
+  /** `<vendor>-version`, logged as api_version */
+  versionHeader: string;
+}
+
+export interface Exchanges {
+  handle(req: IncomingMessage, res: ServerResponse, expectContinue: boolean): void;
+  inFlight(): number;
+  /** from now on every response asks the client to close its connection */
+  startDraining(): void;
+  /** resolves when nothing is in flight, or after `graceMs` */
+  drained(graceMs: number): Promise<void>;
+}
+
+/**
+ * A denied request's unread body: Node discards a small one and keeps the connection;
+ * a large or unsized one is not worth reading, so that connection is closed instead.
+ */
+function leavesLargeBodyUnread(req: IncomingMessage): boolean {
+  if (req.complete || !hasBody(req)) return false;
+  return !(Number(req.headers['content-length']) <= 65_536);
+}
+
+function sendDenial(req: IncomingMessage, res: ServerResponse, ctx: RequestContext, denial: Denial, style: ErrorStyle): void {
+  ctx.code = denial.code;
+  if (res.headersSent) {
+    res.destroy();
+    return;
+  }
+  const out = renderError(denial, style);
+  const headers: Record<string, string> = { ...out.headers, 'x-request-id': ctx.reqId };
+  if (leavesLargeBodyUnread(req)) headers.connection = 'close';
+  res.writeHead(out.status, headers);
+  res.end(out.body);
+}
+
+/** A request Node could not parse as HTTP: answered on the socket, which then closes. */
+export function answerClientError(socket: Duplex): void {
+  if (!socket.writable) {
+    socket.destroy();
+    return;
+  }
+  const out = renderError(deny('invalid_request', { variant: 'http' }), 'openai');
+  socket.end(`HTTP/1.1 400 Bad Request\r\ncontent-type: application/json\r\nx-keyward-error: invalid_request\r\ncontent-length: ${Buffer.byteLength(out.body)}\r\nconnection: close\r\n\r\n${out.body}`);
+}
+
+/**
+ * The settlement rule, written once: the TPM reservation becomes the usage the response
+ * reported (count_tokens is never charged tokens); unknown usage keeps the reservation.
+ * Concurrency slots are freed with it.
+ */
+function settle(ctx: RequestContext): void {
+  if (!ctx.lease) return;
+  const usage = ctx.usage;
+  ctx.lease.finish({ tokens: ctx.route?.countTokens ? 0 : usage ? usage.input_tokens + usage.output_tokens : null });
+}
+
+const FAILURES: Record<ForwardFailure, (err: Error) => Denial> = {
+  // the body stream's own description of what it refused
+  rejected: (err) => deny('invalid_request', { detail: err.message }),
+  timeout: () => deny('upstream_timeout'),
+  unavailable: () => deny('upstream_unavailable'),
+};
+
+export function createExchanges(deps: ExchangeDeps): Exchanges {
+  let inFlight = 0;
+  let draining = false;
+  let onIdle: (() => void) | null = null;
+
+  const finish = (res: ServerResponse, ctx: RequestContext) => {
+    inFlight--;
+    settle(ctx);
+    // 499: the client went away before the response was complete (nginx's convention)
+    const status = res.writableFinished ? res.statusCode : 499;
+    const usage = ctx.usage;
+    if (usage && !ctx.route?.countTokens && ctx.facts && deps.usageSink) {
+      deps.usageSink({
+        request_id: ctx.reqId,
+        key_id: ctx.facts.key.id,
+        model: ctx.model,
+        input_tokens: usage.input_tokens,
+        output_tokens: usage.output_tokens,
+        status,
+        at: new Date().toISOString(),
+      });
+    }
+    deps.metrics.request(ctx.route?.name ?? 'none', status, ctx.code ?? '');
+    deps.access(accessLine(ctx, status, performance.now()));
+    if (inFlight === 0) onIdle?.();
+  };
+
+  const forward = (req: IncomingMessage, res: ServerResponse, ctx: RequestContext, allow: Allow, expectContinue: boolean) => {
+    if (expectContinue && !allow.bodyRead) res.writeContinue();
+    ctx.upstreamStart = performance.now();
+    deps.forwarder.forward(req, res, {
+      upstream: allow.seen.upstream,
+      body: allow.body,
+      hooks: {
+        onResponse(proxyRes) {
+          ctx.upstreamMs = performance.now() - ctx.upstreamStart!;
+          // The client can quote the id its access-log line carries, unless the upstream names its own.
+          if (proxyRes.headers['x-request-id'] === undefined) proxyRes.headers['x-request-id'] = ctx.reqId;
+          if (ctx.route?.class !== 'model') return;
+          const tap = createUsageTap({ contentType: proxyRes.headers['content-type'], contentEncoding: proxyRes.headers['content-encoding'] });
+          if (!tap) return;
+          proxyRes.on('data', (chunk: Buffer) => tap.push(chunk));
+          proxyRes.once('end', () => {
+            ctx.usage = tap.end();
+          });
+        },
+        onFailure(kind, err) {
+          // mid-response: the client must see a broken response, not a truncated "success"
+          if (res.headersSent) return void res.destroy();
+          if (kind !== 'rejected') deps.log.warn({ req_id: ctx.reqId, upstream: ctx.upstream, err: err.message }, 'upstream failure');
+          sendDenial(req, res, ctx, FAILURES[kind](err), ctx.route?.style ?? 'openai');
+        },
+      },
+    });
+  };
+
+  const apply = (req: IncomingMessage, res: ServerResponse, ctx: RequestContext, decision: Decision, expectContinue: boolean) => {
+    const { seen } = decision;
+    ctx.route = seen.route;
+    ctx.facts = seen.facts;
+    ctx.upstream = seen.upstream;
+    ctx.model = seen.model;
+    deps.metrics.decision(decision.allow ? 'allow' : 'deny', (performance.now() - ctx.start) / 1000);
+    if (!decision.allow) return sendDenial(req, res, ctx, decision.denial, decision.style);
+    ctx.lease = decision.lease;
+    // The client went away while the checks ran: its response has closed already.
+    if (res.destroyed) return settle(ctx);
+    forward(req, res, ctx, decision, expectContinue);
+  };
+
+  return {
+    handle(req, res, expectContinue) {
+      const ctx = newContext(req, { versionHeader: deps.versionHeader, now: performance.now() });
+      inFlight++;
+      res.once('close', () => finish(res, ctx));
+      if (draining) res.setHeader('connection', 'close');
+      const input = {
+        method: ctx.method,
+        url: req.url ?? '/',
+        rawHeaders: req.rawHeaders,
+        // Expect: 100-continue is answered only once the credentials have been checked.
+        readBody: (opts: { limit: number; modelRequired: boolean }) => {
+          if (expectContinue) res.writeContinue();
+          return readModelBody(req, opts);
+        },
+      };
+      decide(input, deps.pipeline, ctx.reqId)
+        .then((decision) => apply(req, res, ctx, decision, expectContinue))
+        .catch((err: Error) => {
+          deps.log.error({ req_id: ctx.reqId, err: err.message }, 'request failed');
+          sendDenial(req, res, ctx, deny('internal_error'), ctx.route?.style ?? 'openai');
+        });
+    },
+    inFlight: () => inFlight,
+    startDraining() {
+      draining = true;
+    },
+    async drained(graceMs) {
+      if (inFlight === 0) return;
+      await new Promise<void>((resolve) => {
+        const timer = setTimeout(resolve, graceMs);
+        onIdle = () => {
+          clearTimeout(timer);
+          resolve();
+        };
+      });
+    },
+  };
+}
