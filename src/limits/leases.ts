@@ -19,6 +19,8 @@ export interface LeaseKeeper {
   /** Live leases that hold at least one slot. */
   count(): number;
   refreshNow(): Promise<void>;
+  /** whether the refresh timer is running (it runs only while leases are held) */
+  timerRunning(): boolean;
   stop(): void;
 }
 
@@ -83,6 +85,7 @@ export function createLeaseKeeper(opts: LeaseKeeperOptions): LeaseKeeper {
     },
     count: () => leases.size,
     refreshNow,
+    timerRunning: () => timer !== null,
     stop() {
       stopped = true;
       if (timer) clearInterval(timer);

@@ -27,6 +27,10 @@ export interface MemoryLimiterOptions {
 export interface MemoryLimiter extends Limiter {
   /** Pushes the expiry of every live lease forward now (what the background timer does). */
   refreshLeases(): Promise<void>;
+  /** stored buckets and lease sets (idle ones are swept away) */
+  entries(): number;
+  /** whether the lease refresh timer runs (only while a lease is held) */
+  refreshing(): boolean;
 }
 
 /** Like a Redis key with a TTL: an entry past `expires` no longer exists. */
@@ -159,6 +163,8 @@ export function createMemoryLimiter(opts: MemoryLimiterOptions = {}): MemoryLimi
     admit: async (input) => admit(input),
     stats: () => ({ redisErrors: 0, failOpenAdmissions: 0, slotsHeld: keeper.count() }),
     refreshLeases: () => keeper.refreshNow(),
+    entries: () => buckets.size + sets.size,
+    refreshing: () => keeper.timerRunning(),
     close: async () => keeper.stop(),
   };
 }

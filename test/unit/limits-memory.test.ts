@@ -61,7 +61,9 @@ test('memory: the default lease refresh timer keeps slots and stops when none ar
   let t = 0;
   const lim = createMemoryLimiter({ now: () => t, leaseMs: 60, refreshEveryMs: 5 });
   const key = uid('k');
+  assert.equal(lim.refreshing(), false, 'no timer before any lease');
   const lease = leaseOf(await lim.admit(input(key, { limits: { concurrency: 1 } })));
+  assert.equal(lim.refreshing(), true);
   // Let the real timer run a few times while the fake clock moves within each lease period.
   for (let i = 0; i < 6; i++) {
     t += 40;
@@ -70,6 +72,7 @@ test('memory: the default lease refresh timer keeps slots and stops when none ar
   denied(await lim.admit(input(key, { limits: { concurrency: 1 } })), 'concurrency_exceeded');
   lease.finish({ tokens: null });
   assert.equal(lim.stats().slotsHeld, 0);
+  assert.equal(lim.refreshing(), false, 'the timer stops once no lease is held');
   await lim.close();
 });
 
@@ -81,6 +84,8 @@ test('memory: state for idle keys is dropped once their buckets are full again',
     leaseOf(r).finish({ tokens: null });
     clock.advance(100);
   }
+  // The sweep ran (every 1024 admissions): keys idle for more than a bucket refill are gone.
+  assert.ok(lim.entries() < 300, `entries after the sweep: ${lim.entries()}`);
   // Nothing observable breaks: an old key admits again with a full bucket.
   for (let i = 0; i < 60; i++) leaseOf(await lim.admit(input('idle-0', { limits: { rpm: 60 } })));
   denied(await lim.admit(input('idle-0', { limits: { rpm: 60 } })), 'rpm_exceeded');
