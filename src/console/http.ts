@@ -5,7 +5,6 @@
 import { createHash } from 'node:crypto';
 import type { IncomingMessage, ServerResponse } from 'node:http';
 import type { z } from 'zod';
-import type { LogSink } from '../log.js';
 import type { ConsoleConfig } from './config.js';
 import { ApiError, invalid } from './errors.js';
 

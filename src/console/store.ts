@@ -88,8 +88,14 @@ export class ConsoleStore {
   listKeys(filter: { user?: string; project?: string; includeDeleted?: boolean; visibleTo?: { user: string } }): KeyView[] {
     const where: string[] = [];
     const args: unknown[] = [];
-    if (filter.user !== undefined) (where.push('user_id = ?'), args.push(filter.user));
-    if (filter.project !== undefined) (where.push('project_id = ?'), args.push(filter.project));
+    if (filter.user !== undefined) {
+      where.push('user_id = ?');
+      args.push(filter.user);
+    }
+    if (filter.project !== undefined) {
+      where.push('project_id = ?');
+      args.push(filter.project);
+    }
     if (!filter.includeDeleted) where.push(`status = 'active'`);
     if (filter.visibleTo) {
       where.push(`(user_id = ? OR project_id IN (SELECT project_id FROM members WHERE user_id = ?))`);

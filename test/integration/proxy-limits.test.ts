@@ -101,7 +101,7 @@ describe('limits through the proxy (Redis)', () => {
       maxInFlight = Math.max(maxInFlight, inFlight);
       await gate;
       inFlight--;
-      okJson(q, res, rec);
+      void okJson(q, res, rec);
     });
     let denied = 0;
     let allDenied!: () => void;
