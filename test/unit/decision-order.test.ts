@@ -1,0 +1,132 @@
+/**
+ * DESIGN section 5 as a table: each row is a request and the state behind it, and the
+ * code the pipeline must answer — the first failing check in the section's order. Rows
+ * that fail several checks at once prove the order. No sockets: the pipeline gets a
+ * replica lookup, the in-process limiter and a body reader.
+ */
+import assert from 'node:assert/strict';
+import { test } from 'node:test';
+import { makeKeyHasher } from '../../src/auth/hash.js';
+import { deny, STATUS, type Denial } from '../../src/errors.js';
+import { createMemoryLimiter } from '../../src/limits/memory.js';
+import type { FactsKey, FactsProject, KeyFacts } from '../../src/policy/facts.js';
+import type { BodyResult } from '../../src/proxy/body.js';
+import { decide, type PipelineDeps } from '../../src/proxy/pipeline.js';
+import { buildRules } from '../../src/routes.js';
+
+const hashKey = makeKeyHasher({ hash: 'sha256' });
+
+function facts(over: { key?: Partial<FactsKey>; project?: Partial<FactsProject> | null; wallet?: number | null } = {}): KeyFacts {
+  const key: FactsKey = {
+    id: 'k_1', kind: 'team', userId: null, projectId: 'p_1', status: 'active', budget: null, spent: 0,
+    models: null, routing: null, rpm: null, tpm: null, concurrency: null, ...over.key,
+  };
+  const project = over.project === null ? null : { id: 'p_1', status: 'enabled' as const, budget: null, spent: 0, ...over.project };
+  return { key, project, walletBalance: over.wallet ?? null };
+}
+
+const personal = (wallet: number, key: Partial<FactsKey> = {}) =>
+  facts({ key: { kind: 'personal', userId: 'u_1', projectId: null, ...key }, project: null, wallet });
+
+type BodyCase = 'ok' | 'gpt-4o' | 'invalid' | 'too-large';
+
+function bodyResult(c: BodyCase): BodyResult {
+  if (c === 'invalid') return { ok: false, denial: deny('invalid_request', { detail: 'The request body is not valid JSON.' }), closeConnection: false };
+  if (c === 'too-large') return { ok: false, denial: deny('body_too_large', { params: { limit: 10 } }), closeConnection: true };
+  const model = c === 'ok' ? 'gpt-4o-mini' : 'gpt-4o';
+  return { ok: true, body: { model, maxOutputTokens: 16, estimateBytes: 100, replay: { pipe: (d) => d } } };
+}
+
+interface Row {
+  name: string;
+  method?: string;
+  url?: string;
+  /** the credential header lines; default one Bearer key */
+  headers?: string[];
+  state?: KeyFacts | null;
+  ready?: boolean;
+  body?: BodyCase;
+  /** requests already admitted for this key this minute (with rpm 1 set on the key) */
+  rpmUsed?: boolean;
+  expect: string;
+}
+
+const deleted = { key: { status: 'deleted' as const } };
+const everyLaterFailure = { key: { models: ['claude-*'], budget: 1, spent: 5, rpm: 1 }, project: { status: 'disabled' as const } };
+
+const ROWS: Row[] = [
+  { name: 'unknown route', url: '/v2/chat', expect: '404 not_found' },
+  { name: 'dot segment', url: '/v1/../v1/chat/completions', expect: '400 invalid_path' },
+  { name: 'a bad path beats a missing key', url: '/v1/%2e%2e/models', headers: [], expect: '400 invalid_path' },
+  { name: 'replica not loaded: 503 before the credential is even read', ready: false, headers: [], expect: '503 not_ready' },
+  { name: 'no key', headers: [], expect: '401 missing_api_key' },
+  { name: 'two Authorization lines', headers: ['Authorization', 'Bearer sk-good', 'Authorization', 'Bearer sk-other'], expect: '401 conflicting_api_keys' },
+  { name: 'x-api-key only on an openai route', headers: ['x-api-key', 'sk-good'], expect: '401 missing_api_key' },
+  { name: 'unknown key', state: null, expect: '401 invalid_api_key' },
+  { name: 'deleted key beats every later failure', state: facts({ ...everyLaterFailure, key: { ...everyLaterFailure.key, ...deleted.key } }), body: 'invalid', rpmUsed: true, expect: '401 api_key_deleted' },
+  { name: 'files: disabled project is 403', method: 'POST', url: '/v1/files', state: facts({ project: { status: 'disabled' } }), expect: '403 project_disabled' },
+  { name: 'files: a spent budget does not matter', method: 'GET', url: '/v1/files', state: facts({ key: { budget: 1, spent: 5 } }), expect: 'allow' },
+  { name: 'model: disabled project is 402 and beats the budgets', state: facts(everyLaterFailure), body: 'invalid', expect: '402 project_disabled' },
+  { name: 'model: key budget before project budget', state: facts({ key: { budget: 1, spent: 1 }, project: { budget: 1, spent: 1 } }), expect: '402 key_budget_exhausted' },
+  { name: 'model: project budget', state: facts({ project: { budget: 1, spent: 2 } }), expect: '402 project_budget_exhausted' },
+  { name: 'model: empty wallet beats a bad body', state: personal(0), body: 'invalid', expect: '402 insufficient_balance' },
+  { name: 'model: bad body beats scope and limits', state: facts({ key: { models: ['claude-*'], rpm: 1 } }), body: 'invalid', rpmUsed: true, expect: '400 invalid_request' },
+  { name: 'model: body too large', body: 'too-large', expect: '413 body_too_large' },
+  { name: 'model: scope beats limits', state: facts({ key: { models: ['claude-*'], rpm: 1 } }), rpmUsed: true, expect: '403 model_not_allowed' },
+  { name: 'model: scope glob is anchored', state: facts({ key: { models: ['gpt-4o'] } }), body: 'ok', expect: '403 model_not_allowed' },
+  { name: 'model: rpm', state: facts({ key: { rpm: 1 } }), rpmUsed: true, expect: '429 rpm_exceeded' },
+  { name: 'model: all checks pass', state: personal(5, { models: ['gpt-4o*'], rpm: 1 }), expect: 'allow' },
+  { name: 'listing needs only steps 1-3: a spent budget and a disabled project pass', method: 'GET', url: '/v1/models', state: facts(everyLaterFailure), rpmUsed: true, expect: 'allow' },
+  { name: 'messages: x-api-key is read', url: '/v1/messages', headers: ['x-api-key', 'sk-good'], state: personal(5), expect: 'allow' },
+];
+
+const BODY_ROUTES = new Set(['/v1/chat/completions', '/v1/messages']);
+
+for (const row of ROWS) {
+  test(`decision order: ${row.name} -> ${row.expect}`, async () => {
+    const limiter = createMemoryLimiter();
+    const state = row.state === undefined ? facts() : row.state;
+    const deps: PipelineDeps = {
+      rules: buildRules([]),
+      hashKey,
+      keyFormat: 'any',
+      lookup: (hash) => (hash === hashKey('sk-good') ? state : null),
+      ready: () => row.ready ?? true,
+      limiter,
+      upstreams: new Map([['default', { concurrency: 0, rpm: 0 }]]),
+      maxJsonBodyBytes: 1 << 20,
+      onUnknownRouting: () => {},
+    };
+    if (row.rpmUsed && state) {
+      const first = await limiter.admit({ keyId: state.key.id, limits: { rpm: 1, tpm: null, concurrency: null }, tokens: 0, route: { name: 'default', concurrency: 0, rpm: 0 }, requestId: 'earlier' });
+      assert.ok(first.ok, 'the earlier request uses up the minute');
+    }
+    let bodyReads = 0;
+    const url = row.url ?? '/v1/chat/completions';
+    const decision = await decide(
+      {
+        method: row.method ?? 'POST',
+        url,
+        rawHeaders: row.headers ?? ['Authorization', 'Bearer sk-good'],
+        readBody: async () => {
+          bodyReads++;
+          return bodyResult(row.body ?? 'ok');
+        },
+      },
+      deps,
+      'req-1',
+    );
+    const summary = decision.allow ? 'allow' : `${statusOf(decision.denial)} ${decision.denial.code}`;
+    assert.equal(summary, row.expect);
+    // The body is read only once steps 1-5 have passed, and only on model routes.
+    const stepsBeforeBody = /^(404|400 invalid_path|503|401|402|403 project_disabled)/.test(row.expect);
+    if (stepsBeforeBody || !BODY_ROUTES.has(url)) assert.equal(bodyReads, 0, 'body read before its step');
+    else assert.equal(bodyReads, 1);
+    if (decision.allow) decision.lease?.finish({ tokens: null });
+    await limiter.close();
+  });
+}
+
+function statusOf(d: Denial): number {
+  return d.status ?? STATUS[d.code];
+}
