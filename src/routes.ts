@@ -4,7 +4,8 @@
  */
 import type { ErrorStyle } from './errors.js';
 
-export type RouteClass = 'listing' | 'model' | 'files';
+/** self: answered by keyward itself (GET /v1/key), never forwarded */
+export type RouteClass = 'listing' | 'model' | 'files' | 'self';
 
 export interface Route {
   /** stable name for logs and metrics, e.g. "chat.completions" */
@@ -47,6 +48,7 @@ const rule = (path: string, route: Route, opts: { prefix?: boolean; methods?: st
 });
 
 export const DEFAULT_RULES: readonly RouteRule[] = [
+  rule('/v1/key', r('key', 'self'), { methods: ['GET'] }),
   rule('/v1/models', r('models', 'listing'), { methods: ['GET'] }),
   rule('/v1/models', r('models', 'listing'), { prefix: true, methods: ['GET'] }),
   rule('/v1/chat/completions', r('chat.completions', 'model', { modelRequired: true })),

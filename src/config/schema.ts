@@ -3,6 +3,7 @@
  * Defaults are the ones the design lists. Pure: no I/O.
  */
 import { z } from 'zod';
+import { parseCidr } from '../policy/network.js';
 
 /** Numbers also accept numeric strings, which is what `${VAR}` expansion yields. */
 const num = () => z.preprocess((v) => (typeof v === 'string' && /^-?\d+$/.test(v.trim()) ? Number(v) : v), z.number().int());
@@ -43,7 +44,14 @@ export const configSchema = z
       .strictObject({
         host: host.default('127.0.0.1'),
         port: port.default(8080),
+        /** JSON model-request bodies only: they are read whole to find the model */
         maxJsonBodyBytes: num().pipe(z.number().positive()).default(33_554_432),
+        /** multipart and files bodies, which stream through unbuffered; 0 = no limit */
+        maxUploadBytes: num().pipe(z.number().nonnegative()).default(0),
+        /** CIDRs of proxies in front of keyward whose X-Forwarded-For is believed */
+        trustedProxies: z.array(z.string().refine((c) => parseCidr(c) !== null, { message: 'expected a CIDR such as 10.0.0.0/8 or 2001:db8::/32' })).default([]),
+        /** refuse requests that carry Origin or Sec-Fetch-Mode unless the key allows browsers */
+        refuseBrowsers: bool().default(true),
         /** SIGTERM: how long in-flight requests and streams may take to finish */
         shutdownGraceMs: ms(30_000),
       })
@@ -72,6 +80,8 @@ export const configSchema = z
       .strictObject({
         /** concurrency slot lease; refreshed while a response lasts, so a crashed instance's slots come back */
         leaseMs: num().pipe(z.number().min(1000)).default(30_000),
+        /** output tokens reserved (and held for budgets) when a request names no output cap */
+        defaultOutputTokens: num().pipe(z.number().nonnegative()).default(1024),
       })
       .prefault({}),
     keys: z

@@ -49,6 +49,8 @@ export interface AccessLine {
   app_url: string | null;
   input_tokens: number | null;
   output_tokens: number | null;
+  usage_estimated: boolean | null;
+  client_ip: string | null;
   api_version: string | null;
   duration_ms: number;
   upstream_ms: number | null;
@@ -94,7 +96,8 @@ function accessWriter(opts: { stream: pino.DestinationStream; enabled: () => boo
         `"path":${str(l.path)},"route":${str(l.route)},"status":${l.status},"code":${str(l.code)},"key_id":${str(l.key_id)},` +
         `"key_kind":${str(l.key_kind)},"project_id":${str(l.project_id)},"user_id":${str(l.user_id)},"model":${str(l.model)},` +
         `"routing":${str(l.routing)},"app_name":${str(l.app_name)},"app_url":${str(l.app_url)},"input_tokens":${l.input_tokens},` +
-        `"output_tokens":${l.output_tokens},"api_version":${str(l.api_version)},"duration_ms":${l.duration_ms},"upstream_ms":${l.upstream_ms},"msg":"request"}\n`,
+        `"output_tokens":${l.output_tokens},"usage_estimated":${l.usage_estimated},` +
+        `"client_ip":${str(l.client_ip)},"api_version":${str(l.api_version)},"duration_ms":${l.duration_ms},"upstream_ms":${l.upstream_ms},"msg":"request"}\n`,
     );
     if (held.length >= ACCESS_BATCH_LINES) flush();
     else if (timer === null) timer = setTimeout(flush, ACCESS_FLUSH_MS);

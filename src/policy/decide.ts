@@ -27,7 +27,7 @@ export function checkKey(facts: PolicyFacts | null, unknown: () => Denial): Deni
 
 /** Steps 4-5: standing of the key's project or wallet for the route's class. */
 export function checkStanding(facts: PolicyFacts, routeClass: RouteClass): Denial | null {
-  if (routeClass === 'listing') return null;
+  if (routeClass === 'listing' || routeClass === 'self') return null;
   const { key, project } = facts;
   if (routeClass === 'files') {
     // A team key whose project is missing from the replica is treated as disabled: fail closed.

@@ -17,6 +17,18 @@ export interface FactsKey {
   rpm: number | null;
   tpm: number | null;
   concurrency: number | null;
+  epoch: number;
+  ips: string[] | null;
+  allowBrowser: boolean;
+  modelLimits: ModelLimit[] | null;
+  period: 'day' | 'week' | 'month' | null;
+}
+
+/** Limits for the models a glob names, in addition to the key's own; the first matching entry applies. */
+export interface ModelLimit {
+  models: string;
+  rpm: number | null;
+  tpm: number | null;
 }
 
 export interface FactsProject {
@@ -24,6 +36,7 @@ export interface FactsProject {
   status: 'enabled' | 'disabled';
   budget: number | null;
   spent: number;
+  epoch: number;
 }
 
 /** Everything the policy needs about one key. */
@@ -32,4 +45,5 @@ export interface KeyFacts {
   project: FactsProject | null;
   /** null when the console sent no wallet for the key's user */
   walletBalance: number | null;
+  walletEpoch: number | null;
 }

@@ -14,6 +14,8 @@ export interface UsageEvent {
   status: number;
   /** ISO-8601 time the request completed */
   at: string;
+  /** the response reported no usage: the figures are the sidecar's estimate */
+  estimated?: boolean;
 }
 
 export const usageEvent = z.strictObject({
@@ -24,6 +26,7 @@ export const usageEvent = z.strictObject({
   output_tokens: z.number().int().nonnegative(),
   status: z.number().int(),
   at: z.string().min(1),
+  estimated: z.boolean().optional(),
 });
 
 

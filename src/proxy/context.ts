@@ -8,7 +8,8 @@ import type { AccessLine } from '../obs/logger.js';
 import type { Lease } from '../limits/limiter.js';
 import type { Route } from '../routes.js';
 import type { KeyFacts } from '../policy/facts.js';
-import type { Usage } from './usage.js';
+import type { Settled } from '../policy/estimate.js';
+import type { UsageTap } from './usage.js';
 
 export interface RequestContext {
   reqId: string;
@@ -25,7 +26,20 @@ export interface RequestContext {
   appUrl: string | null;
   upstreamStart: number | null;
   upstreamMs: number | null;
-  usage: Usage | null;
+  /** the client's address (DESIGN section 4) */
+  clientIp: string | null;
+  /** a model request that generates: settled and billed (see pipeline's Allow) */
+  metered: boolean;
+  /** its prompt-token estimate and reserved output */
+  estimate: { prompt: number; output: number };
+  /** reads the response's usage and generated text as it streams to the client */
+  tap: UsageTap | null;
+  /** the upstream's status, once its response started */
+  upstreamStatus: number | null;
+  /** the upstream failed before any output (unreachable, timeout) */
+  upstreamFailed: boolean;
+  /** what the request was settled and billed at (null: nothing) */
+  settled: Settled | null;
   lease: Lease | null;
 }
 
@@ -46,7 +60,7 @@ export function saneRequestId(value: string | string[] | undefined): string | nu
   return v !== undefined && SANE_REQUEST_ID.test(v) ? v : null;
 }
 
-export function newContext(req: IncomingMessage, opts: { versionHeader: string; now: number }): RequestContext {
+export function newContext(req: IncomingMessage, opts: { versionHeader: string; now: number; clientIp: string | null }): RequestContext {
   const url = req.url ?? '/';
   const q = url.indexOf('?');
   const version = req.headers[opts.versionHeader];
@@ -65,7 +79,13 @@ export function newContext(req: IncomingMessage, opts: { versionHeader: string; 
     appUrl: cleanAttribution(req.headers['x-app-url']),
     upstreamStart: null,
     upstreamMs: null,
-    usage: null,
+    clientIp: opts.clientIp,
+    metered: false,
+    estimate: { prompt: 0, output: 0 },
+    tap: null,
+    upstreamStatus: null,
+    upstreamFailed: false,
+    settled: null,
     lease: null,
   };
 }
@@ -88,8 +108,10 @@ export function accessLine(ctx: RequestContext, status: number, now: number): Ac
     routing: ctx.upstream,
     app_name: ctx.appName,
     app_url: ctx.appUrl,
-    input_tokens: ctx.usage?.input_tokens ?? null,
-    output_tokens: ctx.usage?.output_tokens ?? null,
+    input_tokens: ctx.settled?.input_tokens ?? null,
+    output_tokens: ctx.settled?.output_tokens ?? null,
+    usage_estimated: ctx.settled ? ctx.settled.estimated : null,
+    client_ip: ctx.clientIp === null ? null : ctx.clientIp.slice(0, 64),
     api_version: ctx.apiVersion,
     duration_ms: Math.round((now - ctx.start) * 1000) / 1000,
     upstream_ms: ctx.upstreamMs === null ? null : Math.round(ctx.upstreamMs * 1000) / 1000,

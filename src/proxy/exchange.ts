@@ -11,10 +11,13 @@ import { deny, renderError, type Denial, type ErrorStyle } from '../errors.js';
 import type { LogSink } from '../log.js';
 import type { AccessWriter } from '../obs/logger.js';
 import type { Metrics } from '../obs/metrics.js';
+import type { KeyFacts } from '../policy/facts.js';
 import type { UsageEvent } from '../protocol/usage.js';
 import { hasBody, readModelBody } from './body.js';
 import { accessLine, newContext, type RequestContext } from './context.js';
 import type { ForwardFailure, Forwarder } from './forward.js';
+import { settleUsage } from '../policy/estimate.js';
+import { clientAddress, type Cidr } from '../policy/network.js';
 import { decide, type Allow, type Decision, type PipelineDeps } from './pipeline.js';
 import { createUsageTap } from './usage.js';
 
@@ -28,6 +31,20 @@ export interface ExchangeDeps {
   log: LogSink;
   /** `<vendor>-version`, logged as api_version */
   versionHeader: string;
+  /** `server.trustedProxies`: peers whose X-Forwarded-For is believed */
+  trustedProxies: readonly Cidr[];
+  /** GET /v1/key: the caller's own key and live figures (DESIGN section 11) */
+  describeKey: (facts: KeyFacts) => Promise<unknown>;
+}
+
+/** Every X-Forwarded-For line, in order (Node joins them, but only for headers it knows to join). */
+function forwardedFor(rawHeaders: readonly string[]): string[] {
+  const out: string[] = [];
+  for (let i = 0; i < rawHeaders.length; i += 2) {
+    const name = rawHeaders[i]!;
+    if (name.length === 15 && name.toLowerCase() === 'x-forwarded-for') out.push(rawHeaders[i + 1]!);
+  }
+  return out;
 }
 
 export interface Exchanges {
@@ -72,14 +89,26 @@ export function answerClientError(socket: Duplex): void {
 }
 
 /**
- * The settlement rule, written once: the TPM reservation becomes the usage the response
- * reported (count_tokens is never charged tokens); unknown usage keeps the reservation.
- * Concurrency slots are freed with it.
+ * Settles a request once its response has ended or either side went away: what it is
+ * billed at follows the one rule in settleUsage (reported usage, else the estimate);
+ * every limit it holds is settled to that, and its concurrency slots are freed.
  */
 function settle(ctx: RequestContext): void {
-  if (!ctx.lease) return;
-  const usage = ctx.usage;
-  ctx.lease.finish({ tokens: ctx.route?.countTokens ? 0 : usage ? usage.input_tokens + usage.output_tokens : null });
+  if (ctx.metered && ctx.upstreamStart !== null) {
+    // A stream cut short still shows what it had generated so far.
+    const tapped = ctx.tap?.end() ?? null;
+    ctx.tap = null;
+    ctx.settled = settleUsage({
+      usage: tapped?.usage ?? null,
+      // no tap: an unreadable response (null), or none at all because the client left first (nothing seen)
+      textChars: tapped ? tapped.textChars : ctx.upstreamStatus === null ? 0 : null,
+      promptTokens: ctx.estimate.prompt,
+      reservedOutput: ctx.estimate.output,
+      upstreamStatus: ctx.upstreamStatus,
+      upstreamFailed: ctx.upstreamFailed,
+    });
+  }
+  ctx.lease?.finish({ tokens: ctx.settled ? ctx.settled.input_tokens + ctx.settled.output_tokens : 0 });
 }
 
 const FAILURES: Record<ForwardFailure, (err: Error) => Denial> = {
@@ -99,16 +128,17 @@ export function createExchanges(deps: ExchangeDeps): Exchanges {
     settle(ctx);
     // 499: the client went away before the response was complete (nginx's convention)
     const status = res.writableFinished ? res.statusCode : 499;
-    const usage = ctx.usage;
-    if (usage && !ctx.route?.countTokens && ctx.facts && deps.usageSink) {
+    const settled = ctx.settled;
+    if (settled && ctx.facts && deps.usageSink) {
       deps.usageSink({
         request_id: ctx.reqId,
         key_id: ctx.facts.key.id,
         model: ctx.model,
-        input_tokens: usage.input_tokens,
-        output_tokens: usage.output_tokens,
+        input_tokens: settled.input_tokens,
+        output_tokens: settled.output_tokens,
         status,
         at: new Date().toISOString(),
+        ...(settled.estimated ? { estimated: true } : {}),
       });
     }
     deps.metrics.request(ctx.route?.name ?? 'none', status, ctx.code ?? '');
@@ -125,17 +155,17 @@ export function createExchanges(deps: ExchangeDeps): Exchanges {
       hooks: {
         onResponse(proxyRes) {
           ctx.upstreamMs = performance.now() - ctx.upstreamStart!;
+          ctx.upstreamStatus = proxyRes.statusCode ?? null;
           // The client can quote the id its access-log line carries, unless the upstream names its own.
           if (proxyRes.headers['x-request-id'] === undefined) proxyRes.headers['x-request-id'] = ctx.reqId;
-          if (ctx.route?.class !== 'model') return;
+          if (!ctx.metered) return;
           const tap = createUsageTap({ contentType: proxyRes.headers['content-type'], contentEncoding: proxyRes.headers['content-encoding'] });
           if (!tap) return;
+          ctx.tap = tap;
           proxyRes.on('data', (chunk: Buffer) => tap.push(chunk));
-          proxyRes.once('end', () => {
-            ctx.usage = tap.end();
-          });
         },
         onFailure(kind, err) {
+          if (ctx.upstreamStatus === null) ctx.upstreamFailed = true;
           // mid-response: the client must see a broken response, not a truncated "success"
           if (res.headersSent) return void res.destroy();
           if (kind !== 'rejected') deps.log.warn({ req_id: ctx.reqId, upstream: ctx.upstream, err: err.message }, 'upstream failure');
@@ -143,6 +173,20 @@ export function createExchanges(deps: ExchangeDeps): Exchanges {
         },
       },
     });
+  };
+
+  const answerSelf = (res: ServerResponse, ctx: RequestContext, facts: KeyFacts) => {
+    deps.describeKey(facts).then(
+      (view) => {
+        const body = JSON.stringify(view);
+        res.writeHead(200, { 'content-type': 'application/json', 'content-length': String(Buffer.byteLength(body)), 'x-request-id': ctx.reqId, 'cache-control': 'no-store' });
+        res.end(body);
+      },
+      (err: Error) => {
+        deps.log.error({ req_id: ctx.reqId, err: err.message }, 'key view failed');
+        sendDenial(res.req, res, ctx, deny('internal_error'), 'openai');
+      },
+    );
   };
 
   const apply = (req: IncomingMessage, res: ServerResponse, ctx: RequestContext, decision: Decision, expectContinue: boolean) => {
@@ -154,14 +198,18 @@ export function createExchanges(deps: ExchangeDeps): Exchanges {
     deps.metrics.decision(decision.allow ? 'allow' : 'deny', (performance.now() - ctx.start) / 1000);
     if (!decision.allow) return sendDenial(req, res, ctx, decision.denial, decision.style);
     ctx.lease = decision.lease;
+    ctx.metered = decision.metered;
+    ctx.estimate = decision.estimate;
     // The client went away while the checks ran: its response has closed already.
     if (res.destroyed) return settle(ctx);
+    if (decision.seen.route.class === 'self') return answerSelf(res, ctx, decision.seen.facts);
     forward(req, res, ctx, decision, expectContinue);
   };
 
   return {
     handle(req, res, expectContinue) {
-      const ctx = newContext(req, { versionHeader: deps.versionHeader, now: performance.now() });
+      const clientIp = clientAddress({ peer: req.socket.remoteAddress, forwardedFor: deps.trustedProxies.length ? forwardedFor(req.rawHeaders) : [], trusted: deps.trustedProxies });
+      const ctx = newContext(req, { versionHeader: deps.versionHeader, now: performance.now(), clientIp });
       inFlight++;
       res.once('close', () => finish(res, ctx));
       if (draining) res.setHeader('connection', 'close');
@@ -169,6 +217,7 @@ export function createExchanges(deps: ExchangeDeps): Exchanges {
         method: ctx.method,
         url: req.url ?? '/',
         rawHeaders: req.rawHeaders,
+        clientIp,
         // Expect: 100-continue is answered only once the credentials have been checked.
         readBody: (opts: { limit: number; modelRequired: boolean }) => {
           if (expectContinue) res.writeContinue();

@@ -11,7 +11,8 @@ import type { KeyHasher } from '../auth/hash.js';
 import { deny, type Denial, type ErrorStyle } from '../errors.js';
 import { hasAnyLimit, type AdmitInput, type Lease, type Limiter } from '../limits/limiter.js';
 import { checkKey, checkModel, checkStanding } from '../policy/decide.js';
-import { estimateTokens } from '../policy/estimate.js';
+import { checkNetwork, looksLikeBrowser } from '../policy/network.js';
+import { promptTokens } from '../policy/estimate.js';
 import type { KeyFacts } from '../policy/facts.js';
 import { classify, type Route, type RouteRule } from '../routes.js';
 import type { BodyResult, BodySource } from './body.js';
@@ -25,6 +26,10 @@ export interface PipelineDeps {
   limiter: Limiter;
   upstreams: ReadonlyMap<string, { concurrency: number; rpm: number }>;
   maxJsonBodyBytes: number;
+  /** output tokens a request that names no cap is expected to generate */
+  defaultOutputTokens: number;
+  /** `server.refuseBrowsers` */
+  refuseBrowsers: boolean;
   /** a key's routing mode names no upstream: the request goes to `default` */
   onUnknownRouting: (mode: string) => void;
 }
@@ -34,6 +39,8 @@ export interface RequestInput {
   method: string;
   url: string;
   rawHeaders: readonly string[];
+  /** the client's address (DESIGN section 4), null when it cannot be told */
+  clientIp: string | null;
   /** step 6: reads the model body (called at most once, only on model routes) */
   readBody: (opts: { limit: number; modelRequired: boolean }) => Promise<BodyResult>;
 }
@@ -55,8 +62,14 @@ export interface Allow {
   bodyRead: boolean;
   /** held limits (null when nothing is limited); the exchange settles it */
   lease: Lease | null;
-  /** the TPM reservation */
+  /** the TPM reservation: prompt estimate plus the output reserved */
   tokens: number;
+  estimate: { prompt: number; output: number };
+  /**
+   * A model request that generates: its usage is settled and billed. Not count_tokens,
+   * and not a bodiless call on a stored response (a retrieval or a cancel generates nothing).
+   */
+  metered: boolean;
 }
 
 export interface Deny {
@@ -77,7 +90,7 @@ function chooseUpstream(deps: PipelineDeps, facts: KeyFacts): string {
   return 'default';
 }
 
-/** Steps 1-5: route, readiness, credential, key, standing. */
+/** Steps 1-5: route, readiness, credential, key, network policy, standing. */
 function authenticate(input: RequestInput, deps: PipelineDeps, seen: Seen): Denial | null {
   const classified = classify(deps.rules, input.method, input.url);
   if (!classified.ok) {
@@ -91,7 +104,11 @@ function authenticate(input: RequestInput, deps: PipelineDeps, seen: Seen): Deni
   const key = cred.key;
   const facts = deps.keyFormat === 'keyward' && !isWellFormedKey(key) ? null : deps.lookup(deps.hashKey(key));
   seen.facts = facts;
-  return checkKey(facts, () => unknownKeyDenial(key)) ?? checkStanding(facts!, route.class);
+  return (
+    checkKey(facts, () => unknownKeyDenial(key)) ??
+    checkNetwork(facts!.key, { clientIp: input.clientIp, browser: looksLikeBrowser(input.rawHeaders), refuseBrowsers: deps.refuseBrowsers }) ??
+    checkStanding(facts!, route.class)
+  );
 }
 
 /** Step 8's input: the key's limits, the TPM reservation and the upstream's capacity. */
@@ -107,6 +124,11 @@ function admission(deps: PipelineDeps, seen: Allow['seen'], tokens: number, requ
   };
 }
 
+/** The output a request reserves: the largest cap it names, else the configured default. */
+function outputCap(named: number | null, fallback: number): number {
+  return typeof named === 'number' && Number.isFinite(named) && named > 0 ? Math.ceil(named) : fallback;
+}
+
 export async function decide(input: RequestInput, deps: PipelineDeps, requestId: string): Promise<Decision> {
   const seen: Seen = { route: null, facts: null, upstream: null, model: null };
   const authDenial = authenticate(input, deps, seen);
@@ -115,9 +137,11 @@ export async function decide(input: RequestInput, deps: PipelineDeps, requestId:
   admitted.upstream = chooseUpstream(deps, admitted.facts);
   const route = admitted.route;
   const allow = (extra: Omit<Allow, 'allow' | 'seen'>): Allow => ({ allow: true, seen: admitted, ...extra });
-  if (route.class === 'listing') return allow({ body: null, bodyRead: false, lease: null, tokens: 0 });
+  const none = { prompt: 0, output: 0 };
+  if (route.class === 'listing' || route.class === 'self') return allow({ body: null, bodyRead: false, lease: null, tokens: 0, estimate: none, metered: false });
 
-  let tokens = 0;
+  let estimate = none;
+  let metered = false;
   let body: BodySource | null = null;
   const bodyRead = route.class === 'model';
   if (route.class === 'model') {
@@ -128,13 +152,15 @@ export async function decide(input: RequestInput, deps: PipelineDeps, requestId:
     // A bodiless call (GET or DELETE /v1/responses/{id}, a cancel) selects no model, so scope does not apply.
     const scope = body === null ? null : checkModel(admitted.facts.key, read.body.model);
     if (scope) return denied(seen, scope);
-    tokens = route.countTokens ? 0 : estimateTokens({ bodyBytes: read.body.estimateBytes, maxOutputTokens: read.body.maxOutputTokens });
+    metered = body !== null && !route.countTokens;
+    if (metered) estimate = { prompt: promptTokens(read.body.estimateBytes), output: outputCap(read.body.maxOutputTokens, deps.defaultOutputTokens) };
   }
+  const tokens = estimate.prompt + estimate.output;
 
   const limits = admission(deps, admitted, tokens, requestId);
   // Nothing to enforce: no limiter round trip at all.
-  if (!hasAnyLimit(limits)) return allow({ body, bodyRead, lease: null, tokens });
+  if (!hasAnyLimit(limits)) return allow({ body, bodyRead, lease: null, tokens, estimate, metered });
   const result = await deps.limiter.admit(limits);
   if (!result.ok) return denied(seen, deny(result.code, { retryAfterMs: result.retryAfterMs }));
-  return allow({ body, bodyRead, lease: result.lease, tokens });
+  return allow({ body, bodyRead, lease: result.lease, tokens, estimate, metered });
 }

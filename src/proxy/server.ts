@@ -14,6 +14,8 @@ import { createMetrics, type Metrics } from '../obs/metrics.js';
 import type { UsageEvent } from '../protocol/usage.js';
 import { ReplicaStore } from '../replica/store.js';
 import { replicaWriter } from '../replica/writer.js';
+import { keyView } from '../policy/key-view.js';
+import { parseCidr } from '../policy/network.js';
 import { buildRules } from '../routes.js';
 import { createSyncClient, createUsagePusher, type SyncClient, type UsagePusher } from '../sync/client.js';
 import { answerClientError, createExchanges } from './exchange.js';
@@ -103,6 +105,8 @@ export async function startSidecar(opts: SidecarOptions): Promise<Sidecar> {
       limiter,
       upstreams: new Map(Object.entries(config.upstreams).map(([name, u]) => [name, u.capacity])),
       maxJsonBodyBytes: config.server.maxJsonBodyBytes,
+      defaultOutputTokens: config.limits.defaultOutputTokens,
+      refuseBrowsers: config.server.refuseBrowsers,
       onUnknownRouting: onceEach((mode) => logger.warn({ routing: mode }, 'key routing mode names no upstream; using default')),
     },
     forwarder,
@@ -111,6 +115,8 @@ export async function startSidecar(opts: SidecarOptions): Promise<Sidecar> {
     usageSink: opts.usageSink ?? (usagePusher ? (e: UsageEvent) => usagePusher.push(e) : null),
     log: logger,
     versionHeader: `${config.messages.vendor}-version`,
+    trustedProxies: config.server.trustedProxies.map((c) => parseCidr(c)!),
+    describeKey: async (facts) => keyView(facts, { remaining: { requests: null, tokens: null }, spent: null, balance: null }, Date.now()),
   });
   let draining = false;
 

@@ -14,15 +14,24 @@
  *    null, i.e. the reservation is kept. Other encodings: no tap.
  */
 import * as zlib from 'node:zlib';
+import { bodyText, eventText } from './usage-text.js';
 
 export interface Usage {
   input_tokens: number;
   output_tokens: number;
 }
 
+/** What a response showed of its usage. */
+export interface Tapped {
+  /** the usage it reported, or null */
+  usage: Usage | null;
+  /** characters of generated text seen; null when the response could not be read (too large, cut JSON) */
+  textChars: number | null;
+}
+
 export interface UsageTap {
   push(chunk: Buffer): void;
-  end(): Usage | null;
+  end(): Tapped;
 }
 
 export interface UsageTapOptions {
@@ -164,7 +173,10 @@ function createJsonTap(): UsageTap {
     push: (chunk) => body.push(chunk),
     end() {
       const v = body.value();
-      return isObj(v) ? normalize(isObj(v.response) && !('usage' in v) ? v.response.usage : v.usage) : null;
+      const usage = isObj(v) ? normalize(isObj(v.response) && !('usage' in v) ? v.response.usage : v.usage) : null;
+      // Past the window only the usage survives; a body that does not parse was cut or is not JSON.
+      const readable = !body.overflowed && v !== undefined;
+      return { usage, textChars: readable ? bodyText(v) : null };
     },
   };
 }
@@ -177,6 +189,7 @@ function createSseTap(): UsageTap {
   let final: Usage | null = null; // chat/completions usage chunk, responses events
   let started: Usage | null = null; // messages: message_start
   let delta: Obj | null = null; // messages: latest message_delta usage (cumulative)
+  let textChars = 0;
   let event = new Window();
   let eventHasData = false;
   // The line being read: its first bytes until we know whether it is a data line.
@@ -186,6 +199,7 @@ function createSseTap(): UsageTap {
 
   const onEvent = (o: unknown): void => {
     if (!isObj(o)) return;
+    textChars += eventText(o);
     const type = typeof o.type === 'string' ? o.type : '';
     if (type === 'message_start' && isObj(o.message)) started = normalize(o.message.usage) ?? started;
     else if (type === 'message_delta' && isObj(o.usage)) delta = { ...(delta ?? {}), ...o.usage };
@@ -248,12 +262,12 @@ function createSseTap(): UsageTap {
       // An event missing only its blank line still counts if its JSON is complete.
       endLine();
       dispatch();
-      if (final) return final;
-      if (!delta) return null; // messages stream cut before its final counts
+      if (final) return { usage: final, textChars };
+      if (!delta) return { usage: null, textChars }; // messages stream cut before its final counts
       const fromDelta = normalize(delta);
       const d = delta as Obj;
       const input = 'input_tokens' in d ? (fromDelta?.input_tokens ?? 0) : (started?.input_tokens ?? 0);
-      return { input_tokens: input, output_tokens: count(d.output_tokens) };
+      return { usage: { input_tokens: input, output_tokens: count(d.output_tokens) }, textChars };
     },
   };
 }
@@ -280,6 +294,8 @@ const inflaters: Record<string, Inflate> = {
     }),
 };
 
+const UNREADABLE: Tapped = { usage: null, textChars: null };
+
 function createCompressedTap(inner: UsageTap, inflate: Inflate): UsageTap {
   let chunks: Buffer[] | null = [];
   let size = 0;
@@ -291,12 +307,12 @@ function createCompressedTap(inner: UsageTap, inflate: Inflate): UsageTap {
       else chunks.push(chunk);
     },
     end() {
-      if (!chunks) return null;
+      if (!chunks) return UNREADABLE;
       let plain: Buffer;
       try {
         plain = inflate(Buffer.concat(chunks));
       } catch {
-        return null;
+        return UNREADABLE;
       }
       chunks = null;
       for (let i = 0; i < plain.length; i += INFLATED_SLICE) inner.push(plain.subarray(i, i + INFLATED_SLICE));

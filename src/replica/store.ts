@@ -42,9 +42,11 @@ function toFacts(r: Row): KeyFacts {
       id: r.id, kind: r.kind, userId: r.user_id, projectId: r.project_id, status: r.status,
       budget: r.budget, spent: r.spent, models: r.models === null ? null : (JSON.parse(r.models) as string[]),
       routing: r.routing, rpm: r.rpm, tpm: r.tpm, concurrency: r.concurrency,
+      epoch: 0, ips: null, allowBrowser: false, modelLimits: null, period: null,
     },
-    project: r.p_id === null ? null : { id: r.p_id, status: r.p_status!, budget: r.p_budget, spent: r.p_spent! },
+    project: r.p_id === null ? null : { id: r.p_id, status: r.p_status!, budget: r.p_budget, spent: r.p_spent!, epoch: 0 },
     walletBalance: r.w_balance,
+    walletEpoch: r.w_balance === null ? null : 0,
   };
 }
 

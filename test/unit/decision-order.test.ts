@@ -19,10 +19,11 @@ const hashKey = makeKeyHasher({ hash: 'sha256' });
 function facts(over: { key?: Partial<FactsKey>; project?: Partial<FactsProject> | null; wallet?: number | null } = {}): KeyFacts {
   const key: FactsKey = {
     id: 'k_1', kind: 'team', userId: null, projectId: 'p_1', status: 'active', budget: null, spent: 0,
-    models: null, routing: null, rpm: null, tpm: null, concurrency: null, ...over.key,
+    models: null, routing: null, rpm: null, tpm: null, concurrency: null,
+    epoch: 0, ips: null, allowBrowser: false, modelLimits: null, period: null, ...over.key,
   };
-  const project = over.project === null ? null : { id: 'p_1', status: 'enabled' as const, budget: null, spent: 0, ...over.project };
-  return { key, project, walletBalance: over.wallet ?? null };
+  const project: FactsProject | null = over.project === null ? null : { id: 'p_1', status: 'enabled', budget: null, spent: 0, epoch: 0, ...over.project };
+  return { key, project, walletBalance: over.wallet ?? null, walletEpoch: over.wallet === undefined || over.wallet === null ? null : 0 };
 }
 
 const personal = (wallet: number, key: Partial<FactsKey> = {}) =>
@@ -48,6 +49,7 @@ interface Row {
   body?: BodyCase;
   /** requests already admitted for this key this minute (with rpm 1 set on the key) */
   rpmUsed?: boolean;
+  clientIp?: string;
   expect: string;
 }
 
@@ -64,6 +66,14 @@ const ROWS: Row[] = [
   { name: 'x-api-key only on an openai route', headers: ['x-api-key', 'sk-good'], expect: '401 missing_api_key' },
   { name: 'unknown key', state: null, expect: '401 invalid_api_key' },
   { name: 'deleted key beats every later failure', state: facts({ ...everyLaterFailure, key: { ...everyLaterFailure.key, ...deleted.key } }), body: 'invalid', rpmUsed: true, expect: '401 api_key_deleted' },
+  { name: 'key limited to 10.0.0.0/8, from loopback', state: facts({ key: { ips: ['10.0.0.0/8'] } }), clientIp: '127.0.0.1', expect: '403 ip_not_allowed' },
+  { name: 'key limited to 10.0.0.0/8, from inside it', state: facts({ key: { ips: ['10.0.0.0/8'] } }), clientIp: '10.1.2.3', expect: 'allow' },
+  { name: 'network policy beats a disabled project and a spent budget', state: facts({ ...everyLaterFailure, key: { ...everyLaterFailure.key, ips: ['10.0.0.0/8'] } }), expect: '403 ip_not_allowed' },
+  { name: 'a browser request (Origin) is refused', headers: ['Authorization', 'Bearer sk-good', 'Origin', 'https://app.example'], expect: '403 browser_request_refused' },
+  { name: 'a browser request (Sec-Fetch-*) is refused', headers: ['Authorization', 'Bearer sk-good', 'Sec-Fetch-Mode', 'cors', 'Sec-Fetch-Site', 'cross-site'], expect: '403 browser_request_refused' },
+  { name: 'a browser request from a key that allows browsers', headers: ['Authorization', 'Bearer sk-good', 'Origin', 'https://app.example', 'Sec-Fetch-Mode', 'cors'], state: facts({ key: { allowBrowser: true } }), expect: 'allow' },
+  { name: "Node's fetch (a bare sec-fetch-mode: cors) is a server, not a browser", headers: ['Authorization', 'Bearer sk-good', 'sec-fetch-mode', 'cors'], expect: 'allow' },
+  { name: 'self (GET /v1/key) needs only steps 1-3b', method: 'GET', url: '/v1/key', state: facts(everyLaterFailure), expect: 'allow' },
   { name: 'files: disabled project is 403', method: 'POST', url: '/v1/files', state: facts({ project: { status: 'disabled' } }), expect: '403 project_disabled' },
   { name: 'files: a spent budget does not matter', method: 'GET', url: '/v1/files', state: facts({ key: { budget: 1, spent: 5 } }), expect: 'allow' },
   { name: 'model: disabled project is 402 and beats the budgets', state: facts(everyLaterFailure), body: 'invalid', expect: '402 project_disabled' },
@@ -95,6 +105,8 @@ for (const row of ROWS) {
       limiter,
       upstreams: new Map([['default', { concurrency: 0, rpm: 0 }]]),
       maxJsonBodyBytes: 1 << 20,
+      defaultOutputTokens: 1024,
+      refuseBrowsers: true,
       onUnknownRouting: () => {},
     };
     if (row.rpmUsed && state) {
@@ -108,6 +120,7 @@ for (const row of ROWS) {
         method: row.method ?? 'POST',
         url,
         rawHeaders: row.headers ?? ['Authorization', 'Bearer sk-good'],
+        clientIp: row.clientIp ?? '127.0.0.1',
         readBody: async () => {
           bodyReads++;
           return bodyResult(row.body ?? 'ok');
@@ -119,7 +132,7 @@ for (const row of ROWS) {
     const summary = decision.allow ? 'allow' : `${statusOf(decision.denial)} ${decision.denial.code}`;
     assert.equal(summary, row.expect);
     // The body is read only once steps 1-5 have passed, and only on model routes.
-    const stepsBeforeBody = /^(404|400 invalid_path|503|401|402|403 project_disabled)/.test(row.expect);
+    const stepsBeforeBody = /^(404|400 invalid_path|503|401|402|403 (project_disabled|ip_not_allowed|browser_request_refused))/.test(row.expect);
     if (stepsBeforeBody || !BODY_ROUTES.has(url)) assert.equal(bodyReads, 0, 'body read before its step');
     else assert.equal(bodyReads, 1);
     if (decision.allow) decision.lease?.finish({ tokens: null });

@@ -2,13 +2,13 @@ import assert from 'node:assert/strict';
 import { describe, test } from 'node:test';
 import * as zlib from 'node:zlib';
 import { estimateTokens } from '../../src/policy/estimate.js';
-import { type Usage, createUsageTap, lastUsageObject } from '../../src/proxy/usage.js';
+import { type Tapped, type Usage, createUsageTap, lastUsageObject } from '../../src/proxy/usage.js';
 
 const JSON_CT = 'application/json';
 const SSE_CT = 'text/event-stream; charset=utf-8';
 
 /** Feeds `body` to a fresh tap in pieces of `size` bytes (1 = every byte boundary). */
-function tapIn(body: Buffer | string, opts: { contentType: string; contentEncoding?: string }, size: number): Usage | null {
+function tapIn(body: Buffer | string, opts: { contentType: string; contentEncoding?: string }, size: number): Tapped {
   const tap = createUsageTap(opts);
   assert.ok(tap, 'a tap for this content type');
   const buf = Buffer.isBuffer(body) ? body : Buffer.from(body);
@@ -17,10 +17,14 @@ function tapIn(body: Buffer | string, opts: { contentType: string; contentEncodi
 }
 
 /** Same answer whole, byte by byte and in odd-sized pieces. */
-function read(body: Buffer | string, opts: { contentType: string; contentEncoding?: string }): Usage | null {
+function tapped(body: Buffer | string, opts: { contentType: string; contentEncoding?: string }): Tapped {
   const whole = tapIn(body, opts, Number.MAX_SAFE_INTEGER);
   for (const size of [1, 2, 3, 7, 64, 1000]) assert.deepEqual(tapIn(body, opts, size), whole, `split every ${size} bytes`);
   return whole;
+}
+
+function read(body: Buffer | string, opts: { contentType: string; contentEncoding?: string }): Usage | null {
+  return tapped(body, opts).usage;
 }
 
 const sse = (events: { event?: string; data: unknown }[], eol = '\n'): string =>
@@ -127,10 +131,10 @@ describe('usage tap: JSON', () => {
   test('a body larger than the kept window is still read from its tail', () => {
     const big = { ...chatCompletion, choices: [{ index: 0, message: { role: 'assistant', content: 'x'.repeat(3 << 20) } }] };
     const body = Buffer.from(JSON.stringify(big));
-    assert.deepEqual(tapIn(body, { contentType: JSON_CT }, 65_536), { input_tokens: 19, output_tokens: 10 });
-    assert.deepEqual(tapIn(body, { contentType: JSON_CT }, 1_000_003), { input_tokens: 19, output_tokens: 10 });
+    assert.deepEqual(tapIn(body, { contentType: JSON_CT }, 65_536).usage, { input_tokens: 19, output_tokens: 10 });
+    assert.deepEqual(tapIn(body, { contentType: JSON_CT }, 1_000_003).usage, { input_tokens: 19, output_tokens: 10 });
     const embeds = { ...embeddings, data: Array.from({ length: 2000 }, (_, i) => ({ object: 'embedding', index: i, embedding: Array(200).fill(0.0123456) })) };
-    assert.deepEqual(tapIn(JSON.stringify(embeds), { contentType: JSON_CT }, 16_384), { input_tokens: 8, output_tokens: 0 });
+    assert.deepEqual(tapIn(JSON.stringify(embeds), { contentType: JSON_CT }, 16_384).usage, { input_tokens: 8, output_tokens: 0 });
   });
 });
 
@@ -146,7 +150,7 @@ describe('usage tap: SSE', () => {
 
   test('responses API: a response.completed event larger than the kept window', () => {
     const body = Buffer.from(responsesStream('y'.repeat(2 << 20)));
-    assert.deepEqual(tapIn(body, { contentType: SSE_CT }, 65_536), { input_tokens: 37, output_tokens: 11 });
+    assert.deepEqual(tapIn(body, { contentType: SSE_CT }, 65_536).usage, { input_tokens: 37, output_tokens: 11 });
   });
 
   test('messages: message_start input (with cache) and the last cumulative message_delta output', () => {
@@ -222,4 +226,50 @@ test('estimateTokens: ceil(bytes / 4) plus the output cap', () => {
   assert.equal(estimateTokens({ bodyBytes: 1, maxOutputTokens: null }), 1);
   assert.equal(estimateTokens({ bodyBytes: 400, maxOutputTokens: 1024 }), 1124);
   assert.equal(estimateTokens({ bodyBytes: 401, maxOutputTokens: 0 }), 101);
+});
+
+describe('generated text seen, for responses that report no usage', () => {
+  test('chat stream deltas (content, tool-call arguments), no usage chunk', () => {
+    const body = sse([
+      { data: { object: 'chat.completion.chunk', choices: [{ delta: { role: 'assistant', content: 'Hello' } }] } },
+      { data: { object: 'chat.completion.chunk', choices: [{ delta: { content: ', world' } }] } },
+      { data: { object: 'chat.completion.chunk', choices: [{ delta: { tool_calls: [{ function: { arguments: '{"a":1}' } }] } }] } },
+      { data: '[DONE]' },
+    ]);
+    assert.deepEqual(tapped(body, { contentType: SSE_CT }), { usage: null, textChars: 12 + 7 });
+  });
+
+  test('messages stream: text deltas count, the start and stop events do not; cut before message_delta', () => {
+    const body = sse([
+      { event: 'message_start', data: { type: 'message_start', message: { content: [], usage: { input_tokens: 9, output_tokens: 1 } } } },
+      { event: 'content_block_delta', data: { type: 'content_block_delta', delta: { type: 'text_delta', text: 'abcd' } } },
+      { event: 'content_block_delta', data: { type: 'content_block_delta', delta: { type: 'input_json_delta', partial_json: '{"x"' } } },
+    ]);
+    assert.deepEqual(tapped(body, { contentType: SSE_CT }), { usage: null, textChars: 8 });
+  });
+
+  test('responses stream: deltas count once, the done events that repeat them do not', () => {
+    const body = sse([
+      { data: { type: 'response.output_text.delta', delta: 'abc' } },
+      { data: { type: 'response.output_text.delta', delta: 'de' } },
+      { data: { type: 'response.output_text.done', text: 'abcde' } },
+    ]);
+    assert.equal(tapped(body, { contentType: SSE_CT }).textChars, 5);
+  });
+
+  test('whole JSON bodies: chat, messages, responses, transcription', () => {
+    const chat = { choices: [{ message: { content: 'four' } }] };
+    const messages = { content: [{ type: 'text', text: 'six 66' }, { type: 'tool_use', input: { q: 1 } }] };
+    const responses = { output: [{ content: [{ type: 'output_text', text: 'xyz' }] }, { type: 'function_call', arguments: '{}' }] };
+    assert.deepEqual(tapped(JSON.stringify(chat), { contentType: JSON_CT }), { usage: null, textChars: 4 });
+    assert.equal(tapped(JSON.stringify(messages), { contentType: JSON_CT }).textChars, 6 + JSON.stringify({ q: 1 }).length);
+    assert.equal(tapped(JSON.stringify(responses), { contentType: JSON_CT }).textChars, 5);
+    assert.equal(tapped(JSON.stringify({ text: 'hello there' }), { contentType: JSON_CT }).textChars, 11);
+  });
+
+  test('a JSON body cut short, or too large to keep, cannot be read: null, not zero', () => {
+    assert.equal(tapped('{"choices":[{"message":{"content":"ab', { contentType: JSON_CT }).textChars, null);
+    const huge = JSON.stringify({ choices: [{ message: { content: 'x'.repeat(2 << 20) } }] });
+    assert.equal(tapIn(huge, { contentType: JSON_CT }, 65_536).textChars, null);
+  });
 });

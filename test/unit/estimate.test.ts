@@ -1,0 +1,53 @@
+import assert from 'node:assert/strict';
+import { test } from 'node:test';
+import { settleUsage, type FinishedRequest } from '../../src/policy/estimate.js';
+import { keyView, periodResetsAt } from '../../src/policy/key-view.js';
+import type { KeyFacts } from '../../src/policy/facts.js';
+
+const base: FinishedRequest = { usage: null, textChars: 0, promptTokens: 100, reservedOutput: 1024, upstreamStatus: 200, upstreamFailed: false };
+
+// [what, request, expected settlement]
+const CASES: [string, Partial<FinishedRequest>, ReturnType<typeof settleUsage>][] = [
+  ['reported usage wins', { usage: { input_tokens: 7, output_tokens: 3 }, textChars: 400 }, { input_tokens: 7, output_tokens: 3, estimated: false }],
+  ['no usage: prompt estimate + ceil(chars / 4)', { textChars: 41 }, { input_tokens: 100, output_tokens: 11, estimated: true }],
+  ['no usage, nothing seen: never zero output', { textChars: 0 }, { input_tokens: 100, output_tokens: 1, estimated: true }],
+  ['unreadable response: the whole reservation', { textChars: null }, { input_tokens: 100, output_tokens: 1024, estimated: true }],
+  ['client gone before the response (499, no status)', { upstreamStatus: null, textChars: 0 }, { input_tokens: 100, output_tokens: 1, estimated: true }],
+  ['upstream unreachable or timed out before any output: nothing', { upstreamStatus: null, upstreamFailed: true }, null],
+  ['upstream 5xx without usage: nothing', { upstreamStatus: 503 }, null],
+  ['upstream 4xx without usage: nothing was generated', { upstreamStatus: 400 }, null],
+  ['an error status that still reports usage is billed', { upstreamStatus: 500, usage: { input_tokens: 5, output_tokens: 0 } }, { input_tokens: 5, output_tokens: 0, estimated: false }],
+];
+
+for (const [what, over, expected] of CASES) {
+  test(`settlement: ${what}`, () => assert.deepEqual(settleUsage({ ...base, ...over }), expected));
+}
+
+test('period boundaries are UTC calendar days, Monday weeks and months', () => {
+  const now = Date.UTC(2026, 10, 25, 15, 30); // Wednesday 25 Nov 2026
+  assert.equal(periodResetsAt('day', now).toISOString(), '2026-11-26T00:00:00.000Z');
+  assert.equal(periodResetsAt('week', now).toISOString(), '2026-11-30T00:00:00.000Z');
+  assert.equal(periodResetsAt('month', now).toISOString(), '2026-12-01T00:00:00.000Z');
+  assert.equal(periodResetsAt('month', Date.UTC(2026, 11, 31, 23)).toISOString(), '2027-01-01T00:00:00.000Z');
+  assert.equal(periodResetsAt('week', Date.UTC(2026, 10, 30, 0, 0)).toISOString(), '2026-12-07T00:00:00.000Z', 'on Monday itself: the next Monday');
+});
+
+test('key view: figures, live spend and balance, never the hash', () => {
+  const facts: KeyFacts = {
+    key: { id: 'k_1', kind: 'team', userId: null, projectId: 'p_1', status: 'active', budget: 10, spent: 2, models: ['gpt-4o*'], routing: null, rpm: 60, tpm: null, concurrency: 2, epoch: 3, ips: null, allowBrowser: false, modelLimits: null, period: 'month' },
+    project: { id: 'p_1', status: 'enabled', budget: 100, spent: 50, epoch: 0 },
+    walletBalance: null,
+    walletEpoch: null,
+  };
+  const v = keyView(facts, { remaining: { requests: 59, tokens: null }, spent: 2.5, balance: null }, Date.UTC(2026, 10, 25));
+  assert.deepEqual(v, {
+    id: 'k_1', kind: 'team', project: 'p_1', user: null, models: ['gpt-4o*'],
+    limits: { rpm: 60, tpm: null, concurrency: 2 },
+    remaining: { requests: 59, tokens: null },
+    budget: { limit: 10, spent: 2.5, remaining: 7.5, period: 'month', resets_at: '2026-12-01T00:00:00.000Z' },
+    balance: null,
+  });
+  const personal = keyView({ ...facts, key: { ...facts.key, kind: 'personal', budget: null, projectId: null, userId: 'u_1' }, project: null, walletBalance: 5 }, { remaining: { requests: null, tokens: null }, spent: null, balance: 4.25 }, 0);
+  assert.equal(personal.budget, null);
+  assert.equal(personal.balance, 4.25);
+});

@@ -1,0 +1,58 @@
+import assert from 'node:assert/strict';
+import { test } from 'node:test';
+import { checkNetwork, clientAddress, inCidr, looksLikeBrowser, parseCidr, parseIp } from '../../src/policy/network.js';
+
+const within = (ip: string, cidr: string) => inCidr(parseIp(ip)!, parseCidr(cidr)!);
+
+test('CIDR matching, IPv4 and IPv6, mapped addresses the same client', () => {
+  assert.ok(within('10.1.2.3', '10.0.0.0/8'));
+  assert.ok(!within('11.0.0.1', '10.0.0.0/8'));
+  assert.ok(within('::ffff:10.9.9.9', '10.0.0.0/8'), 'IPv4-mapped IPv6 is the IPv4 address');
+  assert.ok(within('192.168.1.77', '192.168.1.64/26'));
+  assert.ok(!within('192.168.1.128', '192.168.1.64/26'));
+  assert.ok(within('2001:db8::1', '2001:db8::/32'));
+  assert.ok(!within('2001:db9::1', '2001:db8::/32'));
+  assert.ok(within('127.0.0.1', '127.0.0.1'), 'a bare address is a /32');
+  assert.ok(within('1.2.3.4', '0.0.0.0/0'));
+  assert.ok(!within('::1', '0.0.0.0/0'), 'an IPv4 /0 does not take in IPv6');
+});
+
+test('malformed addresses and CIDRs are refused', () => {
+  for (const bad of ['10.0.0.0/33', '10.0.0/8', '010.0.0.1', '1.2.3.4.5', '256.0.0.1', 'fe80::1::2', '2001:db8::/129', 'abc', '', '10.0.0.0/', '10.0.0.0/-1']) {
+    assert.equal(parseCidr(bad), null, bad);
+  }
+  assert.ok(parseCidr('::/0'));
+  assert.ok(parseCidr('::ffff:1.2.3.4/128'));
+});
+
+test('client address: the peer, or the right-most untrusted X-Forwarded-For entry behind a trusted proxy', () => {
+  const trusted = [parseCidr('127.0.0.0/8')!, parseCidr('10.99.0.0/16')!];
+  assert.equal(clientAddress({ peer: '127.0.0.1', forwardedFor: ['10.0.0.5'], trusted }), '10.0.0.5');
+  // spoofed entries to the left of the proxy's own are ignored
+  assert.equal(clientAddress({ peer: '127.0.0.1', forwardedFor: ['10.0.0.5, 203.0.113.9'], trusted }), '203.0.113.9');
+  assert.equal(clientAddress({ peer: '127.0.0.1', forwardedFor: ['10.0.0.5', '203.0.113.9, 10.99.1.1'], trusted }), '203.0.113.9');
+  // an untrusted peer's header is not believed
+  assert.equal(clientAddress({ peer: '198.51.100.7', forwardedFor: ['10.0.0.5'], trusted }), '198.51.100.7');
+  assert.equal(clientAddress({ peer: '127.0.0.1', forwardedFor: [], trusted }), '127.0.0.1');
+  assert.equal(clientAddress({ peer: '127.0.0.1', forwardedFor: ['not-an-ip'], trusted }), null);
+  assert.equal(clientAddress({ peer: '127.0.0.1', forwardedFor: ['10.0.0.5'], trusted: [] }), '127.0.0.1');
+});
+
+test('checkNetwork: ips, then the browser rule', () => {
+  const key = { ips: ['10.0.0.0/8'], allowBrowser: false };
+  assert.equal(checkNetwork(key, { clientIp: '10.2.3.4', browser: false, refuseBrowsers: true }), null);
+  assert.equal(checkNetwork(key, { clientIp: '127.0.0.1', browser: false, refuseBrowsers: true })?.code, 'ip_not_allowed');
+  assert.equal(checkNetwork(key, { clientIp: null, browser: false, refuseBrowsers: true })?.code, 'ip_not_allowed', 'unknown address fails closed');
+  assert.equal(checkNetwork({ ips: ['garbage'], allowBrowser: false }, { clientIp: '10.0.0.1', browser: false, refuseBrowsers: true })?.code, 'ip_not_allowed');
+  assert.equal(checkNetwork({ ips: null, allowBrowser: false }, { clientIp: null, browser: true, refuseBrowsers: true })?.code, 'browser_request_refused');
+  assert.equal(checkNetwork({ ips: null, allowBrowser: true }, { clientIp: null, browser: true, refuseBrowsers: true }), null);
+  assert.equal(checkNetwork({ ips: null, allowBrowser: false }, { clientIp: null, browser: true, refuseBrowsers: false }), null);
+});
+
+test('browser detection: Origin or Sec-Fetch-*, but not the bare sec-fetch-mode of server-side fetch', () => {
+  assert.ok(looksLikeBrowser(['Origin', 'https://x.example']));
+  assert.ok(looksLikeBrowser(['Sec-Fetch-Mode', 'cors', 'Sec-Fetch-Site', 'cross-site']));
+  assert.ok(looksLikeBrowser(['sec-fetch-mode', 'navigate']));
+  assert.ok(!looksLikeBrowser(['sec-fetch-mode', 'cors', 'accept-language', '*']));
+  assert.ok(!looksLikeBrowser(['Authorization', 'Bearer x']));
+});
