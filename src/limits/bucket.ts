@@ -63,3 +63,12 @@ export function concurrencyWaitMs(soonestExpiry: number | undefined, now: number
 
 /** Result codes shared with the Lua scripts (admit.lua returns the index). */
 export const CODES = ['route_capacity_exceeded', 'rpm_exceeded', 'tpm_exceeded', 'concurrency_exceeded'] as const;
+
+/** A bucket's quota figures at `level` (admit.lua and peek.lua compute the same). */
+export function bucketQuota(level: number, capacity: number): { limit: number; remaining: number; resetMs: number } {
+  return {
+    limit: capacity,
+    remaining: Math.max(0, Math.floor(level)),
+    resetMs: level >= capacity ? 0 : Math.ceil(((capacity - level) * WINDOW_MS) / capacity),
+  };
+}
