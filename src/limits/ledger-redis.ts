@@ -27,7 +27,14 @@ export interface RedisLedgerOptions {
   /** Refresh period of live holds; 0 disables the timer. */
   refreshEveryMs: number;
   onError: (op: 'hold' | 'settle' | 'refresh', err: unknown) => void;
+  /**
+   * Redis time, shared with admissions (redis.ts): replies teach it, and a hold Redis runs
+   * after `deadline()` (0 = none) changes nothing, since the caller has given up on it.
+   */
+  clock?: { learn(redisNow: number | undefined): void; deadline(): number };
 }
+
+export class StaleHoldError extends Error {}
 
 export interface RedisLedger {
   /** Rejects when Redis fails; createLimiter applies onError. */
@@ -84,13 +91,15 @@ export function createRedisLedger(opts: RedisLedgerOptions): RedisLedger {
     const keys = keysOf(input.tag, input.holders);
     const amount = holdNano(input.amount);
     const id = newLeaseId();
-    const args: (string | number)[] = [id, amount, opts.leaseMs, LEDGER_TTL_MS];
+    const args: (string | number)[] = [id, amount, opts.leaseMs, LEDGER_TTL_MS, opts.clock?.deadline() ?? 0];
     for (const h of input.holders) {
       args.push(h.kind, toNano(h.base), h.limit === null ? '' : toNano(h.limit), Math.max(0, Math.floor(h.epoch)));
     }
     let v: number[];
     try {
       v = (await run('keywardHold', keys, args)) as number[];
+      opts.clock?.learn(v[2]);
+      if (v[0] === -1) throw new StaleHoldError('hold reached Redis after its deadline');
     } catch (err) {
       opts.onError('hold', err);
       throw err;

@@ -143,6 +143,7 @@ export function createRedisLimiter(opts: RedisLimiterOptions): RedisLimiter {
     leaseMs,
     refreshEveryMs: opts.refreshEveryMs ?? Math.floor(leaseMs / 3),
     onError: (op, err) => failed(op, err),
+    clock: { learn: (t) => learnClock(t), deadline: () => deadline() },
   });
 
   /** Applies parts in one call (standalone) or one call per hash tag, in parallel (Cluster). */

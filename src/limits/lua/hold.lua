@@ -5,6 +5,8 @@
 --               h = sum of holds in flight, a:<hold id> = that hold's amount}
 --   KEYS[2j]    hold set (ZSET: member = hold id, score = expiry ms)
 -- ARGV: 1 hold id, 2 amount, 3 hold lifetime ms, 4 ledger TTL ms,
+--       5 deadline in Redis time ms (0 = none): the caller has given up on a hold that runs
+--       later, so it must change nothing,
 --       then four per holder j: kind ('budget' | 'wallet'), base (the replica's figure),
 --       limit ('' = none; budgets only), epoch
 -- Money is integer nano-units throughout (see ledger.ts); numbers go back to Redis as
@@ -14,7 +16,8 @@
 -- lower epoch keeps the ledger and uses its b0 in place of the stale base.
 --   budget: live spend   = max(base, b0 + s) + h; fits when live < limit and live + amount <= limit
 --   wallet: live balance = min(base, b0 - s) - h; fits when live > 0 and amount <= live
--- Returns {1, now} when held on every holder, else {0, j} for the first holder it does not fit.
+-- Returns {1, 0, now} when held on every holder, {0, j, now} for the first holder it does not
+-- fit (nothing held), or {-1, 0, now} past the deadline.
 
 if redis.replicate_commands then pcall(redis.replicate_commands) end
 
@@ -24,7 +27,9 @@ local hold_id = ARGV[1]
 local amount = tonumber(ARGV[2])
 local hold_ms = tonumber(ARGV[3])
 local ttl = tonumber(ARGV[4])
+local deadline = tonumber(ARGV[5]) or 0
 local n = #KEYS / 2
+if deadline > 0 and now > deadline then return {-1, 0, now} end
 
 local function int(x) return string.format('%.0f', x) end
 
@@ -46,7 +51,7 @@ end
 local refused = 0
 for j = 1, n do
   local L, Z = KEYS[2 * j - 1], KEYS[2 * j]
-  local o = 4 + 4 * (j - 1)
+  local o = 5 + 4 * (j - 1)
   local kind, base, limit, epoch = ARGV[o + 1], tonumber(ARGV[o + 2]), tonumber(ARGV[o + 3]), tonumber(ARGV[o + 4])
   local v = redis.call('HMGET', L, 'e', 'b0', 's', 'h')
   local e, b0, s, h
@@ -73,7 +78,7 @@ for j = 1, n do
     if not fits then refused = j end
   end
 end
-if refused ~= 0 then return {0, refused} end
+if refused ~= 0 then return {0, refused, now} end
 
 for j = 1, n do
   local L, Z = KEYS[2 * j - 1], KEYS[2 * j]
@@ -82,4 +87,4 @@ for j = 1, n do
   redis.call('HINCRBY', L, 'h', int(amount))
   redis.call('PEXPIRE', Z, ttl)
 end
-return {1, now}
+return {1, 0, now}
