@@ -23,10 +23,10 @@
  */
 import { readFileSync } from 'node:fs';
 import type { Cluster, Redis } from 'ioredis';
-import { CODES, DEFAULT_LEASE_MS } from './bucket.js';
+import { CODES, DEFAULT_LEASE_MS, quotaOf } from './bucket.js';
 import { createLeaseKeeper, newLeaseId } from './leases.js';
 import { createRedisLedger } from './ledger-redis.js';
-import { type AdmitInput, type AdmitResult, type Lease, type Limiter, NO_QUOTA, type Quota, hasAnyLimit, isLimited } from './limiter.js';
+import { type AdmitInput, type AdmitResult, type Lease, type Limiter, NO_QUOTA, hasAnyLimit, isLimited } from './limiter.js';
 
 export interface RedisLimiterOptions {
   redis: Redis | Cluster;
@@ -130,12 +130,6 @@ export function createRedisLimiter(opts: RedisLimiterOptions): RedisLimiter {
     opts.staleAfterMs && clockOffset !== null ? Math.ceil(Date.now() + clockOffset + opts.staleAfterMs) : 0;
 
   const tag = (kind: 'k' | 'r', id: string): string => `{${opts.prefix}:${kind}:${encodeURIComponent(id)}}`;
-
-  /** The key's own figures from a reply's [rpm remaining, rpm reset, tpm remaining, tpm reset]. */
-  const quotaOf = (kr: number, kt: number, v: number[]): Quota => ({
-    requests: kr > 0 ? { limit: kr, remaining: Number(v[0] ?? 0), resetMs: Number(v[1] ?? 0) } : null,
-    tokens: kt > 0 ? { limit: kt, remaining: Number(v[2] ?? 0), resetMs: Number(v[3] ?? 0) } : null,
-  });
 
   const money = createRedisLedger({
     redis: client,
