@@ -45,10 +45,10 @@ export function createMemoryLedger(opts: MemoryLedgerOptions): MemoryLedger {
       const e = entries.get(entryKey);
       if (!e) return;
       const until = now() + leaseMs;
-      // Only holds still present: one that expired stays gone, as in Redis.
+      // Only holds still present (ZADD XX in Redis): one that was purged stays gone.
       for (const id of ids) {
         const h = e.holds.get(id);
-        if (h && h.expires > now()) h.expires = until;
+        if (h) h.expires = until;
       }
     },
     onError: () => undefined,

@@ -4,7 +4,8 @@
  *
  * Money is kept in integer nano-units (1e-9 of the console's currency) so that sums of
  * holds and settlements never drift: holds round up (never hold less than the estimate),
- * settlements and replica figures round to the nearest unit.
+ * settlements and replica figures round to the nearest unit. Lua numbers are doubles, so
+ * figures stay exact up to 2^53 nano-units (about 9 million in the console's currency).
  *
  * Per holder: epoch, base0 (the replica figure when the epoch was first seen), settled
  * (costs settled since) and the holds in flight.
@@ -22,7 +23,11 @@ export const LEDGER_TTL_MS = 86_400_000;
 /** A fraction of a nano-unit below this is float noise (0.1 * 1e9 = 100000000.00000001). */
 const NOISE = 1e-3;
 
-export const holdNano = (amount: number): number => Math.max(0, Math.ceil(amount * NANO - NOISE));
+/** A hold in nano-units, rounded up; an estimate that is not a number holds nothing, an infinite one never fits. */
+export function holdNano(amount: number): number {
+  if (Number.isNaN(amount) || amount <= 0) return 0;
+  return Math.min(Number.MAX_SAFE_INTEGER, Math.ceil(amount * NANO - NOISE));
+}
 export const toNano = (amount: number): number => Math.round(amount * NANO);
 export const fromNano = (nano: number): number => nano / NANO;
 
