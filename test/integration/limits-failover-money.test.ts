@@ -5,10 +5,12 @@
 import assert from 'node:assert/strict';
 import { join } from 'node:path';
 import { after, before, describe, test } from 'node:test';
+import { Redis } from 'ioredis';
 import { createLimiter } from '../../src/limits/failover.js';
+import { createRedisLimiter } from '../../src/limits/redis.js';
 import type { HoldInput, HoldResult, LedgerHolder, Limiter } from '../../src/limits/limiter.js';
-import { keyBudget } from '../helpers/limits-conformance-ledger.js';
-import { uid } from '../helpers/redis-limits-conformance.js';
+import { keyBudget, projectBudget, wallet } from '../helpers/limits-conformance-ledger.js';
+import { input, leaseOf, uid } from '../helpers/redis-limits-conformance.js';
 import { type RedisProcess, makeTmpDir, spawnRedis, waitFor } from '../helpers/redis-server.js';
 
 const TIMEOUT_MS = 100;
@@ -129,5 +131,58 @@ describe('spend holds with onError: closed', { timeout: 30_000 }, () => {
     server = await spawnRedis(serverArgs());
     await waitFor(() => redisHolds(lim), RECOVERY_MS, 'Redis holds after a restart');
     assert.equal(lim.stats().failOpenHolds, 0);
+  });
+});
+
+describe('round trips', () => {
+  test('admission with a per-model limit, a hold on three holders, a settlement, peek and ledger are one script call each; no holders, none', async () => {
+    const redis = new Redis({ path: sock });
+    const lim = createRedisLimiter({ redis, prefix: uid('kwrt'), leaseMs: 5_000, refreshEveryMs: 0 });
+    const calls = async (): Promise<number> => {
+      const info = await redis.info('commandstats');
+      return [...info.matchAll(/^cmdstat_(?:evalsha|eval):calls=(\d+)/gm)].reduce((n, m) => n + Number(m[1]), 0);
+    };
+    const count = async (what: () => Promise<unknown>): Promise<number> => {
+      const before = await calls();
+      await what();
+      return (await calls()) - before;
+    };
+    // Warm the script cache so that NOSCRIPT fallbacks do not count.
+    const warm = await lim.hold(req(uid('tag'), [keyBudget(uid('k'), { base: 0, limit: 1 })], 0));
+    if (warm.ok) warm.hold.settle(0);
+    leaseOf(await lim.admit({ ...input(uid('k'), { limits: { rpm: 5 }, tokens: 1 }), modelLimit: { pattern: 'a*', rpm: 1, tpm: 5 } })).finish({ tokens: 1 });
+    await lim.peek({ keyId: uid('k'), limits: { rpm: 1, tpm: null, concurrency: null } });
+    await lim.ledger({ tag: uid('tag'), holders: [wallet(uid('u'), { base: 1 })] });
+
+    const key = uid('k');
+    let lease: ReturnType<typeof leaseOf> | undefined;
+    assert.equal(
+      await count(async () => {
+        lease = leaseOf(await lim.admit({ ...input(key, { limits: { rpm: 5, tpm: 100 }, tokens: 10 }), modelLimit: { pattern: 'a*', rpm: 1, tpm: 50 } }));
+      }),
+      1,
+    );
+    const tag = uid('tag');
+    const holders = [keyBudget(uid('k'), { base: 0, limit: 1 }), projectBudget(tag, { base: 0, limit: 5 }), wallet(uid('u'), { base: 3 })];
+    let hold: { settle(n: number): void } | undefined;
+    assert.equal(
+      await count(async () => {
+        const r = await lim.hold(req(tag, holders, 0.2));
+        assert.ok(r.ok);
+        hold = r.hold;
+      }),
+      1,
+    );
+    assert.equal(await count(() => lim.hold(req(tag, [], 0.2))), 0);
+    // Settling the lease and the hold in the same tick: one script call each, sent together.
+    const settled = await count(async () => {
+      lease!.finish({ tokens: 5 });
+      hold!.settle(0.1);
+      await lim.ledger({ tag, holders }); // queued behind both settlements on this connection
+    });
+    assert.equal(settled, 3);
+    assert.equal(await count(() => lim.peek({ keyId: key, limits: { rpm: 5, tpm: 100, concurrency: null } })), 1);
+    await lim.close();
+    redis.disconnect();
   });
 });
