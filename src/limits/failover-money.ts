@@ -8,7 +8,7 @@
  *  - peek, ledger: read the in-process figures in either mode. They only inform the caller
  *    (GET /v1/key); refusing them would turn a display into an outage.
  */
-import type { HoldInput, HoldResult, Limiter } from './limiter.js';
+import { type HoldInput, type HoldResult, type Limiter, isLimited } from './limiter.js';
 
 /** createLimiter's breaker and connection state, shared so that admissions and holds agree. */
 export interface FailoverGate {
@@ -92,8 +92,13 @@ export function createMoneyFailover(o: MoneyFailoverOptions): MoneyFailover {
       input.holders.length === 0
         ? o.shared.hold(input)
         : guarded(() => o.shared.hold(input), () => degradeHold(input), (r) => r.ok && r.hold.settle(0)),
-    peek: (input) => guarded(() => o.shared.peek(input), () => o.local.peek(input)),
-    ledger: (input) => guarded(() => o.shared.ledger(input), () => o.local.ledger(input)),
+    // Calls that need no Redis skip the gate: their success says nothing about Redis.
+    peek: (input) =>
+      !isLimited(input.limits.rpm) && !isLimited(input.limits.tpm)
+        ? o.shared.peek(input)
+        : guarded(() => o.shared.peek(input), () => o.local.peek(input)),
+    ledger: (input) =>
+      input.holders.length === 0 ? Promise.resolve([]) : guarded(() => o.shared.ledger(input), () => o.local.ledger(input)),
     failOpenHolds: () => failOpenHolds,
     guardTimeouts: () => guardTimeouts,
   };
