@@ -7,6 +7,8 @@
  * may be deleted (or expire) as soon as it would be full again.
  */
 
+import type { Quota } from './limiter.js';
+
 export const WINDOW_MS = 60_000;
 
 /** Default lease lifetime: a crashed instance's slots come back after this long. */
@@ -63,3 +65,20 @@ export function concurrencyWaitMs(soonestExpiry: number | undefined, now: number
 
 /** Result codes shared with the Lua scripts (admit.lua returns the index). */
 export const CODES = ['route_capacity_exceeded', 'rpm_exceeded', 'tpm_exceeded', 'concurrency_exceeded'] as const;
+
+/** A bucket's quota figures at `level` (admit.lua and peek.lua compute the same). */
+export function bucketQuota(level: number, capacity: number): { limit: number; remaining: number; resetMs: number } {
+  return {
+    limit: capacity,
+    remaining: Math.max(0, Math.floor(level)),
+    resetMs: level >= capacity ? 0 : Math.ceil(((capacity - level) * WINDOW_MS) / capacity),
+  };
+}
+
+/** The key's own quota from a script reply [rpm remaining, rpm reset, tpm remaining, tpm reset]; 0 = no limit. */
+export function quotaOf(rpm: number, tpm: number, v: number[]): Quota {
+  return {
+    requests: rpm > 0 ? { limit: rpm, remaining: Number(v[0] ?? 0), resetMs: Number(v[1] ?? 0) } : null,
+    tokens: tpm > 0 ? { limit: tpm, remaining: Number(v[2] ?? 0), resetMs: Number(v[3] ?? 0) } : null,
+  };
+}

@@ -15,6 +15,7 @@
  */
 import { closeRedisClient, createRedisClient } from './client.js';
 import { DEFAULT_LEASE_MS } from './bucket.js';
+import { createMoneyFailover } from './failover-money.js';
 import { type AdmitInput, type AdmitResult, type Limiter, hasAnyLimit } from './limiter.js';
 import { createMemoryLimiter } from './memory.js';
 import { type RedisLease, createRedisLimiter } from './redis.js';
@@ -128,6 +129,26 @@ export function createLimiter(opts: CreateLimiterOptions = {}): Limiter {
     return Promise.race([p, guard]).finally(() => clearTimeout(timer));
   };
 
+  // Quota reads and spend holds follow the same breaker and onError rules (failover-money.ts).
+  const money = createMoneyFailover({
+    shared,
+    local,
+    timeoutMs,
+    onError,
+    gate: {
+      skip: () => performance.now() < skipUntil,
+      ready: () => (connecting ? firstConnection() : undefined),
+      succeeded: () => {
+        failuresInARow = 0;
+        setDown(false);
+      },
+      failed: (err) => {
+        if (++failuresInARow >= BREAKER_AFTER) skipUntil = performance.now() + BREAKER_MS;
+        setDown(true, err instanceof Error ? err.message : String(err));
+      },
+    },
+  });
+
   const degrade = (input: AdmitInput): Promise<AdmitResult> => {
     if (onError === 'closed') {
       return Promise.resolve({ ok: false, code: 'limits_unavailable', retryAfterMs: UNAVAILABLE_RETRY_MS });
@@ -153,12 +174,18 @@ export function createLimiter(opts: CreateLimiterOptions = {}): Limiter {
         return degrade(input);
       }
     },
+    peek: money.peek,
+    hold: money.hold,
+    ledger: money.ledger,
     stats() {
       const s = shared.stats();
+      const l = local.stats();
       return {
-        redisErrors: s.redisErrors + guardTimeouts,
+        redisErrors: s.redisErrors + guardTimeouts + money.guardTimeouts(),
         failOpenAdmissions,
-        slotsHeld: s.slotsHeld + local.stats().slotsHeld,
+        slotsHeld: s.slotsHeld + l.slotsHeld,
+        failOpenHolds: money.failOpenHolds(),
+        holdsHeld: s.holdsHeld + l.holdsHeld,
       };
     },
     async close() {

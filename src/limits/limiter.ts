@@ -20,9 +20,18 @@ export interface RouteCapacity {
   rpm: number;
 }
 
+/** The key's first matching `modelLimits` entry: its own buckets, under the key's hash tag. */
+export interface ModelLimitInput {
+  pattern: string;
+  rpm: number | null;
+  tpm: number | null;
+}
+
 export interface AdmitInput {
   keyId: string;
   limits: KeyLimits;
+  /** Applies in addition to the key's own limits, with the same codes (DESIGN section 6). */
+  modelLimit?: ModelLimitInput | null;
   /** TPM reservation: estimated prompt tokens plus the requested output cap. 0 for count_tokens. */
   tokens: number;
   route: RouteCapacity;
@@ -40,8 +49,21 @@ export interface Lease {
   finish(usage: { tokens: number | null }): void;
 }
 
+/** One bucket's figures; resetMs is the time until it is full again. */
+export interface QuotaFigures {
+  limit: number;
+  remaining: number;
+  resetMs: number;
+}
+
+/** The key's own RPM/TPM buckets (for x-ratelimit-* headers and GET /v1/key); null = no such limit. */
+export interface Quota {
+  requests: QuotaFigures | null;
+  tokens: QuotaFigures | null;
+}
+
 export type AdmitResult =
-  | { ok: true; lease: Lease }
+  | { ok: true; lease: Lease; quota: Quota }
   | { ok: false; code: LimitCode; retryAfterMs: number }
   /** Redis failed and `onError: closed`: the pipeline answers 503 limits_unavailable. */
   | { ok: false; code: 'limits_unavailable'; retryAfterMs: number };
@@ -50,10 +72,62 @@ export interface LimiterStats {
   redisErrors: number;
   failOpenAdmissions: number;
   slotsHeld: number;
+  /** Spend holds taken by the in-process ledger because Redis failed (`onError: open`). */
+  failOpenHolds: number;
+  /** Spend holds in flight on this instance. */
+  holdsHeld: number;
+}
+
+/** A budget holder's live ledger (DESIGN section 6, "Money"). */
+export interface LedgerHolder {
+  /** e.g. 'key:k_1', 'project:p_1', 'wallet:u_1' */
+  id: string;
+  kind: 'budget' | 'wallet';
+  /** replica figure: budget holders' `spent`, the wallet's `balance` */
+  base: number;
+  /** budget holders: the budget; wallets: null */
+  limit: number | null;
+  epoch: number;
+  code: 'key_budget_exhausted' | 'project_budget_exhausted' | 'insufficient_balance';
+}
+
+export interface HoldInput {
+  requestId: string;
+  /** one Redis Cluster hash tag for all of this request's holders: team key -> its project id, personal key -> its user id */
+  tag: string;
+  holders: LedgerHolder[];
+  /** the cost estimate (>= 0, in the console's currency) */
+  amount: number;
+}
+
+export type HoldResult =
+  | { ok: true; hold: Hold }
+  | { ok: false; code: LedgerHolder['code']; retryAfterMs?: undefined }
+  | { ok: false; code: 'limits_unavailable'; retryAfterMs: number };
+
+export interface Hold {
+  /** Replaces the hold with the actual cost (0 releases it). Idempotent, never throws; may be batched. */
+  settle(actual: number): void;
+}
+
+export interface LedgerInput {
+  tag: string;
+  holders: LedgerHolder[];
+}
+
+/** Live spend (budget) or live balance (wallet), holds included. */
+export interface LedgerFigure {
+  id: string;
+  live: number;
 }
 
 export interface Limiter {
   admit(input: AdmitInput): Promise<AdmitResult>;
+  /** The key's own quota figures now; no side effects (GET /v1/key). */
+  peek(input: { keyId: string; limits: KeyLimits }): Promise<Quota>;
+  /** Takes the request's spend hold on every holder at once, or none (step 9). */
+  hold(input: HoldInput): Promise<HoldResult>;
+  ledger(input: LedgerInput): Promise<LedgerFigure[]>;
   stats(): LimiterStats;
   close(): Promise<void>;
 }
@@ -64,7 +138,10 @@ export function isLimited(n: number | null | undefined): n is number {
 }
 
 /** Whether the request is subject to any limit at all; if not, no store needs to be asked. */
-export function hasAnyLimit(input: Pick<AdmitInput, 'limits' | 'route'>): boolean {
-  const { limits, route } = input;
-  return [limits.rpm, limits.tpm, limits.concurrency, route.concurrency, route.rpm].some(isLimited);
+export function hasAnyLimit(input: Pick<AdmitInput, 'limits' | 'route' | 'modelLimit'>): boolean {
+  const { limits, route, modelLimit } = input;
+  return [limits.rpm, limits.tpm, limits.concurrency, route.concurrency, route.rpm, modelLimit?.rpm, modelLimit?.tpm].some(isLimited);
 }
+
+/** What a key without RPM/TPM limits reports. */
+export const NO_QUOTA: Quota = Object.freeze({ requests: null, tokens: null });

@@ -8,6 +8,7 @@ import {
   CODES,
   DEFAULT_LEASE_MS,
   bucketLevel,
+  bucketQuota,
   concurrencyWaitMs,
   fullAgainMs,
   refillWaitMs,
@@ -15,7 +16,8 @@ import {
   tpmNeed,
 } from './bucket.js';
 import { createLeaseKeeper, newLeaseId } from './leases.js';
-import { type AdmitInput, type AdmitResult, type Limiter, type LimitCode, isLimited } from './limiter.js';
+import { createMemoryLedger } from './ledger-memory.js';
+import { type AdmitInput, type AdmitResult, type KeyLimits, type Limiter, type LimitCode, type Quota, isLimited } from './limiter.js';
 
 export interface MemoryLimiterOptions {
   now?: () => number;
@@ -25,7 +27,7 @@ export interface MemoryLimiterOptions {
 }
 
 export interface MemoryLimiter extends Limiter {
-  /** Pushes the expiry of every live lease forward now (what the background timer does). */
+  /** Pushes the expiry of every live lease and spend hold forward now (what the background timers do). */
   refreshLeases(): Promise<void>;
   /** stored buckets and lease sets (idle ones are swept away) */
   entries(): number;
@@ -58,6 +60,7 @@ export function createMemoryLimiter(opts: MemoryLimiterOptions = {}): MemoryLimi
     },
     onError: () => undefined,
   });
+  const money = createMemoryLedger({ now, leaseMs, refreshEveryMs: opts.refreshEveryMs ?? Math.floor(leaseMs / 3) });
 
   const level = (key: string, cap: number, t: number): number => {
     const b = buckets.get(key);
@@ -89,6 +92,11 @@ export function createMemoryLimiter(opts: MemoryLimiterOptions = {}): MemoryLimi
     for (const k of [...sets.keys()]) purge(k, t);
   };
 
+  const quotaOf = (limits: KeyLimits, kk: string, t: number): Quota => ({
+    requests: isLimited(limits.rpm) ? bucketQuota(level(`${kk}:rpm`, limits.rpm, t), limits.rpm) : null,
+    tokens: isLimited(limits.tpm) ? bucketQuota(level(`${kk}:tpm`, limits.tpm, t), limits.tpm) : null,
+  });
+
   const admit = (input: AdmitInput): AdmitResult => {
     const t = now();
     if (++admissions % SWEEP_EVERY === 0) sweep(t);
@@ -96,6 +104,10 @@ export function createMemoryLimiter(opts: MemoryLimiterOptions = {}): MemoryLimi
     const tokens = Math.max(0, Math.ceil(input.tokens));
     const rk = `r:${route.name}`;
     const kk = `k:${input.keyId}`;
+    // The per-model buckets live beside the key's own, named by the matching pattern.
+    const mk = `${kk}:m:${input.modelLimit?.pattern ?? ''}`;
+    const mr = isLimited(input.modelLimit?.rpm) ? input.modelLimit.rpm : 0;
+    const mt = isLimited(input.modelLimit?.tpm) ? input.modelLimit.tpm : 0;
     const denials: { code: LimitCode; wait: number }[] = [];
     const deny = (i: number, wait: number): void => void denials.push({ code: CODES[i]!, wait });
 
@@ -117,6 +129,10 @@ export function createMemoryLimiter(opts: MemoryLimiterOptions = {}): MemoryLimi
       const set = purge(`${kk}:conc`, t);
       if ((set?.size ?? 0) >= limits.concurrency) deny(3, concurrencyWaitMs(soonest(set), t));
     }
+    const modelRpm = mr > 0 ? level(`${mk}:rpm`, mr, t) : 0;
+    if (mr > 0 && modelRpm < 1) deny(1, refillWaitMs(modelRpm, 1, mr));
+    const modelTpm = mt > 0 ? level(`${mk}:tpm`, mt, t) : 0;
+    if (mt > 0 && !tpmAdmits(modelTpm, tokens, mt)) deny(2, refillWaitMs(modelTpm, tpmNeed(tokens, mt), mt));
     if (denials.length > 0) {
       return { ok: false, code: denials[0]!.code, retryAfterMs: Math.max(...denials.map((d) => d.wait)) };
     }
@@ -125,6 +141,8 @@ export function createMemoryLimiter(opts: MemoryLimiterOptions = {}): MemoryLimi
     if (isLimited(limits.rpm)) store(`${kk}:rpm`, limits.rpm, keyRpm - 1, t);
     const tpmCap = isLimited(limits.tpm) ? limits.tpm : 0;
     if (tpmCap > 0 && tokens > 0) store(`${kk}:tpm`, tpmCap, keyTpm - tokens, t);
+    if (mr > 0) store(`${mk}:rpm`, mr, modelRpm - 1, t);
+    if (mt > 0 && tokens > 0) store(`${mk}:tpm`, mt, modelTpm - tokens, t);
     const leaseId = newLeaseId();
     const setKeys: string[] = [];
     if (isLimited(route.concurrency)) setKeys.push(`${rk}:conc`);
@@ -139,6 +157,7 @@ export function createMemoryLimiter(opts: MemoryLimiterOptions = {}): MemoryLimi
     let done = false;
     return {
       ok: true,
+      quota: quotaOf(limits, kk, t),
       lease: {
         finish(usage) {
           if (done) return;
@@ -151,8 +170,10 @@ export function createMemoryLimiter(opts: MemoryLimiterOptions = {}): MemoryLimi
           }
           // Settle to the real usage: positive delta refunds, negative charges extra.
           const real = usage?.tokens;
-          if (tpmCap > 0 && typeof real === 'number' && Number.isFinite(real) && real !== tokens) {
-            adjust(`${kk}:tpm`, tpmCap, tokens - Math.max(0, Math.ceil(real)));
+          if (typeof real === 'number' && Number.isFinite(real) && real !== tokens) {
+            const delta = tokens - Math.max(0, Math.ceil(real));
+            if (tpmCap > 0) adjust(`${kk}:tpm`, tpmCap, delta);
+            if (mt > 0) adjust(`${mk}:tpm`, mt, delta);
           }
         },
       },
@@ -161,10 +182,18 @@ export function createMemoryLimiter(opts: MemoryLimiterOptions = {}): MemoryLimi
 
   return {
     admit: async (input) => admit(input),
-    stats: () => ({ redisErrors: 0, failOpenAdmissions: 0, slotsHeld: keeper.count() }),
-    refreshLeases: () => keeper.refreshNow(),
+    peek: async (input) => quotaOf(input.limits, `k:${input.keyId}`, now()),
+    hold: async (input) => money.hold(input),
+    ledger: async (input) => money.ledger(input),
+    stats: () => ({ redisErrors: 0, failOpenAdmissions: 0, slotsHeld: keeper.count(), failOpenHolds: 0, holdsHeld: money.count() }),
+    refreshLeases: async () => {
+      await Promise.all([keeper.refreshNow(), money.refresh()]);
+    },
     entries: () => buckets.size + sets.size,
     refreshing: () => keeper.timerRunning(),
-    close: async () => keeper.stop(),
+    close: async () => {
+      keeper.stop();
+      money.stop();
+    },
   };
 }

@@ -2,8 +2,9 @@
  * Shared limiter on Redis (single node or Cluster). Admission is one round trip, settlement
  * one more; time comes from Redis TIME inside the scripts, so instance clocks never matter.
  *
- * Key layout: everything of one API key under one hash tag, `{<prefix>:k:<keyId>}:rpm|tpm|conc`;
- * an upstream's capacity under its own tag, `{<prefix>:r:<route>}:rpm|conc`.
+ * Key layout: everything of one API key under one hash tag, `{<prefix>:k:<keyId>}:rpm|tpm|conc`,
+ * its per-model buckets `{<prefix>:k:<keyId>}:m:<pattern>:rpm|tpm`; an upstream's capacity
+ * under its own tag, `{<prefix>:r:<route>}:rpm|conc`. Spend holds: see ledger-redis.ts.
  *
  * Why admission stays one round trip: a Lua script may only touch keys of one slot in a
  * Cluster, and a route's keys and a key's keys live in different slots (often on different
@@ -22,9 +23,10 @@
  */
 import { readFileSync } from 'node:fs';
 import type { Cluster, Redis } from 'ioredis';
-import { CODES, DEFAULT_LEASE_MS } from './bucket.js';
+import { CODES, DEFAULT_LEASE_MS, quotaOf } from './bucket.js';
 import { createLeaseKeeper, newLeaseId } from './leases.js';
-import { type AdmitInput, type AdmitResult, type Lease, type Limiter, hasAnyLimit, isLimited } from './limiter.js';
+import { createRedisLedger } from './ledger-redis.js';
+import { type AdmitInput, type AdmitResult, type Lease, type Limiter, NO_QUOTA, hasAnyLimit, isLimited } from './limiter.js';
 
 export interface RedisLimiterOptions {
   redis: Redis | Cluster;
@@ -40,7 +42,7 @@ export interface RedisLimiterOptions {
    */
   staleAfterMs?: number;
   /** Told about every Redis failure; each is also counted in stats().redisErrors. */
-  onError?: (op: 'admit' | 'settle' | 'refresh', err: unknown) => void;
+  onError?: (op: 'admit' | 'settle' | 'refresh' | 'hold' | 'peek', err: unknown) => void;
 }
 
 export interface RedisLease extends Lease {
@@ -51,14 +53,17 @@ export interface RedisLease extends Lease {
 export interface RedisLimiter extends Limiter {
   /** Rejects when Redis fails or times out; createLimiter turns that into fail-open/closed. */
   admit(input: AdmitInput): Promise<AdmitResult>;
-  /** Pushes the expiry of every live lease forward now (what the background timer does). */
+  /** Pushes the expiry of every live lease and spend hold forward now (what the background timers do). */
   refreshLeases(): Promise<void>;
 }
+
+const NOOP_LEASE: RedisLease = { finish: () => undefined, cancel: () => undefined };
 
 const SCRIPTS = {
   keywardAdmit: 'admit.lua',
   keywardSettle: 'settle.lua',
   keywardRefresh: 'refresh.lua',
+  keywardPeek: 'peek.lua',
 } as const;
 type ScriptName = keyof typeof SCRIPTS;
 type ScriptFn = (numKeys: number, ...args: (string | number)[]) => Promise<unknown>;
@@ -92,7 +97,7 @@ export function createRedisLimiter(opts: RedisLimiterOptions): RedisLimiter {
   const run = (name: ScriptName, keys: string[], args: (string | number)[]): Promise<unknown> =>
     (client as unknown as Record<ScriptName, ScriptFn>)[name].call(client, keys.length, ...keys, ...args);
 
-  const failed = (op: 'admit' | 'settle' | 'refresh', err: unknown): void => {
+  const failed = (op: 'admit' | 'settle' | 'refresh' | 'hold' | 'peek', err: unknown): void => {
     redisErrors++;
     opts.onError?.(op, err);
   };
@@ -126,6 +131,15 @@ export function createRedisLimiter(opts: RedisLimiterOptions): RedisLimiter {
 
   const tag = (kind: 'k' | 'r', id: string): string => `{${opts.prefix}:${kind}:${encodeURIComponent(id)}}`;
 
+  const money = createRedisLedger({
+    redis: client,
+    prefix: opts.prefix,
+    leaseMs,
+    refreshEveryMs: opts.refreshEveryMs ?? Math.floor(leaseMs / 3),
+    onError: (op, err) => failed(op, err),
+    clock: { learn: (t) => learnClock(t), deadline: () => deadline() },
+  });
+
   /** Applies parts in one call (standalone) or one call per hash tag, in parallel (Cluster). */
   const settle = (leaseId: string, parts: Part[]): void => {
     const live = parts.filter((p) => p.buckets.length > 0 || p.sets.length > 0);
@@ -149,13 +163,17 @@ export function createRedisLimiter(opts: RedisLimiterOptions): RedisLimiter {
     const kr = isLimited(limits.rpm) ? limits.rpm : 0;
     const kt = isLimited(limits.tpm) ? limits.tpm : 0;
     const kc = isLimited(limits.concurrency) ? limits.concurrency : 0;
+    const mr = isLimited(input.modelLimit?.rpm) ? input.modelLimit.rpm : 0;
+    const mt = isLimited(input.modelLimit?.tpm) ? input.modelLimit.tpm : 0;
     const routeOn = rc > 0 || rr > 0;
-    const keyOn = kr > 0 || kt > 0 || kc > 0;
-    if (!hasAnyLimit(input)) return { ok: true, lease: { finish: () => undefined, cancel: () => undefined } as RedisLease };
+    const keyOn = kr > 0 || kt > 0 || kc > 0 || mr > 0 || mt > 0;
+    if (!hasAnyLimit(input)) return { ok: true, lease: NOOP_LEASE, quota: NO_QUOTA };
     const rt = tag('r', route.name);
     const kt_ = tag('k', input.keyId);
+    const mk = `${kt_}:m:${encodeURIComponent(input.modelLimit?.pattern ?? '')}`;
     const routeKeys = [`${rt}:rpm`, `${rt}:conc`];
-    const keyKeys = [`${kt_}:rpm`, `${kt_}:tpm`, `${kt_}:conc`];
+    // The model's buckets ride along only when the key has a per-model limit.
+    const keyKeys = [`${kt_}:rpm`, `${kt_}:tpm`, `${kt_}:conc`, ...(mr > 0 || mt > 0 ? [`${mk}:rpm`, `${mk}:tpm`] : [])];
     const leaseId = newLeaseId();
 
     // What undoing each side takes: its tokens back and its slot freed.
@@ -167,13 +185,15 @@ export function createRedisLimiter(opts: RedisLimiterOptions): RedisLimiter {
       buckets: [
         ...(kr > 0 ? [{ key: keyKeys[0]!, cap: kr, delta: 1 }] : []),
         ...(kt > 0 && tokens > 0 ? [{ key: keyKeys[1]!, cap: kt, delta: tokens }] : []),
+        ...(mr > 0 ? [{ key: keyKeys[3]!, cap: mr, delta: 1 }] : []),
+        ...(mt > 0 && tokens > 0 ? [{ key: keyKeys[4]!, cap: mt, delta: tokens }] : []),
       ],
       sets: kc > 0 ? [keyKeys[2]!] : [],
     };
 
     const due = deadline();
     const argv = (r: boolean, k: boolean): (string | number)[] =>
-      [leaseId, leaseMs, r ? 1 : 0, rc, rr, k ? 1 : 0, kr, kt, kc, tokens, due];
+      [leaseId, leaseMs, r ? 1 : 0, rc, rr, k ? 1 : 0, kr, kt, kc, tokens, due, mr, mt];
     const call = async (r: boolean, k: boolean): Promise<number[]> => {
       const v = (await run('keywardAdmit', [...(r ? routeKeys : []), ...(k ? keyKeys : [])], argv(r, k))) as number[];
       learnClock(v[3]);
@@ -194,7 +214,7 @@ export function createRedisLimiter(opts: RedisLimiterOptions): RedisLimiter {
       const [r, k] = await Promise.allSettled([call(true, false), call(false, true)]);
       const rOk = r.status === 'fulfilled' && r.value[0] === 1;
       const kOk = k.status === 'fulfilled' && k.value[0] === 1;
-      if (rOk && kOk) return [1, 0, 0];
+      if (rOk && kOk) return k.value;
       if (rOk) settle(leaseId, [routeUndo]);
       if (kOk) settle(leaseId, [keyUndo]);
       if (r.status === 'rejected') throw r.reason;
@@ -221,10 +241,14 @@ export function createRedisLimiter(opts: RedisLimiterOptions): RedisLimiter {
       finish(usage) {
         try {
           const real = usage?.tokens;
-          const settleTpm = kt > 0 && typeof real === 'number' && Number.isFinite(real) && real !== tokens;
+          const known = typeof real === 'number' && Number.isFinite(real) && real !== tokens;
+          // Reserved minus real: positive refunds, negative charges the difference.
+          const delta = known ? tokens - Math.max(0, Math.ceil(real)) : 0;
           const keyPart: Part = {
-            // Reserved minus real: positive refunds, negative charges the difference.
-            buckets: settleTpm ? [{ key: keyKeys[1]!, cap: kt, delta: tokens - Math.max(0, Math.ceil(real)) }] : [],
+            buckets: [
+              ...(known && kt > 0 ? [{ key: keyKeys[1]!, cap: kt, delta }] : []),
+              ...(known && mt > 0 ? [{ key: keyKeys[4]!, cap: mt, delta }] : []),
+            ],
             sets: keyUndo.sets,
           };
           close([{ buckets: [], sets: routeUndo.sets }, keyPart]);
@@ -240,17 +264,33 @@ export function createRedisLimiter(opts: RedisLimiterOptions): RedisLimiter {
         }
       },
     };
-    return { ok: true, lease };
+    return { ok: true, lease, quota: quotaOf(kr, kt, verdict.slice(4)) };
   };
 
   return {
     admit,
-    refreshLeases: () => keeper.refreshNow(),
-    stats: () => ({ redisErrors, failOpenAdmissions: 0, slotsHeld: keeper.count() }),
+    async peek(input) {
+      const kr = isLimited(input.limits.rpm) ? input.limits.rpm : 0;
+      const kt = isLimited(input.limits.tpm) ? input.limits.tpm : 0;
+      if (kr === 0 && kt === 0) return NO_QUOTA;
+      const k = tag('k', input.keyId);
+      try {
+        return quotaOf(kr, kt, (await run('keywardPeek', [`${k}:rpm`, `${k}:tpm`], [kr, kt])) as number[]);
+      } catch (err) {
+        failed('peek', err);
+        throw err;
+      }
+    },
+    hold: money.hold,
+    ledger: money.ledger,
+    refreshLeases: async () => {
+      await Promise.all([keeper.refreshNow(), money.refresh()]);
+    },
+    stats: () => ({ redisErrors, failOpenAdmissions: 0, slotsHeld: keeper.count(), failOpenHolds: 0, holdsHeld: money.count() }),
     async close() {
       keeper.stop();
-      // Let settlements already sent finish, so a graceful stop frees its slots.
-      await Promise.allSettled([...pending]);
+      // Let settlements already sent finish, so a graceful stop frees its slots and holds.
+      await Promise.allSettled([...pending, money.close()]);
     },
   };
 }

@@ -1,19 +1,22 @@
 /**
  * The Limiter conformance suite: the same tests against the in-process limiter (fake clock),
- * a single Redis and a Redis Cluster. Each test uses its own key ids and route names, so the
+ * a single Redis and a Redis Cluster. Per-model limits and quota figures are in
+ * limits-conformance-quota.ts, spend holds in limits-conformance-ledger.ts; both run here. Each test uses its own key ids and route names, so the
  * implementations never see each other's state.
  */
 import assert from 'node:assert/strict';
 import { randomBytes } from 'node:crypto';
 import { after, before, describe, test } from 'node:test';
 import type { AdmitInput, AdmitResult, KeyLimits, Lease, Limiter, RouteCapacity } from '../../src/limits/limiter.js';
+import { ledgerConformance } from './limits-conformance-ledger.js';
+import { quotaConformance } from './limits-conformance-quota.js';
 
 export type TestLimiter = Limiter & { refreshLeases(): Promise<void> };
 
 export interface Harness {
   /** Leases long enough that no test outlives them, however loaded the machine. */
   limiter: TestLimiter;
-  /** Same state as `limiter`, but its leases last only `leaseMs`: for the lease-expiry tests. */
+  /** Same state as `limiter`, but its leases and holds last only `leaseMs`: for the expiry tests. */
   shortLease: TestLimiter;
   leaseMs: number;
   /** Memory: moves the fake clock. Redis: really waits (Redis TIME cannot be faked), so keep it short. */
@@ -305,5 +308,8 @@ export function runLimiterConformance(name: string, setup: () => Promise<Harness
         await peer.crash();
       }
     });
+
+    quotaConformance(() => h);
+    ledgerConformance(() => h);
   });
 }

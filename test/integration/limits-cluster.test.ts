@@ -5,6 +5,7 @@ import { createRedisClient } from '../../src/limits/client.js';
 import type { Limiter } from '../../src/limits/limiter.js';
 import { type LocalCluster, startRedisCluster } from '../helpers/redis-cluster.js';
 import { redisHarness } from '../helpers/redis-harness.js';
+import { keyBudget, projectBudget, wallet } from '../helpers/limits-conformance-ledger.js';
 import { input, leaseOf, runLimiterConformance, uid } from '../helpers/redis-limits-conformance.js';
 import { createRedisLimiter } from '../../src/limits/redis.js';
 
@@ -43,5 +44,28 @@ describe('redis cluster: route and key live in different slots', () => {
     }
     assert.ok(slotsByNode.size >= 2, 'keys land on more than one master');
     for (const r of rs) leaseOf(r).finish({ tokens: null });
+  });
+
+  test('a hold on several holders is one script in the slot of its tag, on every master', async () => {
+    const tags = Array.from({ length: 30 }, () => uid('p'));
+    const rs = await Promise.all(
+      tags.map((tag) =>
+        lim.hold({
+          requestId: uid('req'),
+          tag,
+          holders: [keyBudget(uid('k'), { base: 0, limit: 1 }), projectBudget(tag, { base: 0, limit: 1 }), wallet(uid('u'), { base: 1 })],
+          amount: 0.5,
+        }),
+      ),
+    );
+    assert.ok(rs.every((r) => r.ok));
+    const owners = new Set<string>();
+    const slots = await client.cluster('SLOTS');
+    for (const tag of tags) {
+      const slot = await client.cluster('KEYSLOT', `{${prefix}:t:${tag}}:l:x`);
+      owners.add(String((slots.find((s) => (s[0] as number) <= slot && slot <= (s[1] as number))?.[2] as unknown[])?.[1]));
+    }
+    assert.ok(owners.size >= 2, 'tags land on more than one master');
+    for (const r of rs) if (r.ok) r.hold.settle(0.25);
   });
 });

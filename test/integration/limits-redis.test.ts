@@ -3,6 +3,7 @@ import { after, before, describe, test } from 'node:test';
 import { Redis } from 'ioredis';
 import { createRedisLimiter } from '../../src/limits/redis.js';
 import { redisHarness } from '../helpers/redis-harness.js';
+import { keyBudget, projectBudget, wallet } from '../helpers/limits-conformance-ledger.js';
 import { input, leaseOf, runLimiterConformance, uid } from '../helpers/redis-limits-conformance.js';
 
 const URL = process.env.KW_TEST_REDIS_URL ?? 'redis://127.0.0.1:6379';
@@ -45,5 +46,46 @@ describe('redis limiter: key layout and expiry', () => {
     assert.equal(await redis.exists(`${tag}:tpm`), 0, 'a full TPM bucket is deleted');
     assert.equal(await redis.zcard(`${tag}:conc`), 0);
     assert.equal(await redis.zcard(`${rtag}:conc`), 0);
+  });
+
+  test('per-model buckets live under the key hash tag and expire once full again', async () => {
+    const lim = createRedisLimiter({ redis, prefix, leaseMs: 5_000 });
+    const modelLimit = { pattern: 'gpt-4o*', rpm: 10, tpm: 1000 };
+    const r = await lim.admit({ ...input('k_2', { tokens: 100 }), modelLimit });
+    leaseOf(r).finish({ tokens: 100 });
+    const m = `{${prefix}:k:k_2}:m:gpt-4o*`;
+    for (const k of [`${m}:rpm`, `${m}:tpm`]) {
+      const ttl = await redis.pttl(k);
+      assert.ok(ttl > 0 && ttl <= 6_000, `${k} has a TTL until full (${ttl})`);
+    }
+    await lim.close();
+  });
+
+  test("spend holds: a request's holders share its hash tag; ledgers expire a day after last use; money is integer nano-units", async () => {
+    const lim = createRedisLimiter({ redis, prefix, leaseMs: 5_000 });
+    const holders = [keyBudget('k_1', { base: 0.1, limit: 1 }), projectBudget('p_1', { base: 2, limit: 10 }), wallet('u_1', { base: 3 })];
+    const r = await lim.hold({ requestId: 'r1', tag: 'p_1', holders, amount: 0.3 });
+    assert.ok(r.ok);
+    const tag = `{${prefix}:t:p_1}`;
+    for (const id of ['key%3Ak_1', 'project%3Ap_1', 'wallet%3Au_1']) {
+      const ledger = `${tag}:l:${id}`;
+      const holds = `${tag}:lh:${id}`;
+      for (const k of [ledger, holds]) {
+        const ttl = await redis.pttl(k);
+        assert.ok(ttl > 86_000_000 && ttl <= 86_400_000, `${k} expires a day after last use (${ttl})`);
+      }
+      assert.equal(await redis.hget(ledger, 'h'), '300000000');
+      assert.equal(await redis.zcard(holds), 1);
+      const [, score] = await redis.zrange(holds, 0, 0, 'WITHSCORES');
+      const [sec] = await redis.time();
+      const inMs = Number(score) - Number(sec) * 1000;
+      assert.ok(inMs > 3_000 && inMs <= 6_000, `a hold expires after the lease time unless refreshed (${inMs})`);
+    }
+    r.hold.settle(0.123456789);
+    await lim.close();
+    for (const id of ['key%3Ak_1', 'project%3Ap_1', 'wallet%3Au_1']) {
+      assert.deepEqual(await redis.hmget(`${tag}:l:${id}`, 'h', 's'), ['0', '123456789']);
+      assert.equal(await redis.zcard(`${tag}:lh:${id}`), 0);
+    }
   });
 });

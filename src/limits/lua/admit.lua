@@ -2,23 +2,27 @@
 --
 -- KEYS, by group; a group is present only when its flag is 1, route group first:
 --   route group (ARGV[3] = 1): route RPM bucket, route lease set
---   key group   (ARGV[6] = 1): key RPM bucket, key TPM bucket, key lease set
+--   key group   (ARGV[6] = 1): key RPM bucket, key TPM bucket, key lease set, and when the
+--                key has a per-model limit (ARGV[12] or ARGV[13] > 0) the model's RPM and
+--                TPM buckets (same hash tag as the key)
 -- Standalone Redis gets both groups in one call. In Cluster each group lives under its own
 -- hash tag, so the client sends one call per group in parallel (see redis.ts).
 --
 -- ARGV: 1 lease id, 2 lease ms, 3 route flag, 4 route concurrency, 5 route rpm,
 --       6 key flag, 7 key rpm, 8 key tpm, 9 key concurrency, 10 tokens (TPM reservation),
 --       11 deadline in Redis time ms (0 = none): the caller has given up on an admission
---       that runs later (Redis was paused or the link stalled), so it must change nothing
---       (a limit <= 0 means unlimited)
+--       that runs later (Redis was paused or the link stalled), so it must change nothing,
+--       12 model rpm, 13 model tpm (a limit <= 0 means unlimited)
 --
 -- Buckets are hashes {t = tokens at ts, ts = ms}; an absent bucket is full. Capacity N
 -- refills at N per 60000 ms. Lease sets are ZSETs: member = lease id, score = expiry ms.
 --
--- Returns {1, 0, 0, now} when admitted, else {0, code, retryAfterMs, now} with no limit
+-- Returns {1, 0, 0, now, rpm remaining, rpm reset ms, tpm remaining, tpm reset ms} when
+-- admitted (the key's own buckets after this admission; reset = until full again), else {0, code, retryAfterMs, now} with no limit
 -- consumed (expired leases are purged either way), or {-1, 0, 0, now} past the deadline.
 -- code: 1 route_capacity_exceeded, 2 rpm_exceeded, 3 tpm_exceeded, 4 concurrency_exceeded;
--- the first failing check names the code, retryAfterMs is the longest wait among failures.
+-- checks run route, key RPM, key TPM, concurrency, model RPM (2), model TPM (3); the first
+-- failing check names the code, retryAfterMs is the longest wait among failures.
 
 if redis.replicate_commands then pcall(redis.replicate_commands) end
 
@@ -38,6 +42,8 @@ local key_tpm = tonumber(ARGV[8])
 local key_conc = tonumber(ARGV[9])
 local tokens = tonumber(ARGV[10])
 local deadline = tonumber(ARGV[11]) or 0
+local model_rpm = tonumber(ARGV[12]) or 0
+local model_tpm = tonumber(ARGV[13]) or 0
 if deadline > 0 and now > deadline then return {-1, 0, 0, now} end
 
 local function level(key, cap)
@@ -74,13 +80,14 @@ local function held(key)
 end
 
 local i = 1
-local r_rpm_key, r_conc_key, k_rpm_key, k_tpm_key, k_conc_key
+local r_rpm_key, r_conc_key, k_rpm_key, k_tpm_key, k_conc_key, m_rpm_key, m_tpm_key
 if has_route then
   r_rpm_key, r_conc_key = KEYS[i], KEYS[i + 1]
   i = i + 2
 end
 if has_key then
   k_rpm_key, k_tpm_key, k_conc_key = KEYS[i], KEYS[i + 1], KEYS[i + 2]
+  m_rpm_key, m_tpm_key = KEYS[i + 3], KEYS[i + 4]
 end
 
 local code = 0
@@ -90,7 +97,12 @@ local function deny(c, w)
   if w > wait then wait = w end
 end
 
-local r_rpm_level, k_rpm_level, k_tpm_level
+local function tpm_denied(lvl, cap)
+  -- Admitted when the bucket holds the estimate or is full (one oversized request may pass).
+  return tokens > 0 and lvl < tokens and lvl < cap
+end
+
+local r_rpm_level, k_rpm_level, k_tpm_level, m_rpm_level, m_tpm_level
 if has_route then
   if route_conc > 0 and held(r_conc_key) >= route_conc then deny(1, conc_wait(r_conc_key)) end
   if route_rpm > 0 then
@@ -105,12 +117,21 @@ if has_key then
   end
   if key_tpm > 0 then
     k_tpm_level = level(k_tpm_key, key_tpm)
-    -- Admitted when the bucket holds the estimate or is full (one oversized request may pass).
-    if tokens > 0 and k_tpm_level < tokens and k_tpm_level < key_tpm then
+    if tpm_denied(k_tpm_level, key_tpm) then
       deny(3, refill_wait(k_tpm_level, math.min(tokens, key_tpm), key_tpm))
     end
   end
   if key_conc > 0 and held(k_conc_key) >= key_conc then deny(4, conc_wait(k_conc_key)) end
+  if model_rpm > 0 then
+    m_rpm_level = level(m_rpm_key, model_rpm)
+    if m_rpm_level < 1 then deny(2, refill_wait(m_rpm_level, 1, model_rpm)) end
+  end
+  if model_tpm > 0 then
+    m_tpm_level = level(m_tpm_key, model_tpm)
+    if tpm_denied(m_tpm_level, model_tpm) then
+      deny(3, refill_wait(m_tpm_level, math.min(tokens, model_tpm), model_tpm))
+    end
+  end
 end
 if code ~= 0 then return {0, code, wait, now} end
 
@@ -129,5 +150,24 @@ if has_key then
   if key_rpm > 0 then store(k_rpm_key, key_rpm, k_rpm_level - 1) end
   if key_tpm > 0 and tokens > 0 then store(k_tpm_key, key_tpm, k_tpm_level - tokens) end
   if key_conc > 0 then take_slot(k_conc_key) end
+  if model_rpm > 0 then store(m_rpm_key, model_rpm, m_rpm_level - 1) end
+  if model_tpm > 0 and tokens > 0 then store(m_tpm_key, model_tpm, m_tpm_level - tokens) end
 end
-return {1, 0, 0, now}
+
+-- Integers only: Redis truncates Lua numbers in replies.
+local function remaining(lvl) return math.max(0, math.floor(lvl)) end
+local function reset_ms(lvl, cap)
+  if lvl >= cap then return 0 end
+  return math.ceil((cap - lvl) * WINDOW / cap)
+end
+local q = {0, 0, 0, 0}
+if has_key and key_rpm > 0 then
+  local lvl = k_rpm_level - 1
+  q[1], q[2] = remaining(lvl), reset_ms(lvl, key_rpm)
+end
+if has_key and key_tpm > 0 then
+  local lvl = k_tpm_level
+  if tokens > 0 then lvl = lvl - tokens end
+  q[3], q[4] = remaining(lvl), reset_ms(lvl, key_tpm)
+end
+return {1, 0, 0, now, q[1], q[2], q[3], q[4]}

@@ -1,0 +1,156 @@
+/**
+ * In-process spend ledger: the rules of ledger.ts for one instance, without Redis and as
+ * the fail-open fallback. Holds are leases: they expire `leaseMs` after they were taken or
+ * last refreshed, so a hold whose request never settles comes back by itself.
+ */
+import { createLeaseKeeper, newLeaseId } from './leases.js';
+import { LEDGER_TTL_MS, effectiveBase, fromNano, holdFits, holdNano, liveNano, toNano } from './ledger.js';
+import type { Hold, HoldInput, HoldResult, LedgerFigure, LedgerHolder, LedgerInput } from './limiter.js';
+
+export interface MemoryLedgerOptions {
+  now: () => number;
+  leaseMs: number;
+  /** Refresh period of live holds; 0 disables the timer (tests call refresh themselves). */
+  refreshEveryMs: number;
+}
+
+export interface MemoryLedger {
+  hold(input: HoldInput): HoldResult;
+  ledger(input: LedgerInput): LedgerFigure[];
+  refresh(): Promise<void>;
+  count(): number;
+  stop(): void;
+}
+
+interface Entry {
+  epoch: number;
+  base0: number;
+  settled: number;
+  held: number;
+  holds: Map<string, { amount: number; expires: number }>;
+  lastUse: number;
+}
+
+const SWEEP_EVERY = 1024;
+const NOOP_HOLD: Hold = { settle: () => undefined };
+
+export function createMemoryLedger(opts: MemoryLedgerOptions): MemoryLedger {
+  const { now, leaseMs } = opts;
+  const entries = new Map<string, Entry>();
+  let holdsTaken = 0;
+
+  const keeper = createLeaseKeeper({
+    everyMs: opts.refreshEveryMs,
+    refresh: async (entryKey, ids) => {
+      const e = entries.get(entryKey);
+      if (!e) return;
+      const until = now() + leaseMs;
+      // Only holds still present (ZADD XX in Redis): one that was purged stays gone.
+      for (const id of ids) {
+        const h = e.holds.get(id);
+        if (h) h.expires = until;
+      }
+    },
+    onError: () => undefined,
+  });
+
+  const keyOf = (tag: string, holder: LedgerHolder): string => `${tag}\u0000${holder.id}`;
+
+  /** The live entry (expired holds dropped), as Redis would have it; undefined once its TTL ran out. */
+  const live = (key: string, t: number): Entry | undefined => {
+    const e = entries.get(key);
+    if (!e) return undefined;
+    if (e.lastUse + LEDGER_TTL_MS <= t) {
+      entries.delete(key);
+      return undefined;
+    }
+    for (const [id, h] of e.holds) {
+      if (h.expires <= t) {
+        e.holds.delete(id);
+        e.held -= h.amount;
+      }
+    }
+    return e;
+  };
+
+  const sweep = (t: number): void => {
+    for (const key of [...entries.keys()]) live(key, t);
+  };
+
+  const hold = (input: HoldInput): HoldResult => {
+    if (input.holders.length === 0) return { ok: true, hold: NOOP_HOLD };
+    const t = now();
+    if (++holdsTaken % SWEEP_EVERY === 0) sweep(t);
+    const amount = holdNano(input.amount);
+    const keys = input.holders.map((h) => keyOf(input.tag, h));
+    const states: Entry[] = [];
+    let refused: LedgerHolder['code'] | null = null;
+    input.holders.forEach((holder, i) => {
+      let e = live(keys[i]!, t);
+      const { restart, base } = effectiveBase(e, holder, toNano(holder.base));
+      if (!e || restart) {
+        // A first or newer epoch: the ledger starts again from the replica's figure.
+        e = { epoch: holder.epoch, base0: base, settled: 0, held: 0, holds: new Map(), lastUse: t };
+        entries.set(keys[i]!, e);
+      }
+      e.lastUse = t;
+      states.push(e);
+      const limit = holder.limit === null ? null : toNano(holder.limit);
+      if (refused === null && !holdFits(holder.kind, liveNano(holder.kind, base, e), amount, limit)) refused = holder.code;
+    });
+    if (refused !== null) return { ok: false, code: refused };
+
+    const id = newLeaseId();
+    for (const e of states) {
+      e.holds.set(id, { amount, expires: t + leaseMs });
+      e.held += amount;
+    }
+    keeper.add(id, keys);
+    let done = false;
+    return {
+      ok: true,
+      hold: {
+        settle(actual) {
+          if (done) return;
+          done = true;
+          keeper.remove(id);
+          const t2 = now();
+          // An unreadable figure keeps what was held rather than charging nothing.
+          const cost = Number.isFinite(actual) ? toNano(Math.max(0, actual)) : amount;
+          for (const key of keys) {
+            const e = live(key, t2);
+            if (!e) continue;
+            const h = e.holds.get(id);
+            if (h) {
+              e.holds.delete(id);
+              e.held -= h.amount;
+            }
+            e.settled += cost;
+            e.lastUse = t2;
+          }
+        },
+      },
+    };
+  };
+
+  const ledger = (input: LedgerInput): LedgerFigure[] => {
+    const t = now();
+    return input.holders.map((holder) => {
+      const e = entries.get(keyOf(input.tag, holder));
+      const fresh = e && e.lastUse + LEDGER_TTL_MS > t ? e : undefined;
+      const { restart, base } = effectiveBase(fresh, holder, toNano(holder.base));
+      if (!fresh || restart) return { id: holder.id, live: fromNano(base) };
+      let held = 0;
+      for (const h of fresh.holds.values()) if (h.expires > t) held += h.amount;
+      return { id: holder.id, live: fromNano(liveNano(holder.kind, base, { ...fresh, held })) };
+    });
+  };
+
+  return {
+    hold,
+    ledger,
+    refresh: () => keeper.refreshNow(),
+    count: () => keeper.count(),
+    stop: () => keeper.stop(),
+  };
+}

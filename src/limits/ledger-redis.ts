@@ -1,0 +1,150 @@
+/**
+ * Spend holds on Redis (single node or Cluster): the rules of ledger.ts in Lua.
+ *
+ * Key layout: every holder of one request under the request's hash tag (team key: its
+ * project, personal key: its user), so the hold is one atomic script in a Cluster too:
+ *   `{<prefix>:t:<tag>}:l:<holder>`   ledger hash (epoch, base0, settled, held, each hold's amount)
+ *   `{<prefix>:t:<tag>}:lh:<holder>`  hold set (ZSET, score = expiry)
+ * Both expire a day after their last use (LEDGER_TTL_MS).
+ *
+ * Round trips: a hold is one EVALSHA (hold.lua); its settlement one more (settle-hold.lua).
+ * Settlements issued in the same tick leave in one write, since the client pipelines
+ * automatically (client.ts, enableAutoPipelining). Holds are leases: live ones are pushed
+ * forward every refreshEveryMs (one call per hold set for all of this instance's holds), so
+ * a crashed instance's holds come back after leaseMs. Time is Redis TIME in every script.
+ */
+import { readFileSync } from 'node:fs';
+import type { Cluster, Redis } from 'ioredis';
+import { createLeaseKeeper, newLeaseId } from './leases.js';
+import { LEDGER_TTL_MS, fromNano, holdNano, toNano } from './ledger.js';
+import type { Hold, HoldInput, HoldResult, LedgerFigure, LedgerHolder, LedgerInput } from './limiter.js';
+
+export interface RedisLedgerOptions {
+  redis: Redis | Cluster;
+  prefix: string;
+  /** Hold lifetime without a refresh. */
+  leaseMs: number;
+  /** Refresh period of live holds; 0 disables the timer. */
+  refreshEveryMs: number;
+  onError: (op: 'hold' | 'settle' | 'refresh', err: unknown) => void;
+  /**
+   * Redis time, shared with admissions (redis.ts): replies teach it, and a hold Redis runs
+   * after `deadline()` (0 = none) changes nothing, since the caller has given up on it.
+   */
+  clock?: { learn(redisNow: number | undefined): void; deadline(): number };
+}
+
+export class StaleHoldError extends Error {}
+
+export interface RedisLedger {
+  /** Rejects when Redis fails; createLimiter applies onError. */
+  hold(input: HoldInput): Promise<HoldResult>;
+  ledger(input: LedgerInput): Promise<LedgerFigure[]>;
+  refresh(): Promise<void>;
+  count(): number;
+  /** Stops refreshing and waits for settlements already sent. */
+  close(): Promise<void>;
+}
+
+const SCRIPTS = {
+  keywardHold: 'hold.lua',
+  keywardSettleHold: 'settle-hold.lua',
+  keywardLedger: 'ledger.lua',
+  keywardHoldRefresh: 'refresh.lua',
+} as const;
+type ScriptName = keyof typeof SCRIPTS;
+type ScriptFn = (numKeys: number, ...args: (string | number)[]) => Promise<unknown>;
+
+const lua = Object.fromEntries(
+  Object.entries(SCRIPTS).map(([name, file]) => [name, readFileSync(new URL(`./lua/${file}`, import.meta.url), 'utf8')]),
+) as Record<ScriptName, string>;
+
+const NOOP_HOLD: Hold = { settle: () => undefined };
+/** Lua's unpack is bounded by the C stack; refresh long lists in chunks. */
+const REFRESH_CHUNK = 1000;
+
+export function createRedisLedger(opts: RedisLedgerOptions): RedisLedger {
+  const client = opts.redis;
+  const pending = new Set<Promise<unknown>>();
+  for (const name of Object.keys(SCRIPTS) as ScriptName[]) client.defineCommand(name, { lua: lua[name] });
+  const run = (name: ScriptName, keys: string[], args: (string | number)[]): Promise<unknown> =>
+    (client as unknown as Record<ScriptName, ScriptFn>)[name].call(client, keys.length, ...keys, ...args);
+
+  const keeper = createLeaseKeeper({
+    everyMs: opts.refreshEveryMs,
+    refresh: async (setKey, ids) => {
+      for (let i = 0; i < ids.length; i += REFRESH_CHUNK) {
+        await run('keywardHoldRefresh', [setKey], [opts.leaseMs, ...ids.slice(i, i + REFRESH_CHUNK)]);
+      }
+    },
+    onError: (err) => opts.onError('refresh', err),
+  });
+
+  const keysOf = (tag: string, holders: LedgerHolder[]): string[] => {
+    const t = `{${opts.prefix}:t:${encodeURIComponent(tag)}}`;
+    return holders.flatMap((h) => [`${t}:l:${encodeURIComponent(h.id)}`, `${t}:lh:${encodeURIComponent(h.id)}`]);
+  };
+
+  const hold = async (input: HoldInput): Promise<HoldResult> => {
+    // No budget on anything the key draws on: no round trip at all.
+    if (input.holders.length === 0) return { ok: true, hold: NOOP_HOLD };
+    const keys = keysOf(input.tag, input.holders);
+    const amount = holdNano(input.amount);
+    const id = newLeaseId();
+    const args: (string | number)[] = [id, amount, opts.leaseMs, LEDGER_TTL_MS, opts.clock?.deadline() ?? 0];
+    for (const h of input.holders) {
+      args.push(h.kind, toNano(h.base), h.limit === null ? '' : toNano(h.limit), Math.max(0, Math.floor(h.epoch)));
+    }
+    let v: number[];
+    try {
+      v = (await run('keywardHold', keys, args)) as number[];
+      opts.clock?.learn(v[2]);
+      if (v[0] === -1) throw new StaleHoldError('hold reached Redis after its deadline');
+    } catch (err) {
+      opts.onError('hold', err);
+      throw err;
+    }
+    if (v[0] !== 1) return { ok: false, code: input.holders[(v[1] ?? 1) - 1]!.code };
+
+    const sets = keys.filter((_, i) => i % 2 === 1);
+    keeper.add(id, sets);
+    let done = false;
+    return {
+      ok: true,
+      hold: {
+        settle(actual) {
+          if (done) return;
+          done = true;
+          try {
+            keeper.remove(id);
+            // An unreadable figure keeps what was held rather than charging nothing.
+            const cost = Number.isFinite(actual) ? toNano(Math.max(0, actual)) : amount;
+            const p = run('keywardSettleHold', keys, [id, cost, LEDGER_TTL_MS]).catch((err: unknown) => opts.onError('settle', err));
+            pending.add(p);
+            void p.finally(() => pending.delete(p));
+          } catch (err) {
+            opts.onError('settle', err);
+          }
+        },
+      },
+    };
+  };
+
+  const ledger = async (input: LedgerInput): Promise<LedgerFigure[]> => {
+    if (input.holders.length === 0) return [];
+    const args = input.holders.flatMap((h) => [h.kind, toNano(h.base), Math.max(0, Math.floor(h.epoch))]);
+    const v = (await run('keywardLedger', keysOf(input.tag, input.holders), args)) as number[];
+    return input.holders.map((h, i) => ({ id: h.id, live: fromNano(Number(v[i] ?? 0)) }));
+  };
+
+  return {
+    hold,
+    ledger,
+    refresh: () => keeper.refreshNow(),
+    count: () => keeper.count(),
+    async close() {
+      keeper.stop();
+      await Promise.allSettled([...pending]);
+    },
+  };
+}

@@ -1,0 +1,28 @@
+-- ledger.lua: live spend (budget) or live balance (wallet) per holder, holds included,
+-- without changing anything (GET /v1/key).
+--
+-- KEYS, two per holder (as hold.lua): ledger hash, hold set
+-- ARGV: three per holder j: kind ('budget' | 'wallet'), base (the replica's figure), epoch
+-- Returns one integer per holder, nano-units. Same rules as hold.lua: no ledger or a higher
+-- epoch means the replica's figure alone; holds past their expiry do not count.
+
+local time = redis.call('TIME')
+local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
+local out = {}
+for j = 1, #KEYS / 2 do
+  local L, Z = KEYS[2 * j - 1], KEYS[2 * j]
+  local o = 3 * (j - 1)
+  local kind, base, epoch = ARGV[o + 1], tonumber(ARGV[o + 2]), tonumber(ARGV[o + 3])
+  local v = redis.call('HMGET', L, 'e', 'b0', 's', 'h')
+  local live = base
+  if v[1] and epoch <= tonumber(v[1]) then
+    local b0, s, h = tonumber(v[2]), tonumber(v[3]) or 0, tonumber(v[4]) or 0
+    if epoch < tonumber(v[1]) then base = b0 end
+    for _, id in ipairs(redis.call('ZRANGEBYSCORE', Z, '-inf', now)) do
+      h = h - (tonumber(redis.call('HGET', L, 'a:' .. id)) or 0)
+    end
+    if kind == 'wallet' then live = math.min(base, b0 - s) - h else live = math.max(base, b0 + s) + h end
+  end
+  out[j] = live
+end
+return out

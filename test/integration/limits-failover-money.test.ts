@@ -1,0 +1,188 @@
+/**
+ * Spend holds and quota reads under createLimiter's onError rules, against a private
+ * redis-server (unix socket, never the shared server) that the tests pause and kill.
+ */
+import assert from 'node:assert/strict';
+import { join } from 'node:path';
+import { after, before, describe, test } from 'node:test';
+import { Redis } from 'ioredis';
+import { createLimiter } from '../../src/limits/failover.js';
+import { createRedisLimiter } from '../../src/limits/redis.js';
+import type { HoldInput, HoldResult, LedgerHolder, Limiter } from '../../src/limits/limiter.js';
+import { keyBudget, projectBudget, wallet } from '../helpers/limits-conformance-ledger.js';
+import { input, leaseOf, uid } from '../helpers/redis-limits-conformance.js';
+import { type RedisProcess, makeTmpDir, spawnRedis, waitFor } from '../helpers/redis-server.js';
+
+const TIMEOUT_MS = 100;
+/** Event-loop jitter on a busy 2-core machine plus the guard's own slack. */
+const MARGIN_MS = 100;
+const RECOVERY_MS = 5_000;
+
+let tmp: Awaited<ReturnType<typeof makeTmpDir>>;
+let sock: string;
+let server: RedisProcess;
+const serverArgs = (): string[] => ['--port', '0', '--unixsocket', sock, '--unixsocketperm', '700', '--save', '', '--appendonly', 'no', '--dir', tmp.dir];
+
+before(async () => {
+  tmp = await makeTmpDir('failover-money');
+  sock = join(tmp.dir, 'redis.sock');
+  server = await spawnRedis(serverArgs());
+});
+after(async () => {
+  await server?.stop();
+  await tmp?.remove();
+});
+
+const make = (onError: 'open' | 'closed'): Limiter =>
+  createLimiter({ redis: { url: `unix://${sock}`, prefix: uid('kwfm'), timeoutMs: TIMEOUT_MS, onError }, leaseMs: 5_000 });
+
+const req = (tag: string, holders: LedgerHolder[], amount: number): HoldInput => ({ requestId: uid('req'), tag, holders, amount });
+
+async function timed<T>(p: Promise<T>): Promise<T> {
+  const start = performance.now();
+  const r = await p;
+  const ms = performance.now() - start;
+  assert.ok(ms < TIMEOUT_MS + MARGIN_MS, `answered after ${ms.toFixed(1)} ms`);
+  return r;
+}
+
+/** True when a hold that needs Redis was answered by Redis. */
+async function redisHolds(lim: Limiter): Promise<boolean> {
+  const before = lim.stats().failOpenHolds;
+  const r = await lim.hold(req(uid('probe'), [keyBudget(uid('k'), { base: 0, limit: 1 })], 0.1));
+  if (r.ok) r.hold.settle(0);
+  return r.ok && lim.stats().failOpenHolds === before;
+}
+
+const liveOf = async (lim: Limiter, tag: string, h: LedgerHolder): Promise<number> => (await lim.ledger({ tag, holders: [h] }))[0]!.live;
+
+describe('spend holds with onError: open', { timeout: 30_000 }, () => {
+  test('Redis paused: holds come from the in-process ledger within the timeout and are counted; a late hold changes nothing', async (t) => {
+    const lim = make('open');
+    t.after(() => lim.close());
+    await waitFor(() => redisHolds(lim), RECOVERY_MS, 'Redis holds');
+    const inRedis = { tag: uid('tag'), holder: keyBudget(uid('k'), { base: 0, limit: 1 }) };
+    const h1 = await lim.hold(req(inRedis.tag, [inRedis.holder], 0.5));
+    assert.ok(h1.ok);
+    const opened = lim.stats().failOpenHolds;
+
+    server.proc.kill('SIGSTOP');
+    const late = { tag: uid('tag'), holder: keyBudget(uid('k'), { base: 0, limit: 1 }) };
+    let local: HoldResult[];
+    try {
+      // Sent to Redis, which runs it only after SIGCONT, past its deadline.
+      const first = await timed(lim.hold(req(late.tag, [late.holder], 0.9)));
+      assert.ok(first.ok);
+      // The in-process ledger still enforces, per instance: R = 0.3, holds of 0.12.
+      const tag = uid('tag');
+      const holder = keyBudget(uid('k'), { base: 0.7, limit: 1 });
+      local = await Promise.all(Array.from({ length: 20 }, () => timed(lim.hold(req(tag, [holder], 0.12)))));
+      assert.equal(local.filter((r) => r.ok).length, 2);
+      for (const r of local) if (!r.ok) assert.equal(r.code, 'key_budget_exhausted');
+      assert.equal(lim.stats().failOpenHolds, opened + 21);
+      assert.ok(Math.abs((await timed(lim.ledger({ tag, holders: [holder] })))[0]!.live - 0.94) < 1e-9);
+      const q = await timed(lim.peek({ keyId: uid('k'), limits: { rpm: 5, tpm: null, concurrency: null } }));
+      assert.equal(q.requests?.remaining, 5);
+      first.hold.settle(0);
+    } finally {
+      server.proc.kill('SIGCONT');
+    }
+    await waitFor(() => redisHolds(lim), RECOVERY_MS, 'Redis holds after SIGCONT');
+    // Redis ran the timed-out hold late and refused it: nothing is held there.
+    assert.equal(await liveOf(lim, late.tag, late.holder), 0);
+    // The hold taken before the pause is still in Redis and settles there.
+    assert.equal(await liveOf(lim, inRedis.tag, inRedis.holder), 0.5);
+    h1.hold.settle(0.1);
+    await waitFor(async () => Math.abs((await liveOf(lim, inRedis.tag, inRedis.holder)) - 0.1) < 1e-9, 2_000, 'the settlement in Redis');
+    for (const r of local) if (r.ok) r.hold.settle(0.1);
+    assert.equal(lim.stats().holdsHeld, 0, 'fallback holds settle where they were taken');
+  });
+});
+
+describe('spend holds with onError: closed', { timeout: 30_000 }, () => {
+  test('paused or killed Redis: limits_unavailable within the timeout; reads answer from the instance; recovers by itself', async (t) => {
+    const lim = make('closed');
+    t.after(() => lim.close());
+    await waitFor(() => redisHolds(lim), RECOVERY_MS, 'Redis holds');
+    const holder = keyBudget(uid('k'), { base: 0.2, limit: 1 });
+    const unavailable = async (): Promise<void> => {
+      const r = await timed(lim.hold(req(uid('tag'), [holder], 0.1)));
+      assert.equal(r.ok, false);
+      if (!r.ok) {
+        assert.equal(r.code, 'limits_unavailable');
+        assert.ok((r.retryAfterMs ?? 0) > 0);
+      }
+    };
+
+    server.proc.kill('SIGSTOP');
+    try {
+      for (let i = 0; i < 5; i++) await unavailable();
+      // Nothing to hold needs no Redis.
+      assert.ok((await timed(lim.hold(req(uid('tag'), [], 1)))).ok);
+      assert.equal((await timed(lim.ledger({ tag: uid('tag'), holders: [holder] })))[0]!.live, 0.2);
+    } finally {
+      server.proc.kill('SIGCONT');
+    }
+    await waitFor(() => redisHolds(lim), RECOVERY_MS, 'Redis holds after SIGCONT');
+
+    server.proc.kill('SIGKILL');
+    await server.exited;
+    for (let i = 0; i < 5; i++) await unavailable();
+    server = await spawnRedis(serverArgs());
+    await waitFor(() => redisHolds(lim), RECOVERY_MS, 'Redis holds after a restart');
+    assert.equal(lim.stats().failOpenHolds, 0);
+  });
+});
+
+describe('round trips', () => {
+  test('admission with a per-model limit, a hold on three holders, a settlement, peek and ledger are one script call each; no holders, none', async () => {
+    const redis = new Redis({ path: sock });
+    const lim = createRedisLimiter({ redis, prefix: uid('kwrt'), leaseMs: 5_000, refreshEveryMs: 0 });
+    const calls = async (): Promise<number> => {
+      const info = await redis.info('commandstats');
+      return [...info.matchAll(/^cmdstat_(?:evalsha|eval):calls=(\d+)/gm)].reduce((n, m) => n + Number(m[1]), 0);
+    };
+    const count = async (what: () => Promise<unknown>): Promise<number> => {
+      const before = await calls();
+      await what();
+      return (await calls()) - before;
+    };
+    // Warm the script cache so that NOSCRIPT fallbacks do not count.
+    const warm = await lim.hold(req(uid('tag'), [keyBudget(uid('k'), { base: 0, limit: 1 })], 0));
+    if (warm.ok) warm.hold.settle(0);
+    leaseOf(await lim.admit({ ...input(uid('k'), { limits: { rpm: 5 }, tokens: 1 }), modelLimit: { pattern: 'a*', rpm: 1, tpm: 5 } })).finish({ tokens: 1 });
+    await lim.peek({ keyId: uid('k'), limits: { rpm: 1, tpm: null, concurrency: null } });
+    await lim.ledger({ tag: uid('tag'), holders: [wallet(uid('u'), { base: 1 })] });
+
+    const key = uid('k');
+    let lease: ReturnType<typeof leaseOf> | undefined;
+    assert.equal(
+      await count(async () => {
+        lease = leaseOf(await lim.admit({ ...input(key, { limits: { rpm: 5, tpm: 100 }, tokens: 10 }), modelLimit: { pattern: 'a*', rpm: 1, tpm: 50 } }));
+      }),
+      1,
+    );
+    const tag = uid('tag');
+    const holders = [keyBudget(uid('k'), { base: 0, limit: 1 }), projectBudget(tag, { base: 0, limit: 5 }), wallet(uid('u'), { base: 3 })];
+    let hold: { settle(n: number): void } | undefined;
+    assert.equal(
+      await count(async () => {
+        const r = await lim.hold(req(tag, holders, 0.2));
+        assert.ok(r.ok);
+        hold = r.hold;
+      }),
+      1,
+    );
+    assert.equal(await count(() => lim.hold(req(tag, [], 0.2))), 0);
+    // Settling the lease and the hold in the same tick: one script call each, sent together.
+    const settled = await count(async () => {
+      lease!.finish({ tokens: 5 });
+      hold!.settle(0.1);
+      await lim.ledger({ tag, holders }); // queued behind both settlements on this connection
+    });
+    assert.equal(settled, 3);
+    assert.equal(await count(() => lim.peek({ keyId: key, limits: { rpm: 5, tpm: 100, concurrency: null } })), 1);
+    await lim.close();
+    redis.disconnect();
+  });
+});
