@@ -88,3 +88,10 @@ function truncate(s: string): string {
   const clean = s.replace(/[\x00-\x1f\x7f]/g, '');
   return clean.length > 128 ? `${clean.slice(0, 128)}…` : clean;
 }
+
+/** The key's first `modelLimits` entry whose glob matches the model: its limits apply in addition to the key's own. */
+export function modelLimitFor(key: Pick<FactsKey, 'modelLimits'>, model: string | null): { pattern: string; rpm: number | null; tpm: number | null } | null {
+  if (model === null || !key.modelLimits) return null;
+  const entry = key.modelLimits.find((m) => modelInScope([m.models], model));
+  return entry ? { pattern: entry.models, rpm: entry.rpm, tpm: entry.tpm } : null;
+}

@@ -5,7 +5,8 @@
 import type { IncomingMessage } from 'node:http';
 import { randomUUID } from 'node:crypto';
 import type { AccessLine } from '../obs/logger.js';
-import type { Lease } from '../limits/limiter.js';
+import type { Hold, Lease, Quota } from '../limits/limiter.js';
+import type { Price } from '../policy/pricing.js';
 import type { Route } from '../routes.js';
 import type { KeyFacts } from '../policy/facts.js';
 import type { Settled } from '../policy/estimate.js';
@@ -41,6 +42,11 @@ export interface RequestContext {
   /** what the request was settled and billed at (null: nothing) */
   settled: Settled | null;
   lease: Lease | null;
+  /** the key's figures after admission, sent back as x-ratelimit-* headers */
+  quota: Quota | null;
+  /** the spend hold and the price it is settled at */
+  hold: Hold | null;
+  price: Price | null;
 }
 
 const CONTROL = /[\x00-\x1f\x7f]/g; // eslint-disable-line no-control-regex
@@ -87,6 +93,9 @@ export function newContext(req: IncomingMessage, opts: { versionHeader: string; 
     upstreamFailed: false,
     settled: null,
     lease: null,
+    quota: null,
+    hold: null,
+    price: null,
   };
 }
 

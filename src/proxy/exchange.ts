@@ -17,6 +17,8 @@ import { hasBody, readModelBody } from './body.js';
 import { accessLine, newContext, type RequestContext } from './context.js';
 import type { ForwardFailure, Forwarder } from './forward.js';
 import { settleUsage } from '../policy/estimate.js';
+import { costOf } from '../policy/pricing.js';
+import { applyQuotaHeaders } from './quota-headers.js';
 import { clientAddress, type Cidr } from '../policy/network.js';
 import { decide, type Allow, type Decision, type PipelineDeps } from './pipeline.js';
 import { createUsageTap } from './usage.js';
@@ -108,7 +110,10 @@ function settle(ctx: RequestContext): void {
       upstreamFailed: ctx.upstreamFailed,
     });
   }
-  ctx.lease?.finish({ tokens: ctx.settled ? ctx.settled.input_tokens + ctx.settled.output_tokens : 0 });
+  const settled = ctx.settled;
+  ctx.lease?.finish({ tokens: settled ? settled.input_tokens + settled.output_tokens : 0 });
+  // The hold becomes the actual cost; nothing generated releases it.
+  ctx.hold?.settle(settled ? costOf(ctx.price, { input: settled.input_tokens, output: settled.output_tokens }) : 0);
 }
 
 const FAILURES: Record<ForwardFailure, (err: Error) => Denial> = {
@@ -158,6 +163,7 @@ export function createExchanges(deps: ExchangeDeps): Exchanges {
           ctx.upstreamStatus = proxyRes.statusCode ?? null;
           // The client can quote the id its access-log line carries, unless the upstream names its own.
           if (proxyRes.headers['x-request-id'] === undefined) proxyRes.headers['x-request-id'] = ctx.reqId;
+          if (ctx.quota) applyQuotaHeaders(proxyRes.headers, ctx.quota);
           if (!ctx.metered) return;
           const tap = createUsageTap({ contentType: proxyRes.headers['content-type'], contentEncoding: proxyRes.headers['content-encoding'] });
           if (!tap) return;
@@ -200,6 +206,9 @@ export function createExchanges(deps: ExchangeDeps): Exchanges {
     ctx.lease = decision.lease;
     ctx.metered = decision.metered;
     ctx.estimate = decision.estimate;
+    ctx.quota = decision.quota;
+    ctx.hold = decision.hold;
+    ctx.price = decision.price;
     // The client went away while the checks ran: its response has closed already.
     if (res.destroyed) return settle(ctx);
     if (decision.seen.route.class === 'self') return answerSelf(res, ctx, decision.seen.facts);

@@ -9,8 +9,10 @@ import { extractCredential, unknownKeyDenial } from '../auth/credentials.js';
 import { isWellFormedKey } from '../auth/keyformat.js';
 import type { KeyHasher } from '../auth/hash.js';
 import { deny, type Denial, type ErrorStyle } from '../errors.js';
-import { hasAnyLimit, type AdmitInput, type Lease, type Limiter } from '../limits/limiter.js';
-import { checkKey, checkModel, checkStanding } from '../policy/decide.js';
+import { hasAnyLimit, NO_QUOTA, type AdmitInput, type Hold, type Lease, type Limiter, type Quota } from '../limits/limiter.js';
+import { checkKey, checkModel, checkStanding, modelLimitFor } from '../policy/decide.js';
+import { holdersOf } from '../policy/holders.js';
+import { costOf, type Price } from '../policy/pricing.js';
 import { checkNetwork, looksLikeBrowser } from '../policy/network.js';
 import { promptTokens } from '../policy/estimate.js';
 import type { KeyFacts } from '../policy/facts.js';
@@ -24,6 +26,8 @@ export interface PipelineDeps {
   lookup: (hash: string) => KeyFacts | null;
   ready: () => boolean;
   limiter: Limiter;
+  /** the console's price for a model (most specific record), null when unpriced */
+  priceFor: (model: string) => Price | null;
   upstreams: ReadonlyMap<string, { concurrency: number; rpm: number }>;
   maxJsonBodyBytes: number;
   /** output tokens a request that names no cap is expected to generate */
@@ -62,6 +66,12 @@ export interface Allow {
   bodyRead: boolean;
   /** held limits (null when nothing is limited); the exchange settles it */
   lease: Lease | null;
+  /** the key's own RPM/TPM figures after this admission, for the x-ratelimit-* headers */
+  quota: Quota;
+  /** the spend hold on every budget the key draws on (null: none); the exchange settles it */
+  hold: Hold | null;
+  /** the price the hold was computed at, and the settlement will be */
+  price: Price | null;
   /** the TPM reservation: prompt estimate plus the output reserved */
   tokens: number;
   estimate: { prompt: number; output: number };
@@ -118,6 +128,7 @@ function admission(deps: PipelineDeps, seen: Allow['seen'], tokens: number, requ
   return {
     keyId: key.id,
     limits: { rpm: key.rpm, tpm: key.tpm, concurrency: key.concurrency },
+    modelLimit: modelLimitFor(key, seen.model),
     tokens,
     route: { name: seen.upstream, ...capacity },
     requestId,
@@ -138,7 +149,8 @@ export async function decide(input: RequestInput, deps: PipelineDeps, requestId:
   const route = admitted.route;
   const allow = (extra: Omit<Allow, 'allow' | 'seen'>): Allow => ({ allow: true, seen: admitted, ...extra });
   const none = { prompt: 0, output: 0 };
-  if (route.class === 'listing' || route.class === 'self') return allow({ body: null, bodyRead: false, lease: null, tokens: 0, estimate: none, metered: false });
+  const free = { lease: null, quota: NO_QUOTA, hold: null, price: null };
+  if (route.class === 'listing' || route.class === 'self') return allow({ body: null, bodyRead: false, tokens: 0, estimate: none, metered: false, ...free });
 
   let estimate = none;
   let metered = false;
@@ -158,9 +170,26 @@ export async function decide(input: RequestInput, deps: PipelineDeps, requestId:
   const tokens = estimate.prompt + estimate.output;
 
   const limits = admission(deps, admitted, tokens, requestId);
+  let lease: Lease | null = null;
+  let quota = NO_QUOTA;
   // Nothing to enforce: no limiter round trip at all.
-  if (!hasAnyLimit(limits)) return allow({ body, bodyRead, lease: null, tokens, estimate, metered });
-  const result = await deps.limiter.admit(limits);
-  if (!result.ok) return denied(seen, deny(result.code, { retryAfterMs: result.retryAfterMs }));
-  return allow({ body, bodyRead, lease: result.lease, tokens, estimate, metered });
+  if (hasAnyLimit(limits)) {
+    const result = await deps.limiter.admit(limits);
+    if (!result.ok) return denied(seen, deny(result.code, { retryAfterMs: result.retryAfterMs }));
+    lease = result.lease;
+    quota = result.quota;
+  }
+  const passed = { body, bodyRead, lease, quota, tokens, estimate, metered };
+  if (!metered) return allow({ ...passed, hold: null, price: null });
+
+  // Step 9: the cost estimate is held on every budget the key draws on, all or none.
+  const { tag, holders } = holdersOf(admitted.facts);
+  if (holders.length === 0) return allow({ ...passed, hold: null, price: null });
+  const price = seen.model === null ? null : deps.priceFor(seen.model);
+  const held = await deps.limiter.hold({ requestId, tag, holders, amount: costOf(price, { input: estimate.prompt, output: estimate.output }) });
+  if (!held.ok) {
+    lease?.finish({ tokens: 0 }); // refused before forwarding: nothing was used
+    return denied(seen, held.code === 'limits_unavailable' ? deny(held.code, { retryAfterMs: held.retryAfterMs }) : deny(held.code));
+  }
+  return allow({ ...passed, hold: held.hold, price });
 }

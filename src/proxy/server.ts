@@ -14,12 +14,12 @@ import { createMetrics, type Metrics } from '../obs/metrics.js';
 import type { UsageEvent } from '../protocol/usage.js';
 import { ReplicaStore } from '../replica/store.js';
 import { replicaWriter } from '../replica/writer.js';
-import { keyView } from '../policy/key-view.js';
 import { parseCidr } from '../policy/network.js';
 import { buildRules } from '../routes.js';
 import { createSyncClient, createUsagePusher, type SyncClient, type UsagePusher } from '../sync/client.js';
 import { answerClientError, createExchanges } from './exchange.js';
 import { createForwarder } from './forward.js';
+import { describeKey } from './self.js';
 
 export interface SidecarOptions {
   config: Config;
@@ -103,6 +103,8 @@ export async function startSidecar(opts: SidecarOptions): Promise<Sidecar> {
       lookup: (hash) => replica.lookup(hash),
       ready: () => replica.status().ready,
       limiter,
+      // Prices arrive with the console's price records; until the replica keeps them every model is unpriced.
+      priceFor: () => null,
       upstreams: new Map(Object.entries(config.upstreams).map(([name, u]) => [name, u.capacity])),
       maxJsonBodyBytes: config.server.maxJsonBodyBytes,
       defaultOutputTokens: config.limits.defaultOutputTokens,
@@ -116,7 +118,7 @@ export async function startSidecar(opts: SidecarOptions): Promise<Sidecar> {
     log: logger,
     versionHeader: `${config.messages.vendor}-version`,
     trustedProxies: config.server.trustedProxies.map((c) => parseCidr(c)!),
-    describeKey: async (facts) => keyView(facts, { remaining: { requests: null, tokens: null }, spent: null, balance: null }, Date.now()),
+    describeKey: (facts) => describeKey(limiter, facts),
   });
   let draining = false;
 

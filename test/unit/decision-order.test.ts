@@ -103,6 +103,7 @@ for (const row of ROWS) {
       lookup: (hash) => (hash === hashKey('sk-good') ? state : null),
       ready: () => row.ready ?? true,
       limiter,
+      priceFor: () => ({ input: 1, output: 1, per: 1_000_000 }),
       upstreams: new Map([['default', { concurrency: 0, rpm: 0 }]]),
       maxJsonBodyBytes: 1 << 20,
       defaultOutputTokens: 1024,

@@ -1,0 +1,39 @@
+/**
+ * Who pays for a request (DESIGN section 6, "Money"): the budget holders a key draws on,
+ * each with the replica's figure and epoch, and the one hash tag their ledgers share so
+ * a hold on all of them is one atomic step. Pure.
+ */
+import type { KeyFacts } from './facts.js';
+
+export interface Holder {
+  id: string;
+  kind: 'budget' | 'wallet';
+  base: number;
+  limit: number | null;
+  epoch: number;
+  code: 'key_budget_exhausted' | 'project_budget_exhausted' | 'insufficient_balance';
+}
+
+export interface Holders {
+  /** team key: its project; personal key: its user */
+  tag: string;
+  holders: Holder[];
+}
+
+export function holdersOf(facts: KeyFacts): Holders {
+  const { key, project } = facts;
+  const holders: Holder[] = [];
+  if (key.budget !== null) {
+    holders.push({ id: `key:${key.id}`, kind: 'budget', base: key.spent, limit: key.budget, epoch: key.epoch, code: 'key_budget_exhausted' });
+  }
+  if (key.kind === 'team') {
+    if (project && project.budget !== null) {
+      holders.push({ id: `project:${project.id}`, kind: 'budget', base: project.spent, limit: project.budget, epoch: project.epoch, code: 'project_budget_exhausted' });
+    }
+    return { tag: `p:${key.projectId ?? key.id}`, holders };
+  }
+  if (key.userId !== null) {
+    holders.push({ id: `wallet:${key.userId}`, kind: 'wallet', base: facts.walletBalance ?? 0, limit: null, epoch: facts.walletEpoch ?? 0, code: 'insufficient_balance' });
+  }
+  return { tag: `u:${key.userId ?? key.id}`, holders };
+}
