@@ -74,7 +74,8 @@ export async function startSidecar(opts: SidecarOptions): Promise<Sidecar> {
     });
   const consoleCfg = config.console;
   const sync = consoleCfg
-    ? createSyncClient({ url: consoleCfg.url, token: consoleCfg.token, waitMs: consoleCfg.waitMs, target: replicaSyncTarget(replica), log: logger })
+    ? createSyncClient({ url: consoleCfg.url, token: consoleCfg.token, waitMs: consoleCfg.waitMs, target: replicaSyncTarget(replica), log: logger,
+        onConnected: () => usagePusher?.nudge() }) // the console is back: deliver buffered usage now
     : null;
   const usagePusher = consoleCfg && !opts.usageSink
     ? createUsagePusher({ url: consoleCfg.url, token: consoleCfg.token, maxBuffer: USAGE_BUFFER, batchSize: 500, flushMs: 1000, log: logger })
