@@ -58,6 +58,9 @@ export interface RedisClientOptions {
 /** Reconnect quickly at first, then every 2 s at most: recovery is automatic. */
 export const reconnectDelayMs = (attempt: number): number => Math.min(2_000, 50 * 2 ** Math.min(attempt, 6));
 
+/** Enough for a MOVED after a resharding and an ASK during one; more only loops on a missing master. */
+const MAX_REDIRECTIONS = 6;
+
 export function createRedisClient(opts: RedisClientOptions): Redis | Cluster {
   const target = parseRedisUrl(opts.url);
   const common = {
@@ -80,6 +83,14 @@ export function createRedisClient(opts: RedisClientOptions): Redis | Cluster {
       clusterRetryStrategy: reconnectDelayMs,
       slotsRefreshTimeout: Math.max(1_000, opts.timeoutMs * 10),
       scaleReads: 'master',
+      // While a master is gone, its slots answer with a redirection to it, a refused connection
+      // or CLUSTERDOWN. ioredis waits 100 ms before each retry by default, which spends the
+      // whole timeout; without the wait the admission fails in a few round trips and falls
+      // back, and the next one tries again, so a promoted replica is used as soon as it serves.
+      retryDelayOnFailover: 0,
+      retryDelayOnClusterDown: 0,
+      retryDelayOnTryAgain: 0,
+      maxRedirections: MAX_REDIRECTIONS,
       redisOptions: {
         ...common,
         ...(target.username ? { username: target.username } : {}),

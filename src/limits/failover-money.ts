@@ -12,12 +12,13 @@ import { type HoldInput, type HoldResult, type Limiter, isLimited } from './limi
 
 /** createLimiter's breaker and connection state, shared so that admissions and holds agree. */
 export interface FailoverGate {
-  /** True while the breaker sends everything to the fallback. */
-  skip(): boolean;
+  /** True while the breaker sends calls on this hash tag's shard to the fallback. */
+  skip(tag: string): boolean;
   /** While the first connection is being made: resolves when it is up or after timeoutMs. */
   ready(): Promise<void> | undefined;
-  succeeded(): void;
-  failed(err: unknown): void;
+  succeeded(tag: string): void;
+  /** `slow`: the call failed by waiting out the timeout (what trips the breaker) */
+  failed(tag: string, err: unknown, slow: boolean): void;
 }
 
 export interface MoneyFailoverOptions {
@@ -26,6 +27,8 @@ export interface MoneyFailoverOptions {
   timeoutMs: number;
   onError: 'open' | 'closed';
   gate: FailoverGate;
+  /** the Redis hash tags calls land on, for per-shard failure tracking */
+  tags: { key: (keyId: string) => string; ledger: (tag: string) => string };
 }
 
 export type MoneyFailover = Pick<Limiter, 'peek' | 'hold' | 'ledger'> & {
@@ -43,12 +46,13 @@ export function createMoneyFailover(o: MoneyFailoverOptions): MoneyFailover {
   let guardTimeouts = 0;
 
   /** Runs one Redis call under the breaker and the deadline; `late` undoes what arrives too late. */
-  const guarded = async <T>(call: () => Promise<T>, fallback: () => Promise<T>, late?: (v: T) => void): Promise<T> => {
-    if (o.gate.skip()) return fallback();
+  const guarded = async <T>(tag: string, call: () => Promise<T>, fallback: () => Promise<T>, late?: (v: T) => void): Promise<T> => {
+    if (o.gate.skip(tag)) return fallback();
     const waiting = o.gate.ready();
     if (waiting) await waiting;
     let timer: NodeJS.Timeout | undefined;
     let gaveUp = false;
+    const started = performance.now();
     const p = call();
     const guard = new Promise<never>((_, reject) => {
       timer = setTimeout(() => {
@@ -68,10 +72,10 @@ export function createMoneyFailover(o: MoneyFailoverOptions): MoneyFailover {
     );
     try {
       const v = await Promise.race([p, guard]);
-      o.gate.succeeded();
+      o.gate.succeeded(tag);
       return v;
     } catch (err) {
-      o.gate.failed(err);
+      o.gate.failed(tag, err, performance.now() - started >= o.timeoutMs * 0.9);
       return fallback();
     } finally {
       clearTimeout(timer);
@@ -91,14 +95,14 @@ export function createMoneyFailover(o: MoneyFailoverOptions): MoneyFailover {
     hold: (input) =>
       input.holders.length === 0
         ? o.shared.hold(input)
-        : guarded(() => o.shared.hold(input), () => degradeHold(input), (r) => r.ok && r.hold.settle(0)),
+        : guarded(o.tags.ledger(input.tag), () => o.shared.hold(input), () => degradeHold(input), (r) => r.ok && r.hold.settle(0)),
     // Calls that need no Redis skip the gate: their success says nothing about Redis.
     peek: (input) =>
       !isLimited(input.limits.rpm) && !isLimited(input.limits.tpm)
         ? o.shared.peek(input)
-        : guarded(() => o.shared.peek(input), () => o.local.peek(input)),
+        : guarded(o.tags.key(input.keyId), () => o.shared.peek(input), () => o.local.peek(input)),
     ledger: (input) =>
-      input.holders.length === 0 ? Promise.resolve([]) : guarded(() => o.shared.ledger(input), () => o.local.ledger(input)),
+      input.holders.length === 0 ? Promise.resolve([]) : guarded(o.tags.ledger(input.tag), () => o.shared.ledger(input), () => o.local.ledger(input)),
     failOpenHolds: () => failOpenHolds,
     guardTimeouts: () => guardTimeouts,
   };

@@ -5,20 +5,27 @@
  * failOpenAdmissions) and `closed` answers limits_unavailable. A lease is always finished
  * where it was admitted, because each lease closes over its own limiter.
  *
- * After BREAKER_AFTER failures in a row, admissions skip Redis for BREAKER_MS instead of each
- * waiting out the timeout against a paused server; then Redis is tried again, so recovery
- * is automatic. A single failure does not trip it: that would send a whole burst to the
- * per-instance fallback and loosen every limit for a moment.
+ * Failures are tracked per shard: the Cluster master that serves an admission's hash tags
+ * (a single node is one shard). One failing shard sends only the admissions that need it to
+ * the fallback; keys on healthy shards keep their shared limits. After BREAKER_AFTER slow
+ * failures (timeouts) in a row, admissions for that shard skip Redis for BREAKER_MS instead
+ * of each waiting out the timeout against a paused server. Fast failures (a refused
+ * connection, a slot not served) do not trip it: they cost little, and trying Redis on every
+ * admission means that the moment a replica is promoted, or a shard answers again, it is
+ * used again, with no window of per-instance limits after the Cluster is whole.
  *
  * While the first connection is being made, an admission waits for it (at most timeoutMs)
  * rather than failing at once, so a freshly started instance does not fail open.
  */
 import { closeRedisClient, createRedisClient } from './client.js';
 import { DEFAULT_LEASE_MS } from './bucket.js';
+import type { Cluster } from 'ioredis';
 import { createMoneyFailover } from './failover-money.js';
-import { type AdmitInput, type AdmitResult, type Limiter, hasAnyLimit } from './limiter.js';
+import { ledgerHashTag } from './ledger-redis.js';
+import { type AdmitInput, type AdmitResult, type Limiter, hasAnyLimit, isLimited } from './limiter.js';
 import { createMemoryLimiter } from './memory.js';
-import { type RedisLease, createRedisLimiter } from './redis.js';
+import { type RedisLease, createRedisLimiter, failedHashTags, hashTag } from './redis.js';
+import { keySlot } from './slot.js';
 
 export interface RedisLimitsConfig {
   /** See client.ts for the URL forms (single node, unix socket, redis+cluster://). */
@@ -36,20 +43,29 @@ export interface CreateLimiterOptions {
   leaseMs?: number;
   /** Clock of the in-process limiter (Redis keeps its own time). */
   now?: () => number;
-  /** Redis state changes: `limits_redis_down` / `limits_redis_up`, with an error message. */
+  /** Redis state changes, per shard: `limits_redis_down` / `limits_redis_up`, with the shard and an error message. */
   log?: (event: string, fields: Record<string, unknown>) => void;
 }
 
-/** Consecutive Redis failures that send admissions straight to the fallback... */
+/** Consecutive slow Redis failures of a shard that send its admissions straight to the fallback... */
 export const BREAKER_AFTER = 3;
 /** ...for this long. */
 export const BREAKER_MS = 250;
 /** Slack on top of timeoutMs for the guard that bounds a whole admission. */
 const GUARD_SLACK_MS = 25;
+/** Shard name of a single-node Redis. */
+const SINGLE = 'redis';
 /** retryAfterMs of a limits_unavailable answer. */
 const UNAVAILABLE_RETRY_MS = 1_000;
 
 class RedisTimeout extends Error {}
+
+/** What is known of one shard. */
+interface Shard {
+  down: boolean;
+  slowInARow: number;
+  skipUntil: number;
+}
 
 export function createLimiter(opts: CreateLimiterOptions = {}): Limiter {
   const leaseMs = opts.leaseMs ?? DEFAULT_LEASE_MS;
@@ -59,23 +75,49 @@ export function createLimiter(opts: CreateLimiterOptions = {}): Limiter {
 
   const timeoutMs = cfg.timeoutMs ?? 100;
   const onError = cfg.onError ?? 'open';
+  const prefix = cfg.prefix ?? 'kw';
   const log = opts.log ?? (() => undefined);
-  let down = false;
   let closing = false;
-  const setDown = (isDown: boolean, error?: string): void => {
-    if (isDown === down || closing) return;
-    down = isDown;
-    log(isDown ? 'limits_redis_down' : 'limits_redis_up', error ? { error } : {});
+  const shards = new Map<string, Shard>();
+  const shardState = (name: string): Shard => {
+    let st = shards.get(name);
+    if (!st) shards.set(name, (st = { down: false, slowInARow: 0, skipUntil: 0 }));
+    return st;
+  };
+  const setDown = (name: string, isDown: boolean, error?: string): void => {
+    const st = shardState(name);
+    if (isDown === st.down || closing) return;
+    st.down = isDown;
+    log(isDown ? 'limits_redis_down' : 'limits_redis_up', { shard: name, ...(error ? { error } : {}) });
   };
 
   const client = createRedisClient({
     url: cfg.url,
     timeoutMs,
-    onState: (state, f) => setDown(state === 'down', f.error),
+    // A single node is one shard; a Cluster's shards report through the admissions that use them.
+    onState: (state, f) => {
+      if (!client.isCluster) setDown(SINGLE, state === 'down', f.error);
+    },
   });
+  /**
+   * The shard an admission's hash tag depends on: the master the client's slot map names for
+   * its slot. When a replica is promoted the map names the new master, whose record is clean.
+   */
+  const shardOf = (tag: string): string => {
+    if (!client.isCluster) return SINGLE;
+    const slot = keySlot(tag);
+    return (client as Cluster).slots[slot]?.[0] ?? `slot ${slot}`;
+  };
+  const tagsOf = (input: AdmitInput): string[] => {
+    const { route, limits } = input;
+    const tags: string[] = [];
+    if (isLimited(route.concurrency) || isLimited(route.rpm)) tags.push(hashTag(prefix, 'r', route.name));
+    if (isLimited(limits.rpm) || isLimited(limits.tpm) || isLimited(limits.concurrency)) tags.push(hashTag(prefix, 'k', input.keyId));
+    return tags;
+  };
   const shared = createRedisLimiter({
     redis: client,
-    prefix: cfg.prefix ?? 'kw',
+    prefix,
     leaseMs,
     // An admission Redis only gets to after ioredis gave up on it must change nothing; a
     // quarter of the budget is left for the reply's way back.
@@ -83,8 +125,6 @@ export function createLimiter(opts: CreateLimiterOptions = {}): Limiter {
   });
   let failOpenAdmissions = 0;
   let guardTimeouts = 0;
-  let failuresInARow = 0;
-  let skipUntil = 0;
 
   let connecting = true;
   const firstAttempt = new Promise<void>((resolve) => {
@@ -135,16 +175,21 @@ export function createLimiter(opts: CreateLimiterOptions = {}): Limiter {
     local,
     timeoutMs,
     onError,
+    tags: { key: (keyId) => hashTag(prefix, 'k', keyId), ledger: (tag) => ledgerHashTag(prefix, tag) },
     gate: {
-      skip: () => performance.now() < skipUntil,
+      skip: (tag) => shardState(shardOf(tag)).skipUntil > performance.now(),
       ready: () => (connecting ? firstConnection() : undefined),
-      succeeded: () => {
-        failuresInARow = 0;
-        setDown(false);
+      succeeded: (tag) => {
+        const name = shardOf(tag);
+        shardState(name).slowInARow = 0;
+        setDown(name, false);
       },
-      failed: (err) => {
-        if (++failuresInARow >= BREAKER_AFTER) skipUntil = performance.now() + BREAKER_MS;
-        setDown(true, err instanceof Error ? err.message : String(err));
+      // Holds and quota reads trip a shard's breaker as admissions do: only slow failures count.
+      failed: (tag, err, slow) => {
+        const name = shardOf(tag);
+        const st = shardState(name);
+        if (slow && ++st.slowInARow >= BREAKER_AFTER) st.skipUntil = performance.now() + BREAKER_MS;
+        setDown(name, true, err instanceof Error ? err.message : String(err));
       },
     },
   });
@@ -161,16 +206,28 @@ export function createLimiter(opts: CreateLimiterOptions = {}): Limiter {
     async admit(input) {
       // Nothing to count: nothing can be unavailable either, whatever state Redis is in.
       if (!hasAnyLimit(input)) return shared.admit(input);
-      if (performance.now() < skipUntil) return degrade(input);
+      const tags = tagsOf(input);
+      const names = tags.map(shardOf);
+      const now = performance.now();
+      if (names.some((n) => shardState(n).skipUntil > now)) return degrade(input);
       if (connecting) await firstConnection();
+      const started = performance.now();
       try {
         const res = await withDeadline(shared.admit(input));
-        failuresInARow = 0;
-        setDown(false);
+        for (const n of names) {
+          shardState(n).slowInARow = 0;
+          setDown(n, false);
+        }
         return res;
       } catch (err) {
-        if (++failuresInARow >= BREAKER_AFTER) skipUntil = performance.now() + BREAKER_MS;
-        setDown(true, err instanceof Error ? err.message : String(err));
+        // Blame the shards the error came from; a guard timeout names none, so all of them.
+        const blamed = failedHashTags(err)?.map(shardOf) ?? names;
+        const slow = performance.now() - started >= timeoutMs * 0.9;
+        for (const n of new Set(blamed)) {
+          const st = shardState(n);
+          if (slow && ++st.slowInARow >= BREAKER_AFTER) st.skipUntil = performance.now() + BREAKER_MS;
+          setDown(n, true, err instanceof Error ? err.message : String(err));
+        }
         return degrade(input);
       }
     },

@@ -63,6 +63,9 @@ const NOOP_HOLD: Hold = { settle: () => undefined };
 /** Lua's unpack is bounded by the C stack; refresh long lists in chunks. */
 const REFRESH_CHUNK = 1000;
 
+/** The Cluster hash tag all ledgers of one request share. */
+export const ledgerHashTag = (prefix: string, tag: string): string => `{${prefix}:t:${encodeURIComponent(tag)}}`;
+
 export function createRedisLedger(opts: RedisLedgerOptions): RedisLedger {
   const client = opts.redis;
   const pending = new Set<Promise<unknown>>();
@@ -81,7 +84,7 @@ export function createRedisLedger(opts: RedisLedgerOptions): RedisLedger {
   });
 
   const keysOf = (tag: string, holders: LedgerHolder[]): string[] => {
-    const t = `{${opts.prefix}:t:${encodeURIComponent(tag)}}`;
+    const t = ledgerHashTag(opts.prefix, tag);
     return holders.flatMap((h) => [`${t}:l:${encodeURIComponent(h.id)}`, `${t}:lh:${encodeURIComponent(h.id)}`]);
   };
 

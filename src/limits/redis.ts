@@ -77,6 +77,14 @@ const REFRESH_CHUNK = 1000;
 
 export class StaleAdmissionError extends Error {}
 
+/** The hash tag under which a key's (`k`) or an upstream's (`r`) counters live. */
+export const hashTag = (prefix: string, kind: 'k' | 'r', id: string): string => `{${prefix}:${kind}:${encodeURIComponent(id)}}`;
+
+/** Which hash tags an admission error came from, so a caller can tell a failing shard from the rest. */
+const errorTags = new WeakMap<object, string[]>();
+export const failedHashTags = (err: unknown): string[] | null =>
+  (typeof err === 'object' && err !== null && errorTags.get(err)) || null;
+
 /** A group of writes inside one hash tag, as settle.lua takes them. */
 interface Part {
   buckets: { key: string; cap: number; delta: number }[];
@@ -129,7 +137,7 @@ export function createRedisLimiter(opts: RedisLimiterOptions): RedisLimiter {
   const deadline = (): number =>
     opts.staleAfterMs && clockOffset !== null ? Math.ceil(Date.now() + clockOffset + opts.staleAfterMs) : 0;
 
-  const tag = (kind: 'k' | 'r', id: string): string => `{${opts.prefix}:${kind}:${encodeURIComponent(id)}}`;
+  const tag = (kind: 'k' | 'r', id: string): string => hashTag(opts.prefix, kind, id);
 
   const money = createRedisLedger({
     redis: client,
@@ -195,10 +203,15 @@ export function createRedisLimiter(opts: RedisLimiterOptions): RedisLimiter {
     const argv = (r: boolean, k: boolean): (string | number)[] =>
       [leaseId, leaseMs, r ? 1 : 0, rc, rr, k ? 1 : 0, kr, kt, kc, tokens, due, mr, mt];
     const call = async (r: boolean, k: boolean): Promise<number[]> => {
-      const v = (await run('keywardAdmit', [...(r ? routeKeys : []), ...(k ? keyKeys : [])], argv(r, k))) as number[];
-      learnClock(v[3]);
-      if (v[0] === -1) throw new StaleAdmissionError('admission reached Redis after its deadline');
-      return v;
+      try {
+        const v = (await run('keywardAdmit', [...(r ? routeKeys : []), ...(k ? keyKeys : [])], argv(r, k))) as number[];
+        learnClock(v[3]);
+        if (v[0] === -1) throw new StaleAdmissionError('admission reached Redis after its deadline');
+        return v;
+      } catch (err) {
+        if (typeof err === 'object' && err !== null) errorTags.set(err, [...(r ? [rt] : []), ...(k ? [kt_] : [])]);
+        throw err;
+      }
     };
 
     let verdict: number[];

@@ -82,7 +82,8 @@ export async function startSidecar(opts: SidecarOptions): Promise<Sidecar> {
     });
   const consoleCfg = config.console;
   const sync = consoleCfg
-    ? createSyncClient({ url: consoleCfg.url, token: consoleCfg.token, waitMs: consoleCfg.waitMs, target: replicaWriter(replica), log: logger })
+    ? createSyncClient({ url: consoleCfg.url, token: consoleCfg.token, waitMs: consoleCfg.waitMs, target: replicaWriter(replica), log: logger,
+        onConnected: () => usagePusher?.nudge() }) // the console is back: deliver buffered usage now
     : null;
   const forwarder = createForwarder({ upstreams: config.upstreams });
   const usagePusher = consoleCfg && !opts.usageSink

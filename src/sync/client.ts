@@ -26,6 +26,8 @@ export interface SyncClientOptions {
   backoff?: BackoffOptions;
   /** a snapshot that sends no byte for this long is abandoned (and retried) */
   idleTimeoutMs?: number;
+  /** called when the console answers after it was away (and at the first success) */
+  onConnected?: () => void;
 }
 
 export interface SyncStatus {
@@ -50,6 +52,9 @@ export interface SyncClient {
   status(): SyncStatus;
 }
 
+/** Longest pause between sync attempts while the console is away. */
+const RETRY_MAX_MS = 2_000;
+
 class HttpError extends Error {
   constructor(readonly status: number, what: string) {
     super(status === 401 || status === 403 ? `console rejected the sync token on ${what} (${status})` : `console answered ${status} on ${what}`);
@@ -73,6 +78,9 @@ export function createSyncClient(opts: SyncClientOptions): SyncClient {
   const doFetch = opts.fetch ?? fetch;
   const headers = { authorization: `Bearer ${opts.token}` };
   const idleMs = opts.idleTimeoutMs ?? 30_000;
+  // Retries while the console is away stay short (at most RETRY_MAX_MS apart, jittered): a
+  // console that returns is seen within seconds, and a failing GET is cheap for it.
+  const backoff: BackoffOptions = { maxMs: RETRY_MAX_MS, ...opts.backoff };
   const stopper = new AbortController();
   const st = { lastSyncAt: null as number | null, lastError: null as string | null, connected: false, failures: 0, snapshots: 0, lastSnapshot: null as SyncStatus['lastSnapshot'] };
   let loop: Promise<void> | null = null;
@@ -80,12 +88,14 @@ export function createSyncClient(opts: SyncClientOptions): SyncClient {
   const first = new Promise<void>((resolve) => (markFirst = resolve));
 
   const succeeded = () => {
-    if (st.failures > 0 || !st.connected) log.info({ version: opts.target.version() }, 'console sync connected');
+    const returned = st.failures > 0 || !st.connected;
+    if (returned) log.info({ version: opts.target.version() }, 'console sync connected');
     st.lastSyncAt = now();
     st.connected = true;
     st.failures = 0;
     st.lastError = null;
     markFirst();
+    if (returned) opts.onConnected?.();
   };
 
   async function snapshot(): Promise<void> {
@@ -117,8 +127,11 @@ export function createSyncClient(opts: SyncClientOptions): SyncClient {
   /** One long poll. Returns 'gone' on 410 (a snapshot is due). */
   async function poll(after: number): Promise<'ok' | 'gone'> {
     const started = now();
-    const signal = AbortSignal.any([stopper.signal, AbortSignal.timeout(opts.waitMs + 15_000)]);
-    const res = await doFetch(`${base}${CHANGES_PATH}?after=${after}&waitMs=${opts.waitMs}`, { headers, signal });
+    // After a failure, ask without waiting: an answer at once tells the console is back
+    // (and the usage pusher can deliver) instead of after a whole long poll.
+    const waitMs = st.connected ? opts.waitMs : 0;
+    const signal = AbortSignal.any([stopper.signal, AbortSignal.timeout(waitMs + 15_000)]);
+    const res = await doFetch(`${base}${CHANGES_PATH}?after=${after}&waitMs=${waitMs}`, { headers, signal });
     if (res.status === 410) {
       await res.body?.cancel().catch(() => {});
       return 'gone';
@@ -132,9 +145,9 @@ export function createSyncClient(opts: SyncClientOptions): SyncClient {
     const r: ChangesApplied = await opts.target.applyChangeText(text, 'console');
     if (r.applied || r.changes > 0) {
       log.debug({ version: r.version, changes: r.changes, ms: Math.round(performance.now() - t), offThread: r.offThread }, 'changes applied');
-    } else if (r.version === after && opts.waitMs > 0 && now() - started < opts.waitMs / 10) {
+    } else if (r.version === after && waitMs > 0 && now() - started < waitMs / 10) {
       // An empty answer long before waitMs (a console shutting down, or one that ignores waitMs): do not spin.
-      await sleep(backoffDelay(1, opts.backoff), stopper.signal);
+      await sleep(backoffDelay(1, backoff), stopper.signal);
     }
     return 'ok';
   }
@@ -159,7 +172,7 @@ export function createSyncClient(opts: SyncClientOptions): SyncClient {
         st.failures++;
         st.connected = false;
         st.lastError = reason(err);
-        const delay = backoffDelay(st.failures, opts.backoff);
+        const delay = backoffDelay(st.failures, backoff);
         // The first failure is worth a warning; a console that stays away is reported less loudly.
         const level = st.failures === 1 || st.failures % 20 === 0 ? 'warn' : 'debug';
         log[level]({ err: st.lastError, failures: st.failures, retryInMs: delay, version: opts.target.version() }, 'console sync failed; serving from the replica');

@@ -5,6 +5,10 @@
  * lost answer does not charge twice). What cannot be kept is counted, never silently lost:
  * `dropped` when the buffer is full or events remain at stop, `rejected` when the console
  * refuses a batch outright (4xx), which no retry would fix.
+ *
+ * After a long outage the backoff has grown to tens of seconds; the sync client notices the
+ * console first and calls `nudge()`, which sends what is buffered after a random delay of at
+ * most `nudgeJitterMs`, so a fleet that lost the console together does not return in one burst.
  */
 import { backoffDelay, type BackoffOptions } from './backoff.js';
 import { USAGE_PATH } from '../protocol/records.js';
@@ -25,6 +29,10 @@ export interface UsagePusherOptions {
   backoff?: BackoffOptions;
   /** per-request timeout */
   timeoutMs?: number;
+  /** longest random delay before a nudged push; default 1000 */
+  nudgeJitterMs?: number;
+  /** clock of the retry schedule (ms); default Date.now */
+  now?: () => number;
 }
 
 export interface UsageStats {
@@ -40,6 +48,11 @@ export interface UsagePusher {
   push(ev: UsageEvent): void;
   /** Sends everything buffered now; stops at the first failure (the timer retries later). */
   flush(): Promise<void>;
+  /**
+   * The console answers again: send what is buffered within nudgeJitterMs, whatever the
+   * backoff says. One send at a time still, so no event goes out twice from here.
+   */
+  nudge(): void;
   /** Stops the timer and makes a last attempt; whatever is still unsent is counted as dropped. */
   stop(): Promise<void>;
   stats(): UsageStats;
@@ -49,6 +62,8 @@ export function createUsagePusher(opts: UsagePusherOptions): UsagePusher {
   const endpoint = `${opts.url.replace(/\/+$/, '')}${USAGE_PATH}`;
   const doFetch = opts.fetch ?? fetch;
   const log = opts.log;
+  const now = opts.now ?? Date.now;
+  const random = opts.backoff?.random ?? Math.random;
   const buffer: UsageEvent[] = [];
   const stats = { sent: 0, dropped: 0, rejected: 0, failures: 0 };
   let consecutive = 0;
@@ -56,6 +71,7 @@ export function createUsagePusher(opts: UsagePusherOptions): UsagePusher {
   /** one drain at a time, so a batch is never sent twice or spliced twice */
   let draining: Promise<void> | null = null;
   let stopped = false;
+  let nudgeTimer: NodeJS.Timeout | null = null;
 
   /** Sends the oldest batch; true when the console took it (or refused it for good). */
   async function sendBatch(): Promise<boolean> {
@@ -86,7 +102,7 @@ export function createUsagePusher(opts: UsagePusherOptions): UsagePusher {
       stats.failures++;
       consecutive++;
       const delay = backoffDelay(consecutive, opts.backoff);
-      retryAt = Date.now() + delay;
+      retryAt = now() + delay;
       if (consecutive === 1 || consecutive % 20 === 0) {
         log?.warn({ err: (err as Error).message, buffered: buffer.length, retryInMs: delay }, 'usage push failed; will retry');
       }
@@ -106,7 +122,7 @@ export function createUsagePusher(opts: UsagePusherOptions): UsagePusher {
   }
 
   const timer = setInterval(() => {
-    if (draining || buffer.length === 0 || Date.now() < retryAt) return;
+    if (draining || buffer.length === 0 || now() < retryAt) return;
     void drain();
   }, opts.flushMs);
   timer.unref();
@@ -119,16 +135,34 @@ export function createUsagePusher(opts: UsagePusherOptions): UsagePusher {
         return;
       }
       buffer.push(ev);
-      if (buffer.length >= opts.batchSize && !draining && Date.now() >= retryAt) void drain();
+      if (buffer.length >= opts.batchSize && !draining && now() >= retryAt) void drain();
     },
     async flush() {
       if (draining) await draining;
       await drain();
     },
+    nudge() {
+      if (stopped || nudgeTimer || buffer.length === 0 || (consecutive === 0 && now() >= retryAt)) return;
+      const delay = Math.round(random() * (opts.nudgeJitterMs ?? 1_000));
+      const go = (): void => {
+        // A failure from here backs off from the start again: the console was just seen.
+        consecutive = 0;
+        retryAt = 0;
+        if (!stopped && buffer.length > 0) void drain();
+      };
+      nudgeTimer = setTimeout(() => {
+        nudgeTimer = null;
+        // An attempt still under way (it may fail and set a long backoff) goes first.
+        if (draining) void draining.then(go);
+        else go();
+      }, delay);
+      nudgeTimer.unref();
+    },
     async stop() {
       if (stopped) return;
       stopped = true;
       clearInterval(timer);
+      if (nudgeTimer) clearTimeout(nudgeTimer);
       if (draining) await draining;
       await drain();
       if (buffer.length > 0) {
