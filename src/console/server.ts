@@ -16,6 +16,7 @@ import { makeAuthenticator, principalName, sendError, silentLogger, unauthorized
 import { makePricer } from './pricing.js';
 import { ConsoleStore } from './store.js';
 import { handleSync } from './sync-api.js';
+import { makeWebHandler } from './web.js';
 
 export interface StartConsoleOptions {
   config: ConsoleConfig;
@@ -49,11 +50,15 @@ export async function startConsole(opts: StartConsoleOptions): Promise<RunningCo
   }
   const pricer = makePricer(config.pricing);
   const authenticate = makeAuthenticator(config.auth);
+  const serveWeb = makeWebHandler();
 
   const handle = async (req: IncomingMessage, res: ServerResponse, path: string, query: URLSearchParams) => {
     const who = authenticate(req);
     const isSync = path.startsWith('/sync/');
-    if (!isSync && !path.startsWith('/admin/')) throw new ApiError(404, 'not_found', 'no such endpoint');
+    if (!isSync && !path.startsWith('/admin/')) {
+      if (serveWeb(req, res, path)) return; // the web page at `/`: public files, its data needs a token
+      throw new ApiError(404, 'not_found', 'no such endpoint');
+    }
     if (!who) throw unauthorized();
     if (isSync) {
       if (who.role !== 'sync') throw forbidden('this needs a sync token');
