@@ -12,7 +12,7 @@ import { readMasterKey } from './crypto.js';
 import { openConsoleDb } from './db.js';
 import { ApiError } from './errors.js';
 import { ChangeFeed } from './feed.js';
-import { makeAuthenticator, principalName, sendError, silentLogger, unauthorized, forbidden, type ConsoleLogger } from './http.js';
+import { makeAuthenticator, principalName, sendError, sendJson, silentLogger, unauthorized, forbidden, type ConsoleLogger } from './http.js';
 import { makePricer } from './pricing.js';
 import { ConsoleStore } from './store.js';
 import { handleSync } from './sync-api.js';
@@ -56,6 +56,7 @@ export async function startConsole(opts: StartConsoleOptions): Promise<RunningCo
     const who = authenticate(req);
     const isSync = path.startsWith('/sync/');
     if (!isSync && !path.startsWith('/admin/')) {
+      if (path === '/healthz') return sendJson(res, 200, { status: 'ok' }); // probes: no token, no store
       if (serveWeb(req, res, path)) return; // the web page at `/`: public files, its data needs a token
       throw new ApiError(404, 'not_found', 'no such endpoint');
     }
@@ -78,7 +79,7 @@ export async function startConsole(opts: StartConsoleOptions): Promise<RunningCo
       if (closing) server.closeIdleConnections();
       // Path only: ids are not secrets, and the query string is never logged.
       const line = { method: req.method, path, status: res.statusCode, ms: Math.round(performance.now() - started), by: principalName(authenticate(req)) };
-      if (path.startsWith('/sync/')) log.debug(line, 'request');
+      if (path.startsWith('/sync/') || path === '/healthz') log.debug(line, 'request');
       else log.info(line, 'request');
     });
     const work = closing ? Promise.reject(new ApiError(503, 'shutting_down', 'the console is shutting down')) : handle(req, res, path, url.searchParams);

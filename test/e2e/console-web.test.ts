@@ -172,7 +172,7 @@ test('admin: sign in, reveal and hide a key, see its usage, delete it; the sidec
   const origin = new URL(fx.url).origin;
   assert.deepEqual(urls.filter((u) => new URL(u).origin !== origin), []);
   assert.deepEqual(urls.filter((u) => u.includes(fx.tokens.admin)), []);
-  assert.equal(await page.evaluate(() => localStorage.length), 0);
+  assert.equal(await page.evaluate('localStorage.length'), 0);
   assert.deepEqual(problems, []);
   await page.close();
 });
@@ -191,7 +191,7 @@ test('a user token sees only its own keys and no admin actions', { skip }, async
   await page.screenshot({ path: join(shots, '7-user-bob.png') });
   await page.getByRole('button', { name: 'Sign out' }).click();
   await page.getByLabel('Token').waitFor();
-  assert.equal(await page.evaluate(() => sessionStorage.length), 0, 'signing out forgets the token');
+  assert.equal(await page.evaluate('sessionStorage.length'), 0, 'signing out forgets the token');
   assert.ok(!(await page.content()).includes(secrets.bob!), 'signing out clears revealed secrets');
   assert.deepEqual(problems, []);
   await page.close();
