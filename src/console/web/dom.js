@@ -1,4 +1,4 @@
-// DOM helpers. Everything is built with createElement and text nodes, never innerHTML,
+// DOM helpers. Everything is built with createElement and text nodes, never parsed as HTML,
 // so a key name or a model glob can never become markup.
 
 /** h('tag.class', { attr, onclick }, ...children): children are nodes, strings or arrays. */
