@@ -196,3 +196,40 @@ test('a user token sees only its own keys and no admin actions', { skip }, async
   assert.deepEqual(problems, []);
   await page.close();
 });
+
+test('admin: create a key from the form, then rotate it; the page shows each new secret once', { skip }, async () => {
+  const { page, problems } = await openPage();
+  await page.goto(`${fx.url}/`);
+  await signIn(page, fx.tokens.admin);
+  await page.getByRole('button', { name: 'New key' }).click();
+  const form = page.locator('form.create');
+  await form.getByLabel('Kind').selectOption('team');
+  await form.getByLabel('Project').fill('research');
+  await form.getByLabel('Name').fill('batch job');
+  await form.getByLabel('Models').fill('gpt-4o-mini*');
+  await form.getByLabel('RPM').fill('30');
+  await form.getByLabel('Budget').fill('12.5');
+  await page.screenshot({ path: join(shots, '8-new-key-form.png') });
+  await form.getByRole('button', { name: 'Create key' }).click();
+  const created = page.locator('.notice [data-secret]');
+  await created.waitFor();
+  const secret = await created.innerText();
+  const row = page.locator('tr', { hasText: 'batch job' });
+  await row.waitFor();
+  const id = (await row.getAttribute('data-key-id'))!;
+  const stored = (await fx.api('GET', `/admin/v1/keys/${id}`)).body.key;
+  assert.deepEqual([stored.kind, stored.project, stored.models, stored.rpm, stored.budget, stored.tpm], ['team', 'research', ['gpt-4o-mini*'], 30, 12.5, null]);
+  assert.equal((await fx.api('POST', `/admin/v1/keys/${id}/reveal`)).body.secret, secret);
+  await page.locator('.notice').getByRole('button', { name: 'Hide' }).click();
+  await created.waitFor({ state: 'detached' });
+
+  await row.getByRole('button', { name: 'Rotate' }).click();
+  await page.getByRole('dialog').getByRole('button', { name: 'Create replacement' }).click();
+  const replacement = page.locator('.notice [data-secret]');
+  await replacement.waitFor();
+  assert.notEqual(await replacement.innerText(), secret);
+  assert.equal(await page.locator('tr', { hasText: 'batch job' }).count(), 2, 'old and new key side by side until the old one is deleted');
+  await page.screenshot({ path: join(shots, '9-rotated.png') });
+  assert.deepEqual(problems, []);
+  await page.close();
+});
