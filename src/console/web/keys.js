@@ -142,7 +142,7 @@ async function rotate(button, k, ctx, redraw) {
 }
 
 function createForm(ctx, redraw) {
-  const kind = h('select', {}, h('option', { value: 'personal' }, 'personal (draws on a wallet)'), h('option', { value: 'team' }, 'team (belongs to a project)'));
+  const kind = h('select', {}, h('option', { value: 'personal' }, 'personal (wallet)'), h('option', { value: 'team' }, 'team (project)'));
   const ownerInput = h('input', { required: true, placeholder: 'alice', spellcheck: 'false' });
   const ownerField = field('User', ownerInput);
   const name = h('input', { placeholder: 'laptop, ci bot, …' });
