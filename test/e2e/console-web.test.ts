@@ -1,8 +1,8 @@
 /**
  * The console's web page in a real browser (Debian's Chromium driven by playwright-core):
  * sign in, find a key, reveal and hide it, look at its usage, delete it, and see a synced
- * sidecar answer 401 api_key_deleted within a second. Screenshots of each page go to
- * $KEYWARD_SCREENSHOTS (default: a temp dir named in the test output).
+ * sidecar answer 401 api_key_deleted within a second. Screenshots of each page are kept in
+ * $KEYWARD_SCREENSHOTS when it is set (otherwise taken in a temp dir and removed).
  */
 import { after, before, test } from 'node:test';
 import assert from 'node:assert/strict';
@@ -77,6 +77,7 @@ after(async () => {
   await upstream?.close();
   await fx?.close();
   rmSync(dir, { recursive: true, force: true });
+  if (!process.env.KEYWARD_SCREENSHOTS) rmSync(shots, { recursive: true, force: true });
 });
 
 async function chat(key: string): Promise<{ status: number; code: string | null }> {
@@ -107,7 +108,7 @@ async function signIn(page: Page, token: string) {
 }
 
 test('admin: sign in, reveal and hide a key, see its usage, delete it; the sidecar refuses it within a second', { skip }, async (t) => {
-  t.diagnostic(`screenshots: ${shots}`);
+  if (process.env.KEYWARD_SCREENSHOTS) t.diagnostic(`screenshots: ${shots}`);
   const { page, urls, problems } = await openPage();
   const res = await page.goto(`${fx.url}/`);
   assert.equal(res?.status(), 200);
@@ -166,6 +167,7 @@ test('admin: sign in, reveal and hide a key, see its usage, delete it; the sidec
   await page.screenshot({ path: join(shots, '5-projects.png') });
   await page.getByRole('tab', { name: 'Wallets' }).click();
   await page.locator('tr[data-wallet-user="bob"]').waitFor();
+  assert.doesNotMatch(await page.locator('#app').innerText(), /\bnull\b|undefined|NaN/, 'no placeholder leaks into the page');
   await page.screenshot({ path: join(shots, '6-wallets.png') });
 
   // Same origin only, and the token never rode in a URL; it sits in this tab's session storage.
@@ -186,6 +188,7 @@ test('a user token sees only its own keys and no admin actions', { skip }, async
   assert.equal(await page.locator('tr', { hasText: 'alice laptop' }).count(), 0);
   assert.equal(await row.getByRole('button', { name: 'Delete' }).count(), 0);
   assert.equal(await page.getByRole('button', { name: 'New key' }).count(), 0);
+  assert.doesNotMatch(await page.locator('#app').innerText(), /\bnull\b|undefined|NaN/, 'no placeholder leaks into the page');
   await row.getByRole('button', { name: 'Reveal' }).click();
   assert.equal(await page.locator('[data-secret]').innerText(), secrets.bob);
   await page.screenshot({ path: join(shots, '7-user-bob.png') });

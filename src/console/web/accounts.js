@@ -1,7 +1,7 @@
 // The Projects and Wallets tabs. Users see their own projects and wallet; admins see all,
 // and may create projects, enable or disable them, set budgets and top up wallets.
 import { api, ApiError, seg } from './api.js';
-import { busy, field, h, money, spentMeter, toast, when } from './dom.js';
+import { busy, field, fill, h, money, spentMeter, toast, when } from './dom.js';
 
 export async function renderProjects(panel, ctx) {
   const { projects } = await api('GET', '/admin/v1/projects');
@@ -28,7 +28,7 @@ export async function renderProjects(panel, ctx) {
           await redraw();
         }) }, 'Set budget')) : null));
   });
-  panel.replaceChildren(
+  fill(panel,
     h('div.toolbar', {}, h('h2', {}, 'Projects'), h('span.muted', {}, `${projects.length} shown`), h('span.spacer'),
       h('button.ghost', { type: 'button', onclick: redraw }, 'Refresh')),
     admin ? projectForm(redraw) : null,
@@ -97,7 +97,7 @@ export async function renderWallets(panel, ctx) {
       topUp(user.value.trim(), amount, form.querySelector('button'));
     });
   }
-  panel.replaceChildren(
+  fill(panel,
     h('div.toolbar', {}, h('h2', {}, 'Wallets'), h('span.muted', {}, 'personal keys spend from their user\'s wallet'), h('span.spacer'),
       h('button.ghost', { type: 'button', onclick: redraw }, 'Refresh')),
     form,

@@ -92,3 +92,6 @@ export function secretBox(label, secret, onHide) {
 /** How much of a budget is spent, as a native meter (no inline style under the CSP). */
 export const spentMeter = (spent, budget) =>
   h('meter', { min: 0, max: budget || 1, value: Math.min(spent, budget || 1), low: (budget || 1) * 0.7, high: (budget || 1) * 0.9, optimum: 0, title: `${money(spent)} of ${money(budget)}` });
+
+/** Replaces an element's content; null entries (a form only admins get) are skipped. */
+export const fill = (el, ...children) => el.replaceChildren(...children.filter((c) => c !== null && c !== undefined));

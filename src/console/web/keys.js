@@ -2,7 +2,7 @@
 // last use; Reveal (hidden again on request), recent usage, and for admins create, rotate
 // and delete (with a confirmation).
 import { api, seg } from './api.js';
-import { busy, confirmDialog, count, field, h, money, numberOrNull, secretBox, spentMeter, toast, when } from './dom.js';
+import { busy, confirmDialog, count, field, fill, h, money, numberOrNull, secretBox, spentMeter, toast, when } from './dom.js';
 
 // Revealed secrets, by key id. Page memory only: a reload or Hide forgets them.
 const revealed = new Map();
@@ -89,7 +89,7 @@ export async function renderKeys(panel, ctx) {
     h('button.ghost', { type: 'button', onclick: redraw }, 'Refresh'),
     admin ? h('button.primary', { type: 'button', onclick: () => panel.querySelector('.create').toggleAttribute('hidden') }, 'New key') : null);
 
-  panel.replaceChildren(
+  fill(panel,
     toolbar,
     admin ? createForm(ctx, redraw) : null,
     keys.length === 0
