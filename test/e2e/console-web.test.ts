@@ -127,12 +127,8 @@ test('admin: sign in, reveal and hide a key, see its usage, delete it; the sidec
 
   // The key works through the sidecar; its usage reaches the console and the page.
   assert.deepEqual(await chat(secrets.bot!), { status: 200, code: null });
-  const botId = await row.getAttribute('data-key-id');
-  for (let i = 0; i < 100; i++) {
-    const u = await fx.api('GET', `/admin/v1/keys/${botId}/usage`);
-    if (u.body.usage.length > 0) break;
-    await new Promise((r) => setTimeout(r, 50)); // the sidecar pushes usage on its own flush timer
-  }
+  // The console priced the pushed usage once the new spend comes back through the sync feed.
+  await whenReplica(replica, () => (lookupSecret(replica, secrets.bot!)?.key.spent ?? 0) > 0, 10_000);
   await page.getByRole('button', { name: 'Refresh' }).click();
   await row.getByRole('button', { name: 'Usage' }).click();
   const usage = page.getByRole('table', { name: 'Recent usage of ci bot' });
