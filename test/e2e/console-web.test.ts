@@ -232,3 +232,27 @@ test('admin: create a key from the form, then rotate it; the page shows each new
   assert.deepEqual(problems, []);
   await page.close();
 });
+
+test('admin: top up a wallet, set a project budget and disable the project', { skip }, async () => {
+  const { page, problems } = await openPage();
+  await page.goto(`${fx.url}/`);
+  await signIn(page, fx.tokens.admin);
+  await page.getByRole('tab', { name: 'Wallets' }).click();
+  const bob = page.locator('tr[data-wallet-user="bob"]');
+  await bob.getByLabel('Top-up amount for bob').fill('2.5');
+  await bob.getByRole('button', { name: 'Top up' }).click();
+  await page.locator('tr[data-wallet-user="bob"]', { hasText: '5.5' }).waitFor();
+  assert.equal((await fx.api('GET', '/admin/v1/wallets/bob')).body.wallet.balance, 5.5);
+
+  await page.getByRole('tab', { name: 'Projects' }).click();
+  const research = page.locator('tr[data-project-id="research"]');
+  await research.getByLabel('Budget of research').fill('250');
+  await research.getByRole('button', { name: 'Set budget' }).click();
+  await page.locator('tr[data-project-id="research"]', { hasText: 'of 250' }).waitFor();
+  await page.locator('tr[data-project-id="research"]').getByRole('button', { name: 'Disable' }).click();
+  await page.locator('tr[data-project-id="research"]', { hasText: 'disabled' }).waitFor();
+  const project = (await fx.api('GET', '/admin/v1/projects/research')).body.project;
+  assert.deepEqual([project.budget, project.status], [250, 'disabled']);
+  assert.deepEqual(problems, []);
+  await page.close();
+});
