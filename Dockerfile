@@ -1,22 +1,29 @@
 # syntax=docker/dockerfile:1
-# Build stage: compiles better-sqlite3's native addon against this Node version.
+# Build stage: compiles TypeScript to dist/ and better-sqlite3's native addon for this Node.
 FROM node:20-bookworm-slim AS build
 RUN apt-get update \
  && apt-get install -y --no-install-recommends python3 make g++ \
  && rm -rf /var/lib/apt/lists/*
 WORKDIR /app
 COPY package.json package-lock.json ./
-RUN npm ci --omit=dev --no-audit --no-fund
-COPY bin ./bin
+RUN npm ci --no-audit --no-fund
+COPY tsconfig.json tsconfig.build.json ./
+COPY scripts ./scripts
 COPY src ./src
-COPY config ./config
-COPY tsconfig.json ./
+RUN npm run build \
+ && npm prune --omit=dev --no-audit --no-fund
 
-# Runtime stage: no compiler, a non-root user, health from the admin listener.
+# Runtime stage: compiled JavaScript and production dependencies only (no tsx, no
+# compiler), a non-root user, health from the admin listener. Runs with a read-only root
+# filesystem given a writable volume for the replica (/app/data by default).
 FROM node:20-bookworm-slim
 ENV NODE_ENV=production KEYWARD_HOST=0.0.0.0
 WORKDIR /app
-COPY --from=build --chown=node:node /app /app
+COPY --from=build --chown=node:node /app/package.json ./
+COPY --from=build --chown=node:node /app/node_modules ./node_modules
+COPY --from=build --chown=node:node /app/dist ./dist
+COPY --chown=node:node bin ./bin
+COPY --chown=node:node config ./config
 RUN mkdir -p /app/data && chown node:node /app/data
 USER node
 EXPOSE 8080 9090

@@ -33,6 +33,15 @@ export default tseslint.config(
   {
     files: ['**/*.js', '**/*.mjs'],
     extends: [tseslint.configs.disableTypeChecked],
-    languageOptions: { globals: { process: 'readonly', console: 'readonly' } },
+    languageOptions: { globals: { process: 'readonly', console: 'readonly', URL: 'readonly' } },
+  },
+  {
+    // the console's web page runs in the browser
+    files: ['src/console/web/**/*.js'],
+    languageOptions: {
+      globals: Object.fromEntries(
+        ['document', 'window', 'navigator', 'sessionStorage', 'fetch', 'Node', 'URL', 'setTimeout', 'clearTimeout', 'console'].map((g) => [g, 'readonly']),
+      ),
+    },
   },
 );

@@ -101,7 +101,7 @@ export function buildProgram(): Command {
   return program;
 }
 
-const isMain = process.argv[1] !== undefined && /(cli\.ts|keyward(\.mjs)?)$/.test(process.argv[1]);
+const isMain = process.argv[1] !== undefined && /(cli\.[jt]s|keyward(\.mjs)?)$/.test(process.argv[1]);
 if (isMain) {
   buildProgram().parseAsync(process.argv).catch(fail);
 }

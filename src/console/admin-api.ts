@@ -10,6 +10,7 @@ import { ApiError, invalid } from './errors.js';
 import { forbidden, match, readJson, sendJson, type Principal } from './http.js';
 import type { LogSink } from '../log.js';
 import type { ConsoleStore } from './store.js';
+import { recentUsage } from './usage.js';
 
 const ident = z.string().regex(idPattern, 'expected an id of letters, digits, and . _ @ -');
 const count = z.number().int().nonnegative().nullable().optional();
@@ -115,6 +116,16 @@ const routes: Route[] = [
       const secret = c.store.reveal(row.id);
       audit(c, 'key.reveal', { key_id: row.id });
       sendJson(c.res, 200, { id: row.id, secret });
+    },
+  },
+  {
+    // The key's latest usage events (newest first), for whoever may see the key.
+    method: 'GET', pattern: '/admin/v1/keys/:id/usage', adminOnly: false,
+    handle: (c) => {
+      const raw = c.query.get('limit');
+      const limit = raw === null ? 20 : Number(raw);
+      if (!Number.isInteger(limit) || limit < 1 || limit > 500) throw invalid('limit: expected an integer from 1 to 500');
+      sendJson(c.res, 200, { usage: recentUsage({ store: c.store, keyId: visibleKey(c).id, limit }) });
     },
   },
   {

@@ -71,6 +71,7 @@ CREATE TABLE IF NOT EXISTS usage (
   at INTEGER NOT NULL,
   received_at INTEGER NOT NULL
 );
+CREATE INDEX IF NOT EXISTS usage_key_at ON usage(key_id, at);
 `;
 
 export type DB = Database.Database;

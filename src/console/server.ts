@@ -12,11 +12,12 @@ import { readMasterKey } from './crypto.js';
 import { openConsoleDb } from './db.js';
 import { ApiError } from './errors.js';
 import { ChangeFeed } from './feed.js';
-import { makeAuthenticator, principalName, sendError, unauthorized, forbidden } from './http.js';
+import { makeAuthenticator, principalName, sendError, sendJson, unauthorized, forbidden } from './http.js';
 import { quiet, type LogSink } from '../log.js';
 import { makePricer } from './pricing.js';
 import { ConsoleStore } from './store.js';
 import { handleSync } from './sync-api.js';
+import { makeWebHandler } from './web.js';
 
 export interface StartConsoleOptions {
   config: ConsoleConfig;
@@ -50,11 +51,16 @@ export async function startConsole(opts: StartConsoleOptions): Promise<RunningCo
   }
   const pricer = makePricer(config.pricing);
   const authenticate = makeAuthenticator(config.auth);
+  const serveWeb = makeWebHandler();
 
   const handle = async (req: IncomingMessage, res: ServerResponse, path: string, query: URLSearchParams) => {
     const who = authenticate(req);
     const isSync = path.startsWith('/sync/');
-    if (!isSync && !path.startsWith('/admin/')) throw new ApiError(404, 'not_found', 'no such endpoint');
+    if (!isSync && !path.startsWith('/admin/')) {
+      if (path === '/healthz') return sendJson(res, 200, { status: 'ok' }); // probes: no token, no store
+      if (serveWeb(req, res, path)) return; // the web page at `/`: public files, its data needs a token
+      throw new ApiError(404, 'not_found', 'no such endpoint');
+    }
     if (!who) throw unauthorized();
     if (isSync) {
       if (who.role !== 'sync') throw forbidden('this needs a sync token');
@@ -74,7 +80,7 @@ export async function startConsole(opts: StartConsoleOptions): Promise<RunningCo
       if (closing) server.closeIdleConnections();
       // Path only: ids are not secrets, and the query string is never logged.
       const line = { method: req.method, path, status: res.statusCode, ms: Math.round(performance.now() - started), by: principalName(authenticate(req)) };
-      if (path.startsWith('/sync/')) log.debug(line, 'request');
+      if (path.startsWith('/sync/') || path === '/healthz') log.debug(line, 'request');
       else log.info(line, 'request');
     });
     const work = closing ? Promise.reject(new ApiError(503, 'shutting_down', 'the console is shutting down')) : handle(req, res, path, url.searchParams);

@@ -77,3 +77,25 @@ export function ingestUsage(opts: { store: ConsoleStore; pricer: Pricer; events:
     return { result, records };
   });
 }
+
+/** One priced usage event as the admin API shows it. */
+export interface UsageView {
+  requestId: string;
+  model: string | null;
+  inputTokens: number;
+  outputTokens: number;
+  status: number;
+  cost: number;
+  at: string;
+}
+
+/** A key's most recent usage events, newest first (the web page's per-key usage). */
+export function recentUsage(opts: { store: ConsoleStore; keyId: string; limit: number }): UsageView[] {
+  const rows = opts.store.db
+    .prepare('SELECT request_id, model, input_tokens, output_tokens, status, cost, at FROM usage WHERE key_id = ? ORDER BY at DESC, received_at DESC LIMIT ?')
+    .all(opts.keyId, opts.limit) as { request_id: string; model: string | null; input_tokens: number; output_tokens: number; status: number; cost: number; at: number }[];
+  return rows.map((r) => ({
+    requestId: r.request_id, model: r.model, inputTokens: r.input_tokens, outputTokens: r.output_tokens,
+    status: r.status, cost: r.cost, at: new Date(r.at).toISOString(),
+  }));
+}

@@ -28,7 +28,8 @@ const PENDING_MAX = 4096;
 
 export function createMetrics(sources: MetricSources): Metrics {
   const registry = new Registry();
-  collectDefaultMetrics({ register: registry, prefix: 'keyward_process_' });
+  // prom-client's names already start with process_ or nodejs_: keyward_process_cpu_seconds_total, not keyward_process_process_….
+  collectDefaultMetrics({ register: registry, prefix: 'keyward_' });
   const now = sources.now ?? Date.now;
 
   const requestCounts = new Map<string, number>();

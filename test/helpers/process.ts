@@ -5,7 +5,12 @@ import { writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { createInterface } from 'node:readline';
 
-export const BIN = join(import.meta.dirname, '../../bin/keyward.mjs');
+/**
+ * Node arguments that run the CLI from source through tsx. Tests never go through
+ * bin/keyward.mjs, which runs dist/: a stale build must not answer for the code under test
+ * (test/integration/build.test.ts covers the compiled entry).
+ */
+export const KEYWARD_ARGS = ['--import', 'tsx', join(import.meta.dirname, '../../src/cli.ts')];
 
 export interface SidecarProcess {
   child: ChildProcess;
@@ -19,7 +24,7 @@ export interface SidecarProcess {
 export async function spawnSidecar(opts: { dir: string; name: string; yaml: string }): Promise<SidecarProcess> {
   const cfg = join(opts.dir, `${opts.name}.yaml`);
   writeFileSync(cfg, opts.yaml);
-  const child = spawn(process.execPath, [BIN, 'serve', '--config', cfg], { stdio: ['ignore', 'pipe', 'inherit'] });
+  const child = spawn(process.execPath, [...KEYWARD_ARGS, 'serve', '--config', cfg], { stdio: ['ignore', 'pipe', 'inherit'] });
   const lines: string[] = [];
   const rl = createInterface({ input: child.stdout! });
   const listening = new Promise<{ url: string; adminPort: number }>((resolve, reject) => {

@@ -11,9 +11,9 @@ import { makeKeyHasher } from '../../src/auth/hash.js';
 import { ReplicaStore } from '../../src/replica/store.js';
 import { startFakeUpstream, type FakeUpstream } from '../helpers/upstream.js';
 import { bearer, send } from '../helpers/http.js';
+import { KEYWARD_ARGS } from '../helpers/process.js';
 
-const BIN = join(import.meta.dirname, '../../bin/keyward.mjs');
-const run = (args: string[]) => spawnSync(process.execPath, [BIN, ...args], { encoding: 'utf8', timeout: 30_000 });
+const run = (args: string[]) => spawnSync(process.execPath, [...KEYWARD_ARGS, ...args], { encoding: 'utf8', timeout: 30_000 });
 
 let dir: string;
 let up: FakeUpstream;
@@ -86,7 +86,7 @@ describe('keyward CLI', () => {
     writeFileSync(first, snapshot(1, [keyLine('k1', 'secret-one')]));
     assert.equal(run(['import', first, '--config', cfg]).status, 0);
 
-    const child = spawn(process.execPath, [BIN, 'serve', '--config', cfg], { stdio: ['ignore', 'pipe', 'pipe'] });
+    const child = spawn(process.execPath, [...KEYWARD_ARGS, 'serve', '--config', cfg], { stdio: ['ignore', 'pipe', 'pipe'] });
     try {
       const out: Record<string, unknown>[] = [];
       const url = await new Promise<string>((resolve) => {
