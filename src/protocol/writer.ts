@@ -10,6 +10,7 @@ export interface SnapshotApplied {
   keys: number;
   projects: number;
   wallets: number;
+  prices: number;
   /** time from the first byte handed over to the commit */
   totalMs: number;
 }
