@@ -13,7 +13,8 @@ import { openConsoleDb } from './db.js';
 import { ApiError } from './errors.js';
 import { ChangeFeed } from './feed.js';
 import { makeAuthenticator, principalName, sendError, silentLogger, unauthorized, forbidden, type ConsoleLogger } from './http.js';
-import { makePricer } from './pricing.js';
+import { makePricer, priceTable, publishPrices } from './pricing.js';
+import { rollPeriods } from './budgets.js';
 import { ConsoleStore } from './store.js';
 import { handleSync } from './sync-api.js';
 
@@ -23,6 +24,8 @@ export interface StartConsoleOptions {
   env?: NodeJS.ProcessEnv;
   log?: ConsoleLogger;
   now?: () => number;
+  /** how often budgets with a period are checked for a boundary passed (default 1000 ms) */
+  periodCheckMs?: number;
 }
 
 export interface RunningConsole {
@@ -48,6 +51,17 @@ export async function startConsole(opts: StartConsoleOptions): Promise<RunningCo
     throw err;
   }
   const pricer = makePricer(config.pricing);
+  // Sidecars hold with the prices this console charges: publish the table when it changed.
+  publishPrices(store, priceTable(config.pricing));
+  rollPeriods(store);
+  const periodTimer = setInterval(() => {
+    try {
+      rollPeriods(store);
+    } catch (err) {
+      log.error({ err: err instanceof Error ? err.message : String(err) }, 'budget period restart failed');
+    }
+  }, opts.periodCheckMs ?? 1000);
+  periodTimer.unref();
   const authenticate = makeAuthenticator(config.auth);
 
   const handle = async (req: IncomingMessage, res: ServerResponse, path: string, query: URLSearchParams) => {
@@ -105,6 +119,7 @@ export async function startConsole(opts: StartConsoleOptions): Promise<RunningCo
     store,
     close() {
       closing ??= (async () => {
+        clearInterval(periodTimer);
         const closed = new Promise<void>((resolve) => server.close(() => resolve()));
         store.feed.release(); // answer waiting long polls now rather than after waitMs
         server.closeIdleConnections();

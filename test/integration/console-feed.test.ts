@@ -59,7 +59,7 @@ test('410 for a cursor older than the retained history, or ahead of it; bad para
   const recent = await syncGet(fx, `/sync/v1/changes?after=${v - 3}`);
   assert.equal(recent.status, 200);
   // three credits to one wallet: only the newest record is sent
-  assert.deepEqual(JSON.parse(recent.text), { version: v, changes: [{ op: 'upsert', type: 'wallet', user: 'dave', balance: 12 }] });
+  assert.deepEqual(JSON.parse(recent.text), { version: v, changes: [{ op: 'upsert', type: 'wallet', user: 'dave', balance: 12, epoch: 12 }] });
   assert.equal((await syncGet(fx, '/sync/v1/changes?after=abc')).status, 400);
   assert.equal((await syncGet(fx, `/sync/v1/changes?after=${v}&waitMs=60001`)).status, 400);
 });
