@@ -63,6 +63,12 @@ test('the CLI flags round-trip through the sync feed into a sidecar replica\'s l
   assert.match(listed.stdout, /IPS\s+BROWSER\s+MODEL LIMITS/);
   assert.ok(listed.stdout.includes('10.0.0.0/8,192.168.0.0/16') && listed.stdout.includes('gpt-4o*:rpm=10,tpm=20000'));
 
+  // A rotated key keeps the network policy, per-model limits and period.
+  const rot = JSON.parse((await cli('keys', 'rotate', id, '--json')).stdout);
+  await whenReplica(replica, () => lookupSecret(replica, rot.secret) !== null);
+  const r = lookupSecret(replica, rot.secret)!.key;
+  assert.deepEqual([r.ips, r.allowBrowser, r.modelLimits, r.period, r.budget], [f.key.ips, true, f.key.modelLimits, 'week', 5]);
+
   // A budget change bumps the epoch; clearing flags clears them on the replica too.
   const upd = await cli('keys', 'update', id, '--no-allow-browser', '--ips', 'none', '--model-limit', 'none', '--budget-period', 'none', '--budget', '6');
   assert.equal(upd.code, 0, upd.stderr);
