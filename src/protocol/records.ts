@@ -18,7 +18,17 @@ const epoch = z.number().int().nonnegative().default(0);
 export const budgetPeriod = z.enum(['day', 'week', 'month']).nullable();
 const modelGlob = z.string().min(1).max(256);
 
-export const cidr = z.string().max(64).refine((s) => parseCidr(s) !== null, { message: 'expected a CIDR range such as 10.0.0.0/8 or 2001:db8::/32' });
+// Many keys share the same few ranges: a snapshot of a million keys checks each range once.
+const knownCidrs = new Set<string>();
+function isCidr(s: string): boolean {
+  if (knownCidrs.has(s)) return true;
+  if (parseCidr(s) === null) return false;
+  if (knownCidrs.size >= 10_000) knownCidrs.clear();
+  knownCidrs.add(s);
+  return true;
+}
+
+export const cidr = z.string().max(64).refine(isCidr, { message: 'expected a CIDR range such as 10.0.0.0/8 or 2001:db8::/32' });
 
 export const modelLimit = z.object({
   /** anchored glob, `*` the only wildcard; the first matching entry applies */
