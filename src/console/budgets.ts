@@ -62,10 +62,13 @@ export function resetSpent(store: ConsoleStore, target: { type: 'key' | 'project
  * it has one (usage ingestion calls it first, so usage after a boundary counts toward the
  * new period). Returns the records it changed.
  */
+const DUE = `(period = 'day' AND period_start < @day) OR (period = 'week' AND period_start < @week) OR (period = 'month' AND period_start < @month)`;
+
+const currentStarts = (now: number) => ({ day: periodStart('day', now), week: periodStart('week', now), month: periodStart('month', now) });
+
 export function rollDuePeriods(store: ConsoleStore): SyncRecord[] {
-  const now = store.now();
-  const starts = { day: periodStart('day', now), week: periodStart('week', now), month: periodStart('month', now) };
-  const due = `(period = 'day' AND period_start < @day) OR (period = 'week' AND period_start < @week) OR (period = 'month' AND period_start < @month)`;
+  const starts = currentStarts(store.now());
+  const due = DUE;
   const keys = store.db.prepare(`SELECT ${KEY_COLUMNS} FROM keys WHERE period IS NOT NULL AND status = 'active' AND (${due})`).all(starts) as KeyRow[];
   const projects = store.db.prepare(`SELECT * FROM projects WHERE period IS NOT NULL AND (${due})`).all(starts) as ProjectRow[];
   if (keys.length === 0 && projects.length === 0) return [];
@@ -85,6 +88,11 @@ export function rollDuePeriods(store: ConsoleStore): SyncRecord[] {
 
 /** Restarts the budgets whose period has ended, in a write of its own; returns how many restarted. */
 export function rollPeriods(store: ConsoleStore): number {
+  // Checked every second: a read on the partial indexes first, the write lock only when due.
+  const starts = currentStarts(store.now());
+  const any = store.db.prepare(`SELECT EXISTS (SELECT 1 FROM keys WHERE period IS NOT NULL AND status = 'active' AND (${DUE}))
+    OR EXISTS (SELECT 1 FROM projects WHERE period IS NOT NULL AND (${DUE}))`).pluck().get(starts);
+  if (!any) return 0;
   return store.write(() => {
     const records = rollDuePeriods(store);
     return { result: records.length, records };
