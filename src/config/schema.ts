@@ -3,7 +3,7 @@
  * Defaults are the ones the design lists. Pure: no I/O.
  */
 import { z } from 'zod';
-import { parseCidr } from '../policy/network.js';
+import { parseRange } from '../policy/network.js';
 
 /** Numbers also accept numeric strings, which is what `${VAR}` expansion yields. */
 const num = () => z.preprocess((v) => (typeof v === 'string' && /^-?\d+$/.test(v.trim()) ? Number(v) : v), z.number().int());
@@ -49,7 +49,7 @@ export const configSchema = z
         /** multipart and files bodies, which stream through unbuffered; 0 = no limit */
         maxUploadBytes: num().pipe(z.number().nonnegative()).default(0),
         /** CIDRs of proxies in front of keyward whose X-Forwarded-For is believed */
-        trustedProxies: z.array(z.string().refine((c) => parseCidr(c) !== null, { message: 'expected a CIDR such as 10.0.0.0/8 or 2001:db8::/32' })).default([]),
+        trustedProxies: z.array(z.string().refine((c) => parseRange(c) !== null, { message: 'expected a CIDR such as 10.0.0.0/8 or 2001:db8::/32' })).default([]),
         /** refuse requests that carry Origin or Sec-Fetch-Mode unless the key allows browsers */
         refuseBrowsers: bool().default(true),
         /** SIGTERM: how long in-flight requests and streams may take to finish */

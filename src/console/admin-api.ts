@@ -5,6 +5,8 @@
  */
 import type { IncomingMessage, ServerResponse } from 'node:http';
 import { z } from 'zod';
+import { budgetPeriod, cidr } from '../protocol/records.js';
+import { resetSpent } from './budgets.js';
 import { idPattern } from './config.js';
 import { ApiError, invalid } from './errors.js';
 import { forbidden, match, readJson, sendJson, type Principal } from './http.js';
@@ -22,6 +24,14 @@ const settings = {
   tpm: count,
   concurrency: count,
   budget: z.number().finite().nonnegative().nullable().optional(),
+  /** client addresses the key works from (DESIGN section 4); null: anywhere */
+  ips: z.array(cidr).min(1).max(1000).nullable().optional(),
+  allowBrowser: z.boolean().optional(),
+  /** per-model limits in addition to the key's own; the first matching entry applies */
+  modelLimits: z
+    .array(z.strictObject({ models: z.string().min(1).max(256), rpm: count.transform((v) => v ?? null), tpm: count.transform((v) => v ?? null) }))
+    .min(1).max(1000).nullable().optional(),
+  period: budgetPeriod.optional(),
 };
 const createKeyBody = z.discriminatedUnion('kind', [
   z.strictObject({ kind: z.literal('personal'), user: ident, ...settings }),
@@ -32,10 +42,12 @@ const createProjectBody = z.strictObject({
   id: ident,
   budget: z.number().finite().nonnegative().nullable().optional(),
   members: z.array(ident).max(10_000).optional(),
+  period: budgetPeriod.optional(),
 });
 const updateProjectBody = z.strictObject({
   status: z.enum(['enabled', 'disabled']).optional(),
   budget: z.number().finite().nonnegative().nullable().optional(),
+  period: budgetPeriod.optional(),
 });
 const creditBody = z.strictObject({ amount: z.number().finite().positive() });
 const setBody = z.strictObject({ balance: z.number().finite() });
@@ -136,6 +148,15 @@ const routes: Route[] = [
       sendJson(c.res, 201, out);
     },
   },
+  ...(['keys', 'projects'] as const).map((what): Route => ({
+    method: 'POST', pattern: `/admin/v1/${what}/:id/reset`, adminOnly: true,
+    handle: (c) => {
+      // spent back to 0 and a new epoch: sidecars restart their live ledger from zero
+      const out = resetSpent(c.store, { type: what === 'keys' ? 'key' : 'project', id: c.params.id! });
+      audit(c, `${what === 'keys' ? 'key' : 'project'}.reset`, { [what === 'keys' ? 'key_id' : 'project_id']: c.params.id });
+      sendJson(c.res, 200, out);
+    },
+  })),
   {
     method: 'GET', pattern: '/admin/v1/projects', adminOnly: false,
     handle: (c) => {

@@ -73,3 +73,45 @@ export function modelList(raw: string): string[] | null {
   if (list.length === 0) throw new CliError('--models needs at least one model glob, or "all"');
   return list;
 }
+
+/** `--ips 10.0.0.0/8,192.168.0.0/16`; `none` (or `any`) lifts the restriction. Checked by the console. */
+export function ipList(raw: string): string[] | null {
+  if (raw === 'none' || raw === 'any') return null;
+  const list = raw.split(',').map((s) => s.trim()).filter(Boolean);
+  if (list.length === 0) throw new CliError('--ips needs at least one CIDR range such as 10.0.0.0/8, or "none"');
+  return list;
+}
+
+export interface ModelLimitSpec { models: string; rpm: number | null; tpm: number | null }
+
+/**
+ * One `--model-limit 'gpt-4o*:rpm=10,tpm=20000'`. The glob is everything before the last
+ * `:` that starts the limits, so globs with colons (`llama3:8b*`) work; a limit left out,
+ * or given as `none`, is no limit.
+ */
+export function modelLimitSpec(raw: string): ModelLimitSpec {
+  const m = /^(.+):((?:rpm|tpm)=[^,:]*(?:,(?:rpm|tpm)=[^,:]*)*)$/.exec(raw.trim());
+  if (!m) throw new CliError(`--model-limit must look like 'gpt-4o*:rpm=10,tpm=20000', got '${raw}'`);
+  const out: ModelLimitSpec = { models: m[1]!, rpm: null, tpm: null };
+  const seen = new Set<string>();
+  for (const part of m[2]!.split(',')) {
+    const [name, value] = part.split('=') as ['rpm' | 'tpm', string];
+    if (seen.has(name)) throw new CliError(`--model-limit names ${name} twice in '${raw}'`);
+    seen.add(name);
+    out[name] = numberOrNone(`--model-limit ${name}`, { integer: true })(value);
+  }
+  return out;
+}
+
+/** Repeatable `--model-limit`: entries in the order given (the first match applies); `none` clears them. */
+export function modelLimits(raw: string[]): ModelLimitSpec[] | null {
+  if (raw.length === 1 && raw[0] === 'none') return null;
+  return raw.map(modelLimitSpec);
+}
+
+/** `--budget-period day|week|month|none` */
+export function budgetPeriodArg(raw: string): 'day' | 'week' | 'month' | null {
+  if (raw === 'none') return null;
+  if (raw === 'day' || raw === 'week' || raw === 'month') return raw;
+  throw new CliError('--budget-period must be day, week, month or none');
+}

@@ -15,11 +15,20 @@ const amount = (n: number | null) => (n === null ? null : String(Math.round(n * 
 const when = (iso: string | null) => (iso === null ? 'never' : iso.replace('T', ' ').replace(/\.\d+Z$/, 'Z'));
 const owner = (k: KeyView) => (k.kind === 'personal' ? `user:${k.user}` : `project:${k.project}`);
 
+const limitText = (l: { models: string; rpm: number | null; tpm: number | null }) =>
+  `${l.models}:${[l.rpm !== null ? `rpm=${l.rpm}` : '', l.tpm !== null ? `tpm=${l.tpm}` : ''].filter(Boolean).join(',') || 'none'}`;
+const ipsText = (k: KeyView) => (k.ips === null ? 'any' : k.ips.join(','));
+const periodText = (p: { period: string | null; resetsAt: string | null }) => (p.period === null ? 'none' : `${p.period} (restarts ${when(p.resetsAt)})`);
+
 export function keysTable(keys: KeyView[]): string {
   if (keys.length === 0) return 'no keys\n';
   return table(
-    ['ID', 'KIND', 'OWNER', 'STATUS', 'MODELS', 'ROUTING', 'RPM', 'TPM', 'CONC', 'BUDGET', 'SPENT', 'LAST USED', 'NAME'],
-    keys.map((k) => [k.id, k.kind, owner(k), k.status, k.models === null ? 'all' : k.models.join(','), k.routing, k.rpm, k.tpm, k.concurrency, amount(k.budget), amount(k.spent), when(k.lastUsedAt), k.name]),
+    ['ID', 'KIND', 'OWNER', 'STATUS', 'MODELS', 'ROUTING', 'RPM', 'TPM', 'CONC', 'BUDGET', 'PERIOD', 'SPENT', 'IPS', 'BROWSER', 'MODEL LIMITS', 'LAST USED', 'NAME'],
+    keys.map((k) => [
+      k.id, k.kind, owner(k), k.status, k.models === null ? 'all' : k.models.join(','), k.routing, k.rpm, k.tpm, k.concurrency,
+      amount(k.budget), k.period, amount(k.spent), ipsText(k), k.allowBrowser ? 'yes' : 'no',
+      k.modelLimits === null ? null : k.modelLimits.map(limitText).join(' '), when(k.lastUsedAt), k.name,
+    ]),
   );
 }
 
@@ -28,7 +37,9 @@ export function keyDetails(k: KeyView): string {
     ['id', k.id], ['name', k.name], ['kind', k.kind], ['owner', owner(k)], ['status', k.status],
     ['models', k.models === null ? 'all' : k.models.join(', ')], ['routing', k.routing],
     ['rpm', k.rpm], ['tpm', k.tpm], ['concurrency', k.concurrency],
-    ['budget', k.kind === 'personal' ? 'wallet' : (amount(k.budget) ?? 'none')], ['spent', amount(k.spent)],
+    ['budget', k.kind === 'personal' ? 'wallet' : (amount(k.budget) ?? 'none')], ['budget period', periodText(k)], ['spent', amount(k.spent)],
+    ['ips', ipsText(k)], ['allow browser', k.allowBrowser ? 'yes' : 'no'],
+    ['model limits', k.modelLimits === null ? 'none' : k.modelLimits.map(limitText).join(' ')], ['epoch', k.epoch],
     ['created', when(k.createdAt)], ['last used', when(k.lastUsedAt)],
   ];
   if (k.deletedAt) rows.push(['deleted', when(k.deletedAt)]);
@@ -39,14 +50,14 @@ export function keyDetails(k: KeyView): string {
 export function projectsTable(projects: ProjectView[]): string {
   if (projects.length === 0) return 'no projects\n';
   return table(
-    ['ID', 'STATUS', 'BUDGET', 'SPENT', 'MEMBERS'],
-    projects.map((p) => [p.id, p.status, amount(p.budget) ?? 'none', amount(p.spent), p.members.join(',') || '-']),
+    ['ID', 'STATUS', 'BUDGET', 'PERIOD', 'SPENT', 'EPOCH', 'MEMBERS'],
+    projects.map((p) => [p.id, p.status, amount(p.budget) ?? 'none', periodText(p), amount(p.spent), p.epoch, p.members.join(',') || '-']),
   );
 }
 
 export function walletsTable(wallets: WalletView[]): string {
   if (wallets.length === 0) return 'no wallets\n';
-  return table(['USER', 'BALANCE', 'UPDATED'], wallets.map((w) => [w.user, amount(w.balance), when(w.updatedAt)]));
+  return table(['USER', 'BALANCE', 'EPOCH', 'UPDATED'], wallets.map((w) => [w.user, amount(w.balance), w.epoch, when(w.updatedAt)]));
 }
 
 export function lastUsed(k: KeyView): string {

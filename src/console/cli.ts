@@ -8,7 +8,9 @@
 import { Command } from 'commander';
 import pino from 'pino';
 import { ConfigError } from '../config/load.js';
-import { adminClient, CliError, DEFAULT_CONSOLE_URL, modelList, numberOrNone, TOKEN_ENV, URL_ENV, type AdminCall } from './cli-client.js';
+import {
+  adminClient, budgetPeriodArg, CliError, DEFAULT_CONSOLE_URL, ipList, modelLimits, modelList, numberOrNone, TOKEN_ENV, URL_ENV, type AdminCall,
+} from './cli-client.js';
 import { keyDetails, keysTable, lastUsed, projectsTable, walletsTable } from './cli-format.js';
 import { loadConsoleConfig } from './config.js';
 import { MasterKeyError } from './crypto.js';
@@ -75,8 +77,17 @@ export function registerConsoleCommands(program: Command, ioIn: Partial<CliIO> =
     .option('--rpm <n>', 'requests per minute, or "none"')
     .option('--tpm <n>', 'tokens per minute, or "none"')
     .option('--concurrency <n>', 'requests in flight at once, or "none"')
-    .option('--budget <amount>', 'team keys: spending limit, or "none"');
+    .option('--budget <amount>', 'team keys: spending limit, or "none"')
+    .option('--budget-period <period>', 'team keys: the budget restarts each UTC day, week (from Monday) or month, or "none"')
+    .option('--ips <cidrs>', 'comma-separated CIDR ranges the key works from, or "none"')
+    .option('--allow-browser', 'let browsers use the key (requests with Origin or Sec-Fetch-Mode)')
+    .option('--no-allow-browser', 'refuse browser requests (the default)')
+    .option('--model-limit <glob:limits>', 'per-model limits such as \'gpt-4o*:rpm=10,tpm=20000\' (repeatable, first match applies; "none" clears)', (v: string, prev: string[] = []) => [...prev, v]);
   const settingsBody = (o: Record<string, any>) => ({
+    ...(o.budgetPeriod !== undefined ? { period: budgetPeriodArg(o.budgetPeriod) } : {}),
+    ...(o.ips !== undefined ? { ips: ipList(o.ips) } : {}),
+    ...(o.allowBrowser !== undefined ? { allowBrowser: o.allowBrowser as boolean } : {}),
+    ...(o.modelLimit !== undefined ? { modelLimits: modelLimits(o.modelLimit) } : {}),
     ...(o.name !== undefined ? { name: o.name === 'none' ? null : o.name } : {}),
     ...(o.models !== undefined ? { models: modelList(o.models) } : {}),
     ...(o.routing !== undefined ? { routing: o.routing === 'none' ? null : o.routing } : {}),
@@ -117,6 +128,10 @@ export function registerConsoleCommands(program: Command, ioIn: Partial<CliIO> =
     const r = await call('PATCH', `/admin/v1/keys/${encodeURIComponent(args[0]!)}`, body);
     out(keyDetails(r.key), r);
   }));
+  verb(keys, 'reset <id>', 'set a team key\'s spent back to 0 (sidecars restart its budget at once)', async ({ call, args, out }) => {
+    const r = await call('POST', `/admin/v1/keys/${encodeURIComponent(args[0]!)}/reset`);
+    out(keyDetails(r.key), r);
+  });
   verb(keys, 'delete <id>', 'delete a key now (every synced sidecar refuses it within a second)', async ({ call, args, out }) => {
     const r = await call('DELETE', `/admin/v1/keys/${encodeURIComponent(args[0]!)}`);
     out(`deleted key ${r.key.id} (last used ${lastUsed(r.key)})\n`, r);
@@ -139,11 +154,13 @@ function registerProjectAndWalletVerbs(opts: { program: Command; verb: (p: Comma
   const projects = program.command('projects').description('manage projects (team keys spend from them)');
   const enc = encodeURIComponent;
   const showProject = (r: any) => projectsTable([r.project]);
+  const period = (o: Record<string, any>) => (o.budgetPeriod !== undefined ? { period: budgetPeriodArg(o.budgetPeriod) } : {});
+  const periodHelp = 'the budget restarts each UTC day, week (from Monday) or month, or "none"';
   verb(projects, 'create <id>', 'create a project', async ({ call, opts: o, args, out }) => {
-    const body = { id: args[0], ...(o.budget !== undefined ? { budget: numberOrNone('--budget')(o.budget) } : {}), ...(o.member ? { members: o.member } : {}) };
+    const body = { id: args[0], ...(o.budget !== undefined ? { budget: numberOrNone('--budget')(o.budget) } : {}), ...period(o), ...(o.member ? { members: o.member } : {}) };
     const r = await call('POST', '/admin/v1/projects', body);
     out(showProject(r), r);
-  }).option('--budget <amount>', 'spending limit, or "none"').option('--member <user...>', 'users who may see the project\'s keys');
+  }).option('--budget <amount>', 'spending limit, or "none"').option('--budget-period <period>', periodHelp).option('--member <user...>', 'users who may see the project\'s keys');
   verb(projects, 'list', 'list projects', async ({ call, out }) => {
     const r = await call('GET', '/admin/v1/projects');
     out(projectsTable(r.projects), r);
@@ -158,8 +175,18 @@ function registerProjectAndWalletVerbs(opts: { program: Command; verb: (p: Comma
       out(showProject(r), r);
     });
   }
-  verb(projects, 'budget <id> <amount>', 'set the project\'s spending limit ("none" for no limit)', async ({ call, args, out }) => {
-    const r = await call('PATCH', `/admin/v1/projects/${enc(args[0]!)}`, { budget: numberOrNone('amount')(args[1]!) });
+  verb(projects, 'budget <id> <amount>', 'set the project\'s spending limit ("none" for no limit)', async ({ call, opts: o, args, out }) => {
+    const r = await call('PATCH', `/admin/v1/projects/${enc(args[0]!)}`, { budget: numberOrNone('amount')(args[1]!), ...period(o) });
+    out(showProject(r), r);
+  }).option('--budget-period <period>', periodHelp);
+  verb(projects, 'update <id>', 'change a project\'s budget or budget period', async ({ call, opts: o, args, out }) => {
+    const body = { ...(o.budget !== undefined ? { budget: numberOrNone('--budget')(o.budget) } : {}), ...period(o) };
+    if (Object.keys(body).length === 0) throw new CliError('nothing to change: give --budget or --budget-period');
+    const r = await call('PATCH', `/admin/v1/projects/${enc(args[0]!)}`, body);
+    out(showProject(r), r);
+  }).option('--budget <amount>', 'spending limit, or "none"').option('--budget-period <period>', periodHelp);
+  verb(projects, 'reset <id>', 'set the project\'s spent back to 0 (sidecars restart its budget at once)', async ({ call, args, out }) => {
+    const r = await call('POST', `/admin/v1/projects/${enc(args[0]!)}/reset`);
     out(showProject(r), r);
   });
   for (const [name, method] of [['add-member', 'PUT'], ['remove-member', 'DELETE']] as const) {

@@ -65,7 +65,10 @@ export const consoleConfigSchema = z
       })
       .prefault({}),
     pricing: z.strictObject({
-      /** first match wins, so put specific globs before general ones */
+      /**
+       * published to sidecars as `price` records; the most specific entry wins (an exact
+       * name, then the longest glob), whatever the order
+       */
       models: z.array(priceEntry).default([]),
       /** what usage of a model no entry matches (or with no model) costs; deliberately required */
       unpriced: z.strictObject({ inputPerMillion: price, outputPerMillion: price }),
@@ -83,6 +86,12 @@ export const consoleConfigSchema = z
     c.auth.syncTokens.forEach((t, i) => check(t, ['auth', 'syncTokens', i]));
     c.auth.adminTokens.forEach((t, i) => check(t, ['auth', 'adminTokens', i]));
     c.auth.users.forEach((u, i) => check(u.token, ['auth', 'users', i, 'token']));
+    const globs = new Set<string>();
+    c.pricing.models.forEach((m, i) => {
+      // one price record per glob: two entries for one glob would leave the price ambiguous
+      if (globs.has(m.match)) ctx.addIssue({ code: 'custom', message: `${m.match} is priced twice`, path: ['pricing', 'models', i, 'match'] });
+      globs.add(m.match);
+    });
     const ids = new Set<string>();
     c.auth.users.forEach((u, i) => {
       if (ids.has(u.id)) ctx.addIssue({ code: 'custom', message: `user ${u.id} is listed twice`, path: ['auth', 'users', i, 'id'] });

@@ -58,3 +58,22 @@ export function open(opts: { masterKey: Buffer; sealed: Sealed; aad: string }): 
     throw new MasterKeyError('cannot decrypt: wrong master key or damaged data');
   }
 }
+
+const CHECK_PLAINTEXT = 'keyward-console-master-key-check';
+
+/** A store opened with another master key fails at start-up, not at the first reveal. */
+export function verifyMasterKey(opts: { db: import('better-sqlite3').Database; masterKey: Buffer }): void {
+  const { db, masterKey } = opts;
+  const row = db.prepare(`SELECT value FROM meta WHERE name = 'master_check'`).get() as { value: Buffer } | undefined;
+  if (!row) {
+    const s = seal({ masterKey, plaintext: CHECK_PLAINTEXT, aad: 'master_check' });
+    db.prepare(`INSERT INTO meta (name, value) VALUES ('master_check', ?)`).run(Buffer.concat([s.iv, s.tag, s.ciphertext]));
+    return;
+  }
+  const v = row.value;
+  try {
+    open({ masterKey, sealed: { iv: v.subarray(0, 12), tag: v.subarray(12, 28), ciphertext: v.subarray(28) }, aad: 'master_check' });
+  } catch {
+    throw new MasterKeyError('the master key does not match the one this console store was created with');
+  }
+}

@@ -6,7 +6,10 @@
 import Database from 'better-sqlite3';
 import { mkdirSync } from 'node:fs';
 import { dirname } from 'node:path';
-import type { KeyRecord, ProjectRecord, WalletRecord } from '../protocol/records.js';
+import type { ParsedKeyRecord, ParsedRecord } from '../protocol/records.js';
+import type { ModelLimit } from '../policy/facts.js';
+import { nextPeriodStart, type BudgetPeriod } from '../policy/period.js';
+import { migrateConsoleDb } from './migrate.js';
 
 const DDL = `
 CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value BLOB NOT NULL);
@@ -85,6 +88,7 @@ export function openConsoleDb(path: string): DB {
   db.pragma('busy_timeout = 5000');
   db.pragma('foreign_keys = ON');
   db.exec(DDL);
+  migrateConsoleDb(db);
   return db;
 }
 
@@ -100,28 +104,43 @@ export interface KeyRow {
   rpm: number | null; tpm: number | null; concurrency: number | null;
   created_at: number; last_used_at: number | null; deleted_at: number | null;
   secret_iv: Buffer | null; secret_tag: Buffer | null; secret_ct: Buffer | null;
+  epoch: number; ips: string | null; allow_browser: number; model_limits: string | null;
+  period: BudgetPeriod | null; period_start: number | null;
 }
-export interface ProjectRow { id: string; status: 'enabled' | 'disabled'; budget: number | null; spent: number; created_at: number }
-export interface WalletRow { user_id: string; balance: number; updated_at: number }
+export interface ProjectRow {
+  id: string; status: 'enabled' | 'disabled'; budget: number | null; spent: number; created_at: number;
+  epoch: number; period: BudgetPeriod | null; period_start: number | null;
+}
+export interface WalletRow { user_id: string; balance: number; updated_at: number; epoch: number }
 
 /** Column list without the secret, for every query that does not reveal. */
 export const KEY_COLUMNS = `id, name, hash, kind, user_id, project_id, status, budget, spent, models, routing, rpm, tpm,
-  concurrency, created_at, last_used_at, deleted_at`;
+  concurrency, created_at, last_used_at, deleted_at, epoch, ips, allow_browser, model_limits, period, period_start`;
 
-export function keyRecordOf(r: KeyRow): KeyRecord {
+type Rec<T extends ParsedRecord['type']> = Extract<ParsedRecord, { type: T }>;
+
+// Records carry every v1 field, defaults included: the console is the newest writer.
+export function keyRecordOf(r: KeyRow): ParsedKeyRecord {
   return {
     type: 'key', id: r.id, hash: r.hash, kind: r.kind, user: r.user_id, project: r.project_id, status: r.status,
     budget: r.budget, spent: r.spent, models: r.models === null ? null : (JSON.parse(r.models) as string[]),
     routing: r.routing, rpm: r.rpm, tpm: r.tpm, concurrency: r.concurrency,
+    epoch: r.epoch, ips: r.ips === null ? null : (JSON.parse(r.ips) as string[]), allowBrowser: r.allow_browser === 1,
+    modelLimits: r.model_limits === null ? null : (JSON.parse(r.model_limits) as ModelLimit[]), period: r.period,
   };
 }
 
-export function projectRecordOf(r: ProjectRow): ProjectRecord {
-  return { type: 'project', id: r.id, status: r.status, budget: r.budget, spent: r.spent };
+export function projectRecordOf(r: ProjectRow): Rec<'project'> {
+  return { type: 'project', id: r.id, status: r.status, budget: r.budget, spent: r.spent, epoch: r.epoch, period: r.period };
 }
 
-export function walletRecordOf(r: WalletRow): WalletRecord {
-  return { type: 'wallet', user: r.user_id, balance: r.balance };
+export function walletRecordOf(r: WalletRow): Rec<'wallet'> {
+  return { type: 'wallet', user: r.user_id, balance: r.balance, epoch: r.epoch };
+}
+
+/** When a holder's budget restarts next (ISO time), from the start of its current period. */
+function resetsAt(r: { period: BudgetPeriod | null; period_start: number | null }): string | null {
+  return r.period === null || r.period_start === null ? null : iso(nextPeriodStart(r.period, r.period_start));
 }
 
 const iso = (ms: number | null) => (ms === null ? null : new Date(ms).toISOString());
@@ -131,21 +150,30 @@ export interface KeyView {
   id: string; name: string | null; kind: 'personal' | 'team'; user: string | null; project: string | null;
   status: 'active' | 'deleted'; budget: number | null; spent: number; models: string[] | null; routing: string | null;
   rpm: number | null; tpm: number | null; concurrency: number | null;
+  epoch: number; ips: string[] | null; allowBrowser: boolean; modelLimits: ModelLimit[] | null; period: BudgetPeriod | null;
+  /** when the budget period restarts next; null without a period */
+  resetsAt: string | null;
   createdAt: string; lastUsedAt: string | null; deletedAt: string | null;
 }
 
 export function keyViewOf(r: KeyRow): KeyView {
   const { type: _t, hash: _h, ...rec } = keyRecordOf(r);
-  return { ...rec, name: r.name, createdAt: iso(r.created_at)!, lastUsedAt: iso(r.last_used_at), deletedAt: iso(r.deleted_at) };
+  return { ...rec, name: r.name, resetsAt: resetsAt(r), createdAt: iso(r.created_at)!, lastUsedAt: iso(r.last_used_at), deletedAt: iso(r.deleted_at) };
 }
 
-export interface ProjectView { id: string; status: 'enabled' | 'disabled'; budget: number | null; spent: number; members: string[]; createdAt: string }
-export interface WalletView { user: string; balance: number; updatedAt: string }
+export interface ProjectView {
+  id: string; status: 'enabled' | 'disabled'; budget: number | null; spent: number; epoch: number;
+  period: BudgetPeriod | null; resetsAt: string | null; members: string[]; createdAt: string;
+}
+export interface WalletView { user: string; balance: number; epoch: number; updatedAt: string }
 
 export function walletViewOf(r: WalletRow): WalletView {
-  return { user: r.user_id, balance: r.balance, updatedAt: iso(r.updated_at)! };
+  return { user: r.user_id, balance: r.balance, epoch: r.epoch, updatedAt: iso(r.updated_at)! };
 }
 
 export function projectViewOf(r: ProjectRow, members: string[]): ProjectView {
-  return { id: r.id, status: r.status, budget: r.budget, spent: r.spent, members, createdAt: iso(r.created_at)! };
+  return {
+    id: r.id, status: r.status, budget: r.budget, spent: r.spent, epoch: r.epoch, period: r.period, resetsAt: resetsAt(r),
+    members, createdAt: iso(r.created_at)!,
+  };
 }

@@ -4,7 +4,7 @@
  * state. Long polls wait on an in-process signal raised after each commit: no polling loop.
  */
 import type { DB } from './db.js';
-import type { SyncRecord } from '../protocol/records.js';
+import { recordIdentity, type DeleteChange, type SyncRecord } from '../protocol/records.js';
 
 export type FeedAnswer =
   | { kind: 'changes'; version: number; body: string }
@@ -56,13 +56,15 @@ export class ChangeFeed {
     return Number(this.getPruned.get() ?? 0);
   }
 
-  /** Records an upsert per record. Call inside the writer's transaction, then `committed()` after it. */
-  append(records: SyncRecord[]): void {
-    for (const r of records) {
-      const entity = `${r.type}:${r.type === 'wallet' ? r.user : r.id}`;
-      this.insert.run(entity, JSON.stringify({ op: 'upsert', ...r }));
-    }
-    if (records.length > 0) this.pending = true;
+  /**
+   * Records an upsert per record and the deletes (prices are the only records the console
+   * removes; keys stay as tombstones). Call inside the writer's transaction, then
+   * `committed()` after it.
+   */
+  append(records: SyncRecord[], deletes: DeleteChange[] = []): void {
+    for (const r of records) this.insert.run(recordIdentity(r), JSON.stringify({ op: 'upsert', ...r }));
+    for (const d of deletes) this.insert.run(recordIdentity(d), JSON.stringify(d));
+    if (records.length + deletes.length > 0) this.pending = true;
     this.trim();
   }
 

@@ -14,7 +14,8 @@ import { ApiError } from './errors.js';
 import { ChangeFeed } from './feed.js';
 import { makeAuthenticator, principalName, sendError, sendJson, unauthorized, forbidden } from './http.js';
 import { quiet, type LogSink } from '../log.js';
-import { makePricer } from './pricing.js';
+import { makePricer, priceTable, publishPrices } from './pricing.js';
+import { rollPeriods } from './budgets.js';
 import { ConsoleStore } from './store.js';
 import { handleSync } from './sync-api.js';
 import { makeWebHandler } from './web.js';
@@ -25,6 +26,8 @@ export interface StartConsoleOptions {
   env?: NodeJS.ProcessEnv;
   log?: LogSink;
   now?: () => number;
+  /** how often budgets with a period are checked for a boundary passed (default 1000 ms) */
+  periodCheckMs?: number;
 }
 
 export interface RunningConsole {
@@ -50,6 +53,17 @@ export async function startConsole(opts: StartConsoleOptions): Promise<RunningCo
     throw err;
   }
   const pricer = makePricer(config.pricing);
+  // Sidecars hold with the prices this console charges: publish the table when it changed.
+  publishPrices(store, priceTable(config.pricing));
+  rollPeriods(store);
+  const periodTimer = setInterval(() => {
+    try {
+      rollPeriods(store);
+    } catch (err) {
+      log.error({ err: err instanceof Error ? err.message : String(err) }, 'budget period restart failed');
+    }
+  }, opts.periodCheckMs ?? 1000);
+  periodTimer.unref();
   const authenticate = makeAuthenticator(config.auth);
   const serveWeb = makeWebHandler();
 
@@ -112,6 +126,7 @@ export async function startConsole(opts: StartConsoleOptions): Promise<RunningCo
     store,
     close() {
       closing ??= (async () => {
+        clearInterval(periodTimer);
         const closed = new Promise<void>((resolve) => server.close(() => resolve()));
         store.feed.release(); // answer waiting long polls now rather than after waitMs
         server.closeIdleConnections();

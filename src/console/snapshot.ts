@@ -46,6 +46,7 @@ export async function streamSnapshot(opts: { db: DB; res: ServerResponse }): Pro
       { stmt: conn.prepare('SELECT * FROM projects ORDER BY id'), line: (r: unknown) => projectRecordOf(r as ProjectRow) },
       { stmt: conn.prepare('SELECT * FROM wallets ORDER BY user_id'), line: (r: unknown) => walletRecordOf(r as WalletRow) },
       { stmt: conn.prepare(`SELECT ${KEY_COLUMNS} FROM keys ORDER BY rowid`), line: (r: unknown) => keyRecordOf(r as KeyRow) },
+      { stmt: conn.prepare('SELECT model, input, output, per FROM prices ORDER BY model'), line: (r: unknown) => ({ type: 'price', ...(r as object) }) },
     ];
     // Without one, everything is read now, before the first await, so no write can interleave.
     const preread = own ? null : sources.map((s) => s.stmt.all());

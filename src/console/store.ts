@@ -7,13 +7,16 @@
 import { randomBytes } from 'node:crypto';
 import { generateKey } from '../auth/keyformat.js';
 import type { KeyHasher } from '../auth/hash.js';
-import type { SyncRecord } from '../protocol/records.js';
-import { MasterKeyError, open, seal } from './crypto.js';
+import type { DeleteChange, SyncRecord } from '../protocol/records.js';
+import type { ModelLimit } from '../policy/facts.js';
+import { periodStart, type BudgetPeriod } from '../policy/period.js';
+import { budgetChange, jsonOrNull, personalBudgetCheck } from './budgets.js';
+import { open, seal, verifyMasterKey } from './crypto.js';
 import {
   KEY_COLUMNS, keyRecordOf, keyViewOf, money, projectRecordOf, projectViewOf, walletRecordOf, walletViewOf,
   type DB, type KeyRow, type KeyView, type ProjectRow, type ProjectView, type WalletRow, type WalletView,
 } from './db.js';
-import { ApiError, conflict, invalid, notFound } from './errors.js';
+import { ApiError, conflict, notFound } from './errors.js';
 import { ChangeFeed } from './feed.js';
 
 export interface KeySettings {
@@ -24,6 +27,10 @@ export interface KeySettings {
   tpm?: number | null;
   concurrency?: number | null;
   budget?: number | null;
+  ips?: string[] | null;
+  allowBrowser?: boolean;
+  modelLimits?: ModelLimit[] | null;
+  period?: BudgetPeriod | null;
 }
 
 export type NewKey = KeySettings & ({ kind: 'personal'; user: string } | { kind: 'team'; project: string });
@@ -36,7 +43,6 @@ export interface StoreOptions {
   now?: () => number;
 }
 
-const CHECK_PLAINTEXT = 'keyward-console-master-key-check';
 
 export class ConsoleStore {
   readonly db: DB;
@@ -51,18 +57,18 @@ export class ConsoleStore {
     this.masterKey = opts.masterKey;
     this.hasher = opts.hasher;
     this.now = opts.now ?? Date.now;
-    this.verifyMasterKey();
+    verifyMasterKey({ db: this.db, masterKey: this.masterKey });
   }
 
   /**
    * Runs `fn` in one write transaction and wakes long polls after the commit. `fn` returns
-   * its result and the records it changed.
+   * its result and the records it changed (and removed).
    */
-  write<T>(fn: () => { result: T; records: SyncRecord[] }): T {
+  write<T>(fn: () => { result: T; records: SyncRecord[]; deletes?: DeleteChange[] }): T {
     try {
       const out = this.db.transaction(() => {
         const r = fn();
-        this.feed.append(r.records);
+        this.feed.append(r.records, r.deletes);
         return r.result;
       }).immediate();
       this.feed.committed();
@@ -115,7 +121,7 @@ export class ConsoleStore {
     return this.write(() => {
       const records: SyncRecord[] = [];
       if (input.kind === 'personal') {
-        if (input.budget != null) throw invalid('personal keys spend from their user\'s wallet; budget applies to team keys');
+        personalBudgetCheck(input);
         const w = this.ensureWallet(input.user);
         if (w.created) records.push(walletRecordOf(w.row));
       } else {
@@ -124,13 +130,16 @@ export class ConsoleStore {
       const id = `k_${randomBytes(8).toString('hex')}`;
       const secret = generateKey();
       const sealed = seal({ masterKey: this.masterKey, plaintext: secret, aad: id });
+      const period = input.period ?? null;
       this.db.prepare(`INSERT INTO keys (id, name, hash, secret_iv, secret_tag, secret_ct, kind, user_id, project_id, status,
-          budget, spent, models, routing, rpm, tpm, concurrency, created_at)
-        VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, 'active', ?, 0, ?, ?, ?, ?, ?, ?)`).run(
+          budget, spent, models, routing, rpm, tpm, concurrency, created_at, ips, allow_browser, model_limits, period, period_start)
+        VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, 'active', ?, 0, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`).run(
         id, input.name ?? null, this.hasher(secret), sealed.iv, sealed.tag, sealed.ciphertext, input.kind,
         input.kind === 'personal' ? input.user : null, input.kind === 'team' ? input.project : null,
         input.budget ?? null, input.models == null ? null : JSON.stringify(input.models), input.routing ?? null,
         input.rpm ?? null, input.tpm ?? null, input.concurrency ?? null, this.now(),
+        jsonOrNull(input.ips), input.allowBrowser ? 1 : 0, jsonOrNull(input.modelLimits), period,
+        period === null ? null : periodStart(period, this.now()),
       );
       const row = this.keyRow(id);
       records.push(keyRecordOf(row));
@@ -150,10 +159,14 @@ export class ConsoleStore {
     return this.write(() => {
       const row = this.keyRow(id);
       if (row.status === 'deleted') throw new ApiError(410, 'key_deleted', `key ${id} is deleted`);
-      if (row.kind === 'personal' && patch.budget != null) throw invalid('personal keys spend from their user\'s wallet; budget applies to team keys');
+      if (row.kind === 'personal') personalBudgetCheck(patch);
       const cols: Record<string, unknown> = {};
       for (const f of ['name', 'routing', 'rpm', 'tpm', 'concurrency', 'budget'] as const) if (patch[f] !== undefined) cols[f] = patch[f];
-      if (patch.models !== undefined) cols.models = patch.models === null ? null : JSON.stringify(patch.models);
+      if (patch.models !== undefined) cols.models = jsonOrNull(patch.models);
+      if (patch.ips !== undefined) cols.ips = jsonOrNull(patch.ips);
+      if (patch.modelLimits !== undefined) cols.model_limits = jsonOrNull(patch.modelLimits);
+      if (patch.allowBrowser !== undefined) cols.allow_browser = patch.allowBrowser ? 1 : 0;
+      Object.assign(cols, budgetChange({ row, budget: patch.budget, period: patch.period, now: this.now() }));
       const names = Object.keys(cols);
       if (names.length > 0) {
         this.db.prepare(`UPDATE keys SET ${names.map((n) => `${n} = @${n}`).join(', ')} WHERE id = @id`).run({ ...cols, id });
@@ -180,10 +193,13 @@ export class ConsoleStore {
     const old = this.keyRow(id);
     if (old.status === 'deleted') throw new ApiError(410, 'key_deleted', `key ${id} is deleted`);
     const v = keyViewOf(old);
-    const settings: KeySettings = { name: v.name, models: v.models, routing: v.routing, rpm: v.rpm, tpm: v.tpm, concurrency: v.concurrency };
+    const settings: KeySettings = {
+      name: v.name, models: v.models, routing: v.routing, rpm: v.rpm, tpm: v.tpm, concurrency: v.concurrency,
+      ips: v.ips, allowBrowser: v.allowBrowser, modelLimits: v.modelLimits,
+    };
     const created = old.kind === 'personal'
       ? this.createKey({ kind: 'personal', user: old.user_id!, ...settings })
-      : this.createKey({ kind: 'team', project: old.project_id!, ...settings, budget: v.budget });
+      : this.createKey({ kind: 'team', project: old.project_id!, ...settings, budget: v.budget, period: v.period });
     return { ...created, replaces: v };
   }
 
@@ -215,11 +231,12 @@ export class ConsoleStore {
     return this.db.prepare('SELECT 1 FROM members WHERE project_id = ? AND user_id = ?').get(project, user) !== undefined;
   }
 
-  createProject(input: { id: string; budget?: number | null; members?: string[] }): ProjectView {
+  createProject(input: { id: string; budget?: number | null; members?: string[]; period?: BudgetPeriod | null }): ProjectView {
     return this.write(() => {
       if (this.db.prepare('SELECT 1 FROM projects WHERE id = ?').get(input.id)) throw conflict(`project ${input.id} already exists`);
-      this.db.prepare(`INSERT INTO projects (id, status, budget, spent, created_at) VALUES (?, 'enabled', ?, 0, ?)`)
-        .run(input.id, input.budget ?? null, this.now());
+      const period = input.period ?? null;
+      this.db.prepare(`INSERT INTO projects (id, status, budget, spent, created_at, period, period_start) VALUES (?, 'enabled', ?, 0, ?, ?, ?)`)
+        .run(input.id, input.budget ?? null, this.now(), period, period === null ? null : periodStart(period, this.now()));
       const add = this.db.prepare('INSERT OR IGNORE INTO members (project_id, user_id) VALUES (?, ?)');
       for (const m of input.members ?? []) add.run(input.id, m);
       const row = this.projectRow(input.id);
@@ -227,14 +244,15 @@ export class ConsoleStore {
     });
   }
 
-  updateProject(id: string, patch: { status?: 'enabled' | 'disabled'; budget?: number | null }): ProjectView {
+  updateProject(id: string, patch: { status?: 'enabled' | 'disabled'; budget?: number | null; period?: BudgetPeriod | null }): ProjectView {
     return this.write(() => {
-      this.projectRow(id);
-      if (patch.status !== undefined) this.db.prepare('UPDATE projects SET status = ? WHERE id = ?').run(patch.status, id);
-      if (patch.budget !== undefined) this.db.prepare('UPDATE projects SET budget = ? WHERE id = ?').run(patch.budget, id);
+      const before = this.projectRow(id);
+      const cols: Record<string, unknown> = budgetChange({ row: before, budget: patch.budget, period: patch.period, now: this.now() });
+      if (patch.status !== undefined) cols.status = patch.status;
+      const names = Object.keys(cols);
+      if (names.length > 0) this.db.prepare(`UPDATE projects SET ${names.map((n) => `${n} = @${n}`).join(', ')} WHERE id = @id`).run({ ...cols, id });
       const row = this.projectRow(id);
-      const changed = patch.status !== undefined || patch.budget !== undefined;
-      return { result: this.projectView(row), records: changed ? [projectRecordOf(row)] : [] };
+      return { result: this.projectView(row), records: names.length > 0 ? [projectRecordOf(row)] : [] };
     });
   }
 
@@ -268,32 +286,18 @@ export class ConsoleStore {
     return (this.db.prepare('SELECT * FROM wallets ORDER BY user_id').all() as WalletRow[]).map(walletViewOf);
   }
 
-  /** `credit` adds to the balance, `set` replaces it. */
+  /**
+   * `credit` adds to the balance, `set` replaces it. Either moves the balance for another
+   * reason than usage, so the wallet's epoch is bumped: sidecars restart its live ledger
+   * from the new figure instead of keeping what they settled against the old one.
+   */
   changeWallet(opts: { user: string; credit?: number; set?: number }): WalletView {
     return this.write(() => {
       const { row } = this.ensureWallet(opts.user);
       const balance = opts.set !== undefined ? money(opts.set) : money(row.balance + (opts.credit ?? 0));
-      this.db.prepare('UPDATE wallets SET balance = ?, updated_at = ? WHERE user_id = ?').run(balance, this.now(), opts.user);
+      this.db.prepare('UPDATE wallets SET balance = ?, updated_at = ?, epoch = epoch + 1 WHERE user_id = ?').run(balance, this.now(), opts.user);
       const next = this.db.prepare('SELECT * FROM wallets WHERE user_id = ?').get(opts.user) as WalletRow;
       return { result: walletViewOf(next), records: [walletRecordOf(next)] };
     });
-  }
-
-  // ---- master key check ----
-
-  /** A store opened with another master key fails at start-up, not at the first reveal. */
-  private verifyMasterKey(): void {
-    const row = this.db.prepare(`SELECT value FROM meta WHERE name = 'master_check'`).get() as { value: Buffer } | undefined;
-    if (!row) {
-      const s = seal({ masterKey: this.masterKey, plaintext: CHECK_PLAINTEXT, aad: 'master_check' });
-      this.db.prepare(`INSERT INTO meta (name, value) VALUES ('master_check', ?)`).run(Buffer.concat([s.iv, s.tag, s.ciphertext]));
-      return;
-    }
-    const v = row.value;
-    try {
-      open({ masterKey: this.masterKey, sealed: { iv: v.subarray(0, 12), tag: v.subarray(12, 28), ciphertext: v.subarray(28) }, aad: 'master_check' });
-    } catch {
-      throw new MasterKeyError('the master key does not match the one this console store was created with');
-    }
   }
 }

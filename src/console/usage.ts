@@ -7,7 +7,8 @@
  * mistaken for repeats.
  */
 import { createHash } from 'node:crypto';
-import type { SyncRecord } from '../protocol/records.js';
+import { recordIdentity, type SyncRecord } from '../protocol/records.js';
+import { rollDuePeriods } from './budgets.js';
 import type { UsageEvent } from '../protocol/usage.js';
 import { keyRecordOf, money, projectRecordOf, walletRecordOf, type KeyRow, type ProjectRow } from './db.js';
 import type { Pricer } from './pricing.js';
@@ -26,8 +27,9 @@ export function ingestUsage(opts: { store: ConsoleStore; pricer: Pricer; events:
   const { store, pricer } = opts;
   const db = store.db;
   const keyById = db.prepare('SELECT * FROM keys WHERE id = ?');
-  const ledger = db.prepare(`INSERT INTO usage (event_id, request_id, key_id, model, input_tokens, output_tokens, status, cost, at, received_at)
-    VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT(event_id) DO NOTHING`);
+  const ledger = db.prepare(`INSERT INTO usage (event_id, request_id, key_id, model, input_tokens, output_tokens, status, cost, at,
+      received_at, estimated)
+    VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT(event_id) DO NOTHING`);
   const chargeKey = db.prepare(`UPDATE keys SET spent = ?, last_used_at = MAX(COALESCE(last_used_at, 0), ?) WHERE id = ?`);
   const chargeProject = db.prepare('UPDATE projects SET spent = ? WHERE id = ?');
   const chargeWallet = db.prepare('UPDATE wallets SET balance = ?, updated_at = ? WHERE user_id = ?');
@@ -36,20 +38,24 @@ export function ingestUsage(opts: { store: ConsoleStore; pricer: Pricer; events:
     const result: IngestResult = { accepted: 0, duplicates: 0, unknownKeys: 0, cost: 0 };
     const touched = { keys: new Set<string>(), projects: new Set<string>(), wallets: new Set<string>() };
     const received = store.now();
+    // A budget whose period ended restarts first, so usage from now on counts toward the new period.
+    const records: SyncRecord[] = rollDuePeriods(store);
     for (const ev of opts.events) {
       const key = keyById.get(ev.key_id) as KeyRow | undefined;
       if (!key) {
         result.unknownKeys++;
         continue;
       }
+      // Estimated usage (a response without usage, section 6) is priced like any other.
       const cost = pricer({ model: ev.model, inputTokens: ev.input_tokens, outputTokens: ev.output_tokens });
       const parsed = Date.parse(ev.at);
       // A sidecar clock far ahead must not make a key look used in the future.
       const at = Number.isFinite(parsed) ? Math.min(parsed, received) : received;
-      const eventId = createHash('sha256')
-        .update(JSON.stringify([ev.request_id, ev.key_id, ev.model, ev.input_tokens, ev.output_tokens, ev.status, ev.at]))
-        .digest('hex');
-      const inserted = ledger.run(eventId, ev.request_id, ev.key_id, ev.model, ev.input_tokens, ev.output_tokens, ev.status, cost, at, received);
+      // `estimated` joins the digest only when set, so ids of events without it stay what they were.
+      const fields: unknown[] = [ev.request_id, ev.key_id, ev.model, ev.input_tokens, ev.output_tokens, ev.status, ev.at];
+      if (ev.estimated) fields.push(true);
+      const eventId = createHash('sha256').update(JSON.stringify(fields)).digest('hex');
+      const inserted = ledger.run(eventId, ev.request_id, ev.key_id, ev.model, ev.input_tokens, ev.output_tokens, ev.status, cost, at, received, ev.estimated ? 1 : 0);
       if (inserted.changes === 0) {
         result.duplicates++;
         continue;
@@ -70,7 +76,9 @@ export function ingestUsage(opts: { store: ConsoleStore; pricer: Pricer; events:
         touched.wallets.add(key.user_id);
       }
     }
-    const records: SyncRecord[] = [];
+    // A record restarted above and charged below is sent once, in its final state.
+    const charged = new Set([...[...touched.keys].map((id) => `key:${id}`), ...[...touched.projects].map((id) => `project:${id}`)]);
+    for (let i = records.length - 1; i >= 0; i--) if (charged.has(recordIdentity(records[i]!))) records.splice(i, 1);
     for (const id of touched.keys) records.push(keyRecordOf(keyById.get(id) as KeyRow));
     for (const id of touched.projects) records.push(projectRecordOf(db.prepare('SELECT * FROM projects WHERE id = ?').get(id) as ProjectRow));
     for (const user of touched.wallets) records.push(walletRecordOf(store.ensureWallet(user).row));

@@ -17,14 +17,17 @@ export interface FactsKey {
   rpm: number | null;
   tpm: number | null;
   concurrency: number | null;
+  /** bumped by the console when it changes the key's figures for another reason than usage */
   epoch: number;
+  /** CIDR ranges the client address must fall in; null: anywhere */
   ips: string[] | null;
   allowBrowser: boolean;
+  /** per-model limits in addition to the key's own; the first matching entry applies */
   modelLimits: ModelLimit[] | null;
+  /** UTC calendar period of the key's budget */
   period: 'day' | 'week' | 'month' | null;
 }
 
-/** Limits for the models a glob names, in addition to the key's own; the first matching entry applies. */
 export interface ModelLimit {
   models: string;
   rpm: number | null;
@@ -37,6 +40,8 @@ export interface FactsProject {
   budget: number | null;
   spent: number;
   epoch: number;
+  /** UTC calendar period of the project's budget (optional: facts built before it existed lack it) */
+  period?: 'day' | 'week' | 'month' | null;
 }
 
 /** Everything the policy needs about one key. */
@@ -45,5 +50,6 @@ export interface KeyFacts {
   project: FactsProject | null;
   /** null when the console sent no wallet for the key's user */
   walletBalance: number | null;
+  /** null when no wallet row */
   walletEpoch: number | null;
 }

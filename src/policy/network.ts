@@ -1,94 +1,33 @@
 /**
- * A key's network policy (DESIGN section 4, step 3b). Pure: addresses and CIDRs are
- * parsed here, by hand, into 16-byte forms (IPv4 as IPv4-mapped IPv6), so one compare
- * serves both families and `::ffff:10.0.0.1` is the same client as `10.0.0.1`.
+ * A key's network policy (DESIGN section 4, step 3b). Pure. Ranges and addresses are
+ * parsed by the protocol's CIDR reader (one parser for what the console sends and what
+ * the socket reports); an IPv4-mapped IPv6 peer (`::ffff:10.0.0.1`, what a dual-stack
+ * listener reports) is the IPv4 client it stands for.
  */
 import { deny, type Denial } from '../errors.js';
+import { cidrContains, parseCidr, parseIPv4, parseIPv6, type Cidr } from '../protocol/cidr.js';
 
-export interface Cidr {
-  bytes: Uint8Array;
-  /** prefix length over the 16-byte form (an IPv4 /8 is 96 + 8) */
-  bits: number;
+export type { Cidr };
+
+const MAPPED_PREFIX = [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff];
+
+/** An address as 4 (IPv4) or 16 (IPv6) bytes, or null when it is neither. */
+export function parseIp(text: string): Uint8Array | null {
+  const t = text.trim();
+  if (!t.includes(':')) return parseIPv4(t);
+  const v6 = parseIPv6(t.startsWith('[') && t.endsWith(']') ? t.slice(1, -1) : t);
+  if (v6 && MAPPED_PREFIX.every((b, i) => v6[i] === b)) return v6.subarray(12);
+  return v6;
 }
 
-const V4_MAPPED = [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff];
-
-function parseV4(s: string): number[] | null {
-  const parts = s.split('.');
-  if (parts.length !== 4) return null;
-  const out: number[] = [];
-  for (const p of parts) {
-    if (!/^\d{1,3}$/.test(p) || (p.length > 1 && p.startsWith('0'))) return null;
-    const n = Number(p);
-    if (n > 255) return null;
-    out.push(n);
-  }
-  return out;
+/** A range from config: CIDR notation, or a bare address for exactly that address. */
+export function parseRange(text: string): Cidr | null {
+  const t = text.trim();
+  return parseCidr(t.includes('/') ? t : `${t}/${t.includes(':') ? 128 : 32}`);
 }
 
-function parseV6(s: string): number[] | null {
-  if (s.length > 45) return null;
-  let tail: number[] = [];
-  let text = s;
-  const lastColon = s.lastIndexOf(':');
-  if (s.includes('.')) {
-    // an embedded IPv4 tail (::ffff:1.2.3.4)
-    const v4 = parseV4(s.slice(lastColon + 1));
-    if (!v4) return null;
-    tail = v4;
-    text = `${s.slice(0, lastColon + 1)}0:0`;
-  }
-  const halves = text.split('::');
-  if (halves.length > 2) return null;
-  const groups = (h: string) => (h === '' ? [] : h.split(':'));
-  const head = groups(halves[0]!);
-  const rest = halves.length === 2 ? groups(halves[1]!) : [];
-  const total = head.length + rest.length;
-  if (halves.length === 1 ? total !== 8 : total > 7) return null;
-  const all = [...head, ...Array<string>(8 - total).fill('0'), ...rest];
-  const bytes: number[] = [];
-  for (const g of all) {
-    if (!/^[0-9a-fA-F]{1,4}$/.test(g)) return null;
-    const n = parseInt(g, 16);
-    bytes.push(n >> 8, n & 0xff);
-  }
-  if (tail.length) bytes.splice(12, 4, ...tail);
-  return bytes;
-}
-
-/** An address as 16 bytes, or null when it is not an IPv4 or IPv6 address. */
-export function parseIp(s: string): Uint8Array | null {
-  const text = s.trim();
-  const v4 = parseV4(text);
-  if (v4) return Uint8Array.from([...V4_MAPPED, ...v4]);
-  const v6 = parseV6(text.startsWith('[') && text.endsWith(']') ? text.slice(1, -1) : text);
-  return v6 ? Uint8Array.from(v6) : null;
-}
-
-/** `10.0.0.0/8`, `2001:db8::/32`, or a bare address (a /32 or /128). */
-export function parseCidr(s: string): Cidr | null {
-  const slash = s.indexOf('/');
-  const addr = slash === -1 ? s : s.slice(0, slash);
-  const bytes = parseIp(addr);
-  if (!bytes) return null;
-  const v4 = parseV4(addr.trim()) !== null;
-  const max = v4 ? 32 : 128;
-  let len = max;
-  if (slash !== -1) {
-    const p = s.slice(slash + 1);
-    if (!/^\d{1,3}$/.test(p) || Number(p) > max) return null;
-    len = Number(p);
-  }
-  return { bytes, bits: v4 ? 96 + len : len };
-}
-
-export function inCidr(ip: Uint8Array, cidr: Cidr): boolean {
-  const full = cidr.bits >> 3;
-  for (let i = 0; i < full; i++) if (ip[i] !== cidr.bytes[i]) return false;
-  const rem = cidr.bits & 7;
-  if (rem === 0) return true;
-  const mask = (0xff << (8 - rem)) & 0xff;
-  return (ip[full]! & mask) === (cidr.bytes[full]! & mask);
+export function inCidr(ip: Uint8Array, range: Cidr): boolean {
+  return cidrContains(range, ip);
 }
 
 const inAny = (ip: Uint8Array, list: readonly Cidr[]) => list.some((c) => inCidr(ip, c));
@@ -126,7 +65,7 @@ function cidrs(list: readonly string[]): Cidr[] {
   let parsed = cidrCache.get(k);
   if (!parsed) {
     // An entry that does not parse matches nothing: a bad list fails closed.
-    parsed = list.map(parseCidr).filter((c): c is Cidr => c !== null);
+    parsed = list.map(parseRange).filter((c): c is Cidr => c !== null);
     if (cidrCache.size > 10_000) cidrCache.clear();
     cidrCache.set(k, parsed);
   }

@@ -6,7 +6,7 @@
  * throws SnapshotError naming it, so a caller that validates before it commits rejects
  * a bad snapshot whole.
  */
-import { parseMeta, parseRecord, type SyncRecord } from './records.js';
+import { parseMeta, parseRecord, type ParsedRecord } from './records.js';
 
 export class SnapshotError extends Error {
   constructor(
@@ -58,7 +58,7 @@ export class LineSplitter {
   }
 }
 
-export type SnapshotItem = { type: 'meta'; version: number } | { type: 'record'; line: number; record: SyncRecord };
+export type SnapshotItem = { type: 'meta'; version: number } | { type: 'record'; line: number; record: ParsedRecord };
 
 function decode(text: string, line: number): unknown {
   try {
@@ -96,7 +96,7 @@ export function* readSnapshot(lines: Iterable<NumberedLine>): Generator<Snapshot
 
 export interface SnapshotRecords {
   version: number;
-  records: { line: number; record: SyncRecord }[];
+  records: { line: number; record: ParsedRecord }[];
 }
 
 /** Drains a snapshot reader into memory (small snapshots, files): validated whole before anyone writes. */

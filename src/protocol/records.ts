@@ -4,27 +4,59 @@
  * reference console.
  */
 import { z } from 'zod';
+import { parseCidr } from './cidr.js';
+
+// Records are objects, not strict objects: a reader ignores fields it does not know
+// (section 7), so a newer console can add fields without breaking older sidecars. Fields
+// it does know are validated strictly, and v1 additions take their defaults when absent.
 
 const id = z.string().min(1).max(256);
 const amount = z.number().finite();
 const nullableCount = z.number().int().nonnegative().nullable();
+const epoch = z.number().int().nonnegative().default(0);
+/** UTC calendar period of a budget; null: the budget never restarts by itself */
+export const budgetPeriod = z.enum(['day', 'week', 'month']).nullable();
+const modelGlob = z.string().min(1).max(256);
 
-export const projectRecord = z.strictObject({
+// Many keys share the same few ranges: a snapshot of a million keys checks each range once.
+const knownCidrs = new Set<string>();
+function isCidr(s: string): boolean {
+  if (knownCidrs.has(s)) return true;
+  if (parseCidr(s) === null) return false;
+  if (knownCidrs.size >= 10_000) knownCidrs.clear();
+  knownCidrs.add(s);
+  return true;
+}
+
+export const cidr = z.string().max(64).refine(isCidr, { message: 'expected a CIDR range such as 10.0.0.0/8 or 2001:db8::/32' });
+
+export const modelLimit = z.object({
+  /** anchored glob, `*` the only wildcard; the first matching entry applies */
+  models: modelGlob,
+  rpm: nullableCount.default(null),
+  tpm: nullableCount.default(null),
+});
+
+export const projectRecord = z.object({
   type: z.literal('project'),
   id,
   status: z.enum(['enabled', 'disabled']),
   budget: amount.nonnegative().nullable(),
   spent: amount,
+  epoch,
+  /** not in the agreed v1 list for projects, but carried so a project budget's period can be shown */
+  period: budgetPeriod.default(null),
 });
 
-export const walletRecord = z.strictObject({
+export const walletRecord = z.object({
   type: z.literal('wallet'),
   user: id,
   balance: amount,
+  epoch,
 });
 
 export const keyRecord = z
-  .strictObject({
+  .object({
     type: z.literal('key'),
     id,
     hash: z.string().regex(/^[0-9a-f]{64}$/, 'expected 64 lowercase hex characters'),
@@ -34,41 +66,74 @@ export const keyRecord = z
     status: z.enum(['active', 'deleted']),
     budget: amount.nonnegative().nullable(),
     spent: amount,
-    models: z.array(z.string().min(1).max(256)).nullable(),
+    models: z.array(modelGlob).nullable(),
     routing: z.string().min(1).max(64).nullable(),
     rpm: nullableCount,
     tpm: nullableCount,
     concurrency: nullableCount,
+    epoch,
+    ips: z.array(cidr).max(1000).nullable().default(null),
+    allowBrowser: z.boolean().default(false),
+    modelLimits: z.array(modelLimit).max(1000).nullable().default(null),
+    period: budgetPeriod.default(null),
   })
   .refine((k) => (k.kind === 'personal' ? k.user !== null : k.project !== null), {
     message: 'a personal key needs a user, a team key needs a project',
   });
 
-export const metaRecord = z.strictObject({ type: z.literal('meta'), version: z.number().int().nonnegative() });
-
-export const syncRecord = z.discriminatedUnion('type', [projectRecord, walletRecord, keyRecord]);
-
-export type ProjectRecord = z.infer<typeof projectRecord>;
-export type WalletRecord = z.infer<typeof walletRecord>;
-export type KeyRecord = z.infer<typeof keyRecord>;
-export type SyncRecord = z.infer<typeof syncRecord>;
-export type MetaRecord = z.infer<typeof metaRecord>;
-
-export const deleteChange = z.strictObject({
-  op: z.literal('delete'),
-  type: z.enum(['project', 'wallet', 'key']),
-  /** key and project id, or the wallet's user */
-  id,
+/** The console's price for a model glob: `input`/`output` per `per` tokens, in the console's currency. */
+export const priceRecord = z.object({
+  type: z.literal('price'),
+  model: modelGlob,
+  input: amount.nonnegative(),
+  output: amount.nonnegative(),
+  per: amount.positive(),
 });
 
+export const metaRecord = z.object({ type: z.literal('meta'), version: z.number().int().nonnegative() });
+
+export const syncRecord = z.discriminatedUnion('type', [projectRecord, walletRecord, keyRecord, priceRecord]);
+
+/**
+ * Records as the protocol allows them to be written: v1 additions may be absent (an older
+ * console, a test, a file) and mean their defaults. Every writer of the replica accepts these.
+ */
+export type ProjectRecord = z.input<typeof projectRecord>;
+export type WalletRecord = z.input<typeof walletRecord>;
+export type KeyRecord = z.input<typeof keyRecord>;
+export type PriceRecord = z.input<typeof priceRecord>;
+export type SyncRecord = z.input<typeof syncRecord>;
+export type MetaRecord = z.output<typeof metaRecord>;
+/** Records as read: every field present, defaults filled in. */
+export type ParsedRecord = z.output<typeof syncRecord>;
+export type ParsedKeyRecord = z.output<typeof keyRecord>;
+
+export const deleteChange = z.discriminatedUnion('type', [
+  z.object({
+    op: z.literal('delete'),
+    type: z.enum(['project', 'wallet', 'key']),
+    /** key and project id, or the wallet's user */
+    id,
+  }),
+  // Prices are named by their model glob, not an id.
+  z.object({ op: z.literal('delete'), type: z.literal('price'), model: modelGlob }),
+]);
+
 /** An upsert is `{"op":"upsert", ...record}`; parsed by stripping `op` and validating the record. */
-export type UpsertChange = { op: 'upsert' } & SyncRecord;
-export type DeleteChange = z.infer<typeof deleteChange>;
+export type UpsertChange = { op: 'upsert' } & ParsedRecord;
+export type DeleteChange = z.output<typeof deleteChange>;
 export type Change = UpsertChange | DeleteChange;
 
 export interface ChangeBatch {
   version: number;
   changes: Change[];
+}
+
+/** The identity of a record within a snapshot or the feed: `key:k_1`, `wallet:u_1`, `price:gpt-4o*`. */
+export function recordIdentity(r: SyncRecord | DeleteChange): string {
+  if (r.type === 'wallet') return `wallet:${'user' in r ? r.user : r.id}`;
+  if (r.type === 'price') return `price:${r.model}`;
+  return `${r.type}:${r.id}`;
 }
 
 export function issueText(error: z.ZodError): string {
@@ -78,7 +143,7 @@ export function issueText(error: z.ZodError): string {
 export type Parsed<T> = { ok: true; value: T } | { ok: false; error: string };
 
 /** Parses one NDJSON snapshot line (already JSON-decoded). */
-export function parseRecord(value: unknown): Parsed<SyncRecord> {
+export function parseRecord(value: unknown): Parsed<ParsedRecord> {
   const r = syncRecord.safeParse(value);
   return r.success ? { ok: true, value: r.data } : { ok: false, error: issueText(r.error) };
 }

@@ -14,11 +14,12 @@ export interface UsageEvent {
   status: number;
   /** ISO-8601 time the request completed */
   at: string;
-  /** the response reported no usage: the figures are the sidecar's estimate */
+  /** true when the tokens are the sidecar's estimate (no usage in the response, section 6) */
   estimated?: boolean;
 }
 
-export const usageEvent = z.strictObject({
+// Like records, events may carry fields this reader does not know: they are ignored.
+export const usageEvent = z.object({
   request_id: z.string().min(1).max(256),
   key_id: z.string().min(1).max(256),
   model: z.string().max(256).nullable(),

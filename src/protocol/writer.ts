@@ -10,6 +10,8 @@ export interface SnapshotApplied {
   keys: number;
   projects: number;
   wallets: number;
+  /** price records (optional so writers that predate prices still fit the interface) */
+  prices?: number;
   /** time from the first byte handed over to the commit */
   totalMs: number;
 }

@@ -14,7 +14,7 @@ import { createMetrics, type Metrics } from '../obs/metrics.js';
 import type { UsageEvent } from '../protocol/usage.js';
 import { ReplicaStore } from '../replica/store.js';
 import { replicaWriter } from '../replica/writer.js';
-import { parseCidr } from '../policy/network.js';
+import { parseRange } from '../policy/network.js';
 import { buildRules } from '../routes.js';
 import { createSyncClient, createUsagePusher, type SyncClient, type UsagePusher } from '../sync/client.js';
 import { answerClientError, createExchanges } from './exchange.js';
@@ -104,8 +104,7 @@ export async function startSidecar(opts: SidecarOptions): Promise<Sidecar> {
       lookup: (hash) => replica.lookup(hash),
       ready: () => replica.status().ready,
       limiter,
-      // Prices arrive with the console's price records; until the replica keeps them every model is unpriced.
-      priceFor: () => null,
+      priceFor: (model) => replica.priceFor(model),
       upstreams: new Map(Object.entries(config.upstreams).map(([name, u]) => [name, u.capacity])),
       maxJsonBodyBytes: config.server.maxJsonBodyBytes,
       defaultOutputTokens: config.limits.defaultOutputTokens,
@@ -118,7 +117,7 @@ export async function startSidecar(opts: SidecarOptions): Promise<Sidecar> {
     usageSink: opts.usageSink ?? (usagePusher ? (e: UsageEvent) => usagePusher.push(e) : null),
     log: logger,
     versionHeader: `${config.messages.vendor}-version`,
-    trustedProxies: config.server.trustedProxies.map((c) => parseCidr(c)!),
+    trustedProxies: config.server.trustedProxies.map((c) => parseRange(c)!),
     describeKey: (facts) => describeKey(limiter, facts),
   });
   let draining = false;

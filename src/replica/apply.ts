@@ -4,7 +4,7 @@
  * `keyward import`, by the sync client, and by the snapshot worker (off the event loop).
  */
 import type Database from 'better-sqlite3';
-import type { Change, ChangeBatch, KeyRecord, ProjectRecord, SyncRecord, WalletRecord } from '../protocol/records.js';
+import { recordIdentity, type Change, type ChangeBatch, type SyncRecord } from '../protocol/records.js';
 
 export class ApplyError extends Error {
   constructor(
@@ -21,6 +21,8 @@ interface Statements {
   upsertKey: Database.Statement;
   upsertProject: Database.Statement;
   upsertWallet: Database.Statement;
+  upsertPrice: Database.Statement;
+  deletePrice: Database.Statement;
   tombstoneKey: Database.Statement;
   deleteProject: Database.Statement;
   deleteWallet: Database.Statement;
@@ -33,16 +35,23 @@ function statements(db: Database.Database): Statements {
   let s = cache.get(db);
   if (!s) {
     s = {
-      upsertKey: db.prepare(`INSERT INTO keys (id, hash, kind, user_id, project_id, status, budget, spent, models, routing, rpm, tpm, concurrency)
-        VALUES (@id, @hash, @kind, @user, @project, @status, @budget, @spent, @models, @routing, @rpm, @tpm, @concurrency)
+      upsertKey: db.prepare(`INSERT INTO keys (id, hash, kind, user_id, project_id, status, budget, spent, models, routing, rpm, tpm,
+          concurrency, epoch, ips, allow_browser, model_limits, period)
+        VALUES (@id, @hash, @kind, @user, @project, @status, @budget, @spent, @models, @routing, @rpm, @tpm, @concurrency,
+          @epoch, @ips, @allowBrowser, @modelLimits, @period)
         ON CONFLICT(id) DO UPDATE SET hash = excluded.hash, kind = excluded.kind, user_id = excluded.user_id,
           project_id = excluded.project_id, status = excluded.status, budget = excluded.budget, spent = excluded.spent,
           models = excluded.models, routing = excluded.routing, rpm = excluded.rpm, tpm = excluded.tpm,
-          concurrency = excluded.concurrency`),
-      upsertProject: db.prepare(`INSERT INTO projects (id, status, budget, spent) VALUES (@id, @status, @budget, @spent)
-        ON CONFLICT(id) DO UPDATE SET status = excluded.status, budget = excluded.budget, spent = excluded.spent`),
-      upsertWallet: db.prepare(`INSERT INTO wallets (user_id, balance) VALUES (@user, @balance)
-        ON CONFLICT(user_id) DO UPDATE SET balance = excluded.balance`),
+          concurrency = excluded.concurrency, epoch = excluded.epoch, ips = excluded.ips, allow_browser = excluded.allow_browser,
+          model_limits = excluded.model_limits, period = excluded.period`),
+      upsertProject: db.prepare(`INSERT INTO projects (id, status, budget, spent, epoch, period) VALUES (@id, @status, @budget, @spent, @epoch, @period)
+        ON CONFLICT(id) DO UPDATE SET status = excluded.status, budget = excluded.budget, spent = excluded.spent,
+          epoch = excluded.epoch, period = excluded.period`),
+      upsertWallet: db.prepare(`INSERT INTO wallets (user_id, balance, epoch) VALUES (@user, @balance, @epoch)
+        ON CONFLICT(user_id) DO UPDATE SET balance = excluded.balance, epoch = excluded.epoch`),
+      upsertPrice: db.prepare(`INSERT INTO prices (model, input, output, per) VALUES (@model, @input, @output, @per)
+        ON CONFLICT(model) DO UPDATE SET input = excluded.input, output = excluded.output, per = excluded.per`),
+      deletePrice: db.prepare(`DELETE FROM prices WHERE model = ?`),
       // A deleted key keeps its row as a tombstone so it answers api_key_deleted, not invalid_api_key.
       tombstoneKey: db.prepare(`UPDATE keys SET status = 'deleted' WHERE id = ?`),
       deleteProject: db.prepare(`DELETE FROM projects WHERE id = ?`),
@@ -55,21 +64,37 @@ function statements(db: Database.Database): Statements {
   return s;
 }
 
-function keyParams(k: KeyRecord) {
-  return { ...k, models: k.models === null ? null : JSON.stringify(k.models) };
-}
+const json = (v: unknown[] | null | undefined) => (v == null ? null : JSON.stringify(v));
 
+/**
+ * Parsed records always carry the v1 fields; records handed over directly (tests, tools)
+ * may predate them, so the defaults are applied here too. Only known fields are bound:
+ * better-sqlite3 refuses named parameters a statement does not use.
+ */
 export function writeRecord(db: Database.Database, rec: SyncRecord): void {
   const s = statements(db);
-  if (rec.type === 'key') s.upsertKey.run(keyParams(rec));
-  else if (rec.type === 'project') s.upsertProject.run(rec satisfies ProjectRecord);
-  else s.upsertWallet.run(rec satisfies WalletRecord);
+  if (rec.type === 'key') {
+    s.upsertKey.run({
+      id: rec.id, hash: rec.hash, kind: rec.kind, user: rec.user, project: rec.project, status: rec.status,
+      budget: rec.budget, spent: rec.spent, models: json(rec.models), routing: rec.routing, rpm: rec.rpm, tpm: rec.tpm,
+      concurrency: rec.concurrency, epoch: rec.epoch ?? 0, ips: json(rec.ips), allowBrowser: rec.allowBrowser ? 1 : 0,
+      modelLimits: rec.modelLimits == null ? null : JSON.stringify(rec.modelLimits.map((m) => ({ models: m.models, rpm: m.rpm ?? null, tpm: m.tpm ?? null }))),
+      period: rec.period ?? null,
+    });
+  } else if (rec.type === 'project') {
+    s.upsertProject.run({ id: rec.id, status: rec.status, budget: rec.budget, spent: rec.spent, epoch: rec.epoch ?? 0, period: rec.period ?? null });
+  } else if (rec.type === 'wallet') {
+    s.upsertWallet.run({ user: rec.user, balance: rec.balance, epoch: rec.epoch ?? 0 });
+  } else {
+    s.upsertPrice.run({ model: rec.model, input: rec.input, output: rec.output, per: rec.per });
+  }
 }
 
 function writeChange(db: Database.Database, c: Change): void {
   if (c.op === 'upsert') return writeRecord(db, c);
   const s = statements(db);
-  if (c.type === 'key') s.tombstoneKey.run(c.id);
+  if (c.type === 'price') s.deletePrice.run(c.model);
+  else if (c.type === 'key') s.tombstoneKey.run(c.id);
   else if (c.type === 'project') s.deleteProject.run(c.id);
   else s.deleteWallet.run(c.id);
 }
@@ -88,13 +113,20 @@ export interface SnapshotSource {
 }
 
 /** Replaces the whole replica with the snapshot, atomically; throws ApplyError and changes nothing on failure. */
-export function applySnapshot(db: Database.Database, snap: SnapshotSource): { keys: number; projects: number; wallets: number } {
-  const counts = { keys: 0, projects: 0, wallets: 0 };
+export interface SnapshotCounts {
+  keys: number;
+  projects: number;
+  wallets: number;
+  prices: number;
+}
+
+export function applySnapshot(db: Database.Database, snap: SnapshotSource): SnapshotCounts {
+  const counts: SnapshotCounts = { keys: 0, projects: 0, wallets: 0, prices: 0 };
   const run = db.transaction(() => {
-    db.exec('DELETE FROM keys; DELETE FROM projects; DELETE FROM wallets;');
+    db.exec('DELETE FROM keys; DELETE FROM projects; DELETE FROM wallets; DELETE FROM prices;');
     const seen = new Set<string>();
     for (const { line, record } of snap.records) {
-      const identity = `${record.type}:${record.type === 'wallet' ? record.user : record.id}`;
+      const identity = recordIdentity(record);
       if (seen.has(identity)) throw new ApplyError(`line ${line}: duplicate ${record.type} ${identity.slice(record.type.length + 1)}`, line);
       seen.add(identity);
       try {
@@ -102,7 +134,7 @@ export function applySnapshot(db: Database.Database, snap: SnapshotSource): { ke
       } catch (err) {
         throw new ApplyError(`line ${line}: ${describe(err)}`, line);
       }
-      counts[`${record.type}s` as keyof typeof counts]++;
+      counts[record.type === 'price' ? 'prices' : (`${record.type}s` as 'keys' | 'projects' | 'wallets')]++;
     }
     statements(db).setMeta.run(snap.version, snap.now ?? Date.now(), snap.source);
   });

@@ -4,7 +4,8 @@
  */
 import type Database from 'better-sqlite3';
 
-export const SCHEMA_VERSION = 1;
+/** 2: v1 protocol additions (epochs, key network policy and per-model limits, periods, prices) */
+export const SCHEMA_VERSION = 2;
 
 const DDL = `
 CREATE TABLE IF NOT EXISTS meta (
@@ -26,19 +27,62 @@ CREATE TABLE IF NOT EXISTS keys (
   routing TEXT,
   rpm INTEGER,
   tpm INTEGER,
-  concurrency INTEGER
+  concurrency INTEGER,
+  epoch INTEGER NOT NULL DEFAULT 0,
+  ips TEXT,
+  allow_browser INTEGER NOT NULL DEFAULT 0,
+  model_limits TEXT,
+  period TEXT
 );
 CREATE TABLE IF NOT EXISTS projects (
   id TEXT PRIMARY KEY,
   status TEXT NOT NULL,
   budget REAL,
-  spent REAL NOT NULL
+  spent REAL NOT NULL,
+  epoch INTEGER NOT NULL DEFAULT 0,
+  period TEXT
 );
 CREATE TABLE IF NOT EXISTS wallets (
   user_id TEXT PRIMARY KEY,
-  balance REAL NOT NULL
+  balance REAL NOT NULL,
+  epoch INTEGER NOT NULL DEFAULT 0
+);
+CREATE TABLE IF NOT EXISTS prices (
+  model TEXT PRIMARY KEY,
+  input REAL NOT NULL,
+  output REAL NOT NULL,
+  per REAL NOT NULL
 );
 `;
+
+/**
+ * Columns added after schema 1, as ALTER TABLE clauses. A replica file written by an
+ * older sidecar keeps its rows (and stays ready to serve); they read with the defaults
+ * until the next snapshot or change brings the real values.
+ */
+const ADDED_COLUMNS: Record<string, Record<string, string>> = {
+  keys: {
+    epoch: 'epoch INTEGER NOT NULL DEFAULT 0',
+    ips: 'ips TEXT',
+    allow_browser: 'allow_browser INTEGER NOT NULL DEFAULT 0',
+    model_limits: 'model_limits TEXT',
+    period: 'period TEXT',
+  },
+  projects: { epoch: 'epoch INTEGER NOT NULL DEFAULT 0', period: 'period TEXT' },
+  wallets: { epoch: 'epoch INTEGER NOT NULL DEFAULT 0' },
+};
+
+function migrate(db: Database.Database): void {
+  // Another connection (the snapshot worker, a second process) may open the same file at
+  // once: the check and the ALTERs run in one write transaction, so only one of them adds.
+  db.transaction(() => {
+    for (const [table, columns] of Object.entries(ADDED_COLUMNS)) {
+      const have = new Set((db.prepare(`PRAGMA table_info(${table})`).all() as { name: string }[]).map((c) => c.name));
+      for (const [name, clause] of Object.entries(columns)) if (!have.has(name)) db.exec(`ALTER TABLE ${table} ADD COLUMN ${clause}`);
+    }
+    db.pragma(`user_version = ${SCHEMA_VERSION}`);
+  }).immediate();
+}
 
 /** Opens pragmas and tables; safe to call on every open. */
 export function prepareDatabase(db: Database.Database): void {
@@ -47,5 +91,5 @@ export function prepareDatabase(db: Database.Database): void {
   db.pragma('synchronous = NORMAL');
   db.pragma('busy_timeout = 5000');
   db.exec(DDL);
-  db.pragma(`user_version = ${SCHEMA_VERSION}`);
+  if ((db.pragma('user_version', { simple: true }) as number) < SCHEMA_VERSION) migrate(db);
 }

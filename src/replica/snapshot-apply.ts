@@ -195,7 +195,7 @@ async function applyInWorker(opts: ApplySnapshotStreamOptions, started: number, 
     if (result.t === 'done') opts.replica.checkExternalWrites();
     await exited;
     if (result.t !== 'done') throw new SnapshotApplyError(result.t === 'error' ? result.message : 'unexpected worker answer', result.t === 'error' ? result.line : undefined);
-    return { version: result.version, keys: result.keys, projects: result.projects, wallets: result.wallets, totalMs: Math.round(performance.now() - started) };
+    return { version: result.version, keys: result.keys, projects: result.projects, wallets: result.wallets, prices: result.prices, totalMs: Math.round(performance.now() - started) };
   } finally {
     port1.close();
   }

@@ -9,7 +9,8 @@ import { dirname } from 'node:path';
 import { applyChanges, applySnapshot, type SnapshotSource } from './apply.js';
 import { prepareDatabase } from './schema.js';
 import type { ChangeBatch } from '../protocol/records.js';
-import type { KeyFacts } from '../policy/facts.js';
+import type { KeyFacts, ModelLimit } from '../policy/facts.js';
+import { pickPrice, type Price, type PriceEntry } from '../policy/pricing.js';
 
 
 export interface ReplicaStatus {
@@ -32,9 +33,12 @@ interface Row {
   id: string; kind: 'personal' | 'team'; user_id: string | null; project_id: string | null;
   status: 'active' | 'deleted'; budget: number | null; spent: number; models: string | null;
   routing: string | null; rpm: number | null; tpm: number | null; concurrency: number | null;
+  epoch: number; ips: string | null; allow_browser: number; model_limits: string | null; period: Period;
   p_id: string | null; p_status: 'enabled' | 'disabled' | null; p_budget: number | null; p_spent: number | null;
-  w_balance: number | null;
+  p_epoch: number | null; p_period: Period;
+  w_balance: number | null; w_epoch: number | null;
 }
+type Period = 'day' | 'week' | 'month' | null;
 
 function toFacts(r: Row): KeyFacts {
   return {
@@ -42,11 +46,12 @@ function toFacts(r: Row): KeyFacts {
       id: r.id, kind: r.kind, userId: r.user_id, projectId: r.project_id, status: r.status,
       budget: r.budget, spent: r.spent, models: r.models === null ? null : (JSON.parse(r.models) as string[]),
       routing: r.routing, rpm: r.rpm, tpm: r.tpm, concurrency: r.concurrency,
-      epoch: 0, ips: null, allowBrowser: false, modelLimits: null, period: null,
+      epoch: r.epoch, ips: r.ips === null ? null : (JSON.parse(r.ips) as string[]), allowBrowser: r.allow_browser === 1,
+      modelLimits: r.model_limits === null ? null : (JSON.parse(r.model_limits) as ModelLimit[]), period: r.period,
     },
-    project: r.p_id === null ? null : { id: r.p_id, status: r.p_status!, budget: r.p_budget, spent: r.p_spent!, epoch: 0 },
+    project: r.p_id === null ? null : { id: r.p_id, status: r.p_status!, budget: r.p_budget, spent: r.p_spent!, epoch: r.p_epoch!, period: r.p_period },
     walletBalance: r.w_balance,
-    walletEpoch: r.w_balance === null ? null : 0,
+    walletEpoch: r.w_balance === null ? null : r.w_epoch,
   };
 }
 
@@ -60,6 +65,10 @@ export function openDatabase(path: string): Database.Database {
 export class ReplicaStore {
   readonly db: Database.Database;
   private readonly cache = new Map<string, KeyFacts | null>();
+  /** the price table (small: one row per priced glob), read once per replica change */
+  private prices: PriceEntry[] | null = null;
+  private readonly priceCache = new Map<string, Price | null>();
+  private readonly allPrices: Database.Statement;
   private readonly cacheSize: number;
   private readonly byHash: Database.Statement;
   private readonly metaStmt: Database.Statement;
@@ -73,9 +82,10 @@ export class ReplicaStore {
     this.db = openDatabase(opts.path);
     this.cacheSize = opts.cacheSize ?? 50_000;
     this.byHash = this.db.prepare(`SELECT k.*, p.id AS p_id, p.status AS p_status, p.budget AS p_budget, p.spent AS p_spent,
-        w.balance AS w_balance
+        p.epoch AS p_epoch, p.period AS p_period, w.balance AS w_balance, w.epoch AS w_epoch
       FROM keys k LEFT JOIN projects p ON p.id = k.project_id LEFT JOIN wallets w ON w.user_id = k.user_id
       WHERE k.hash = ?`);
+    this.allPrices = this.db.prepare('SELECT model, input, output, per FROM prices');
     this.metaStmt = this.db.prepare('SELECT version, applied_at, source FROM meta WHERE id = 1');
     this.dataVersion = this.db.prepare('PRAGMA data_version').pluck();
     this.lastDataVersion = this.dataVersion.get() as number;
@@ -98,6 +108,21 @@ export class ReplicaStore {
     if (this.cache.size >= this.cacheSize) this.cache.delete(this.cache.keys().next().value!);
     this.cache.set(hash, facts);
     return facts;
+  }
+
+  /**
+   * The console's price for a model (the most specific record), or null when unpriced.
+   * Cached per model name until the replica changes; the bound keeps clients that send
+   * endless made-up model names from growing it.
+   */
+  priceFor(model: string): Price | null {
+    const hit = this.priceCache.get(model);
+    if (hit !== undefined) return hit;
+    this.prices ??= this.allPrices.all() as PriceEntry[];
+    const price = pickPrice(this.prices, model);
+    if (this.priceCache.size >= 10_000) this.priceCache.clear();
+    this.priceCache.set(model, price);
+    return price;
   }
 
   status(): ReplicaStatus {
@@ -137,6 +162,8 @@ export class ReplicaStore {
 
   private changed(): void {
     this.cache.clear();
+    this.prices = null;
+    this.priceCache.clear();
     this.statusCache = this.readStatus();
     for (const l of this.listeners) l(this.statusCache);
   }

@@ -38,7 +38,7 @@ export type ChunkMessage = { t: 'chunk'; data: Uint8Array } | { t: 'end' } | { t
 /** Worker → parent on `parentPort`. */
 export type WorkerMessage =
   | { t: 'credit' }
-  | { t: 'done'; version: number; keys: number; projects: number; wallets: number; applyMs: number }
+  | { t: 'done'; version: number; keys: number; projects: number; wallets: number; prices: number; applyMs: number }
   | { t: 'error'; message: string; line?: number };
 
 export interface ChangesInput {

@@ -43,6 +43,11 @@ export function keyRecord(id: string, spec: KeySpec, hash: string): KeyRecord {
     status: spec.status ?? 'active', budget: spec.budget ?? null, spent: spec.spent ?? 0,
     models: spec.models ?? null, routing: spec.routing ?? null,
     rpm: spec.rpm ?? null, tpm: spec.tpm ?? null, concurrency: spec.concurrency ?? null,
+    ...(spec.epoch !== undefined ? { epoch: spec.epoch } : {}),
+    ...(spec.ips !== undefined ? { ips: spec.ips } : {}),
+    ...(spec.allowBrowser !== undefined ? { allowBrowser: spec.allowBrowser } : {}),
+    ...(spec.modelLimits !== undefined ? { modelLimits: spec.modelLimits } : {}),
+    ...(spec.period !== undefined ? { period: spec.period } : {}),
   };
 }
 

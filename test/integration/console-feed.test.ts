@@ -32,7 +32,7 @@ test('a long poll answers as soon as a change is committed, well before waitMs',
   const batch = parseChangeBatch(JSON.parse(res.text));
   assert.ok(batch.ok);
   assert.ok(batch.value.version > v);
-  assert.deepEqual(batch.value.changes, [{ op: 'upsert', type: 'project', id: 'p_wake', status: 'enabled', budget: null, spent: 0 }]);
+  assert.deepEqual(batch.value.changes, [{ op: 'upsert', type: 'project', id: 'p_wake', status: 'enabled', budget: null, spent: 0, epoch: 0, period: null }]);
   assert.ok(latency < 500, `answered ${latency.toFixed(1)} ms after the change`);
   assert.ok(performance.now() - started < 5000);
   t.diagnostic(`long-poll wake-up: ${latency.toFixed(1)} ms from the start of the admin write to the answer`);
@@ -59,7 +59,7 @@ test('410 for a cursor older than the retained history, or ahead of it; bad para
   const recent = await syncGet(fx, `/sync/v1/changes?after=${v - 3}`);
   assert.equal(recent.status, 200);
   // three credits to one wallet: only the newest record is sent
-  assert.deepEqual(JSON.parse(recent.text), { version: v, changes: [{ op: 'upsert', type: 'wallet', user: 'dave', balance: 12 }] });
+  assert.deepEqual(JSON.parse(recent.text), { version: v, changes: [{ op: 'upsert', type: 'wallet', user: 'dave', balance: 12, epoch: 12 }] });
   assert.equal((await syncGet(fx, '/sync/v1/changes?after=abc')).status, 400);
   assert.equal((await syncGet(fx, `/sync/v1/changes?after=${v}&waitMs=60001`)).status, 400);
 });

@@ -1,8 +1,8 @@
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
-import { checkNetwork, clientAddress, inCidr, looksLikeBrowser, parseCidr, parseIp } from '../../src/policy/network.js';
+import { checkNetwork, clientAddress, inCidr, looksLikeBrowser, parseIp, parseRange } from '../../src/policy/network.js';
 
-const within = (ip: string, cidr: string) => inCidr(parseIp(ip)!, parseCidr(cidr)!);
+const within = (ip: string, cidr: string) => inCidr(parseIp(ip)!, parseRange(cidr)!);
 
 test('CIDR matching, IPv4 and IPv6, mapped addresses the same client', () => {
   assert.ok(within('10.1.2.3', '10.0.0.0/8'));
@@ -19,14 +19,14 @@ test('CIDR matching, IPv4 and IPv6, mapped addresses the same client', () => {
 
 test('malformed addresses and CIDRs are refused', () => {
   for (const bad of ['10.0.0.0/33', '10.0.0/8', '010.0.0.1', '1.2.3.4.5', '256.0.0.1', 'fe80::1::2', '2001:db8::/129', 'abc', '', '10.0.0.0/', '10.0.0.0/-1']) {
-    assert.equal(parseCidr(bad), null, bad);
+    assert.equal(parseRange(bad), null, bad);
   }
-  assert.ok(parseCidr('::/0'));
-  assert.ok(parseCidr('::ffff:1.2.3.4/128'));
+  assert.ok(parseRange('::/0'));
+  assert.ok(parseRange('::ffff:1.2.3.4/128'));
 });
 
 test('client address: the peer, or the right-most untrusted X-Forwarded-For entry behind a trusted proxy', () => {
-  const trusted = [parseCidr('127.0.0.0/8')!, parseCidr('10.99.0.0/16')!];
+  const trusted = [parseRange('127.0.0.0/8')!, parseRange('10.99.0.0/16')!];
   assert.equal(clientAddress({ peer: '127.0.0.1', forwardedFor: ['10.0.0.5'], trusted }), '10.0.0.5');
   // spoofed entries to the left of the proxy's own are ignored
   assert.equal(clientAddress({ peer: '127.0.0.1', forwardedFor: ['10.0.0.5, 203.0.113.9'], trusted }), '203.0.113.9');

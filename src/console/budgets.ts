@@ -1,0 +1,100 @@
+/**
+ * Budget figures that move for another reason than usage (DESIGN sections 6 and 8): a new
+ * limit, a reset, the start of a new UTC period. Each bumps the holder's `epoch`, which
+ * tells sidecars to restart their live ledger from the figures this console sends, rather
+ * than keep adding what they settled against the old ones.
+ */
+import type { SyncRecord } from '../protocol/records.js';
+import { periodStart, type BudgetPeriod } from '../policy/period.js';
+import { keyRecordOf, projectRecordOf, KEY_COLUMNS, type KeyRow, type KeyView, type ProjectRow, type ProjectView } from './db.js';
+import { ApiError, invalid } from './errors.js';
+import type { ConsoleStore } from './store.js';
+
+export const jsonOrNull = (v: unknown[] | null | undefined) => (v == null ? null : JSON.stringify(v));
+
+export function personalBudgetCheck(s: { budget?: number | null; period?: BudgetPeriod | null }): void {
+  if (s.budget != null) throw invalid('personal keys spend from their user\'s wallet; budget applies to team keys');
+  if (s.period != null) throw invalid('personal keys spend from their user\'s wallet; a budget period applies to team keys');
+}
+
+/**
+ * Columns for a budget or period change of a key or project. A new limit bumps the epoch;
+ * a new period counts from the start of the current one, without resetting what was spent.
+ */
+export function budgetChange(opts: {
+  row: { budget: number | null; period: BudgetPeriod | null; epoch: number };
+  budget: number | null | undefined;
+  period: BudgetPeriod | null | undefined;
+  now: number;
+}): Record<string, unknown> {
+  const cols: Record<string, unknown> = {};
+  if (opts.budget !== undefined && opts.budget !== opts.row.budget) {
+    cols.budget = opts.budget;
+    cols.epoch = opts.row.epoch + 1;
+  }
+  if (opts.period !== undefined && opts.period !== opts.row.period) {
+    cols.period = opts.period;
+    cols.period_start = opts.period === null ? null : periodStart(opts.period, opts.now);
+  }
+  return cols;
+}
+
+/** Sets a key's or project's `spent` back to 0 now (an operator's reset), bumping its epoch. */
+export function resetSpent(store: ConsoleStore, target: { type: 'key' | 'project'; id: string }): { key?: KeyView; project?: ProjectView } {
+  return store.write((): { result: { key?: KeyView; project?: ProjectView }; records: SyncRecord[] } => {
+    if (target.type === 'key') {
+      const row = store.keyRow(target.id);
+      if (row.status === 'deleted') throw new ApiError(410, 'key_deleted', `key ${target.id} is deleted`);
+      if (row.kind === 'personal') throw invalid('personal keys spend from their user\'s wallet; set the wallet instead');
+      store.db.prepare('UPDATE keys SET spent = 0, epoch = epoch + 1 WHERE id = ?').run(target.id);
+      const next = store.keyRow(target.id);
+      return { result: { key: store.getKey(target.id) }, records: [keyRecordOf(next)] };
+    }
+    store.projectRow(target.id);
+    store.db.prepare('UPDATE projects SET spent = 0, epoch = epoch + 1 WHERE id = ?').run(target.id);
+    return { result: { project: store.getProject(target.id) }, records: [projectRecordOf(store.projectRow(target.id))] };
+  });
+}
+
+/**
+ * Restarts every budget whose UTC period has ended: `spent` back to 0, epoch bumped, the
+ * period start moved to the current period's. Runs inside the caller's transaction when
+ * it has one (usage ingestion calls it first, so usage after a boundary counts toward the
+ * new period). Returns the records it changed.
+ */
+const DUE = `(period = 'day' AND period_start < @day) OR (period = 'week' AND period_start < @week) OR (period = 'month' AND period_start < @month)`;
+
+const currentStarts = (now: number) => ({ day: periodStart('day', now), week: periodStart('week', now), month: periodStart('month', now) });
+
+export function rollDuePeriods(store: ConsoleStore): SyncRecord[] {
+  const starts = currentStarts(store.now());
+  const due = DUE;
+  const keys = store.db.prepare(`SELECT ${KEY_COLUMNS} FROM keys WHERE period IS NOT NULL AND status = 'active' AND (${due})`).all(starts) as KeyRow[];
+  const projects = store.db.prepare(`SELECT * FROM projects WHERE period IS NOT NULL AND (${due})`).all(starts) as ProjectRow[];
+  if (keys.length === 0 && projects.length === 0) return [];
+  const restartKey = store.db.prepare('UPDATE keys SET spent = 0, epoch = epoch + 1, period_start = ? WHERE id = ?');
+  const restartProject = store.db.prepare('UPDATE projects SET spent = 0, epoch = epoch + 1, period_start = ? WHERE id = ?');
+  const records: SyncRecord[] = [];
+  for (const k of keys) {
+    restartKey.run(starts[k.period!], k.id);
+    records.push(keyRecordOf(store.keyRow(k.id)));
+  }
+  for (const p of projects) {
+    restartProject.run(starts[p.period!], p.id);
+    records.push(projectRecordOf(store.projectRow(p.id)));
+  }
+  return records;
+}
+
+/** Restarts the budgets whose period has ended, in a write of its own; returns how many restarted. */
+export function rollPeriods(store: ConsoleStore): number {
+  // Checked every second: a read on the partial indexes first, the write lock only when due.
+  const starts = currentStarts(store.now());
+  const any = store.db.prepare(`SELECT EXISTS (SELECT 1 FROM keys WHERE period IS NOT NULL AND status = 'active' AND (${DUE}))
+    OR EXISTS (SELECT 1 FROM projects WHERE period IS NOT NULL AND (${DUE}))`).pluck().get(starts);
+  if (!any) return 0;
+  return store.write(() => {
+    const records = rollDuePeriods(store);
+    return { result: records.length, records };
+  });
+}

@@ -1,0 +1,47 @@
+/**
+ * Console store additions for sync protocol v1 (DESIGN sections 6-8): holder epochs, key
+ * network policy and per-model limits, budget periods, the published price table, and
+ * estimated usage. Added with ALTER TABLE so a store created by an earlier version opens
+ * with its data and takes the defaults (epoch 0, no period, no network policy).
+ */
+import type { DB } from './db.js';
+
+const ADDED_COLUMNS: Record<string, Record<string, string>> = {
+  keys: {
+    epoch: 'epoch INTEGER NOT NULL DEFAULT 0',
+    ips: 'ips TEXT',
+    allow_browser: 'allow_browser INTEGER NOT NULL DEFAULT 0',
+    model_limits: 'model_limits TEXT',
+    period: `period TEXT CHECK (period IN ('day', 'week', 'month'))`,
+    // start of the budget period `spent` counts from; null without a period
+    period_start: 'period_start INTEGER',
+  },
+  projects: {
+    epoch: 'epoch INTEGER NOT NULL DEFAULT 0',
+    period: `period TEXT CHECK (period IN ('day', 'week', 'month'))`,
+    period_start: 'period_start INTEGER',
+  },
+  wallets: { epoch: 'epoch INTEGER NOT NULL DEFAULT 0' },
+  usage: { estimated: 'estimated INTEGER NOT NULL DEFAULT 0' },
+};
+
+const DDL = `
+CREATE TABLE IF NOT EXISTS prices (
+  model TEXT PRIMARY KEY,
+  input REAL NOT NULL,
+  output REAL NOT NULL,
+  per REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS keys_period ON keys(period, period_start) WHERE period IS NOT NULL;
+CREATE INDEX IF NOT EXISTS projects_period ON projects(period, period_start) WHERE period IS NOT NULL;
+`;
+
+export function migrateConsoleDb(db: DB): void {
+  db.transaction(() => {
+    for (const [table, columns] of Object.entries(ADDED_COLUMNS)) {
+      const have = new Set((db.prepare(`PRAGMA table_info(${table})`).all() as { name: string }[]).map((c) => c.name));
+      for (const [name, clause] of Object.entries(columns)) if (!have.has(name)) db.exec(`ALTER TABLE ${table} ADD COLUMN ${clause}`);
+    }
+    db.exec(DDL);
+  }).immediate();
+}

@@ -1,0 +1,159 @@
+import { test, before, after } from 'node:test';
+import assert from 'node:assert/strict';
+import Database from 'better-sqlite3';
+import { mkdtempSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { ReplicaStore } from '../../src/replica/store.js';
+import { applyChangeTextOffThread, applySnapshotStream } from '../../src/replica/snapshot-apply.js';
+import { replicaWriter } from '../../src/replica/writer.js';
+import { parseSnapshotText } from '../../src/protocol/ndjson.js';
+import { SCHEMA_VERSION } from '../../src/replica/schema.js';
+import { buildSnapshot, sha256 } from '../helpers/console-replica.js';
+
+let dir: string;
+before(() => {
+  dir = mkdtempSync(join(tmpdir(), 'kw-replica-v1-'));
+});
+after(() => rmSync(dir, { recursive: true, force: true }));
+
+const key = (id: string, extra: Record<string, unknown> = {}) => ({
+  type: 'key', id, hash: sha256(id), kind: 'team', user: null, project: 'p_1', status: 'active', budget: 10, spent: 1,
+  models: null, routing: null, rpm: null, tpm: null, concurrency: null, ...extra,
+});
+const lines = (version: number, records: object[]) => [{ type: 'meta', version }, ...records].map((r) => JSON.stringify(r)).join('\n') + '\n';
+
+/** The replica tables as schema 1 wrote them, before the v1 protocol additions. */
+const SCHEMA_1 = `
+CREATE TABLE meta (id INTEGER PRIMARY KEY CHECK (id = 1), version INTEGER NOT NULL, applied_at INTEGER NOT NULL, source TEXT NOT NULL);
+CREATE TABLE keys (id TEXT PRIMARY KEY, hash TEXT NOT NULL UNIQUE, kind TEXT NOT NULL, user_id TEXT, project_id TEXT, status TEXT NOT NULL,
+  budget REAL, spent REAL NOT NULL, models TEXT, routing TEXT, rpm INTEGER, tpm INTEGER, concurrency INTEGER);
+CREATE TABLE projects (id TEXT PRIMARY KEY, status TEXT NOT NULL, budget REAL, spent REAL NOT NULL);
+CREATE TABLE wallets (user_id TEXT PRIMARY KEY, balance REAL NOT NULL);
+INSERT INTO meta VALUES (1, 7, 0, 'console');
+INSERT INTO keys VALUES ('k_old', '${sha256('k_old')}', 'team', NULL, 'p_1', 'active', 3, 1, '["gpt-4o*"]', NULL, 60, NULL, NULL);
+INSERT INTO keys VALUES ('k_me', '${sha256('k_me')}', 'personal', 'u_1', NULL, 'active', NULL, 0, NULL, NULL, NULL, NULL, NULL);
+INSERT INTO projects VALUES ('p_1', 'enabled', 100, 12.5);
+INSERT INTO wallets VALUES ('u_1', 5);
+PRAGMA user_version = 1;
+`;
+
+test('a replica file from schema 1 is migrated in place: rows kept, ready, v1 fields at their defaults', () => {
+  const path = join(dir, 'old.sqlite');
+  const old = new Database(path);
+  old.exec(SCHEMA_1);
+  old.close();
+
+  const replica = new ReplicaStore({ path });
+  assert.equal(replica.db.pragma('user_version', { simple: true }), SCHEMA_VERSION);
+  assert.deepEqual(replica.status().version, 7);
+  const f = replica.lookup(sha256('k_old'))!;
+  assert.deepEqual(f.key, {
+    id: 'k_old', kind: 'team', userId: null, projectId: 'p_1', status: 'active', budget: 3, spent: 1, models: ['gpt-4o*'],
+    routing: null, rpm: 60, tpm: null, concurrency: null, epoch: 0, ips: null, allowBrowser: false, modelLimits: null, period: null,
+  });
+  assert.deepEqual(f.project, { id: 'p_1', status: 'enabled', budget: 100, spent: 12.5, epoch: 0, period: null });
+  assert.equal(f.walletEpoch, null, 'a team key with no wallet row');
+  const me = replica.lookup(sha256('k_me'))!;
+  assert.equal(me.walletBalance, 5);
+  assert.equal(me.walletEpoch, 0);
+  assert.equal(replica.priceFor('gpt-4o'), null);
+
+  // the migrated file takes v1 records, and a second open finds nothing left to do
+  replica.applyChanges({ version: 8, changes: [{ op: 'upsert', ...(parseSnapshotText(lines(0, [key('k_old', { epoch: 2, allowBrowser: true })])).records[0]!.record) }] }, 'test');
+  assert.equal(replica.lookup(sha256('k_old'))!.key.epoch, 2);
+  replica.close();
+  const again = new ReplicaStore({ path });
+  assert.equal(again.lookup(sha256('k_old'))!.key.allowBrowser, true);
+  again.close();
+});
+
+test('a v1 snapshot: every new field reaches lookup; old-style records load with defaults; prices served by priceFor', () => {
+  const replica = new ReplicaStore({ path: join(dir, 'v1.sqlite') });
+  const snap = parseSnapshotText(lines(3, [
+    { type: 'project', id: 'p_1', status: 'enabled', budget: 50, spent: 2, epoch: 4, period: 'week' },
+    { type: 'wallet', user: 'u_1', balance: 9, epoch: 6 },
+    { type: 'wallet', user: 'u_2', balance: 1 },
+    key('k_new', { epoch: 5, ips: ['10.0.0.0/8', '2001:db8::/32'], allowBrowser: true, period: 'month', modelLimits: [{ models: 'gpt-4o*', rpm: 10, tpm: 20000 }], unknownField: true }),
+    key('k_plain'),
+    { type: 'key', id: 'k_u2', hash: sha256('k_u2'), kind: 'personal', user: 'u_2', project: null, status: 'active', budget: null, spent: 0, models: null, routing: null, rpm: null, tpm: null, concurrency: null },
+    { type: 'price', model: 'gpt-4o*', input: 2.5, output: 10, per: 1000000 },
+    { type: 'price', model: 'gpt-4o-mini*', input: 0.15, output: 0.6, per: 1000000 },
+    { type: 'price', model: 'gpt-4o-mini', input: 0.1, output: 0.5, per: 1000 },
+  ]));
+  assert.deepEqual(replica.applySnapshot({ ...snap, source: 'test' }), { keys: 3, projects: 1, wallets: 2, prices: 3 });
+  const f = replica.lookup(sha256('k_new'))!;
+  assert.equal(f.key.epoch, 5);
+  assert.deepEqual(f.key.ips, ['10.0.0.0/8', '2001:db8::/32']);
+  assert.equal(f.key.allowBrowser, true);
+  assert.deepEqual(f.key.modelLimits, [{ models: 'gpt-4o*', rpm: 10, tpm: 20000 }]);
+  assert.equal(f.key.period, 'month');
+  assert.equal(f.project!.epoch, 4);
+  assert.equal(f.project!.period, 'week');
+  const plain = replica.lookup(sha256('k_plain'))!.key;
+  assert.deepEqual([plain.epoch, plain.ips, plain.allowBrowser, plain.modelLimits, plain.period], [0, null, false, null, null]);
+  const u2 = replica.lookup(sha256('k_u2'))!;
+  assert.deepEqual([u2.walletBalance, u2.walletEpoch], [1, 0]);
+
+  assert.deepEqual(replica.priceFor('gpt-4o-mini'), { input: 0.1, output: 0.5, per: 1000 });
+  assert.deepEqual(replica.priceFor('gpt-4o-mini-2024-07-18'), { input: 0.15, output: 0.6, per: 1e6 });
+  assert.deepEqual(replica.priceFor('gpt-4o'), { input: 2.5, output: 10, per: 1e6 });
+  assert.equal(replica.priceFor('claude-3'), null);
+  replica.close();
+});
+
+test('change batches: a price upsert changes priceFor at once, a price delete removes it, other prices stay', async () => {
+  const replica = new ReplicaStore({ path: join(dir, 'changes.sqlite') });
+  replica.applySnapshot({ ...parseSnapshotText(lines(1, [{ type: 'price', model: 'gpt-4o*', input: 2.5, output: 10, per: 1e6 }, { type: 'price', model: '*', input: 1, output: 1, per: 1e6 }])), source: 'test' });
+  assert.equal(replica.priceFor('gpt-4o')!.input, 2.5, 'cached now');
+  const writer = replicaWriter(replica);
+  await writer.applyChangeText(JSON.stringify({ version: 2, changes: [{ op: 'upsert', type: 'price', model: 'gpt-4o*', input: 5, output: 20, per: 1e6 }] }), 'test');
+  assert.deepEqual(replica.priceFor('gpt-4o'), { input: 5, output: 20, per: 1e6 });
+  await writer.applyChangeText(JSON.stringify({ version: 3, changes: [{ op: 'delete', type: 'price', model: 'gpt-4o*' }] }), 'test');
+  assert.deepEqual(replica.priceFor('gpt-4o'), { input: 1, output: 1, per: 1e6 }, 'falls back to the catch-all');
+  await writer.applyChangeText(JSON.stringify({ version: 4, changes: [{ op: 'delete', type: 'price', model: '*' }, { op: 'delete', type: 'price', model: 'never-there' }] }), 'test');
+  assert.equal(replica.priceFor('gpt-4o'), null);
+  assert.equal(replica.db.prepare('SELECT COUNT(*) FROM prices').pluck().get(), 0);
+
+  // epochs move with upserts of the holder; a wallet delete takes its epoch with it
+  await writer.applyChangeText(JSON.stringify({ version: 5, changes: [{ op: 'upsert', type: 'wallet', user: 'u', balance: 3, epoch: 2 }, { op: 'upsert', ...key('k_w', { kind: 'personal', user: 'u', project: null, budget: null }) }] }), 'test');
+  assert.equal(replica.lookup(sha256('k_w'))!.walletEpoch, 2);
+  await writer.applyChangeText(JSON.stringify({ version: 6, changes: [{ op: 'delete', type: 'wallet', id: 'u' }] }), 'test');
+  assert.deepEqual([replica.lookup(sha256('k_w'))!.walletBalance, replica.lookup(sha256('k_w'))!.walletEpoch], [null, null]);
+  replica.close();
+});
+
+test('the snapshot worker and the change worker apply prices and v1 fields too', async () => {
+  const replica = new ReplicaStore({ path: join(dir, 'worker.sqlite') });
+  const chunks = buildSnapshot({ keys: 5000, version: 2 });
+  chunks.push(Buffer.from(
+    JSON.stringify(key('k_v1', { project: 'p_big', ips: ['192.168.0.0/16'], modelLimits: [{ models: 'o1*', rpm: 1, tpm: null }], epoch: 9 })) + '\n' +
+    JSON.stringify({ type: 'price', model: 'o1*', input: 15, output: 60, per: 1e6 }) + '\n',
+  ));
+  assert.ok(chunks.reduce((n, c) => n + c.length, 0) > 256 * 1024, 'large enough to go to the worker');
+  async function* body() {
+    for (const c of chunks) yield new Uint8Array(c);
+  }
+  const applied = await applySnapshotStream({ replica, body: body(), source: 'test' });
+  assert.equal(applied.prices, 1);
+  assert.equal(applied.keys, 5001);
+  assert.deepEqual(replica.priceFor('o1-preview'), { input: 15, output: 60, per: 1e6 });
+  const f = replica.lookup(sha256('k_v1'))!;
+  assert.deepEqual([f.key.epoch, f.key.ips, f.key.modelLimits], [9, ['192.168.0.0/16'], [{ models: 'o1*', rpm: 1, tpm: null }]]);
+
+  const text = JSON.stringify({ version: 3, changes: [{ op: 'delete', type: 'price', model: 'o1*' }, { op: 'upsert', type: 'price', model: 'o3', input: 2, output: 8, per: 1e6 }] });
+  assert.deepEqual(await applyChangeTextOffThread({ replica, text, source: 'test' }), { version: 3, changes: 2, applied: true });
+  assert.equal(replica.priceFor('o1-preview'), null);
+  assert.deepEqual(replica.priceFor('o3'), { input: 2, output: 8, per: 1e6 });
+  replica.close();
+});
+
+test('a bad CIDR in a snapshot rejects it whole and the old replica stays', async () => {
+  const replica = new ReplicaStore({ path: join(dir, 'bad.sqlite') });
+  replica.applySnapshot({ ...parseSnapshotText(lines(1, [key('k_a')])), source: 'test' });
+  const text = lines(2, [key('k_b'), key('k_c', { ips: ['10.0.0.0/40'] })]);
+  await assert.rejects(applySnapshotStream({ replica, body: (async function* () { yield Buffer.from(text); })(), source: 'test' }), /line 3: ips\.0: expected a CIDR/);
+  assert.equal(replica.status().version, 1);
+  assert.equal(replica.lookup(sha256('k_b')), null);
+  replica.close();
+});

@@ -1,0 +1,116 @@
+import { test } from 'node:test';
+import assert from 'node:assert/strict';
+import { cidrContains, parseCidr, parseIPv4, parseIPv6 } from '../../src/protocol/cidr.js';
+import { parseChange, parseChangeBatch, parseRecord } from '../../src/protocol/records.js';
+import { parseSnapshotText } from '../../src/protocol/ndjson.js';
+import { parseUsageLines } from '../../src/protocol/usage.js';
+
+const HASH = 'a'.repeat(64);
+const oldKey = {
+  type: 'key', id: 'k_1', hash: HASH, kind: 'team', user: null, project: 'p_1', status: 'active', budget: 5, spent: 1,
+  models: null, routing: null, rpm: null, tpm: null, concurrency: null,
+};
+
+test('an old-style key, project and wallet without the v1 fields load with the defaults', () => {
+  const k = parseRecord(oldKey);
+  assert.ok(k.ok);
+  assert.deepEqual(k.value, { ...oldKey, epoch: 0, ips: null, allowBrowser: false, modelLimits: null, period: null });
+  const p = parseRecord({ type: 'project', id: 'p_1', status: 'enabled', budget: null, spent: 0 });
+  assert.ok(p.ok);
+  assert.deepEqual(p.value, { type: 'project', id: 'p_1', status: 'enabled', budget: null, spent: 0, epoch: 0, period: null });
+  const w = parseRecord({ type: 'wallet', user: 'u_1', balance: 5 });
+  assert.ok(w.ok);
+  assert.deepEqual(w.value, { type: 'wallet', user: 'u_1', balance: 5, epoch: 0 });
+});
+
+test('the v1 key fields are read and validated', () => {
+  const k = parseRecord({
+    ...oldKey, epoch: 3, ips: ['10.0.0.0/8', '2001:db8::/32'], allowBrowser: true, period: 'month',
+    modelLimits: [{ models: 'gpt-4o*', rpm: 10, tpm: 20000 }, { models: 'o1*', rpm: 2 }],
+  });
+  assert.ok(k.ok, !k.ok ? k.error : '');
+  assert.equal(k.value.type === 'key' && k.value.epoch, 3);
+  assert.deepEqual(k.value.type === 'key' && k.value.modelLimits, [{ models: 'gpt-4o*', rpm: 10, tpm: 20000 }, { models: 'o1*', rpm: 2, tpm: null }]);
+  const bad = (extra: Record<string, unknown>) => {
+    const r = parseRecord({ ...oldKey, ...extra });
+    assert.equal(r.ok, false, JSON.stringify(extra));
+    return r.ok ? '' : r.error;
+  };
+  assert.match(bad({ epoch: -1 }), /epoch/);
+  assert.match(bad({ epoch: 1.5 }), /epoch/);
+  assert.match(bad({ ips: ['10.0.0.0/33'] }), /ips\.0: expected a CIDR/);
+  assert.match(bad({ ips: ['10.0.0.0'] }), /ips\.0/);
+  assert.match(bad({ ips: 'x' }), /ips/);
+  assert.match(bad({ allowBrowser: 'yes' }), /allowBrowser/);
+  assert.match(bad({ period: 'year' }), /period/);
+  assert.match(bad({ modelLimits: [{ models: '', rpm: 1 }] }), /modelLimits\.0\.models/);
+  assert.match(bad({ modelLimits: [{ models: 'x', rpm: -1 }] }), /modelLimits\.0\.rpm/);
+  // unknown fields do not excuse bad known ones
+  assert.match(bad({ futureField: 1, rpm: 'many' }), /rpm/);
+});
+
+test('a reader ignores fields it does not know, in records, changes, meta and usage events', () => {
+  const k = parseRecord({ ...oldKey, colour: 'blue', nested: { a: 1 } });
+  assert.ok(k.ok);
+  assert.equal('colour' in k.value, false);
+  const snap = parseSnapshotText(`{"type":"meta","version":4,"generatedBy":"console 9"}\n${JSON.stringify({ ...oldKey, colour: 'x' })}\n`);
+  assert.equal(snap.version, 4);
+  assert.equal(snap.records.length, 1);
+  const del = parseChange({ op: 'delete', type: 'key', id: 'k_1', reason: 'rotated' });
+  assert.deepEqual(del, { ok: true, value: { op: 'delete', type: 'key', id: 'k_1' } });
+  const u = parseUsageLines('{"request_id":"r","key_id":"k","model":"m","input_tokens":1,"output_tokens":2,"status":200,"at":"2026-01-01T00:00:00Z","cached_tokens":5}\n');
+  assert.equal(u.errors.length, 0);
+  assert.equal(u.events.length, 1);
+});
+
+test('price records: upsert and delete by model', () => {
+  const p = parseRecord({ type: 'price', model: 'gpt-4o*', input: 2.5, output: 10, per: 1000000 });
+  assert.deepEqual(p, { ok: true, value: { type: 'price', model: 'gpt-4o*', input: 2.5, output: 10, per: 1000000 } });
+  assert.equal(parseRecord({ type: 'price', model: 'gpt-4o*', input: -1, output: 10, per: 1 }).ok, false);
+  assert.equal(parseRecord({ type: 'price', model: 'gpt-4o*', input: 1, output: 10, per: 0 }).ok, false);
+  assert.equal(parseRecord({ type: 'price', model: '', input: 1, output: 1, per: 1 }).ok, false);
+  const batch = parseChangeBatch({
+    version: 9,
+    changes: [{ op: 'upsert', type: 'price', model: 'o1', input: 15, output: 60, per: 1e6 }, { op: 'delete', type: 'price', model: 'gpt-4o*' }],
+  });
+  assert.ok(batch.ok);
+  assert.deepEqual(batch.value.changes[1], { op: 'delete', type: 'price', model: 'gpt-4o*' });
+  // a price is deleted by its model, a key by its id
+  assert.equal(parseChange({ op: 'delete', type: 'price', id: 'gpt-4o*' }).ok, false);
+  assert.equal(parseChange({ op: 'delete', type: 'key', model: 'k_1' }).ok, false);
+});
+
+test('usage events may say they are estimated', () => {
+  const line = (extra: string) => `{"request_id":"r","key_id":"k","model":"m","input_tokens":1,"output_tokens":2,"status":499,"at":"2026-01-01T00:00:00Z"${extra}}`;
+  const u = parseUsageLines(`${line(',"estimated":true')}\n${line('')}\n${line(',"estimated":"yes"')}\n`);
+  assert.equal(u.events[0]!.estimated, true);
+  assert.equal(u.events[1]!.estimated, undefined);
+  assert.equal(u.errors.length, 1);
+  assert.equal(u.errors[0]!.line, 3);
+});
+
+test('CIDR ranges: IPv4 and IPv6, prefix length in range, strict forms', () => {
+  const good = ['10.0.0.0/8', '192.168.0.0/16', '0.0.0.0/0', '1.2.3.4/32', '::/0', '::1/128', '2001:db8::/32', 'fe80::1:2/64',
+    '::ffff:10.0.0.0/104', '1:2:3:4:5:6:7:8/128', '1:2:3:4:5:6:1.2.3.4/128', 'a::b:1.2.3.4/96', 'ABCD:ef01::/16'];
+  for (const c of good) assert.ok(parseCidr(c), c);
+  const bad = ['10.0.0.0', '10.0.0.0/33', '10.0.0.0/-1', '10.0.0.0/08', '10.0.0/8', '10.0.0.256/8', '010.0.0.0/8', '1.2.3.4/ 8',
+    '::/129', '1::2::3/64', '1:2:3:4:5:6:7:8:9/64', '1:2:3:4:5:6:7::8/64x', 'fe80::1%eth0/64', 'g::/8', '12345::/8', '/8', '10.0.0.0/8/8',
+    ':1:2:3:4:5:6:7/64', 'localhost/8', ''];
+  for (const c of bad) assert.equal(parseCidr(c), null, c);
+  assert.deepEqual([...parseIPv6('::ffff:1.2.3.4')!], [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 1, 2, 3, 4]);
+  assert.deepEqual([...parseIPv6('2001:db8::1')!.slice(0, 4)], [0x20, 0x01, 0x0d, 0xb8]);
+  assert.equal(parseIPv6('1:2:3:4:5:6:7::8'), null, ':: must stand for at least one group');
+});
+
+test('cidrContains masks to the prefix and keeps families apart', () => {
+  const r = parseCidr('10.0.0.0/8')!;
+  assert.equal(cidrContains(r, parseIPv4('10.200.3.4')!), true);
+  assert.equal(cidrContains(r, parseIPv4('11.0.0.1')!), false);
+  const odd = parseCidr('192.168.4.0/22')!;
+  assert.equal(cidrContains(odd, parseIPv4('192.168.7.255')!), true);
+  assert.equal(cidrContains(odd, parseIPv4('192.168.8.0')!), false);
+  assert.equal(cidrContains(parseCidr('2001:db8::/32')!, parseIPv6('2001:db8:ffff::1')!), true);
+  assert.equal(cidrContains(parseCidr('2001:db8::/32')!, parseIPv6('2001:db9::1')!), false);
+  assert.equal(cidrContains(parseCidr('0.0.0.0/0')!, parseIPv6('::1')!), false);
+  assert.equal(cidrContains(parseCidr('::/0')!, parseIPv4('1.1.1.1')!), false);
+});
