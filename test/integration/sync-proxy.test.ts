@@ -70,7 +70,8 @@ async function chat(node: Node, key: string): Promise<{ status: number; code: st
   const res = await fetch(`${node.sidecar.url}/v1/chat/completions`, {
     method: 'POST',
     headers: { authorization: `Bearer ${key}`, 'content-type': 'application/json' },
-    body: JSON.stringify({ model: 'gpt-4o', messages: [{ role: 'user', content: 'hi' }] }),
+    // A named output cap: the spend hold (about 0.001 here) must fit the small budgets below.
+    body: JSON.stringify({ model: 'gpt-4o', messages: [{ role: 'user', content: 'hi' }], max_tokens: 100 }),
   });
   await res.arrayBuffer();
   return { status: res.status, code: res.headers.get('x-keyward-error') };
