@@ -21,6 +21,7 @@ import type { UsageEvent } from '../sync/protocol.js';
 import { accessLine, newContext, type RequestContext } from './context.js';
 import { createForwarder, type Forwarder } from './forward.js';
 import { handleRequest, sendDenial, type PipelineDeps } from './pipeline.js';
+import { parserRefusalMayBeHead } from './framing.js';
 import { createUsageTap } from './usage.js';
 
 export interface SidecarOptions {
@@ -193,7 +194,8 @@ export async function startSidecar(opts: SidecarOptions): Promise<Sidecar> {
   server.on('clientError', (err: NodeJS.ErrnoException, socket) => {
     if (!socket.writable) return socket.destroy();
     const out = renderError(deny('invalid_request', 'The request could not be parsed as HTTP.'), 'openai');
-    socket.end(`HTTP/1.1 400 Bad Request\r\ncontent-type: application/json\r\nx-keyward-error: invalid_request\r\ncontent-length: ${Buffer.byteLength(out.body)}\r\nconnection: close\r\n\r\n${out.body}`);
+    const body = parserRefusalMayBeHead(err, socket) ? '' : out.body;
+    socket.end(`HTTP/1.1 400 Bad Request\r\ncontent-type: application/json\r\nx-keyward-error: invalid_request\r\ncontent-length: ${Buffer.byteLength(body)}\r\nconnection: close\r\n\r\n${body}`);
   });
 
   const port = await listen(server, config.server.port, config.server.host);

@@ -1,0 +1,31 @@
+/**
+ * Request framing rules (DESIGN section 5, "Framing") that do not depend on the route:
+ * which transfer codings may be forwarded, and whether a parser refusal may carry a body.
+ */
+import type { IncomingMessage } from 'node:http';
+import type { Duplex } from 'node:stream';
+
+/**
+ * Why the request's framing cannot be forwarded as received, or null. Node accepts a
+ * transfer-coding list that ends in chunked (`gzip, chunked`); the upstream would decode
+ * the other codings and read a body no one checked, so only plain `chunked` passes.
+ */
+export function framingProblem(req: IncomingMessage): string | null {
+  const te = req.headers['transfer-encoding'];
+  if (te !== undefined && te.trim().toLowerCase() !== 'chunked') return 'Only "Transfer-Encoding: chunked" is accepted as a request transfer coding.';
+  return null;
+}
+
+/**
+ * Whether the request the parser refused may have been a HEAD: its answer then carries no
+ * body, or a client (or a proxy in front) would read that body as the next response.
+ * The method is only known for sure when the failing packet is everything the connection
+ * has sent; otherwise the start line may lie in an earlier packet, so: maybe HEAD.
+ */
+export function parserRefusalMayBeHead(err: NodeJS.ErrnoException & { rawPacket?: unknown }, socket: Duplex): boolean {
+  const raw = err.rawPacket;
+  if (!Buffer.isBuffer(raw)) return true;
+  const bytesRead = (socket as Duplex & { bytesRead?: number }).bytesRead;
+  if (bytesRead !== raw.length) return true;
+  return raw.includes('HEAD', 0, 'latin1');
+}
