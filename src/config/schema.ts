@@ -72,6 +72,8 @@ export const configSchema = z
       .strictObject({
         /** concurrency slot lease; refreshed while a response lasts, so a crashed instance's slots come back */
         leaseMs: num().pipe(z.number().min(1000)).default(30_000),
+        /** output estimate when a request names no cap */
+        defaultOutputTokens: num().pipe(z.number().nonnegative()).default(1024),
       })
       .prefault({}),
     keys: z

@@ -10,7 +10,7 @@ import { isWellFormedKey } from '../auth/keyformat.js';
 import type { KeyHasher } from '../auth/hash.js';
 import { deny, renderError, type Denial, type ErrorStyle } from '../errors.js';
 import { hasAnyLimit, type Limiter } from '../limits/limiter.js';
-import { checkKey, checkModel, checkStanding } from '../policy/decide.js';
+import { checkKey, checkModel, checkModels, checkStanding } from '../policy/decide.js';
 import type { KeyFacts } from '../replica/store.js';
 import { classify, type Route, type RouteRule } from '../routes.js';
 import { hasBody, readModelBody, type BodySource } from './body.js';
@@ -28,6 +28,8 @@ export interface PipelineDeps {
   forwarder: Forwarder;
   upstreams: ReadonlyMap<string, { concurrency: number; rpm: number }>;
   maxJsonBodyBytes: number;
+  /** output estimate for a request that names no cap (DESIGN section 6) */
+  defaultOutputTokens: number;
   /** a key's routing mode names no upstream: the request goes to `default` */
   onUnknownRouting: (mode: string) => void;
   onDecision: (ctx: RequestContext, outcome: 'allow' | 'deny') => void;
@@ -116,12 +118,12 @@ export async function handleRequest(req: IncomingMessage, res: ServerResponse, c
     body = read.body;
     ctx.model = body.model;
     // A bodiless call (GET or DELETE /v1/responses/{id}, a cancel) selects no model, so scope does not apply.
-    const scope = body.replay === null ? null : checkModel(facts.key, body.model);
+    const scope = body.replay === null ? null : (checkModel(facts.key, body.model) ?? checkModels(facts.key, body.models));
     if (scope) {
       sendDenial(req, res, ctx, scope, route.style);
       return deps.onDecision(ctx, 'deny');
     }
-    tokens = route.countTokens ? 0 : estimateTokens({ bodyBytes: body.estimateBytes, maxOutputTokens: body.maxOutputTokens });
+    tokens = route.countTokens ? 0 : estimateTokens({ bodyBytes: body.estimateBytes, maxOutputTokens: body.maxOutputTokens ?? deps.defaultOutputTokens });
   }
 
   const capacity = deps.upstreams.get(ctx.upstream) ?? { concurrency: 0, rpm: 0 };

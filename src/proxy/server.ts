@@ -141,6 +141,7 @@ export async function startSidecar(opts: SidecarOptions): Promise<Sidecar> {
     forwarder,
     upstreams,
     maxJsonBodyBytes: config.server.maxJsonBodyBytes,
+    defaultOutputTokens: config.limits.defaultOutputTokens,
     onUnknownRouting(mode) {
       if (warnedModes.has(mode) || warnedModes.size > 100) return;
       warnedModes.add(mode);
