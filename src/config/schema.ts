@@ -44,6 +44,8 @@ export const configSchema = z
         host: host.default('127.0.0.1'),
         port: port.default(8080),
         maxJsonBodyBytes: num().pipe(z.number().positive()).default(33_554_432),
+        /** a request body with no byte for this long is cut with 408 (0 = never) */
+        bodyIdleTimeoutMs: ms(60_000),
         /** SIGTERM: how long in-flight requests and streams may take to finish */
         shutdownGraceMs: ms(30_000),
       })

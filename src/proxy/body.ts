@@ -45,6 +45,37 @@ function tooLarge(limit: number): BodyResult {
   return { ok: false, denial: deny('body_too_large', `The request body is larger than ${limit} bytes.`), closeConnection: true };
 }
 
+const cutShort = (): BodyResult => ({ ok: false, denial: deny('invalid_request', 'The request body was cut short.', { status: 408 }), closeConnection: true });
+
+/**
+ * Calls `onIdle` once when the request body has been incomplete, and not held back by
+ * the sidecar itself (paused for backpressure or admission), with no byte arriving for
+ * `idleMs`. Watches the socket's byte count, so the body stream is never touched.
+ * Returns a stop function; stops by itself when the body ends.
+ */
+export function watchBodyIdle(req: IncomingMessage, opts: { idleMs: number; onIdle: () => void; now?: () => number }): () => void {
+  if (opts.idleMs <= 0 || req.complete || !hasBody(req)) return () => {};
+  const now = opts.now ?? Date.now;
+  const socket = req.socket;
+  let lastBytes = socket.bytesRead;
+  let lastChange = now();
+  const timer = setInterval(() => {
+    if (req.complete || req.destroyed) return stop();
+    const bytes = socket.bytesRead;
+    if (bytes !== lastBytes || req.isPaused()) {
+      lastBytes = bytes;
+      lastChange = now();
+    } else if (now() - lastChange >= opts.idleMs) {
+      stop();
+      opts.onIdle();
+    }
+  }, Math.max(10, Math.floor(opts.idleMs / 4)));
+  timer.unref();
+  const stop = () => clearInterval(timer);
+  req.once('end', stop);
+  return stop;
+}
+
 export function hasBody(req: IncomingMessage): boolean {
   const len = req.headers['content-length'];
   return req.headers['transfer-encoding'] !== undefined || (len !== undefined && len !== '0');
@@ -55,7 +86,7 @@ export function hasBody(req: IncomingMessage): boolean {
  * whether the body ended; leaves `req` paused when it stopped early.
  */
 function readUntil(req: IncomingMessage, opts: { limit: number; enough: (chunks: Buffer[], total: number) => boolean }) {
-  return new Promise<{ chunks: Buffer[]; total: number; ended: boolean; overLimit: boolean }>((resolve, reject) => {
+  return new Promise<{ chunks: Buffer[]; total: number; ended: boolean; overLimit: boolean; cut?: boolean }>((resolve, reject) => {
     const chunks: Buffer[] = [];
     let total = 0;
     const cleanup = () => {
@@ -82,8 +113,11 @@ function readUntil(req: IncomingMessage, opts: { limit: number; enough: (chunks:
       cleanup();
       reject(err);
     };
+    // The client went away, or its stalled body was cut: nothing more will come.
     const onClose = () => {
-      if (!req.complete) onError(new Error('client closed the request before sending its body'));
+      if (req.complete) return;
+      cleanup();
+      resolve({ chunks, total, ended: false, overLimit: false, cut: true });
     };
     req.on('data', onData);
     req.on('end', onEnd);
@@ -119,6 +153,7 @@ function replayStream(req: IncomingMessage, read: { chunks: Buffer[]; ended: boo
 
 async function readJson(req: IncomingMessage, limit: number): Promise<BodyResult> {
   const read = await readUntil(req, { limit, enough: () => false });
+  if (read.cut) return cutShort();
   if (read.overLimit) return tooLarge(limit);
   const buf = read.chunks.length === 1 ? read.chunks[0]! : Buffer.concat(read.chunks);
   if (buf.length === 0) return { ok: true, body: { model: null, models: [], maxOutputTokens: null, estimateBytes: 0, replay: new BufferSource(buf) } };
@@ -147,6 +182,7 @@ async function readMultipart(req: IncomingMessage, boundary: string): Promise<Bo
       return problem !== null || reader.fileSeen || reader.closed;
     },
   });
+  if (read.cut) return cutShort();
   if (problem === null && read.ended) problem = reader.end();
   if (problem === null && !read.ended) problem = reader.seal();
   if (problem !== null) return invalid(problem);

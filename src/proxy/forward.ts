@@ -6,7 +6,7 @@
 import http, { type IncomingMessage, type ServerResponse } from 'node:http';
 import https from 'node:https';
 import type { Socket } from 'node:net';
-import type { Readable } from 'node:stream';
+import type { Readable, Writable } from 'node:stream';
 import type { BodySource } from './body.js';
 import { createProxyServer } from 'http-proxy-3';
 import { framingProblem } from './framing.js';
@@ -29,6 +29,8 @@ export interface ForwarderOptions {
 
 export interface Forwarder {
   forward(req: IncomingMessage, res: ServerResponse, opts: { upstream: string; body: BodySource | null }): void;
+  /** destroys the upstream request of `req`, if one was made; no failure is reported */
+  abort(req: IncomingMessage): void;
   close(): void;
 }
 
@@ -73,19 +75,28 @@ function timeoutAgent<A extends http.Agent>(agent: A, timeoutMs: number): A {
   return a;
 }
 
+/** Destroys an upstream request without reporting a failure: the client's answer was already given. */
+class BodyStalled extends Error {
+  readonly code = 'KW_BODY_STALLED';
+}
+
 /**
- * A body stream that emits 'reject' must take the upstream request down with it, or the
- * upstream would wait for the rest of a body that never comes. http-proxy-3 pipes the
- * body into the request it creates, so the destination is caught at pipe time.
+ * What http-proxy-3 pipes into the upstream request, with the request caught at pipe
+ * time so it can be destroyed: when a body stream emits 'reject' (it refused its own
+ * content midway), or when the client's body stalls. Otherwise the upstream would wait
+ * for the rest of a body that never comes.
  */
-function abortDestinationOnReject(body: Readable): void {
-  let dest: NodeJS.WritableStream | null = null;
-  const pipe = body.pipe.bind(body);
-  body.pipe = <T extends NodeJS.WritableStream>(d: T, o?: { end?: boolean }) => {
-    dest = d;
-    return pipe(d, o);
+function trackedSource(req: IncomingMessage, body: BodySource | null, dests: WeakMap<IncomingMessage, Writable>): BodySource {
+  const source = body ?? req;
+  if (body && typeof (body as Partial<Readable>).once === 'function') {
+    (body as Readable).once('reject', (err: Error) => dests.get(req)?.destroy(err));
+  }
+  return {
+    pipe<T extends NodeJS.WritableStream>(dest: T): T {
+      dests.set(req, dest as unknown as Writable);
+      return source.pipe(dest);
+    },
   };
-  body.once('reject', (err: Error) => (dest as unknown as { destroy?: (e: Error) => void } | null)?.destroy?.(err));
 }
 
 const STRAY = Symbol('strayBytesGuard');
@@ -123,6 +134,7 @@ export function createForwarder(opts: ForwarderOptions): Forwarder {
   const passes = proxy as unknown as { webPasses: { name: string }[] };
   passes.webPasses = passes.webPasses.filter((p) => p.name !== 'deleteLength');
   const targets = new Map<string, { url: URL; agent: http.Agent }>();
+  const dests = new WeakMap<IncomingMessage, Writable>();
   for (const [name, up] of Object.entries(opts.upstreams)) {
     const url = new URL(up.url);
     const agentOpts = { keepAlive: true, keepAliveMsecs: 1000, maxSockets: Infinity, maxFreeSockets: 256, scheduling: 'lifo' as const };
@@ -155,11 +167,15 @@ export function createForwarder(opts: ForwarderOptions): Forwarder {
         return;
       }
       dropHopByHop(req.headers as Record<string, unknown>);
-      if (body && typeof (body as Partial<Readable>).once === 'function') abortDestinationOnReject(body as Readable);
-      proxy.web(req, res, { target: target.url, agent: target.agent, ...(body ? { buffer: body as unknown as Readable } : {}) }, (err: Error & { code?: string }) => {
+      const buffer = trackedSource(req, body, dests) as unknown as Readable;
+      proxy.web(req, res, { target: target.url, agent: target.agent, buffer }, (err: Error & { code?: string }) => {
+        if (err.code === 'KW_BODY_STALLED') return;
         const kind = err.code === 'UPSTREAM_TIMEOUT' ? 'timeout' : err.code === 'KW_BODY_REJECTED' ? 'rejected' : 'unavailable';
         opts.onFailure(kind, err, req, res);
       });
+    },
+    abort(req) {
+      dests.get(req)?.destroy(new BodyStalled('the request body stalled'));
     },
     close() {
       for (const t of targets.values()) t.agent.destroy();

@@ -23,6 +23,7 @@ import { createForwarder, type Forwarder } from './forward.js';
 import { handleRequest, sendDenial, type PipelineDeps } from './pipeline.js';
 import { parserRefusalMayBeHead } from './framing.js';
 import { createUsageTap } from './usage.js';
+import { watchBodyIdle } from './body.js';
 
 export interface SidecarOptions {
   config: Config;
@@ -175,11 +176,25 @@ export async function startSidecar(opts: SidecarOptions): Promise<Sidecar> {
     if (inFlight === 0 && drained) drained();
   };
 
+  // A body that stalls is cut with 408: the upstream request (if any) is destroyed before
+  // it is complete, the limits lease is given back, and the connection is closed.
+  const cutStalledBody = (req: IncomingMessage, res: ServerResponse, ctx: RequestContext) => {
+    forwarder.abort(req);
+    ctx.lease?.finish({ tokens: 0 });
+    res.shouldKeepAlive = false;
+    if (res.headersSent) return void res.destroy();
+    const ms = config.server.bodyIdleTimeoutMs;
+    sendDenial(req, res, ctx, deny('invalid_request', `The request body stalled: no byte arrived for ${ms} ms.`, { status: 408 }), ctx.route?.style ?? 'openai');
+    // Half-close so the client reads the answer, then let go of the socket.
+    res.once('finish', () => setTimeout(() => req.socket.destroy(), 1000).unref());
+  };
+
   const onRequest = (req: IncomingMessage, res: ServerResponse, expectContinue: boolean) => {
     const ctx = newContext(req, { versionHeader, now: performance.now() });
     contexts.set(req, ctx);
     inFlight++;
     res.once('close', () => finish(res, ctx));
+    res.once('close', watchBodyIdle(req, { idleMs: config.server.bodyIdleTimeoutMs, onIdle: () => cutStalledBody(req, res, ctx) }));
     if (draining) res.setHeader('connection', 'close');
     handleRequest(req, res, ctx, deps, expectContinue).catch((err: Error) => {
       logger.error({ req_id: ctx.reqId, err: err.message }, 'request failed');
