@@ -98,14 +98,19 @@ const SMUGGLE = 'GET /v1/files/secret HTTP/1.1\r\nHost: up\r\n\r\n';
 interface Case {
   id: string;
   bytes: Buffer;
+  /** requests in the case, and which of them are HEAD (their answers have no body) */
+  requests: number;
+  heads: number[];
   /** the key each sent request carried, by case id (null: none or invalid) */
   sent: Map<string, { key: string | null; headers: number }>;
 }
 
 function genCase(r: Rng, n: number): Case {
   const sent = new Map<string, { key: string | null; headers: number }>();
+  const heads: number[] = [];
   const one = (id: string, last: boolean): string => {
     const method = r.pick(['POST', 'POST', 'POST', 'GET', 'DELETE', 'OPTIONS', 'HEAD', 'PUT']);
+    if (method === 'HEAD') heads.push(sent.size);
     const path = r.pick(['/v1/chat/completions', '/v1/chat/completions?model=gpt-4o', '/v1/responses/r1', '/v1/audio/transcriptions', '/v1/images/edits',
       '/v1/files', '/v1/files/f1', '/v1/uploads/u1/parts', '/v1/models', '/v1/messages']);
     const keyChoice = r.pick(['scoped', 'scoped', 'scoped', 'deleted', 'off', 'none', 'two', 'xapi']);
@@ -138,7 +143,7 @@ function genCase(r: Rng, n: number): Case {
   const pipelined = r.chance(0.2);
   const first = one(`c${n}a`, !pipelined);
   const text = pipelined ? first + one(`c${n}b`, true) : first;
-  return { id: `c${n}`, bytes: Buffer.from(text, 'utf8'), sent };
+  return { id: `c${n}`, bytes: Buffer.from(text, 'utf8'), sent, requests: pipelined ? 2 : 1, heads };
 }
 
 // ---- second readings ---------------------------------------------------------------
@@ -157,7 +162,7 @@ function jsonReadings(body: Buffer): string[] {
   for (const [k, v] of Object.entries(parsed)) {
     const folded = k.replace(/\u017f/g, 's').toLowerCase();
     if (folded === 'model' && typeof v === 'string') out.push(v);
-    if ((folded === 'models' || folded.endsWith('fallbacks')) && v !== null) out.push(...JSON.stringify(v).match(/"([^"\\]*)"/g)!.map((s) => s.slice(1, -1)));
+    if ((folded === 'models' || folded.endsWith('fallbacks')) && v !== null) out.push(...(JSON.stringify(v).match(/"([^"\\]*)"/g) ?? []).map((s) => s.slice(1, -1)));
   }
   return out;
 }
@@ -211,7 +216,8 @@ async function runSeed(seed: number, cases: number): Promise<number> {
   for (let n = 0; n < cases; n++) {
     const c = genCase(r, n);
     for (const [k, v] of c.sent) sent.set(k, v);
-    await rawExchange(h.sidecar.port, [c.bytes], { timeoutMs: 10_000 });
+    // Done when every request was answered or the sidecar closed the connection.
+    await rawExchange(h.sidecar.port, [c.bytes], { timeoutMs: 10_000, expect: c.requests, headRequests: c.heads });
   }
   const forwarded = up.received.slice(from);
   for (const rec of forwarded) problems.push(...violations(rec, sent, seen));
