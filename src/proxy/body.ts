@@ -222,7 +222,12 @@ export async function readModelBody(req: IncomingMessage, opts: { limit: number;
   if (boundary === null && contentType !== undefined && /form/i.test(contentType)) {
     return invalid('Form-encoded bodies are not accepted here; send JSON, or multipart/form-data with one boundary of 1-70 characters.');
   }
-  const result = boundary !== null ? await readMultipart(req, boundary) : await readJson(req, opts.limit);
+  // JSON is UTF-8 (RFC 8259); a decoder that honours another declared charset reads other text.
+  const charset = /;\s*charset\s*=\s*"?([^";\s]*)/i.exec(contentType ?? '')?.[1]?.toLowerCase();
+  if (boundary === null && charset !== undefined && charset !== 'utf-8' && charset !== 'utf8') {
+    return invalid('JSON request bodies must be UTF-8; drop the charset parameter or declare utf-8.');
+  }
+    const result = boundary !== null ? await readMultipart(req, boundary) : await readJson(req, opts.limit);
   if (result.ok && result.body.model === null && opts.modelRequired) {
     return invalid(boundary !== null ? 'The form needs a "model" field before the file part.' : 'The request body must name "model".');
   }

@@ -28,9 +28,12 @@ export function multipartBoundary(contentType: string | undefined): string | nul
   const all = [...contentType.matchAll(/;\s*boundary=(?:"([^"]*)"|([^\s;]*))/gi)];
   if (all.length !== 1) return null;
   const b = all[0]![1] ?? all[0]![2] ?? '';
-  return b.length >= 1 && b.length <= 70 ? b : null;
+  // RFC 2046 bchars only: a quoted boundary with a backslash or quote is unescaped by
+  // some parsers (Go) and not by others.
+  return BOUNDARY.test(b) ? b : null;
 }
 
+const BOUNDARY = /^[0-9A-Za-z'()+_,\-./:=? ]{0,69}[0-9A-Za-z'()+_,\-./:=?]$/;
 const TOKEN = /^[!#$%&'*+.^_`|~0-9A-Za-z-]+$/;
 const MAX_HEADER_BYTES = 8192;
 

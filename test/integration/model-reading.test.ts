@@ -65,6 +65,9 @@ describe('a body the upstream decodes differently', () => {
   test('form-encoded body on a JSON route', () => expectRefused(request({ contentType: 'application/x-www-form-urlencoded', body: 'model=gpt-4o' })));
   test('JSON under a content type naming a form', () => expectRefused(request({ contentType: 'application/json; profile=form', body: '{"model":"gpt-4o-mini"}' })));
   test('multipart with an invalid boundary is not read as JSON', () => expectRefused(request({ contentType: `multipart/form-data; boundary=${'b'.repeat(71)}`, body: '{"model":"gpt-4o-mini"}' })));
+  test('JSON declared in another charset', () => expectRefused(request({ contentType: 'application/json; charset=iso-8859-1', body: '{"model":"gpt-4o-mini"}' })));
+  test('JSON declared utf-8 passes', () => expectForwarded(request({ contentType: 'application/json; charset=UTF-8', body: '{"model":"gpt-4o-mini"}' })));
+  test('a quoted boundary with an escape', () => expectRefused(request({ path: '/v1/audio/transcriptions', contentType: 'multipart/form-data; boundary="a\\"b"', body: '--a"b\r\nContent-Disposition: form-data; name="model"\r\n\r\nwhisper-1\r\n--a"b--' })));
   test('invalid UTF-8', () => expectRefused(request({ body: Buffer.concat([Buffer.from('{"model":"gpt-4o-mini","x":"'), Buffer.from([0xc3]), Buffer.from('"}')]) })));
   test('lone surrogate', () => expectRefused(request({ body: '{"model":"gpt-4o-mini\\ud800"}' })));
   test('BOM', () => expectRefused(request({ body: '\ufeff{"model":"gpt-4o-mini"}' })));

@@ -6,7 +6,8 @@ const BOUNDARIES: [string | undefined, string | null][] = [
   ['multipart/form-data; boundary=abc123', 'abc123'],
   ['multipart/form-data;boundary=abc123', 'abc123'],
   ['Multipart/Form-Data; BOUNDARY=XyZ', 'XyZ'],
-  ['multipart/form-data; boundary="quoted boundary;with=stuff"', 'quoted boundary;with=stuff'],
+  ['multipart/form-data; boundary="quoted boundary=with stuff"', 'quoted boundary=with stuff'],
+  ['multipart/form-data; boundary="semi;colon"', null],
   ['multipart/form-data; charset=utf-8; boundary=zz', 'zz'],
   ['multipart/form-data; boundary=zz; charset=utf-8', 'zz'],
   ['multipart/form-data; boundary=----WebKitFormBoundary7MA4YWxkTrZu0gW', '----WebKitFormBoundary7MA4YWxkTrZu0gW'],
@@ -156,4 +157,12 @@ test('memory stays bounded on a long file part', () => {
   const chunk = Buffer.alloc(1 << 16, 0x61);
   for (let i = 0; i < 200; i++) assert.ok(Array.isArray(reader.push(chunk)));
   assert.ok((reader as unknown as { buf: Buffer }).buf.length < 100);
+});
+
+test('boundaries outside the RFC 2046 character set are refused, not unescaped', () => {
+  assert.equal(multipartBoundary('multipart/form-data; boundary="a\\"b"'), null);
+  assert.equal(multipartBoundary('multipart/form-data; boundary="a\\\\b"'), null);
+  assert.equal(multipartBoundary('multipart/form-data; boundary="ends with space "'), null);
+  assert.equal(multipartBoundary(`multipart/form-data; boundary=${'b'.repeat(70)}`), 'b'.repeat(70));
+  assert.equal(multipartBoundary(`multipart/form-data; boundary=${'b'.repeat(71)}`), null);
 });
