@@ -189,7 +189,9 @@ export async function startSidecar(opts: SidecarOptions): Promise<Sidecar> {
     res.once('finish', () => setTimeout(() => req.socket.destroy(), 1000).unref());
   };
 
+  const requestOn = new WeakMap<object, { req: IncomingMessage; res: ServerResponse }>();
   const onRequest = (req: IncomingMessage, res: ServerResponse, expectContinue: boolean) => {
+    requestOn.set(req.socket, { req, res });
     const ctx = newContext(req, { versionHeader, now: performance.now() });
     contexts.set(req, ctx);
     inFlight++;
@@ -208,7 +210,10 @@ export async function startSidecar(opts: SidecarOptions): Promise<Sidecar> {
   // Expect: 100-continue is answered only once the credentials have been checked.
   server.on('checkContinue', (req, res) => onRequest(req, res, true));
   server.on('clientError', (err: NodeJS.ErrnoException, socket) => {
-    if (!socket.writable) return socket.destroy();
+    // The refused bytes belong to a request already answered (its body was still coming):
+    // a second response would answer the next request on this connection.
+    const current = requestOn.get(socket);
+    if (!socket.writable || (current && !current.req.complete && current.res.headersSent)) return socket.destroy();
     const out = renderError(deny('invalid_request', 'The request could not be parsed as HTTP.'), 'openai');
     const body = parserRefusalMayBeHead(err, socket) ? '' : out.body;
     socket.end(`HTTP/1.1 400 Bad Request\r\ncontent-type: application/json\r\nx-keyward-error: invalid_request\r\ncontent-length: ${Buffer.byteLength(body)}\r\nconnection: close\r\n\r\n${body}`);

@@ -89,3 +89,25 @@ describe('upstream socket hygiene', () => {
     assert.ok(up.sockets.length > count);
   });
 });
+
+describe('parser refusals after a response began', () => {
+  test('a malformed chunk after the upstream already answered closes the connection without a second response', { timeout: 10_000 }, async () => {
+    up.onRequest = (s) => s.write(response('early'));
+    const socket = net.connect(h.sidecar.port, '127.0.0.1');
+    await once(socket, 'connect');
+    const chunks: Buffer[] = [];
+    const closed = once(socket, 'close');
+    const first = new Promise<void>((resolve) => {
+      socket.on('data', (c: Buffer) => {
+        chunks.push(c);
+        if (Buffer.concat(chunks).includes('early')) resolve();
+      });
+    });
+    socket.write(`POST /v1/files HTTP/1.1\r\nHost: kw\r\nAuthorization: Bearer ${h.keys.k_ok}\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n`);
+    await first;
+    socket.write('zz\r\nbad\r\n');
+    await closed;
+    const text = Buffer.concat(chunks).toString('latin1');
+    assert.equal(text.match(/HTTP\/1\.1 /g)?.length, 1, text);
+  });
+});
