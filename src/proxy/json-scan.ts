@@ -50,8 +50,10 @@ function stringEnd(text: string, i: number): number {
 /** Whether the `\u` escapes in text[from, to) pair every surrogate. */
 function surrogatesPaired(text: string, from: number, to: number): boolean {
   let pendingHigh = false;
-  for (let i = text.indexOf('\\', from); i !== -1 && i < to; i = text.indexOf('\\', i + 2)) {
+  for (let i = from; i < to; i++) {
+    if (text.charCodeAt(i) !== 92) continue;
     if (text.charCodeAt(i + 1) !== 117) {
+      i++; // the escaped character
       if (pendingHigh) return false;
       continue;
     }
@@ -65,7 +67,7 @@ function surrogatesPaired(text: string, from: number, to: number): boolean {
       if (text.charCodeAt(i + 6) !== 92) return false;
       pendingHigh = true;
     }
-    i += 4;
+    i += 5;
   }
   return !pendingHigh;
 }
@@ -81,8 +83,14 @@ export function strictProblem(text: string): string | null {
     const c = text.charCodeAt(i);
     if (c === 34) {
       const end = stringEnd(text, i);
-      const escaped = text.indexOf('\\', i + 1);
-      const hasEscape = escaped !== -1 && escaped < end;
+      // Searched within the string only: a search to the end of the text would be quadratic.
+      let hasEscape = false;
+      for (let k = i + 1; k < end; k++) {
+        if (text.charCodeAt(k) === 92) {
+          hasEscape = true;
+          break;
+        }
+      }
       if (hasEscape && !surrogatesPaired(text, i + 1, end)) return 'The request body contains an unpaired surrogate escape.';
       const keys = stack[stack.length - 1];
       if (expectKey && keys) {

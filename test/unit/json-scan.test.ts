@@ -157,3 +157,10 @@ test('invalid UTF-8 is refused, not replaced', () => {
   const overlong = Buffer.concat([Buffer.from('{"model":"a'), Buffer.from([0xc0, 0xaf]), Buffer.from('"}')]);
   assert.equal(inspectJson(overlong).ok, false);
 });
+
+test('strict scan is linear in the number of strings (no search past each string)', () => {
+  const body = Buffer.from(JSON.stringify({ model: 'a', messages: Array.from({ length: 100_000 }, () => 'x') }));
+  const t0 = performance.now();
+  assert.equal(inspectJson(body).ok, true);
+  assert.ok(performance.now() - t0 < 1500, `${performance.now() - t0} ms`);
+});
