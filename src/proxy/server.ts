@@ -181,6 +181,8 @@ export async function startSidecar(opts: SidecarOptions): Promise<Sidecar> {
   const cutStalledBody = (req: IncomingMessage, res: ServerResponse, ctx: RequestContext) => {
     forwarder.abort(req);
     ctx.lease?.finish({ tokens: 0 });
+    // Read nothing more: a body completed after the 408 must not go on to admission.
+    req.socket.pause();
     res.shouldKeepAlive = false;
     if (res.headersSent) return void res.destroy();
     const ms = config.server.bodyIdleTimeoutMs;

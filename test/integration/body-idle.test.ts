@@ -26,7 +26,7 @@ after(async () => {
 });
 
 /** Sends the head and part of a body, then nothing; resolves with the first response. */
-async function stall(head: string, part: string): Promise<{ status: number; headers: Record<string, string>; closed: Promise<unknown> }> {
+async function stall(head: string, part: string): Promise<{ status: number; headers: Record<string, string>; closed: Promise<unknown>; socket: net.Socket }> {
   const socket = net.connect(h.sidecar.port, '127.0.0.1');
   await once(socket, 'connect');
   socket.write(head + part);
@@ -36,7 +36,7 @@ async function stall(head: string, part: string): Promise<{ status: number; head
     socket.on('data', (c: Buffer) => {
       chunks.push(c);
       const r = parseResponses(Buffer.concat(chunks)).responses[0];
-      if (r) resolve({ status: r.status, headers: r.headers, closed });
+      if (r) resolve({ status: r.status, headers: r.headers, closed, socket });
     });
   });
 }
@@ -60,7 +60,11 @@ describe('stalled bodies', () => {
     const head = `POST /v1/chat/completions HTTP/1.1\r\nHost: kw\r\nAuthorization: Bearer ${h.keys.k_one}\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n`;
     const r = await stall(head, '5\r\n{"mod\r\n');
     assert.equal(r.status, 408);
+    const before = up.received.length;
+    // the rest of a valid body, after the 408: it must not go on to admission or the upstream
+    r.socket.write('8\r\nel":"m"}\r\n0\r\n\r\n');
     await r.closed;
+    assert.equal(up.received.length, before);
     const next = await send(h.url, { method: 'POST', path: '/v1/chat/completions', headers: { ...bearer(h.keys.k_one!), 'content-type': 'application/json' }, body: '{"model":"m"}' });
     assert.equal(next.status, 200);
   });
