@@ -2,8 +2,9 @@
  * Request framing rules (DESIGN section 5, "Framing") that do not depend on the route:
  * which transfer codings may be forwarded, and whether a parser refusal may carry a body.
  */
-import type { IncomingMessage } from 'node:http';
+import type { IncomingMessage, ServerResponse } from 'node:http';
 import type { Duplex } from 'node:stream';
+import { deny, renderError } from '../errors.js';
 
 /**
  * Why the request's framing cannot be forwarded as received, or null. Node accepts a
@@ -28,4 +29,19 @@ export function parserRefusalMayBeHead(err: NodeJS.ErrnoException & { rawPacket?
   const bytesRead = (socket as Duplex & { bytesRead?: number }).bytesRead;
   if (bytesRead !== raw.length) return true;
   return raw.includes('HEAD', 0, 'latin1');
+}
+
+/**
+ * Answers a request the HTTP parser refused. `current` is the last request seen on the
+ * socket: when the refused bytes belong to it (its body was still coming) and its answer
+ * has begun, a second response would answer the next request, so the connection closes.
+ */
+export function answerParserRefusal(err: NodeJS.ErrnoException, socket: Duplex, current: { req: IncomingMessage; res: ServerResponse } | undefined): void {
+  if (!socket.writable || (current && !current.req.complete && current.res.headersSent)) {
+    socket.destroy();
+    return;
+  }
+  const out = renderError(deny('invalid_request', 'The request could not be parsed as HTTP.'), 'openai');
+  const body = parserRefusalMayBeHead(err, socket) ? '' : out.body;
+  socket.end(`HTTP/1.1 400 Bad Request\r\ncontent-type: application/json\r\nx-keyward-error: invalid_request\r\ncontent-length: ${Buffer.byteLength(body)}\r\nconnection: close\r\n\r\n${body}`);
 }

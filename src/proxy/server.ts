@@ -7,7 +7,7 @@ import { createServer, type IncomingMessage, type Server, type ServerResponse } 
 import { performance } from 'node:perf_hooks';
 import { makeKeyHasher } from '../auth/hash.js';
 import type { Config } from '../config/schema.js';
-import { renderError, deny } from '../errors.js';
+import { deny } from '../errors.js';
 import type { Limiter } from '../limits/limiter.js';
 import { createLimiter } from '../limits/failover.js';
 import { startAdmin, type AdminServer } from '../obs/admin.js';
@@ -21,7 +21,7 @@ import type { UsageEvent } from '../sync/protocol.js';
 import { accessLine, newContext, type RequestContext } from './context.js';
 import { createForwarder, type Forwarder } from './forward.js';
 import { handleRequest, sendDenial, type PipelineDeps } from './pipeline.js';
-import { parserRefusalMayBeHead } from './framing.js';
+import { answerParserRefusal } from './framing.js';
 import { createUsageTap } from './usage.js';
 import { watchBodyIdle } from './body.js';
 
@@ -211,15 +211,7 @@ export async function startSidecar(opts: SidecarOptions): Promise<Sidecar> {
   server.on('request', (req, res) => onRequest(req, res, false));
   // Expect: 100-continue is answered only once the credentials have been checked.
   server.on('checkContinue', (req, res) => onRequest(req, res, true));
-  server.on('clientError', (err: NodeJS.ErrnoException, socket) => {
-    // The refused bytes belong to a request already answered (its body was still coming):
-    // a second response would answer the next request on this connection.
-    const current = requestOn.get(socket);
-    if (!socket.writable || (current && !current.req.complete && current.res.headersSent)) return socket.destroy();
-    const out = renderError(deny('invalid_request', 'The request could not be parsed as HTTP.'), 'openai');
-    const body = parserRefusalMayBeHead(err, socket) ? '' : out.body;
-    socket.end(`HTTP/1.1 400 Bad Request\r\ncontent-type: application/json\r\nx-keyward-error: invalid_request\r\ncontent-length: ${Buffer.byteLength(body)}\r\nconnection: close\r\n\r\n${body}`);
-  });
+  server.on('clientError', (err: NodeJS.ErrnoException, socket) => answerParserRefusal(err, socket, requestOn.get(socket)));
 
   const port = await listen(server, config.server.port, config.server.host);
   let admin: AdminServer;
