@@ -105,6 +105,12 @@ interface Case {
   sent: Map<string, { key: string | null; headers: number }>;
 }
 
+/** How many generated requests fell in each class (method, route, credential, body, framing). */
+const coverage = new Map<string, number>();
+const cover = (...classes: string[]) => {
+  for (const c of classes) coverage.set(c, (coverage.get(c) ?? 0) + 1);
+};
+
 function genCase(r: Rng, n: number): Case {
   const sent = new Map<string, { key: string | null; headers: number }>();
   const heads: number[] = [];
@@ -126,6 +132,7 @@ function genCase(r: Rng, n: number): Case {
     const body = kind === 'json' ? jsonBody(r) : kind === 'multipart' ? multipartBody(r) : kind === 'form' ? 'model=gpt-4o' : kind === 'http' ? SMUGGLE : '';
     const ct = kind === 'multipart' ? `multipart/form-data; boundary=${B}` : kind === 'form' ? 'application/x-www-form-urlencoded' : 'application/json';
     const framing = kind === 'none' ? 'none' : r.pick(['length', 'chunked', 'chunked-split']);
+    cover(`method:${method}`, `path:${path}`, `cred:${keyChoice}`, `body:${kind}`, `framing:${framing}`);
     const bytes = Buffer.from(body, 'utf8');
     let frame = '';
     let payload = '';
@@ -141,6 +148,7 @@ function genCase(r: Rng, n: number): Case {
     return `${method} ${path} HTTP/1.1\r\nHost: kw\r\nx-case: ${id}\r\nContent-Type: ${ct}\r\n${headers}${frame}${last ? 'Connection: close\r\n' : ''}\r\n${payload}`;
   };
   const pipelined = r.chance(0.2);
+  if (pipelined) cover('pipelined');
   const first = one(`c${n}a`, !pipelined);
   const text = pipelined ? first + one(`c${n}b`, true) : first;
   return { id: `c${n}`, bytes: Buffer.from(text, 'utf8'), sent, requests: pipelined ? 2 : 1, heads };
@@ -231,6 +239,10 @@ test('fuzz: fixed seed', { timeout: 120_000 }, async (t) => {
   const seed = Number(process.env.KW_FUZZ_SEED ?? 20261125);
   const forwarded = await runSeed(seed, CASES);
   t.diagnostic(`seed ${seed}, ${CASES} cases, ${forwarded} forwarded`);
+  t.diagnostic(`classes: ${[...coverage].map(([k, v]) => `${k}=${v}`).join(' ')}`);
+  for (const k of ['body:json', 'body:multipart', 'body:form', 'body:http', 'framing:chunked', 'framing:length', 'pipelined', 'cred:two', 'method:HEAD']) {
+    assert.ok((coverage.get(k) ?? 0) > 0, `class ${k} never generated`);
+  }
   // the generator must reach the upstream often enough for the oracle to mean something
   assert.ok(forwarded > CASES / 20, `only ${forwarded} forwarded`);
 });
