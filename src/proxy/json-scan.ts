@@ -72,12 +72,17 @@ function surrogatesPaired(text: string, from: number, to: number): boolean {
   return !pendingHigh;
 }
 
+const ARRAY = Symbol('array');
+const DUPLICATE = 'The request body names a key more than once in one object.';
+
 /**
  * Walks valid JSON text once: duplicate keys in any object and unpaired surrogate escapes
  * are problems. Linear in the text.
  */
 export function strictProblem(text: string): string | null {
-  const stack: (Set<string> | null)[] = [];
+  // Per open container: ARRAY, or an object's keys so far (none, one key, or a Set from
+  // the second key on, so the many small objects of a large body cost no Set each).
+  const stack: (typeof ARRAY | undefined | string | Set<string>)[] = [];
   let expectKey = false;
   for (let i = 0; i < text.length; i++) {
     const c = text.charCodeAt(i);
@@ -92,23 +97,30 @@ export function strictProblem(text: string): string | null {
         }
       }
       if (hasEscape && !surrogatesPaired(text, i + 1, end)) return 'The request body contains an unpaired surrogate escape.';
-      const keys = stack[stack.length - 1];
-      if (expectKey && keys) {
+      if (expectKey) {
         const key = hasEscape ? (JSON.parse(text.slice(i, end + 1)) as string) : text.slice(i + 1, end);
-        if (keys.has(key)) return 'The request body names a key more than once in one object.';
-        keys.add(key);
+        const top = stack.length - 1;
+        const keys = stack[top];
+        if (keys === undefined) stack[top] = key;
+        else if (typeof keys === 'string') {
+          if (keys === key) return DUPLICATE;
+          stack[top] = new Set([keys, key]);
+        } else if (keys instanceof Set) {
+          if (keys.has(key)) return DUPLICATE;
+          keys.add(key);
+        }
       }
       expectKey = false;
       i = end;
     } else if (c === 123) {
-      stack.push(new Set());
+      stack.push(undefined);
       expectKey = true;
     } else if (c === 91) {
-      stack.push(null);
+      stack.push(ARRAY);
     } else if (c === 125 || c === 93) {
       stack.pop();
     } else if (c === 44) {
-      expectKey = stack[stack.length - 1] instanceof Set;
+      expectKey = stack.length > 0 && stack[stack.length - 1] !== ARRAY;
     }
   }
   return null;
@@ -186,7 +198,16 @@ export function inspectJson(buf: Buffer): JsonInspection {
     seen.add(folded);
     if (selectsModels(key)) collectModels(body[key], models);
   }
-  if (models.length > MAX_EXTRA_MODELS) return { ok: false, message: 'The request body names too many models.' };
+  // Gateways that call providers through an OpenAI SDK merge `extra_body` into the
+  // provider's request, where its `model` overrides the one keyward checked.
+  const extra = body.extra_body;
+  if (typeof extra === 'object' && extra !== null && !Array.isArray(extra)) {
+    for (const [k, v] of Object.entries(extra)) {
+      const folded = foldKey(k);
+      if (folded === 'model' || selectsModels(folded)) collectModels(v, models);
+    }
+  }
+    if (models.length > MAX_EXTRA_MODELS) return { ok: false, message: 'The request body names too many models.' };
   if (models.some((m) => m.length > MAX_MODEL_LENGTH)) return { ok: false, message: `Model names are at most ${MAX_MODEL_LENGTH} characters.` };
   const cap = outputCap(body);
   if (!cap.ok) return cap;

@@ -57,6 +57,7 @@ describe('a second place for the model', () => {
   test('duplicate model through an escape', () => expectRefused(request({ body: '{"model":"gpt-4o-mini","mod\\u0065l":"gpt-4o"}' })));
   test('models outside the scope', () => expectRefused(request({ body: '{"model":"gpt-4o-mini","models":["gpt-4o"]}' }), 403));
   test('fallbacks outside the scope', () => expectRefused(request({ body: '{"model":"gpt-4o-mini","fallbacks":[{"gpt-4o-mini":["o1"]}]}' }), 403));
+  test('extra_body model outside the scope', () => expectRefused(request({ body: '{"model":"gpt-4o-mini","extra_body":{"model":"gpt-4o"}}' }), 403));
   test('fallbacks inside the scope pass', () => expectForwarded(request({ body: '{"model":"gpt-4o-mini","fallbacks":["gpt-4o-mini"]}' })));
   test('two Content-Type lines', () => expectRefused(request({ body: '{"model":"gpt-4o-mini"}', extraHeaders: `Content-Type: ${MP}\r\n` })));
 });

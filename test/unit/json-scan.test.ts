@@ -85,6 +85,7 @@ const ROWS: [name: string, body: string, want: Want][] = [
   ['model over 256 characters', `{"model":"${'m'.repeat(257)}"}`, { error: /256/ }],
   ['models list', '{"model":"a","models":["b","c"]}', { model: 'a', models: ['b', 'c'] }],
   ['fallbacks, list and mapping forms', '{"model":"a","fallbacks":["b",{"c":["d"]}],"context_window_fallbacks":[{"e":["f"]}]}', { model: 'a', models: ['b', 'c', 'd', 'e', 'f'] }],
+  ['extra_body selects models too', '{"model":"a","extra_body":{"model":"b","Fallbacks":["c"]}}', { model: 'a', models: ['b', 'c'] }],
   ['a models entry over 256 characters', `{"model":"a","models":["${'m'.repeat(300)}"]}`, { error: /256/ }],
   ['negative cap is ignored', '{"model":"a","max_tokens":-5}', { model: 'a', cap: null }],
   ['null cap is ignored', '{"model":"a","max_tokens":null}', { model: 'a', cap: null }],
