@@ -41,7 +41,9 @@ export function answerParserRefusal(err: NodeJS.ErrnoException, socket: Duplex, 
     socket.destroy();
     return;
   }
-  const out = renderError(deny('invalid_request', 'The request could not be parsed as HTTP.'), 'openai');
+  // headersTimeout: the request head did not arrive in time
+  const timedOut = err.code === 'ERR_HTTP_REQUEST_TIMEOUT';
+  const out = renderError(deny('invalid_request', timedOut ? 'The request headers did not arrive in time.' : 'The request could not be parsed as HTTP.'), 'openai');
   const body = parserRefusalMayBeHead(err, socket) ? '' : out.body;
-  socket.end(`HTTP/1.1 400 Bad Request\r\ncontent-type: application/json\r\nx-keyward-error: invalid_request\r\ncontent-length: ${Buffer.byteLength(body)}\r\nconnection: close\r\n\r\n${body}`);
+  socket.end(`HTTP/1.1 ${timedOut ? '408 Request Timeout' : '400 Bad Request'}\r\ncontent-type: application/json\r\nx-keyward-error: invalid_request\r\ncontent-length: ${Buffer.byteLength(body)}\r\nconnection: close\r\n\r\n${body}`);
 }
