@@ -179,7 +179,8 @@ export class MultipartReader {
         case 'headers': {
           if (this.buf.length >= 2 && this.buf[0] === 13 && this.buf[1] === 10) return 'A multipart part has no headers.';
           const end = this.buf.indexOf('\r\n\r\n');
-          if (end === -1) return this.buf.length > MAX_HEADER_BYTES ? 'A multipart part header section is too large.' : null;
+          if (end === -1 ? this.buf.length > MAX_HEADER_BYTES : end > MAX_HEADER_BYTES) return 'A multipart part header section is too large.';
+          if (end === -1) return null;
           const parsed = parsePartHeaders(this.buf.toString('utf8', 0, end));
           if (!parsed.ok) return parsed.message;
           const problem = this.startPart(parsed.part, events);

@@ -166,3 +166,8 @@ test('boundaries outside the RFC 2046 character set are refused, not unescaped',
   assert.equal(multipartBoundary(`multipart/form-data; boundary=${'b'.repeat(70)}`), 'b'.repeat(70));
   assert.equal(multipartBoundary(`multipart/form-data; boundary=${'b'.repeat(71)}`), null);
 });
+
+test('a part header section over 8 KB is refused, whole or in pieces', () => {
+  const buf = raw(`--${B}\r\nX-Pad: ${'p'.repeat(9000)}\r\n${CD('name="model"')}\r\n\r\nm\r\n--${B}--`);
+  for (const size of [buf.length, 1000]) assert.match(read(B, buf, size).problem ?? 'accepted', /too large/);
+});
