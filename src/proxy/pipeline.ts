@@ -123,7 +123,8 @@ export async function handleRequest(req: IncomingMessage, res: ServerResponse, c
       sendDenial(req, res, ctx, scope, route.style);
       return deps.onDecision(ctx, 'deny');
     }
-    tokens = route.countTokens ? 0 : estimateTokens({ bodyBytes: body.estimateBytes, maxOutputTokens: body.maxOutputTokens ?? deps.defaultOutputTokens });
+    // A bodiless call (a stored response, a cancel) generates nothing: no output estimate.
+    tokens = route.countTokens || body.replay === null ? 0 : estimateTokens({ bodyBytes: body.estimateBytes, maxOutputTokens: body.maxOutputTokens ?? deps.defaultOutputTokens });
   }
 
   const capacity = deps.upstreams.get(ctx.upstream) ?? { concurrency: 0, rpm: 0 };

@@ -15,7 +15,7 @@ let h: Harness;
 
 before(async () => {
   up = await startFakeUpstream();
-  h = await startHarness({ upstream: up.url, keys: { k_scoped: { models: ['gpt-4o-mini', 'whisper-1'] }, k_all: {} } });
+  h = await startHarness({ upstream: up.url, keys: { k_scoped: { models: ['gpt-4o-mini', 'whisper-1'] }, k_all: {}, k_tpm_a: { tpm: 1000 }, k_tpm_b: { tpm: 1000 } } });
 });
 after(async () => {
   await h.close();
@@ -89,6 +89,25 @@ describe('multipart read as RFC 2046/7578 parsers read it', () => {
   test('two Content-Disposition lines', () => expectRefused(request({ path, contentType: MP, body: mp(`${CD('name="model"')}\r\n${CD('name="x"')}\r\n\r\nwhisper-1`) })));
   test('a model field after the file part', () =>
     expectRefused(request({ path, contentType: MP, body: mp(`${CD('name="model"')}\r\n\r\nwhisper-1\r\n--${B}\r\n${CD('name="file"; filename="a"')}\r\n\r\nx\r\n--${B}\r\n${CD('name="model"')}\r\n\r\ngpt-4o`) })));
+});
+
+describe('billing that cannot be skipped', () => {
+  // The fake upstream reports no usage, so each reservation stays as estimated: a second
+  // request right after shows whether the first one reserved anything.
+  const status = async (bytes: Buffer) => (await rawExchange(h.sidecar.port, [bytes])).responses[0]?.status;
+
+  test('a multipart body whose file comes first is estimated from its whole size', async () => {
+    const body = mp(`Content-Disposition: form-data; name="file"; filename="a.wav"\r\n\r\n${'x'.repeat(8000)}`);
+    const req = () => request({ key: h.keys.k_tpm_a, path: '/v1/audio/transcriptions', contentType: MP, body });
+    assert.equal(await status(req()), 200);
+    assert.equal(await status(req()), 429, 'the first request reserved its size');
+  });
+
+  test('the largest output cap counts, not the first one named', async () => {
+    const req = () => request({ key: h.keys.k_tpm_b, body: '{"model":"m","max_tokens":1,"max_completion_tokens":5000}' });
+    assert.equal(await status(req()), 200);
+    assert.equal(await status(req()), 429, 'the first request reserved 5000 output tokens');
+  });
 });
 
 test('scope globs match in linear time', () => {
