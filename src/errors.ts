@@ -57,7 +57,17 @@ export const CATALOGUE = {
   key_budget_exhausted: { status: 402, message: "This key's budget is used up. Ask a project admin to raise it." },
   project_budget_exhausted: { status: 402, message: "The project's budget is used up. Ask a project admin to raise it." },
   insufficient_balance: { status: 402, message: 'Your wallet balance is used up. Add credit to continue.' },
-  invalid_request: { status: 400, message: 'The request could not be read.', variants: { http: 'The request could not be parsed as HTTP.' } },
+  invalid_request: {
+    status: 400,
+    message: 'The request could not be read.',
+    variants: {
+      http: 'The request could not be parsed as HTTP.',
+      // answered with 408
+      headers_timeout: 'The request headers did not arrive in time.',
+      cut_short: 'The request body was cut short.',
+      stalled: 'The request body stalled: no byte arrived for {ms} ms.',
+    },
+  },
   body_too_large: { status: 413, message: 'The request body is larger than {limit} bytes.' },
   model_not_allowed: {
     status: 403,

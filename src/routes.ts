@@ -25,6 +25,8 @@ export interface RouteRule {
   path: string;
   prefix: boolean;
   methods: readonly string[] | null;
+  /** when set, the whole path must match it (instead of `path`/`prefix`) */
+  pattern?: RegExp;
   route: Route;
 }
 
@@ -40,12 +42,16 @@ const r = (name: string, cls: RouteClass, extra: Partial<Route> = {}): Route => 
   ...extra,
 });
 
-const rule = (path: string, route: Route, opts: { prefix?: boolean; methods?: string[] } = {}): RouteRule => ({
+const rule = (path: string, route: Route, opts: { prefix?: boolean; methods?: string[]; pattern?: RegExp } = {}): RouteRule => ({
   path,
   prefix: opts.prefix ?? false,
   methods: opts.methods ?? null,
+  ...(opts.pattern ? { pattern: opts.pattern } : {}),
   route,
 });
+
+const FILES = r('files', 'files');
+const UPLOADS = r('uploads', 'files');
 
 export const DEFAULT_RULES: readonly RouteRule[] = [
   rule('/v1/key', r('key', 'self'), { methods: ['GET'] }),
@@ -61,8 +67,13 @@ export const DEFAULT_RULES: readonly RouteRule[] = [
   rule('/v1/audio', r('audio', 'model'), { prefix: true }),
   rule('/v1/messages/count_tokens', r('messages.count_tokens', 'model', { credentials: 'messages', style: 'messages', countTokens: true, modelRequired: true }), { methods: ['POST'] }),
   rule('/v1/messages', r('messages', 'model', { credentials: 'messages', style: 'messages', modelRequired: true }), { methods: ['POST'] }),
-  rule('/v1/files', r('files', 'files'), { prefix: true }),
-  rule('/v1/uploads', r('uploads', 'files'), { prefix: true }),
+  // Files routes take only the methods the files and uploads APIs define: anything else is
+  // 404 like any path outside the table (a body on an unexpected method is not forwarded).
+  rule('/v1/files', FILES, { methods: ['GET', 'POST'] }),
+  rule('/v1/files/{id}', FILES, { methods: ['GET', 'DELETE'], pattern: /^\/v1\/files\/[^/]+$/ }),
+  rule('/v1/files/{id}/content', FILES, { methods: ['GET'], pattern: /^\/v1\/files\/[^/]+\/content$/ }),
+  rule('/v1/uploads', UPLOADS, { methods: ['POST'] }),
+  rule('/v1/uploads/{id}/{action}', UPLOADS, { methods: ['POST'], pattern: /^\/v1\/uploads\/[^/]+\/(?:parts|complete|cancel)$/ }),
 ];
 
 /** Turns config route entries into rules placed before the defaults. */
@@ -101,6 +112,7 @@ export function checkPath(target: string): { ok: true; path: string } | { ok: fa
 
 function matches(rule: RouteRule, method: string, path: string): boolean {
   if (rule.methods && !rule.methods.includes(method)) return false;
+  if (rule.pattern) return rule.pattern.test(path);
   if (path === rule.path) return true;
   return rule.prefix && path.startsWith(rule.path) && path.charCodeAt(rule.path.length) === 47; // '/'
 }

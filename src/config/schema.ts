@@ -52,6 +52,8 @@ export const configSchema = z
         trustedProxies: z.array(z.string().refine((c) => parseRange(c) !== null, { message: 'expected a CIDR such as 10.0.0.0/8 or 2001:db8::/32' })).default([]),
         /** refuse requests that carry Origin or Sec-Fetch-Mode unless the key allows browsers */
         refuseBrowsers: bool().default(true),
+        /** a request body with no byte for this long is cut with 408 (0 = never) */
+        bodyIdleTimeoutMs: ms(60_000),
         /** SIGTERM: how long in-flight requests and streams may take to finish */
         shutdownGraceMs: ms(30_000),
       })

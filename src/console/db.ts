@@ -4,7 +4,7 @@
  * usage ledger that makes ingestion idempotent per request id.
  */
 import Database from 'better-sqlite3';
-import { mkdirSync } from 'node:fs';
+import { chmodSync, closeSync, mkdirSync, openSync } from 'node:fs';
 import { dirname } from 'node:path';
 import type { ParsedKeyRecord, ParsedRecord } from '../protocol/records.js';
 import type { ModelLimit } from '../policy/facts.js';
@@ -79,8 +79,26 @@ CREATE INDEX IF NOT EXISTS usage_key_at ON usage(key_id, at);
 
 export type DB = Database.Database;
 
+/**
+ * The file holds key hashes and balances: readable by its owner only. SQLite gives the
+ * -wal and -shm files the database file's mode, so the database is created 0600 before
+ * SQLite opens it; files left wider by an earlier run are narrowed.
+ */
+function makePrivate(path: string): void {
+  mkdirSync(dirname(path), { recursive: true, mode: 0o700 });
+  closeSync(openSync(path, 'a', 0o600));
+  for (const p of [path, `${path}-wal`, `${path}-shm`]) {
+    try {
+      chmodSync(p, 0o600);
+    } catch (err) {
+      if ((err as NodeJS.ErrnoException).code !== 'ENOENT') throw err;
+    }
+  }
+}
+
 export function openConsoleDb(path: string): DB {
-  if (path !== ':memory:') mkdirSync(dirname(path), { recursive: true });
+  const onDisk = path !== ':memory:' && path !== '';
+  if (onDisk) makePrivate(path);
   const db = new Database(path);
   // WAL lets a snapshot stream read a consistent view on its own connection while writes go on.
   db.pragma('journal_mode = WAL');
@@ -89,6 +107,7 @@ export function openConsoleDb(path: string): DB {
   db.pragma('foreign_keys = ON');
   db.exec(DDL);
   migrateConsoleDb(db);
+  if (onDisk) makePrivate(path);
   return db;
 }
 

@@ -6,6 +6,7 @@
 import { deny, type Denial } from '../errors.js';
 import type { RouteClass } from '../routes.js';
 import type { FactsKey, FactsProject } from './facts.js';
+import { globMatch } from './glob.js';
 
 /** The parts of the facts each decision reads (tests build just these). */
 export type PolicyKey = Pick<FactsKey, 'id' | 'kind' | 'status' | 'budget' | 'spent' | 'models'>;
@@ -50,22 +51,9 @@ export function checkStanding(facts: PolicyFacts, routeClass: RouteClass): Denia
   return null;
 }
 
-const globCache = new Map<string, RegExp>();
-
-function globToRegExp(glob: string): RegExp {
-  let re = globCache.get(glob);
-  if (!re) {
-    // Anchored, `*` is the only wildcard; everything else is literal.
-    re = new RegExp(`^${glob.split('*').map((s) => s.replace(/[.+?^${}()|[\]\\]/g, '\\$&')).join('.*')}$`, 's');
-    if (globCache.size > 10_000) globCache.clear();
-    globCache.set(glob, re);
-  }
-  return re;
-}
-
 export function modelInScope(scope: readonly string[] | null, model: string): boolean {
   if (scope === null || scope.length === 0) return true;
-  for (const glob of scope) if (globToRegExp(glob).test(model)) return true;
+  for (const glob of scope) if (globMatch(glob, model)) return true;
   return false;
 }
 
@@ -81,6 +69,12 @@ export function checkModel(key: PolicyKey, model: string | null): Denial | null 
   }
   if (modelInScope(key.models, model)) return null;
   return deny('model_not_allowed', { params: { model: truncate(model) } });
+}
+
+/** Step 7 for the further models a body selects (`models`, `fallbacks`). */
+export function checkModels(key: PolicyKey, models: readonly string[]): Denial | null {
+  for (const m of models) if (!modelInScope(key.models, m)) return deny('model_not_allowed', { params: { model: truncate(m) } });
+  return null;
 }
 
 function truncate(s: string): string {

@@ -6,8 +6,8 @@
 import type { IncomingMessage } from 'node:http';
 import { PassThrough } from 'node:stream';
 import { deny, type Denial } from '../errors.js';
-import { inspectJson } from './json-scan.js';
-import { createLateFieldGuard, lateFieldMessage, multipartBoundary, scanFields, scanLateField } from './multipart.js';
+import { inspectJson, MAX_MODEL_LENGTH, modelsOfField, queryNamesModel, selectsModels } from './json-scan.js';
+import { createMultipartGuard, multipartBoundary, MultipartReader } from './multipart.js';
 
 /** What is forwarded instead of `req`; http-proxy-3 only ever calls `pipe` on it. */
 export interface BodySource {
@@ -25,8 +25,10 @@ class BufferSource implements BodySource {
 
 export interface ModelBody {
   model: string | null;
+  /** further models the body selects (`models`, `fallbacks`): held to the key's scope too */
+  models: string[];
   maxOutputTokens: number | null;
-  /** bytes that count towards the TPM estimate: the JSON body, or a multipart body's fields */
+  /** bytes that count towards the TPM estimate: the whole body (a chunked multipart body: what was read before admission) */
   estimateBytes: number;
   /** what to forward instead of `req`; null when nothing was consumed */
   replay: BodySource | null;
@@ -43,6 +45,37 @@ function tooLarge(limit: number): BodyResult {
   return { ok: false, denial: deny('body_too_large', { params: { limit } }), closeConnection: true };
 }
 
+const cutShort = (): BodyResult => ({ ok: false, denial: deny('invalid_request', { variant: 'cut_short', status: 408 }), closeConnection: true });
+
+/**
+ * Calls `onIdle` once when the request body has been incomplete, and not held back by
+ * the sidecar itself (paused for backpressure or admission), with no byte arriving for
+ * `idleMs`. Watches the socket's byte count, so the body stream is never touched.
+ * Returns a stop function; stops by itself when the body ends.
+ */
+export function watchBodyIdle(req: IncomingMessage, opts: { idleMs: number; onIdle: () => void; now?: () => number }): () => void {
+  if (opts.idleMs <= 0 || req.complete || !hasBody(req)) return () => {};
+  const now = opts.now ?? Date.now;
+  const socket = req.socket;
+  let lastBytes = socket.bytesRead;
+  let lastChange = now();
+  const timer = setInterval(() => {
+    if (req.complete || req.destroyed) return stop();
+    const bytes = socket.bytesRead;
+    if (bytes !== lastBytes || req.isPaused()) {
+      lastBytes = bytes;
+      lastChange = now();
+    } else if (now() - lastChange >= opts.idleMs) {
+      stop();
+      opts.onIdle();
+    }
+  }, Math.max(10, Math.floor(opts.idleMs / 4)));
+  timer.unref();
+  const stop = () => clearInterval(timer);
+  req.once('end', stop);
+  return stop;
+}
+
 export function hasBody(req: IncomingMessage): boolean {
   const len = req.headers['content-length'];
   return req.headers['transfer-encoding'] !== undefined || (len !== undefined && len !== '0');
@@ -53,7 +86,7 @@ export function hasBody(req: IncomingMessage): boolean {
  * whether the body ended; leaves `req` paused when it stopped early.
  */
 function readUntil(req: IncomingMessage, opts: { limit: number; enough: (chunks: Buffer[], total: number) => boolean }) {
-  return new Promise<{ chunks: Buffer[]; total: number; ended: boolean; overLimit: boolean }>((resolve, reject) => {
+  return new Promise<{ chunks: Buffer[]; total: number; ended: boolean; overLimit: boolean; cut?: boolean }>((resolve, reject) => {
     const chunks: Buffer[] = [];
     let total = 0;
     const cleanup = () => {
@@ -65,7 +98,8 @@ function readUntil(req: IncomingMessage, opts: { limit: number; enough: (chunks:
     const onData = (chunk: Buffer) => {
       chunks.push(chunk);
       total += chunk.length;
-      if (total > opts.limit || opts.enough(chunks, total)) {
+      const enough = opts.enough(chunks, total);
+      if (total > opts.limit || enough) {
         req.pause();
         cleanup();
         resolve({ chunks, total, ended: false, overLimit: total > opts.limit });
@@ -79,8 +113,11 @@ function readUntil(req: IncomingMessage, opts: { limit: number; enough: (chunks:
       cleanup();
       reject(err);
     };
+    // The client went away, or its stalled body was cut: nothing more will come.
     const onClose = () => {
-      if (!req.complete) onError(new Error('client closed the request before sending its body'));
+      if (req.complete) return;
+      cleanup();
+      resolve({ chunks, total, ended: false, overLimit: false, cut: true });
     };
     req.on('data', onData);
     req.on('end', onEnd);
@@ -90,22 +127,20 @@ function readUntil(req: IncomingMessage, opts: { limit: number; enough: (chunks:
 }
 
 /**
- * A stream of what was read followed by whatever is still to come. With `guardFrom`,
- * the bytes from that offset on pass through a guard that refuses a second `model`
- * part; its error destroys whatever the stream is piped into (the upstream request).
+ * A stream of what was read followed by whatever is still to come. With a multipart
+ * reader, the rest passes through a guard that goes on reading it strictly; its error
+ * destroys whatever the stream is piped into (the upstream request).
  */
-function replayStream(req: IncomingMessage, read: { chunks: Buffer[]; ended: boolean }, guard: { boundary: string; from: number } | null): BodySource {
+function replayStream(req: IncomingMessage, read: { chunks: Buffer[]; ended: boolean }, reader: MultipartReader | null): BodySource {
   const head = read.chunks.length === 1 ? read.chunks[0]! : Buffer.concat(read.chunks);
   if (read.ended) return new BufferSource(head);
   const out = new PassThrough();
-  if (guard === null) {
-    out.write(head);
+  out.write(head);
+  if (reader === null) {
     req.pipe(out);
   } else {
-    const g = createLateFieldGuard({ boundary: guard.boundary, field: 'model' });
-    out.write(head.subarray(0, guard.from));
+    const g = createMultipartGuard(reader);
     g.pipe(out);
-    g.write(head.subarray(guard.from));
     req.pipe(g);
     g.once('error', (err) => {
       req.unpipe(g);
@@ -118,56 +153,81 @@ function replayStream(req: IncomingMessage, read: { chunks: Buffer[]; ended: boo
 
 async function readJson(req: IncomingMessage, limit: number): Promise<BodyResult> {
   const read = await readUntil(req, { limit, enough: () => false });
+  if (read.cut) return cutShort();
   if (read.overLimit) return tooLarge(limit);
   const buf = read.chunks.length === 1 ? read.chunks[0]! : Buffer.concat(read.chunks);
-  if (buf.length === 0) return { ok: true, body: { model: null, maxOutputTokens: null, estimateBytes: 0, replay: new BufferSource(buf) } };
+  if (buf.length === 0) return { ok: true, body: { model: null, models: [], maxOutputTokens: null, estimateBytes: 0, replay: new BufferSource(buf) } };
   const found = inspectJson(buf);
   if (!found.ok) return invalid(found.message);
-  return { ok: true, body: { model: found.model, maxOutputTokens: found.maxOutputTokens, estimateBytes: buf.length, replay: new BufferSource(buf) } };
+  return { ok: true, body: { model: found.model, models: found.models, maxOutputTokens: found.maxOutputTokens, estimateBytes: buf.length, replay: new BufferSource(buf) } };
 }
 
+/**
+ * Reads a multipart body up to its first file part (or its end), strictly (see
+ * multipart.ts); the rest streams through a guard that goes on reading it the same way.
+ */
 async function readMultipart(req: IncomingMessage, boundary: string): Promise<BodyResult> {
-  let scan = scanFields(Buffer.alloc(0), boundary, false);
+  const reader = new MultipartReader(boundary);
+  const fields = new Map<string, string>();
+  let problem: string | null = null;
+  const feed = (chunk: Buffer) => {
+    const r = reader.push(chunk);
+    if (!Array.isArray(r)) problem = r.problem;
+    else for (const e of r) if (e.type === 'field') fields.set(e.name, e.value);
+  };
   const read = await readUntil(req, {
     limit: MULTIPART_HEAD_LIMIT,
     enough: (chunks) => {
-      scan = scanFields(Buffer.concat(chunks), boundary, false);
-      return scan.state !== 'more';
+      feed(chunks[chunks.length - 1]!);
+      return problem !== null || reader.fileSeen || reader.closed;
     },
   });
-  if (read.ended || read.overLimit) scan = scanFields(Buffer.concat(read.chunks), boundary, read.ended);
-  if (scan.state === 'error') return invalid(scan.message);
-  const fields = scan.state === 'done' ? scan.fields : new Map<string, string[]>();
-  const models = fields.get('model') ?? [];
-  if (models.length > 1) return invalid('The form names "model" more than once.');
-  const model = models[0] ?? null;
-  if (model === '') return invalid('The "model" form field must not be empty.');
-  const estimateBytes = scan.state === 'done' ? scan.bytes : read.total;
-  const fileAt = scan.state === 'done' ? scan.fileAt : null;
-  if (read.ended && fileAt !== null && scanLateField(Buffer.concat(read.chunks).subarray(fileAt), { boundary, field: 'model' }).found) {
-    return invalid(lateFieldMessage('model'));
-  }
-  const replay = replayStream(req, read, fileAt === null ? null : { boundary, from: fileAt });
-  return { ok: true, body: { model, maxOutputTokens: null, estimateBytes, replay } };
+  if (read.cut) return cutShort();
+  if (problem === null && read.ended) problem = reader.end();
+  if (problem === null && !read.ended) problem = reader.seal();
+  if (problem !== null) return invalid(problem);
+  const models: string[] = [];
+  for (const [name, value] of fields) if (selectsModels(name)) models.push(...modelsOfField(value));
+  if (models.some((m) => m.length > MAX_MODEL_LENGTH)) return invalid(`Model names are at most ${MAX_MODEL_LENGTH} characters.`);
+  // The whole body counts towards the estimate, whatever the order of its parts.
+  const declared = Number(req.headers['content-length']);
+  const estimateBytes = Number.isSafeInteger(declared) && declared > read.total ? declared : read.total;
+  const replay = replayStream(req, read, read.ended ? null : reader);
+  return { ok: true, body: { model: fields.get('model') ?? null, models, maxOutputTokens: null, estimateBytes, replay } };
 }
+
+const countHeader = (raw: string[], name: string) => raw.filter((v, i) => i % 2 === 0 && v.toLowerCase() === name).length;
 
 /**
  * Step 6. `modelRequired` makes a POST without `model` a 400. The caller forwards
  * `body.replay` instead of `req`.
  */
 export async function readModelBody(req: IncomingMessage, opts: { limit: number; modelRequired: boolean }): Promise<BodyResult> {
+  if (queryNamesModel(req.url ?? '/')) return invalid('Name the model in the request body, not in the query string.');
   const declared = Number(req.headers['content-length'] ?? NaN);
   if (declared > opts.limit) return tooLarge(opts.limit);
   if (!hasBody(req)) {
     if (opts.modelRequired && req.method === 'POST') return invalid('The request needs a JSON body that names "model".');
-    return { ok: true, body: { model: null, maxOutputTokens: null, estimateBytes: 0, replay: null } };
+    return { ok: true, body: { model: null, models: [], maxOutputTokens: null, estimateBytes: 0, replay: null } };
   }
   const encoding = req.headers['content-encoding'];
   if (encoding !== undefined && encoding.toLowerCase() !== 'identity') {
     return invalid('Compressed request bodies are not accepted on model routes; send the body uncompressed.');
   }
-  const boundary = multipartBoundary(req.headers['content-type']);
-  const result = boundary !== null ? await readMultipart(req, boundary) : await readJson(req, opts.limit);
+  // Node keeps the first Content-Type line, an upstream may keep the last.
+  if (countHeader(req.rawHeaders, 'content-type') > 1) return invalid('The request names its Content-Type more than once.');
+  const contentType = req.headers['content-type'];
+  const boundary = multipartBoundary(contentType);
+  // Gateways read any "form" content type as a form: a JSON reading here would not be theirs.
+  if (boundary === null && contentType !== undefined && /form/i.test(contentType)) {
+    return invalid('Form-encoded bodies are not accepted here; send JSON, or multipart/form-data with one boundary of 1-70 characters.');
+  }
+  // JSON is UTF-8 (RFC 8259); a decoder that honours another declared charset reads other text.
+  const charset = /;\s*charset\s*=\s*"?([^";\s]*)/i.exec(contentType ?? '')?.[1]?.toLowerCase();
+  if (boundary === null && charset !== undefined && charset !== 'utf-8' && charset !== 'utf8') {
+    return invalid('JSON request bodies must be UTF-8; drop the charset parameter or declare utf-8.');
+  }
+    const result = boundary !== null ? await readMultipart(req, boundary) : await readJson(req, opts.limit);
   if (result.ok && result.body.model === null && opts.modelRequired) {
     return invalid(boundary !== null ? 'The form needs a "model" field before the file part.' : 'The request body must name "model".');
   }

@@ -10,6 +10,7 @@ import type { Price } from '../policy/pricing.js';
 import type { Route } from '../routes.js';
 import type { KeyFacts } from '../policy/facts.js';
 import type { Settled } from '../policy/estimate.js';
+import type { Forwarding } from './forward.js';
 import type { UsageTap } from './usage.js';
 
 export interface RequestContext {
@@ -42,6 +43,8 @@ export interface RequestContext {
   /** what the request was settled and billed at (null: nothing) */
   settled: Settled | null;
   lease: Lease | null;
+  /** the upstream call once forwarded (to abort it when the client's body stalls) */
+  forwarding: Forwarding | null;
   /** the key's figures after admission, sent back as x-ratelimit-* headers */
   quota: Quota | null;
   /** the spend hold and the price it is settled at */
@@ -93,6 +96,7 @@ export function newContext(req: IncomingMessage, opts: { versionHeader: string; 
     upstreamFailed: false,
     settled: null,
     lease: null,
+    forwarding: null,
     quota: null,
     hold: null,
     price: null,

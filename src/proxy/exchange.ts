@@ -13,7 +13,8 @@ import type { AccessWriter } from '../obs/logger.js';
 import type { Metrics } from '../obs/metrics.js';
 import type { KeyFacts } from '../policy/facts.js';
 import type { UsageEvent } from '../protocol/usage.js';
-import { hasBody, readModelBody } from './body.js';
+import { hasBody, readModelBody, watchBodyIdle } from './body.js';
+import { answerParserRefusal } from './framing.js';
 import { accessLine, newContext, type RequestContext } from './context.js';
 import type { ForwardFailure, Forwarder } from './forward.js';
 import { settleUsage } from '../policy/estimate.js';
@@ -35,6 +36,8 @@ export interface ExchangeDeps {
   versionHeader: string;
   /** `server.trustedProxies`: peers whose X-Forwarded-For is believed */
   trustedProxies: readonly Cidr[];
+  /** a request body with no byte for this long is cut with 408 (0: never) */
+  bodyIdleTimeoutMs: number;
   /** GET /v1/key: the caller's own key and live figures (DESIGN section 11) */
   describeKey: (facts: KeyFacts) => Promise<unknown>;
 }
@@ -80,14 +83,13 @@ function sendDenial(req: IncomingMessage, res: ServerResponse, ctx: RequestConte
   res.end(out.body);
 }
 
+/** The request a connection is on, so a parser refusal mid-body knows whose answer has begun. */
+const CURRENT = Symbol('keyward.currentRequest');
+type TrackedSocket = Duplex & { [CURRENT]?: { req: IncomingMessage; res: ServerResponse } };
+
 /** A request Node could not parse as HTTP: answered on the socket, which then closes. */
-export function answerClientError(socket: Duplex): void {
-  if (!socket.writable) {
-    socket.destroy();
-    return;
-  }
-  const out = renderError(deny('invalid_request', { variant: 'http' }), 'openai');
-  socket.end(`HTTP/1.1 400 Bad Request\r\ncontent-type: application/json\r\nx-keyward-error: invalid_request\r\ncontent-length: ${Buffer.byteLength(out.body)}\r\nconnection: close\r\n\r\n${out.body}`);
+export function answerClientError(err: NodeJS.ErrnoException, socket: Duplex): void {
+  answerParserRefusal(err, socket, (socket as TrackedSocket)[CURRENT]);
 }
 
 /**
@@ -154,7 +156,7 @@ export function createExchanges(deps: ExchangeDeps): Exchanges {
   const forward = (req: IncomingMessage, res: ServerResponse, ctx: RequestContext, allow: Allow, expectContinue: boolean) => {
     if (expectContinue && !allow.bodyRead) res.writeContinue();
     ctx.upstreamStart = performance.now();
-    deps.forwarder.forward(req, res, {
+    ctx.forwarding = deps.forwarder.forward(req, res, {
       upstream: allow.seen.upstream,
       body: allow.body,
       hooks: {
@@ -179,6 +181,21 @@ export function createExchanges(deps: ExchangeDeps): Exchanges {
         },
       },
     });
+  };
+
+  // A body that stalls is cut with 408: the upstream request (if any) is destroyed before it
+  // is complete, everything the request holds is given back, and the connection is closed.
+  const cutStalledBody = (req: IncomingMessage, res: ServerResponse, ctx: RequestContext) => {
+    ctx.forwarding?.abort();
+    ctx.upstreamFailed = true; // nothing the upstream generated is billed
+    settle(ctx);
+    // Read nothing more: a body completed after the 408 must not go on to admission.
+    req.socket.pause();
+    res.shouldKeepAlive = false;
+    if (res.headersSent) return void res.destroy();
+    sendDenial(req, res, ctx, deny('invalid_request', { variant: 'stalled', params: { ms: deps.bodyIdleTimeoutMs }, status: 408 }), ctx.route?.style ?? 'openai');
+    // Half-close so the client reads the answer, then let go of the socket.
+    res.once('finish', () => setTimeout(() => req.socket.destroy(), 1000).unref());
   };
 
   const answerSelf = (res: ServerResponse, ctx: RequestContext, facts: KeyFacts) => {
@@ -220,7 +237,9 @@ export function createExchanges(deps: ExchangeDeps): Exchanges {
       const clientIp = clientAddress({ peer: req.socket.remoteAddress, forwardedFor: deps.trustedProxies.length ? forwardedFor(req.rawHeaders) : [], trusted: deps.trustedProxies });
       const ctx = newContext(req, { versionHeader: deps.versionHeader, now: performance.now(), clientIp });
       inFlight++;
+      (req.socket as TrackedSocket)[CURRENT] = { req, res };
       res.once('close', () => finish(res, ctx));
+      res.once('close', watchBodyIdle(req, { idleMs: deps.bodyIdleTimeoutMs, onIdle: () => cutStalledBody(req, res, ctx) }));
       if (draining) res.setHeader('connection', 'close');
       const input = {
         method: ctx.method,

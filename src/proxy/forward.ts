@@ -5,9 +5,11 @@
  */
 import http, { type IncomingMessage, type ServerResponse } from 'node:http';
 import https from 'node:https';
-import type { Readable } from 'node:stream';
+import type { Socket } from 'node:net';
+import type { Readable, Writable } from 'node:stream';
 import type { BodySource } from './body.js';
 import { createProxyServer } from 'http-proxy-3';
+import { framingProblem } from './framing.js';
 
 export interface UpstreamTarget {
   url: string;
@@ -36,8 +38,14 @@ export interface ForwardCall {
   hooks: ForwardHooks;
 }
 
+/** One forwarded call. */
+export interface Forwarding {
+  /** destroys its upstream request, if one was made; no failure is reported (the client was answered already) */
+  abort(): void;
+}
+
 export interface Forwarder {
-  forward(req: IncomingMessage, res: ServerResponse, call: ForwardCall): void;
+  forward(req: IncomingMessage, res: ServerResponse, call: ForwardCall): Forwarding;
   close(): void;
 }
 
@@ -89,32 +97,82 @@ function timeoutAgent<A extends http.Agent>(agent: A, timeoutMs: number): A {
   return a;
 }
 
+/** Destroys an upstream request without reporting a failure: the client's answer was already given. */
+class BodyStalled extends Error {
+  readonly code = 'KW_BODY_STALLED';
+}
+
 /**
- * A body stream that emits 'reject' must take the upstream request down with it, or the
- * upstream would wait for the rest of a body that never comes. http-proxy-3 pipes the
- * body into the request it creates, so the destination is caught at pipe time.
+ * What http-proxy-3 pipes into the upstream request, with the request caught at pipe
+ * time so it can be destroyed: when a body stream emits 'reject' (it refused its own
+ * content midway), or when the client's body stalls. Otherwise the upstream would wait
+ * for the rest of a body that never comes.
  */
-function abortDestinationOnReject(body: Readable): void {
-  let dest: NodeJS.WritableStream | null = null;
-  const pipe = body.pipe.bind(body);
-  body.pipe = <T extends NodeJS.WritableStream>(d: T, o?: { end?: boolean }) => {
-    dest = d;
-    return pipe(d, o);
+function trackedSource(req: IncomingMessage, body: BodySource | null): { source: BodySource; abort(err: Error): void } {
+  const source = body ?? req;
+  let dest: Writable | null = null;
+  if (body && typeof (body as Partial<Readable>).once === 'function') {
+    (body as Readable).once('reject', (err: Error) => dest?.destroy(err));
+  }
+  return {
+    source: {
+      pipe<T extends NodeJS.WritableStream>(d: T): T {
+        dest = d as unknown as Writable;
+        return source.pipe(d);
+      },
+    },
+    abort: (err) => dest?.destroy(err),
   };
-  body.once('reject', (err: Error) => (dest as unknown as { destroy?: (e: Error) => void } | null)?.destroy?.(err));
+}
+
+const STRAY = Symbol('strayBytesGuard');
+
+/**
+ * Keep-alive hygiene: an idle pooled socket that receives anything has answered a request
+ * it was not sent (the upstream read a second request somewhere, or doubled a response).
+ * Handed to the next request, those bytes would become that request's response, so the
+ * socket is destroyed instead; a socket with unread bytes is never reused either.
+ */
+function guardIdleSockets(agent: http.Agent): void {
+  type Guarded = Socket & { [STRAY]?: () => void };
+  agent.on('free', (socket: Guarded) => {
+    if (socket.destroyed) return;
+    const stray = () => socket.destroy();
+    socket[STRAY] = stray;
+    socket.once('data', stray);
+  });
+  const a = agent as http.Agent & { reuseSocket(socket: Socket, req: http.ClientRequest): void };
+  const reuse = a.reuseSocket.bind(a);
+  a.reuseSocket = (socket: Guarded, req) => {
+    const stray = socket[STRAY];
+    if (stray) socket.off('data', stray);
+    socket[STRAY] = undefined;
+    if (socket.readableLength > 0) socket.destroy();
+    reuse(socket, req);
+  };
 }
 
 export function createForwarder(opts: ForwarderOptions): Forwarder {
   const proxy = createProxyServer({ xfwd: false, changeOrigin: false, ws: false });
+  // http-proxy-3's deleteLength pass turns a chunked DELETE/OPTIONS into `content-length: 0`
+  // and still pipes the body after it: the upstream would read that body as a second,
+  // unauthenticated request. Framing is the received framing, so the pass goes.
+  const passes = proxy as unknown as { webPasses: { name: string }[] };
+  passes.webPasses = passes.webPasses.filter((p) => p.name !== 'deleteLength');
   const targets = new Map<string, { url: URL; agent: http.Agent }>();
   for (const [name, up] of Object.entries(opts.upstreams)) {
     const url = new URL(up.url);
     const agentOpts = { keepAlive: true, keepAliveMsecs: 1000, maxSockets: Infinity, maxFreeSockets: 256, scheduling: 'lifo' as const };
     const agent = url.protocol === 'https:' ? new https.Agent(agentOpts) : new http.Agent(agentOpts);
+    guardIdleSockets(agent);
     targets.set(name, { url, agent: timeoutAgent(agent, up.timeoutMs) });
   }
   proxy.on('proxyRes', (proxyRes, _req, res) => {
     dropHopByHop(proxyRes.headers as Record<string, unknown>);
+    // The client's own connection decides keep-alive (http-proxy-3 would otherwise answer
+    // `keep-alive` to a client that sent `Connection: close`, its header being dropped above).
+    const server = res as ServerResponse;
+    proxyRes.headers.connection = String(server.getHeader('connection') ?? (server.shouldKeepAlive ? 'keep-alive' : 'close'));
     // An upstream that dies mid-response must not leave the client waiting on an open,
     // seemingly healthy stream: cut the client's response too.
     proxyRes.once('close', () => {
@@ -128,13 +186,20 @@ export function createForwarder(opts: ForwarderOptions): Forwarder {
   return {
     forward(req, res, { upstream, body, hooks }) {
       const target = targets.get(upstream) ?? targets.get('default')!;
+      const framing = framingProblem(req);
+      if (framing) {
+        hooks.onFailure('rejected', Object.assign(new Error(framing), { code: 'KW_BODY_REJECTED' }));
+        return { abort() {} };
+      }
       (res as HookedResponse)[HOOKS] = hooks;
       dropHopByHop(req.headers as Record<string, unknown>);
-      if (body && typeof (body as Partial<Readable>).once === 'function') abortDestinationOnReject(body as Readable);
-      proxy.web(req, res, { target: target.url, agent: target.agent, ...(body ? { buffer: body as unknown as Readable } : {}) }, (err: Error & { code?: string }) => {
+      const tracked = trackedSource(req, body);
+      proxy.web(req, res, { target: target.url, agent: target.agent, buffer: tracked.source as unknown as Readable }, (err: Error & { code?: string }) => {
+        if (err.code === 'KW_BODY_STALLED') return;
         const kind = err.code === 'UPSTREAM_TIMEOUT' ? 'timeout' : err.code === 'KW_BODY_REJECTED' ? 'rejected' : 'unavailable';
         hooks.onFailure(kind, err);
       });
+      return { abort: () => tracked.abort(new BodyStalled('the request body stalled')) };
     },
     close() {
       for (const t of targets.values()) t.agent.destroy();

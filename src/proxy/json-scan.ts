@@ -1,83 +1,240 @@
 /**
- * Finds what the sidecar needs in a JSON request body: the top-level `model` (exactly
- * one, a string) and the output cap, without trusting JSON.parse's "last duplicate wins".
- * Pure.
+ * The one strict reading of a JSON model request (DESIGN section 5, step 6), shared by
+ * admission and billing. A body that a common upstream decoder could read differently
+ * is refused rather than guessed at: invalid UTF-8, a byte order mark, lone surrogate
+ * escapes, duplicate keys at any depth, a top-level key that equals a field keyward
+ * reads in another letter case (Go's encoding/json matches keys case-insensitively,
+ * folding `ſ` to `s` and the Kelvin sign to `k`), non-finite output caps. JSON.parse
+ * already refuses NaN, comments and trailing commas, which Python's decoder accepts in
+ * part. Pure.
  */
 
 export type JsonInspection =
-  | { ok: true; model: string | null; maxOutputTokens: number | null }
+  | { ok: true; model: string | null; maxOutputTokens: number | null; models: string[] }
   | { ok: false; message: string };
 
-const MODEL = Buffer.from('"model"');
-const ESCAPE_U = Buffer.from('\\u');
+/** The longest model name keyward accepts: the console refuses longer ones in usage events. */
+export const MAX_MODEL_LENGTH = 256;
 
-function countOccurrences(buf: Buffer, needle: Buffer, stopAt: number): number {
-  let n = 0;
-  for (let i = buf.indexOf(needle); i !== -1 && n < stopAt; i = buf.indexOf(needle, i + needle.length)) n++;
-  return n;
+const OUTPUT_CAPS = ['max_tokens', 'max_completion_tokens', 'max_output_tokens'];
+/** At most this many further models (`models`, `fallbacks`) are read from one request. */
+const MAX_EXTRA_MODELS = 1000;
+
+/** How Go's case-insensitive key matching sees a key. */
+export function foldKey(key: string): string {
+  return key.replace(/\u017f/g, 's').toLowerCase();
 }
 
-/** Index just past the string starting at `i` (which is a quote). */
-function skipString(text: string, i: number): number {
-  for (let j = i + 1; j < text.length; j++) {
-    const c = text.charCodeAt(j);
-    if (c === 92) j++; // backslash: skip the escaped char
-    else if (c === 34) return j + 1;
+/** Top-level fields that select a model or set the output cap: read exactly, never case-folded. */
+export function isSensitiveField(folded: string): boolean {
+  return folded === 'model' || folded === 'models' || folded.endsWith('fallbacks') || OUTPUT_CAPS.includes(folded);
+}
+
+/** Body fields that select further models, held to the key's scope like `model`. */
+export function selectsModels(name: string): boolean {
+  return name === 'models' || name.endsWith('fallbacks');
+}
+
+const decoder = new TextDecoder('utf-8', { fatal: true, ignoreBOM: true });
+
+/** Index of the quote that closes the string opened at `i`. */
+function stringEnd(text: string, i: number): number {
+  for (let j = text.indexOf('"', i + 1); j !== -1; j = text.indexOf('"', j + 1)) {
+    let slashes = 0;
+    while (text.charCodeAt(j - 1 - slashes) === 92) slashes++;
+    if (slashes % 2 === 0) return j;
   }
   return text.length;
 }
 
-/** Top-level keys of an object literal already known to be valid JSON, decoded. */
-export function topLevelKeys(text: string): string[] {
-  const keys: string[] = [];
-  let depth = 0;
+/** Whether the `\u` escapes in text[from, to) pair every surrogate. */
+function surrogatesPaired(text: string, from: number, to: number): boolean {
+  let pendingHigh = false;
+  for (let i = from; i < to; i++) {
+    if (text.charCodeAt(i) !== 92) continue;
+    if (text.charCodeAt(i + 1) !== 117) {
+      i++; // the escaped character
+      if (pendingHigh) return false;
+      continue;
+    }
+    const unit = parseInt(text.slice(i + 2, i + 6), 16);
+    const adjacent = pendingHigh;
+    pendingHigh = false;
+    if (unit >= 0xdc00 && unit <= 0xdfff) {
+      if (!adjacent) return false;
+    } else if (adjacent) return false;
+    else if (unit >= 0xd800 && unit <= 0xdbff) {
+      if (text.charCodeAt(i + 6) !== 92) return false;
+      pendingHigh = true;
+    }
+    i += 5;
+  }
+  return !pendingHigh;
+}
+
+const ARRAY = Symbol('array');
+const DUPLICATE = 'The request body names a key more than once in one object.';
+
+/**
+ * Walks valid JSON text once: duplicate keys in any object and unpaired surrogate escapes
+ * are problems. Linear in the text.
+ */
+export function strictProblem(text: string): string | null {
+  // Per open container: ARRAY, or an object's keys so far (none, one key, or a Set from
+  // the second key on, so the many small objects of a large body cost no Set each).
+  const stack: (typeof ARRAY | undefined | string | Set<string>)[] = [];
   let expectKey = false;
   for (let i = 0; i < text.length; i++) {
     const c = text.charCodeAt(i);
     if (c === 34) {
-      const end = skipString(text, i);
-      if (depth === 1 && expectKey) keys.push(JSON.parse(text.slice(i, end)) as string);
+      const end = stringEnd(text, i);
+      // Searched within the string only: a search to the end of the text would be quadratic.
+      let hasEscape = false;
+      for (let k = i + 1; k < end; k++) {
+        if (text.charCodeAt(k) === 92) {
+          hasEscape = true;
+          break;
+        }
+      }
+      if (hasEscape && !surrogatesPaired(text, i + 1, end)) return 'The request body contains an unpaired surrogate escape.';
+      if (expectKey) {
+        const key = hasEscape ? (JSON.parse(text.slice(i, end + 1)) as string) : text.slice(i + 1, end);
+        const top = stack.length - 1;
+        const keys = stack[top];
+        if (keys === undefined) stack[top] = key;
+        else if (typeof keys === 'string') {
+          if (keys === key) return DUPLICATE;
+          stack[top] = new Set([keys, key]);
+        } else if (keys instanceof Set) {
+          if (keys.has(key)) return DUPLICATE;
+          keys.add(key);
+        }
+      }
       expectKey = false;
-      i = end - 1;
-    } else if (c === 123 || c === 91) {
-      depth++;
-      expectKey = depth === 1 && c === 123;
-    } else if (c === 125 || c === 93) {
-      depth--;
-    } else if (c === 44 && depth === 1) {
+      i = end;
+    } else if (c === 123) {
+      stack.push(undefined);
       expectKey = true;
+    } else if (c === 91) {
+      stack.push(ARRAY);
+    } else if (c === 125 || c === 93) {
+      stack.pop();
+    } else if (c === 44) {
+      expectKey = stack.length > 0 && stack[stack.length - 1] !== ARRAY;
     }
-  }
-  return keys;
-}
-
-function outputCap(body: Record<string, unknown>): number | null {
-  for (const name of ['max_tokens', 'max_completion_tokens', 'max_output_tokens']) {
-    const v = body[name];
-    if (typeof v === 'number' && Number.isFinite(v) && v >= 0) return Math.floor(v);
   }
   return null;
 }
 
-export function inspectJson(buf: Buffer): JsonInspection {
+/** Every string and object key inside `v` (a `models`/`fallbacks` value), depth first. */
+function collectModels(v: unknown, out: string[]): void {
+  if (out.length > MAX_EXTRA_MODELS) return;
+  if (typeof v === 'string') out.push(v);
+  else if (Array.isArray(v)) for (const x of v) collectModels(x, out);
+  else if (typeof v === 'object' && v !== null) {
+    for (const [k, x] of Object.entries(v)) {
+      out.push(k);
+      collectModels(x, out);
+    }
+  }
+}
+
+/** The models a multipart `models`/`fallbacks` field names: a JSON value's strings and keys, else the text itself. */
+export function modelsOfField(value: string): string[] {
+  const out: string[] = [];
   let parsed: unknown;
   try {
-    parsed = JSON.parse(buf.toString('utf8'));
+    parsed = JSON.parse(value);
+  } catch {
+    return [value];
+  }
+  collectModels(parsed, out);
+  return typeof parsed === 'object' && parsed !== null ? out : [value, ...out.filter((m) => m !== value)];
+}
+
+/** The largest output cap the body names; a numeric string counts (lax decoders coerce it). */
+function outputCap(body: Record<string, unknown>): { ok: true; cap: number | null } | { ok: false; message: string } {
+  let cap: number | null = null;
+  for (const name of OUTPUT_CAPS) {
+    let v = body[name];
+    if (typeof v === 'string' && /^\s*\d{1,15}\s*$/.test(v)) v = Number(v);
+    if (typeof v !== 'number') continue;
+    if (!Number.isFinite(v)) return { ok: false, message: `"${name}" must be a finite number.` };
+    if (v >= 0) cap = Math.max(cap ?? 0, Math.min(Math.ceil(v), Number.MAX_SAFE_INTEGER));
+  }
+  return { ok: true, cap };
+}
+
+export function inspectJson(buf: Buffer): JsonInspection {
+  if (buf.length >= 3 && buf[0] === 0xef && buf[1] === 0xbb && buf[2] === 0xbf) {
+    return { ok: false, message: 'The request body must not start with a byte order mark.' };
+  }
+  let text: string;
+  try {
+    text = decoder.decode(buf);
+  } catch {
+    return { ok: false, message: 'The request body is not valid UTF-8.' };
+  }
+  let parsed: unknown;
+  try {
+    parsed = JSON.parse(text);
   } catch {
     return { ok: false, message: 'The request body is not valid JSON.' };
   }
   if (typeof parsed !== 'object' || parsed === null || Array.isArray(parsed)) {
     return { ok: false, message: 'The request body must be a JSON object.' };
   }
+  const problem = strictProblem(text);
+  if (problem) return { ok: false, message: problem };
   const body = parsed as Record<string, unknown>;
-  // Fast path: a second top-level "model" needs either a second literal "model" or a \u escape.
-  if (countOccurrences(buf, MODEL, 2) > 1 || buf.includes(ESCAPE_U)) {
-    const n = topLevelKeys(buf.toString('utf8')).filter((k) => k === 'model').length;
-    if (n > 1) return { ok: false, message: 'The request body names "model" more than once.' };
+  const models: string[] = [];
+  const seen = new Set<string>();
+  for (const key of Object.keys(body)) {
+    const folded = foldKey(key);
+    if (seen.has(folded) || (folded !== key && isSensitiveField(folded))) {
+      const what = isSensitiveField(folded) ? `"${folded}"` : 'a key';
+      return { ok: false, message: `The request body names ${what} in another letter case or more than once; send it once, in lower case.` };
+    }
+    seen.add(folded);
+    if (selectsModels(key)) collectModels(body[key], models);
   }
-  if (!('model' in body)) return { ok: true, model: null, maxOutputTokens: outputCap(body) };
+  // Gateways that call providers through an OpenAI SDK merge `extra_body` into the
+  // provider's request, where its `model` overrides the one keyward checked.
+  const extra = body.extra_body;
+  if (typeof extra === 'object' && extra !== null && !Array.isArray(extra)) {
+    for (const [k, v] of Object.entries(extra)) {
+      const folded = foldKey(k);
+      if (folded === 'model' || selectsModels(folded)) collectModels(v, models);
+    }
+  }
+    if (models.length > MAX_EXTRA_MODELS) return { ok: false, message: 'The request body names too many models.' };
+  if (models.some((m) => m.length > MAX_MODEL_LENGTH)) return { ok: false, message: `Model names are at most ${MAX_MODEL_LENGTH} characters.` };
+  const cap = outputCap(body);
+  if (!cap.ok) return cap;
+  if (!('model' in body)) return { ok: true, model: null, maxOutputTokens: cap.cap, models };
   if (typeof body.model !== 'string' || body.model === '') {
     return { ok: false, message: '"model" must be a non-empty string.' };
   }
-  return { ok: true, model: body.model, maxOutputTokens: outputCap(body) };
+  if (body.model.length > MAX_MODEL_LENGTH) return { ok: false, message: `"model" is at most ${MAX_MODEL_LENGTH} characters.` };
+  return { ok: true, model: body.model, maxOutputTokens: cap.cap, models };
+}
+
+/**
+ * Whether the query string names a model (`model`, `models`, `*fallbacks`, in any letter
+ * case, percent-encoded or with `[]`): some gateways take it over the body's.
+ */
+export function queryNamesModel(target: string): boolean {
+  const q = target.indexOf('?');
+  if (q === -1) return false;
+  for (const pair of target.slice(q + 1).split(/[&;]/)) {
+    let name = pair.split('=', 1)[0]!.replace(/\+/g, ' ');
+    try {
+      name = decodeURIComponent(name);
+    } catch {
+      // a malformed escape: judge the raw text
+    }
+    const folded = foldKey(name.trim()).replace(/\[.*$/, '');
+    if (folded === 'model' || selectsModels(folded)) return true;
+  }
+  return false;
 }

@@ -1,126 +1,287 @@
 /**
- * Reads form fields from the head of a multipart/form-data body, stopping at the first
- * file part, so the upload itself streams through untouched. Pure and incremental: feed
- * it the bytes seen so far; it says whether it needs more.
+ * multipart/form-data read as RFC 2046/7578 parsers read it, strictly enough that no
+ * common parser (Go's mime/multipart, python-multipart under Starlette, busboy) can read
+ * the same bytes another way. Pure and incremental: feed it bytes as they come, it
+ * reports the form fields that select models, where the first file part starts, and
+ * every problem, with bounded memory whatever the body size.
+ *
+ * Refused, because parsers disagree on them: a preamble; `\r\n--boundary` followed by
+ * anything but CRLF or `--` (transport padding is a delimiter to Go and data to
+ * python-multipart; anything else is a boundary inside content, which RFC 2046 forbids);
+ * bare CR or LF, folded lines, or malformed lines in part headers; zero or several
+ * Content-Disposition lines; a disposition that is not form-data; duplicate, `*=`
+ * (RFC 2231) or backslash-quoted parameters; Content-Transfer-Encoding other than
+ * 7bit/8bit/binary (Go decodes quoted-printable); a `_charset_` field (it changes how
+ * Starlette decodes later fields); a model-selecting field that is a file, appears twice,
+ * appears after a file part, or is named in another letter case; anything but
+ * whitespace after the closing delimiter.
  */
 import { Transform } from 'node:stream';
-
-export type FieldScan =
-  | { state: 'more' }
-  /** fields before the first file part (or the end); `bytes` is how many body bytes they took */
-  | { state: 'done'; fields: Map<string, string[]>; bytes: number; fileAt: number | null }
-  | { state: 'error'; message: string };
+import { foldKey, isSensitiveField, MAX_MODEL_LENGTH } from './json-scan.js';
 
 /**
  * The boundary from a content-type header, or null. RFC 2046 allows 1-70 characters; a
- * longer one, or a header naming two boundaries, is refused rather than guessed at, so
- * the sidecar never reads a body differently from the upstream.
+ * longer one, or a header naming two boundaries, is refused rather than guessed at.
  */
 export function multipartBoundary(contentType: string | undefined): string | null {
   if (!contentType || !/^multipart\/form-data\s*(;|$)/i.test(contentType)) return null;
   const all = [...contentType.matchAll(/;\s*boundary=(?:"([^"]*)"|([^\s;]*))/gi)];
   if (all.length !== 1) return null;
   const b = all[0]![1] ?? all[0]![2] ?? '';
-  return b.length >= 1 && b.length <= 70 ? b : null;
+  // RFC 2046 bchars only: a quoted boundary with a backslash or quote is unescaped by
+  // some parsers (Go) and not by others.
+  return BOUNDARY.test(b) ? b : null;
 }
 
-/** The first delimiter: at the very start of the body or at the start of a line. */
-function firstDelimiter(buf: Buffer, delim: Buffer): number {
-  for (let at = buf.indexOf(delim); at !== -1; at = buf.indexOf(delim, at + 1)) {
-    if (at === 0 || (buf[at - 2] === 13 && buf[at - 1] === 10)) return at;
+const BOUNDARY = /^[0-9A-Za-z'()+_,\-./:=? ]{0,69}[0-9A-Za-z'()+_,\-./:=?]$/;
+const TOKEN = /^[!#$%&'*+.^_`|~0-9A-Za-z-]+$/;
+const MAX_HEADER_BYTES = 8192;
+
+export interface PartHead {
+  name: string;
+  isFile: boolean;
+}
+
+/** A part's header section (without the final CRLFCRLF): its form name and kind, or why it is refused. */
+export function parsePartHeaders(text: string): { ok: true; part: PartHead } | { ok: false; message: string } {
+  const bad = (message: string) => ({ ok: false as const, message });
+  if (/\r(?!\n)|(?<!\r)\n/.test(text)) return bad('A multipart part header has a bare CR or LF.');
+  let disposition: string | null = null;
+  for (const line of text === '' ? [] : text.split('\r\n')) {
+    const colon = line.indexOf(':');
+    if (colon <= 0 || !TOKEN.test(line.slice(0, colon))) return bad('A multipart part header line is malformed or folded.');
+    const name = line.slice(0, colon).toLowerCase();
+    const value = line.slice(colon + 1).trim();
+    if (name === 'content-disposition') {
+      if (disposition !== null) return bad('A multipart part has two Content-Disposition headers.');
+      disposition = value;
+    } else if (name === 'content-transfer-encoding' && !/^(7bit|8bit|binary)$/i.test(value)) {
+      return bad('Multipart parts with a Content-Transfer-Encoding are not accepted.');
+    }
   }
-  return -1;
+  if (disposition === null) return bad('A multipart part has no Content-Disposition header.');
+  const m = /^([^;\s]+)\s*(.*)$/.exec(disposition)!;
+  if (m[1]!.toLowerCase() !== 'form-data') return bad('A multipart part is not form-data.');
+  const params = new Map<string, string>();
+  let rest = m[2]!;
+  while (rest !== '') {
+    const p = /^;\s*([!#$%&'+.^_`|~0-9A-Za-z-]+)=(?:"([^"\\\r\n]*)"|([!#$%&'*+.^_`|~0-9A-Za-z-]+))\s*/.exec(rest);
+    if (!p) return bad('A multipart Content-Disposition has a parameter that parsers read differently.');
+    const key = p[1]!.toLowerCase();
+    if (params.has(key)) return bad(`A multipart part names its "${key}" parameter twice.`);
+    params.set(key, p[2] ?? p[3]!);
+    rest = rest.slice(p[0].length);
+  }
+  const name = params.get('name');
+  if (name === undefined) return bad('A multipart part has no name.');
+  return { ok: true, part: { name, isFile: params.has('filename') } };
 }
 
-/** The form-field name a part's headers give, and whether the part is a file. */
-export function partDisposition(headerText: string): { name: string | null; isFile: boolean } {
-  const line = headerText.split('\r\n').find((l) => /^content-disposition\s*:/i.test(l)) ?? '';
-  const name = /;\s*name="([^"]*)"/i.exec(line)?.[1] ?? /;\s*name=([^;\s]+)/i.exec(line)?.[1] ?? null;
-  return { name, isFile: /;\s*filename\*?=/i.test(line) };
-}
+export type MultipartEvent =
+  /** a part's headers are read */
+  | { type: 'part'; part: PartHead }
+  /** a model-selecting field's whole value */
+  | { type: 'field'; name: string; value: string };
 
-const CRLFCRLF = Buffer.from('\r\n\r\n');
-
+const decoder = new TextDecoder('utf-8', { fatal: true });
 
 /**
- * Scans `buf` (the body so far). `ended` says no more bytes will come. Fields are
- * collected until a part with a filename, the closing delimiter, or the end.
+ * Incremental strict reader. `push` returns the events the new bytes completed, or a
+ * problem; `end` says whether the body closed properly. After a problem it stays failed.
  */
-export function scanFields(buf: Buffer, boundary: string, ended: boolean): FieldScan {
-  const delim = Buffer.from(`--${boundary}`);
-  const nextDelim = Buffer.from(`\r\n--${boundary}`);
-  const fields = new Map<string, string[]>();
-  let pos = firstDelimiter(buf, delim);
-  if (pos === -1) return ended ? { state: 'error', message: 'The multipart body has no boundary delimiter.' } : { state: 'more' };
-  for (;;) {
-    const afterDelim = pos + delim.length;
-    if (buf.length < afterDelim + 2) return ended ? { state: 'done', fields, bytes: buf.length, fileAt: null } : { state: 'more' };
-    if (buf[afterDelim] === 45 && buf[afterDelim + 1] === 45) return { state: 'done', fields, bytes: afterDelim + 2, fileAt: null }; // "--": close
-    const headersEnd = buf.indexOf(CRLFCRLF, afterDelim);
-    if (headersEnd === -1) return ended ? { state: 'error', message: 'A multipart part has unterminated headers.' } : { state: 'more' };
-    const part = partDisposition(buf.toString('latin1', afterDelim, headersEnd));
-    if (part.isFile) return { state: 'done', fields, bytes: pos, fileAt: pos };
-    const valueStart = headersEnd + 4;
-    const valueEnd = buf.indexOf(nextDelim, valueStart);
-    if (valueEnd === -1) return ended ? { state: 'error', message: 'A multipart field is not terminated.' } : { state: 'more' };
-    if (part.name !== null) {
-      const list = fields.get(part.name) ?? [];
-      list.push(buf.toString('utf8', valueStart, valueEnd));
-      fields.set(part.name, list);
+export class MultipartReader {
+  private state: 'start' | 'afterDelim' | 'headers' | 'body' | 'epilogue' | 'failed' = 'start';
+  private buf: Buffer = Buffer.alloc(0);
+  private readonly first: Buffer;
+  private readonly marker: Buffer;
+  private current: PartHead | null = null;
+  private value: Buffer[] | null = null;
+  private valueBytes = 0;
+  private readonly seen = new Set<string>();
+  /** whether a file part has begun: admission need not wait for more */
+  fileSeen = false;
+  private sealed = false;
+  problem: string | null = null;
+
+  constructor(boundary: string) {
+    this.first = Buffer.from(`--${boundary}`);
+    this.marker = Buffer.from(`\r\n--${boundary}`);
+  }
+
+  get closed(): boolean {
+    return this.state === 'epilogue';
+  }
+
+  push(chunk: Buffer): MultipartEvent[] | { problem: string } {
+    if (this.state === 'failed') return { problem: this.problem! };
+    this.buf = this.buf.length === 0 ? chunk : Buffer.concat([this.buf, chunk]);
+    const events: MultipartEvent[] = [];
+    const problem = this.run(events);
+    if (problem) {
+      this.state = 'failed';
+      this.problem = problem;
+      return { problem };
     }
-    pos = valueEnd + 2;
+    return events;
+  }
+
+  /**
+   * Admission has read its fields: a model-selecting field from here on is a problem,
+   * as is one whose value is still being read.
+   */
+  seal(): string | null {
+    this.sealed = true;
+    if (this.value !== null) {
+      this.state = 'failed';
+      this.problem = 'A model-selecting form field is too far into the body; send it first.';
+    }
+    return this.problem;
+  }
+
+  /** Null when the body ended after its closing delimiter, else the problem. */
+  end(): string | null {
+    if (this.state === 'failed') return this.problem;
+    if (this.state !== 'epilogue') {
+      this.state = 'failed';
+      this.problem = 'The multipart body ends before its closing delimiter.';
+    }
+    return this.problem;
+  }
+
+  private consume(n: number): void {
+    this.buf = this.buf.subarray(n);
+  }
+
+  private run(events: MultipartEvent[]): string | null {
+    for (;;) {
+      switch (this.state) {
+        case 'start': {
+          if (this.buf.length < this.first.length) {
+            return this.first.subarray(0, this.buf.length).equals(this.buf) ? null : 'The multipart body must start with its boundary delimiter.';
+          }
+          if (!this.buf.subarray(0, this.first.length).equals(this.first)) return 'The multipart body must start with its boundary delimiter.';
+          this.consume(this.first.length);
+          this.state = 'afterDelim';
+          break;
+        }
+        case 'afterDelim': {
+          if (this.buf.length < 2) return null;
+          const two = this.buf.toString('latin1', 0, 2);
+          if (two === '--') {
+            this.consume(2);
+            this.state = 'epilogue';
+          } else if (two === '\r\n') {
+            this.consume(2);
+            this.state = 'headers';
+          } else return 'The multipart boundary appears inside content, or a delimiter carries padding; parsers read that differently.';
+          break;
+        }
+        case 'headers': {
+          if (this.buf.length >= 2 && this.buf[0] === 13 && this.buf[1] === 10) return 'A multipart part has no headers.';
+          const end = this.buf.indexOf('\r\n\r\n');
+          if (end === -1 ? this.buf.length > MAX_HEADER_BYTES : end > MAX_HEADER_BYTES) return 'A multipart part header section is too large.';
+          if (end === -1) return null;
+          const parsed = parsePartHeaders(this.buf.toString('utf8', 0, end));
+          if (!parsed.ok) return parsed.message;
+          const problem = this.startPart(parsed.part, events);
+          if (problem) return problem;
+          this.consume(end + 4);
+          this.state = 'body';
+          break;
+        }
+        case 'body': {
+          const at = this.buf.indexOf(this.marker);
+          const take = at === -1 ? Math.max(0, this.buf.length - this.marker.length + 1) : at;
+          const problem = this.collect(this.buf.subarray(0, take));
+          if (problem) return problem;
+          if (at === -1) {
+            this.consume(take);
+            this.buf = Buffer.from(this.buf); // do not pin the chunk the tail was cut from
+            return null;
+          }
+          const ended = this.endPart(events);
+          if (ended) return ended;
+          this.consume(at + this.marker.length);
+          this.state = 'afterDelim';
+          break;
+        }
+        case 'epilogue': {
+          if (!/^[\r\n\t ]*$/.test(this.buf.toString('latin1'))) return 'Only whitespace may follow the closing multipart delimiter.';
+          this.consume(this.buf.length);
+          return null;
+        }
+        default:
+          return this.problem;
+      }
+    }
+  }
+
+  private startPart(part: PartHead, events: MultipartEvent[]): string | null {
+    const folded = foldKey(part.name);
+    if (folded === '_charset_') return 'A multipart "_charset_" field is not accepted.';
+    if (isSensitiveField(folded)) {
+      if (folded !== part.name) return `The form names "${folded}" in another letter case; use "${folded}".`;
+      if (part.isFile) return `The form field "${folded}" must not be a file.`;
+      if (this.fileSeen || this.sealed) return `The form names "${folded}" after the file part; send it once, before the file.`;
+      if (this.seen.has(folded)) return `The form names "${folded}" more than once.`;
+      this.seen.add(folded);
+      this.value = [];
+      this.valueBytes = 0;
+    }
+    if (part.isFile) this.fileSeen = true;
+    this.current = part;
+    events.push({ type: 'part', part });
+    return null;
+  }
+
+  private collect(bytes: Buffer): string | null {
+    if (this.value === null || bytes.length === 0) return null;
+    this.valueBytes += bytes.length;
+    if (this.valueBytes > 64 * 1024) return `The form field "${this.current!.name}" is too large.`;
+    this.value.push(Buffer.from(bytes));
+    return null;
+  }
+
+  private endPart(events: MultipartEvent[]): string | null {
+    if (this.value !== null) {
+      let text: string;
+      try {
+        text = decoder.decode(Buffer.concat(this.value));
+      } catch {
+        return `The form field "${this.current!.name}" is not valid UTF-8.`;
+      }
+      if (this.current!.name === 'model' && (text === '' || text.length > MAX_MODEL_LENGTH)) {
+        return `The "model" form field must be 1 to ${MAX_MODEL_LENGTH} characters.`;
+      }
+      events.push({ type: 'field', name: this.current!.name, value: text });
+    }
+    this.value = null;
+    this.current = null;
+    return null;
   }
 }
 
-/** A form field the sidecar already read appeared again after the first file part. */
+/** A form field that selects models appeared where it is not allowed, mid-stream. */
 export class LateFieldError extends Error {
   readonly code = 'KW_BODY_REJECTED';
 }
 
 /**
- * Looks in `data` (bytes from the first file part on) for a part named `field`. Returns
- * found, or the offset from which bytes must be kept to finish the search once more
- * arrive (a marker or a part's headers cut at the end).
+ * Checks the streamed rest of a multipart body with the reader that read its head. A
+ * chunk in which a problem shows is never passed on, and the body's end is held back
+ * until the closing delimiter was seen, so the upstream never reads a complete body
+ * keyward refused; the error destroys whatever the stream is piped into.
  */
-export function scanLateField(data: Buffer, opts: { boundary: string; field: string; maxHeaderBytes?: number }): { found: true } | { found: false; keepFrom: number } {
-  const marker = Buffer.from(`\r\n--${opts.boundary}`);
-  const maxHeader = opts.maxHeaderBytes ?? 8192;
-  let keepFrom = Math.max(0, data.length - marker.length + 1);
-  let from = 0;
-  for (let at = data.indexOf(marker, from); at !== -1; at = data.indexOf(marker, from)) {
-    const headersStart = at + marker.length;
-    const headersEnd = data.indexOf(CRLFCRLF, headersStart);
-    if (headersEnd === -1) {
-      if (data.length - headersStart <= maxHeader) keepFrom = Math.min(keepFrom, at);
-      break;
-    }
-    if (partDisposition(data.toString('latin1', headersStart, headersEnd)).name === opts.field) return { found: true };
-    from = headersEnd;
-  }
-  return { found: false, keepFrom };
-}
-
-export const lateFieldMessage = (field: string) => `The form names "${field}" again after the file part; send it once, before the file.`;
-
-/**
- * Watches the streamed rest of a multipart body (from the first file part on) for a
- * part named `field`. The sidecar checked the first value; an upstream that takes the
- * last value would use another, so such a body is refused. A chunk that completes such
- * a part's headers is never passed on. Memory stays bounded: at most one part header
- * plus one chunk is held.
- */
-export function createLateFieldGuard(opts: { boundary: string; field: string; maxHeaderBytes?: number }): Transform {
-  let carry: Buffer = Buffer.alloc(0);
+export function createMultipartGuard(reader: MultipartReader): Transform {
   return new Transform({
     transform(chunk: Buffer, _enc, cb) {
-      const data = carry.length > 0 ? Buffer.concat([carry, chunk]) : chunk;
-      const r = scanLateField(data, opts);
-      if (r.found) {
-        cb(new LateFieldError(lateFieldMessage(opts.field)));
-        return;
-      }
-      carry = Buffer.from(data.subarray(r.keepFrom));
-      cb(null, chunk);
+      const r = reader.push(chunk);
+      if (!Array.isArray(r)) cb(new LateFieldError(r.problem));
+      else cb(null, chunk);
+    },
+    flush(cb) {
+      const problem = reader.end();
+      cb(problem ? new LateFieldError(problem) : null);
     },
   });
 }

@@ -10,7 +10,7 @@ import { isWellFormedKey } from '../auth/keyformat.js';
 import type { KeyHasher } from '../auth/hash.js';
 import { deny, type Denial, type ErrorStyle } from '../errors.js';
 import { hasAnyLimit, NO_QUOTA, type AdmitInput, type Hold, type Lease, type Limiter, type Quota } from '../limits/limiter.js';
-import { checkKey, checkModel, checkStanding, modelLimitFor } from '../policy/decide.js';
+import { checkKey, checkModel, checkModels, checkStanding, modelLimitFor } from '../policy/decide.js';
 import { holdersOf } from '../policy/holders.js';
 import { costOf, type Price } from '../policy/pricing.js';
 import { checkNetwork, looksLikeBrowser } from '../policy/network.js';
@@ -162,7 +162,7 @@ export async function decide(input: RequestInput, deps: PipelineDeps, requestId:
     body = read.body.replay;
     seen.model = read.body.model;
     // A bodiless call (GET or DELETE /v1/responses/{id}, a cancel) selects no model, so scope does not apply.
-    const scope = body === null ? null : checkModel(admitted.facts.key, read.body.model);
+    const scope = body === null ? null : (checkModel(admitted.facts.key, read.body.model) ?? checkModels(admitted.facts.key, read.body.models));
     if (scope) return denied(seen, scope);
     metered = body !== null && !route.countTokens;
     if (metered) estimate = { prompt: promptTokens(read.body.estimateBytes), output: outputCap(read.body.maxOutputTokens, deps.defaultOutputTokens) };

@@ -117,6 +117,7 @@ export async function startSidecar(opts: SidecarOptions): Promise<Sidecar> {
     usageSink: opts.usageSink ?? (usagePusher ? (e: UsageEvent) => usagePusher.push(e) : null),
     log: logger,
     versionHeader: `${config.messages.vendor}-version`,
+    bodyIdleTimeoutMs: config.server.bodyIdleTimeoutMs,
     trustedProxies: config.server.trustedProxies.map((c) => parseRange(c)!),
     describeKey: (facts) => describeKey(limiter, facts),
   });
@@ -125,7 +126,7 @@ export async function startSidecar(opts: SidecarOptions): Promise<Sidecar> {
   const server = createServer({ keepAliveTimeout: 65_000, requestTimeout: 0, headersTimeout: 60_000 });
   server.on('request', (req, res) => exchanges.handle(req, res, false));
   server.on('checkContinue', (req, res) => exchanges.handle(req, res, true));
-  server.on('clientError', (_err, socket) => answerClientError(socket));
+  server.on('clientError', (err: NodeJS.ErrnoException, socket) => answerClientError(err, socket));
 
   const port = await listen(server, config.server.port, config.server.host);
   let admin: AdminServer;

@@ -64,7 +64,8 @@ export function createUsageTap(opts: UsageTapOptions): UsageTap | null {
 
 type Obj = Record<string, unknown>;
 const isObj = (v: unknown): v is Obj => typeof v === 'object' && v !== null && !Array.isArray(v);
-const count = (v: unknown): number => (typeof v === 'number' && Number.isFinite(v) && v > 0 ? v : 0);
+/** Whole tokens, bounded: the console accepts only safe non-negative integers in a usage event. */
+const count = (v: unknown): number => (typeof v === 'number' && Number.isFinite(v) && v > 0 ? Math.min(Math.ceil(v), 2 ** 40) : 0);
 
 /**
  * One `usage` object, any of the supported shapes. Messages-style cache writes and reads

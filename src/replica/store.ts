@@ -4,7 +4,7 @@
  * another process (`keyward import`) are noticed through SQLite's data_version.
  */
 import Database from 'better-sqlite3';
-import { mkdirSync } from 'node:fs';
+import { chmodSync, closeSync, mkdirSync, openSync } from 'node:fs';
 import { dirname } from 'node:path';
 import { applyChanges, applySnapshot, type SnapshotSource } from './apply.js';
 import { prepareDatabase } from './schema.js';
@@ -55,10 +55,29 @@ function toFacts(r: Row): KeyFacts {
   };
 }
 
+/**
+ * The file holds key hashes and balances: readable by its owner only. SQLite gives the
+ * -wal and -shm files the database file's mode, so the database is created 0600 before
+ * SQLite opens it; files left wider by an earlier run are narrowed.
+ */
+function makePrivate(path: string): void {
+  mkdirSync(dirname(path), { recursive: true, mode: 0o700 });
+  closeSync(openSync(path, 'a', 0o600));
+  for (const p of [path, `${path}-wal`, `${path}-shm`]) {
+    try {
+      chmodSync(p, 0o600);
+    } catch (err) {
+      if ((err as NodeJS.ErrnoException).code !== 'ENOENT') throw err;
+    }
+  }
+}
+
 export function openDatabase(path: string): Database.Database {
-  if (path !== ':memory:') mkdirSync(dirname(path), { recursive: true });
+  const onDisk = path !== ':memory:' && path !== '';
+  if (onDisk) makePrivate(path);
   const db = new Database(path);
   prepareDatabase(db);
+  if (onDisk) makePrivate(path);
   return db;
 }
 

@@ -111,7 +111,7 @@ describe('forwarding', () => {
       const res = await send(h.url, { method: 'POST', path: '/v1/audio/transcriptions', headers, body: sneaky });
       assert.equal(res.status, 400, `size ${size}`);
       assert.equal(res.headers['x-keyward-error'], 'invalid_request');
-      assert.match(res.json<{ error: { message: string } }>().error.message, /again after the file part/);
+      assert.match(res.json<{ error: { message: string } }>().error.message, /after the file part/);
       assert.equal(up.received.length, count, 'the upstream received a complete body');
     }
   });

@@ -3,6 +3,7 @@ import assert from 'node:assert/strict';
 import { randomBytes } from 'node:crypto';
 import { MasterKeyError, open, readMasterKey, seal } from '../../src/console/crypto.js';
 import { makePricer } from '../../src/console/pricing.js';
+import { globMatch } from '../../src/policy/glob.js';
 
 test('sealed secrets round-trip and are bound to the key id', () => {
   const masterKey = randomBytes(32);
@@ -33,6 +34,9 @@ test('the master key is read as 64 hex or base64 of 32 bytes; errors name the va
 });
 
 test('pricing: anchored globs, the most specific entry wins, unpriced is explicit', () => {
+  assert.ok(globMatch('gpt-4o*', 'gpt-4o-2024'));
+  assert.ok(!globMatch('gpt-4o*', 'x-gpt-4o'));
+  assert.ok(!globMatch('a.b', 'axb'));
   const price = makePricer({
     // the most specific entry wins whatever the order, as on the sidecars
     models: [

@@ -1,8 +1,8 @@
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { inspectJson, topLevelKeys } from '../../src/proxy/json-scan.js';
+import { inspectJson, queryNamesModel } from '../../src/proxy/json-scan.js';
 
-type Want = { model: string | null; cap?: number | null } | { error: RegExp };
+type Want = { model: string | null; cap?: number | null; models?: string[] } | { error: RegExp };
 
 // Bodies are written as raw JSON text so escapes reach the scanner exactly as a client sends them.
 const ROWS: [name: string, body: string, want: Want][] = [
@@ -55,9 +55,38 @@ const ROWS: [name: string, body: string, want: Want][] = [
   ['max_completion_tokens', '{"model":"a","max_completion_tokens":50}', { model: 'a', cap: 50 }],
   ['max_output_tokens', '{"model":"a","max_output_tokens":70}', { model: 'a', cap: 70 }],
   ['max_tokens zero', '{"model":"a","max_tokens":0}', { model: 'a', cap: 0 }],
-  ['fractional cap floored', '{"model":"a","max_tokens":12.7}', { model: 'a', cap: 12 }],
+  ['fractional cap rounded up', '{"model":"a","max_tokens":12.2}', { model: 'a', cap: 13 }],
   ['no cap', '{"model":"a"}', { model: 'a', cap: null }],
-  ['cap as a string is ignored', '{"model":"a","max_tokens":"100"}', { model: 'a', cap: null }],
+  ['cap as a numeric string counts (lax decoders coerce it)', '{"model":"a","max_tokens":"100"}', { model: 'a', cap: 100 }],
+  ['the largest cap wins, whatever the order', '{"model":"a","max_tokens":10,"max_completion_tokens":5000,"max_output_tokens":7}', { model: 'a', cap: 5000 }],
+  ['the largest cap wins, first field smaller', '{"max_output_tokens":9000,"model":"a","max_tokens":1}', { model: 'a', cap: 9000 }],
+  ['an overflowing cap is refused', '{"model":"a","max_tokens":1e400}', { error: /finite/ }],
+  // one reading: what another decoder could read differently is refused
+  ['byte order mark', '\ufeff{"model":"a"}', { error: /byte order mark/ }],
+  ['lone high surrogate escape', '{"model":"gpt-4o\\ud800"}', { error: /surrogate/ }],
+  ['lone low surrogate escape', '{"model":"a","x":"\\udc00"}', { error: /surrogate/ }],
+  ['reversed surrogate pair', '{"model":"a","x":"\\udc00\\ud800"}', { error: /surrogate/ }],
+  ['high surrogate then plain escape', '{"model":"a","x":"\\ud800\\n"}', { error: /surrogate/ }],
+  ['paired surrogates pass', '{"model":"a","x":"\\ud83d\\ude00"}', { model: 'a' }],
+  ['escaped backslash before u is not an escape', '{"model":"a","x":"\\\\ud800"}', { model: 'a' }],
+  ['NaN', '{"model":"a","temperature":NaN}', { error: /not valid JSON/ }],
+  ['comment', '{"model":"a" /* b */}', { error: /not valid JSON/ }],
+  ['line comment', '{"model":"a"}// x', { error: /not valid JSON/ }],
+  ['duplicate key nested', '{"model":"a","metadata":{"x":1,"x":2}}', { error: /more than once/ }],
+  ['duplicate key in an array element', '{"model":"a","messages":[{"role":"user","role":"system"}]}', { error: /more than once/ }],
+  ['same key in sibling objects is fine', '{"model":"a","messages":[{"role":"user"},{"role":"user"}]}', { model: 'a' }],
+  ['MODEL in upper case beside model', '{"model":"a","MODEL":"b"}', { error: /letter case/ }],
+  ['Model alone', '{"Model":"b"}', { error: /letter case/ }],
+  ['Kelvin sign folds to k for Go', '{"model":"a","max_to\u212aens":99999}', { error: /letter case/ }],
+  ['long s folds to s for Go', '{"model":"a","model\u017f":["b"]}', { error: /letter case/ }],
+  ['case twins of any key are refused', '{"model":"a","Stream":true,"stream":false}', { error: /letter case/ }],
+  ['a case variant of another field alone is fine', '{"model":"a","Stream":true}', { model: 'a' }],
+  ['model of 256 characters', `{"model":"${'m'.repeat(256)}"}`, { model: 'm'.repeat(256) }],
+  ['model over 256 characters', `{"model":"${'m'.repeat(257)}"}`, { error: /256/ }],
+  ['models list', '{"model":"a","models":["b","c"]}', { model: 'a', models: ['b', 'c'] }],
+  ['fallbacks, list and mapping forms', '{"model":"a","fallbacks":["b",{"c":["d"]}],"context_window_fallbacks":[{"e":["f"]}]}', { model: 'a', models: ['b', 'c', 'd', 'e', 'f'] }],
+  ['extra_body selects models too', '{"model":"a","extra_body":{"model":"b","Fallbacks":["c"]}}', { model: 'a', models: ['b', 'c'] }],
+  ['a models entry over 256 characters', `{"model":"a","models":["${'m'.repeat(300)}"]}`, { error: /256/ }],
   ['negative cap is ignored', '{"model":"a","max_tokens":-5}', { model: 'a', cap: null }],
   ['null cap is ignored', '{"model":"a","max_tokens":null}', { model: 'a', cap: null }],
   ['nested cap is ignored', '{"model":"a","options":{"max_tokens":9}}', { model: 'a', cap: null }],
@@ -75,6 +104,7 @@ for (const [name, body, want] of ROWS) {
     assert.ok(got.ok, JSON.stringify(got));
     assert.equal(got.model, want.model);
     if (want.cap !== undefined) assert.equal(got.maxOutputTokens, want.cap);
+    if (want.models !== undefined) assert.deepEqual(got.models, want.models);
   });
 }
 
@@ -90,23 +120,48 @@ test('inspectJson: error messages never echo the body', () => {
 test('inspectJson: a large body with many nested "model" keys keeps the top-level one', () => {
   const messages = Array.from({ length: 2000 }, (_, i) => ({ role: 'user', content: [{ type: 'text', text: `m${i}`, model: `n${i}` }] }));
   const body = JSON.stringify({ messages, model: 'big', max_tokens: 7 });
-  assert.deepEqual(inspectJson(Buffer.from(body)), { ok: true, model: 'big', maxOutputTokens: 7 });
+  assert.deepEqual(inspectJson(Buffer.from(body)), { ok: true, model: 'big', maxOutputTokens: 7, models: [] });
   const dup = body.slice(0, -1) + ',"model":"other"}';
   assert.equal(inspectJson(Buffer.from(dup)).ok, false);
 });
 
-const KEYS: [string, string[]][] = [
-  ['{}', []],
-  ['{"a":1,"b":{"c":2},"d":[{"e":3}],"f":"g"}', ['a', 'b', 'd', 'f']],
-  ['{ "a" : [ 1 , 2 ] , "b" : { "x" : [ { "y" : 1 } ] } , "c" : null }', ['a', 'b', 'c']],
-  ['{"mod\\u0065l":1,"model":2}', ['model', 'model']],
-  ['{"a\\"b":1,"c\\\\":2,"d":"e,\\"f\\":"}', ['a"b', 'c\\', 'd']],
-  ['{"k":"v","arr":[{"inner":1},{"inner":2}],"last":true}', ['k', 'arr', 'last']],
+const QUERIES: [string, boolean][] = [
+  ['/v1/chat/completions', false],
+  ['/v1/chat/completions?trace=1', false],
+  ['/v1/chat/completions?model=gpt-4o', true],
+  ['/v1/chat/completions?a=1&Model=x', true],
+  ['/v1/chat/completions?%6Dodel=x', true],
+  ['/v1/chat/completions?model[]=x', true],
+  ['/v1/chat/completions?a=1;model=x', true],
+  ['/v1/chat/completions?+model+=x', true],
+  ['/v1/chat/completions?fallbacks=x', true],
+  ['/v1/chat/completions?models', true],
+  ['/v1/chat/completions?modelx=1&x=model', false],
+  ['/v1/chat/completions?%zz=1', false],
 ];
-
-for (const [text, want] of KEYS) {
-  test(`topLevelKeys(${text})`, () => {
-    assert.deepEqual(topLevelKeys(text), want);
-    if (new Set(want).size === want.length) assert.deepEqual(Object.keys(JSON.parse(text) as object), want);
-  });
+for (const [target, want] of QUERIES) {
+  test(`queryNamesModel(${target}) = ${want}`, () => assert.equal(queryNamesModel(target), want));
 }
+
+test('strict scan stays linear on deep nesting and long escapes', () => {
+  const deep = `{"model":"a","x":${'['.repeat(5000)}${']'.repeat(5000)}}`;
+  assert.equal(inspectJson(Buffer.from(deep)).ok, true);
+  const slashes = `{"model":"a","x":"${'\\\\'.repeat(100_000)}"}`;
+  const t0 = performance.now();
+  assert.equal(inspectJson(Buffer.from(slashes)).ok, true);
+  assert.ok(performance.now() - t0 < 2000);
+});
+
+test('invalid UTF-8 is refused, not replaced', () => {
+  const bad = Buffer.concat([Buffer.from('{"model":"gpt-4o'), Buffer.from([0xff]), Buffer.from('"}')]);
+  assert.match((inspectJson(bad) as { message: string }).message, /UTF-8/);
+  const overlong = Buffer.concat([Buffer.from('{"model":"a'), Buffer.from([0xc0, 0xaf]), Buffer.from('"}')]);
+  assert.equal(inspectJson(overlong).ok, false);
+});
+
+test('strict scan is linear in the number of strings (no search past each string)', () => {
+  const body = Buffer.from(JSON.stringify({ model: 'a', messages: Array.from({ length: 100_000 }, () => 'x') }));
+  const t0 = performance.now();
+  assert.equal(inspectJson(body).ok, true);
+  assert.ok(performance.now() - t0 < 1500, `${performance.now() - t0} ms`);
+});

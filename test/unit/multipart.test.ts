@@ -1,12 +1,13 @@
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { createLateFieldGuard, multipartBoundary, scanFields, type FieldScan } from '../../src/proxy/multipart.js';
+import { createMultipartGuard, multipartBoundary, MultipartReader } from '../../src/proxy/multipart.js';
 
 const BOUNDARIES: [string | undefined, string | null][] = [
   ['multipart/form-data; boundary=abc123', 'abc123'],
   ['multipart/form-data;boundary=abc123', 'abc123'],
   ['Multipart/Form-Data; BOUNDARY=XyZ', 'XyZ'],
-  ['multipart/form-data; boundary="quoted boundary;with=stuff"', 'quoted boundary;with=stuff'],
+  ['multipart/form-data; boundary="quoted boundary=with stuff"', 'quoted boundary=with stuff'],
+  ['multipart/form-data; boundary="semi;colon"', null],
   ['multipart/form-data; charset=utf-8; boundary=zz', 'zz'],
   ['multipart/form-data; boundary=zz; charset=utf-8', 'zz'],
   ['multipart/form-data; boundary=----WebKitFormBoundary7MA4YWxkTrZu0gW', '----WebKitFormBoundary7MA4YWxkTrZu0gW'],
@@ -48,177 +49,125 @@ function body(boundary: string, parts: Part[], close = true): Buffer {
 const B = '----WebKitFormBoundary7MA4YWxkTrZu0gW';
 const FILE = { name: 'file', filename: 'audio.mp3', type: 'application/octet-stream', value: 'ID3\u0000binary--data\r\n--not-the-boundary' };
 
-const done = (r: FieldScan) => {
-  assert.equal(r.state, 'done', JSON.stringify(r));
-  return r as Extract<FieldScan, { state: 'done' }>;
-};
-const asObject = (m: Map<string, string[]>) => Object.fromEntries(m);
-const fileOffset = (buf: Buffer) => buf.indexOf(Buffer.from(`--${B}\r\nContent-Disposition: form-data; name="file"`));
-
-test('fields before the first file part; bytes is where the file part starts', () => {
-  const buf = body(B, [{ name: 'model', value: 'whisper-1' }, { name: 'language', value: 'en' }, FILE, { name: 'late', value: 'after-file' }]);
-  for (const ended of [true, false]) {
-    const r = done(scanFields(buf, B, ended));
-    assert.deepEqual(asObject(r.fields), { model: ['whisper-1'], language: ['en'] });
-    assert.equal(r.bytes, fileOffset(buf));
-    assert.ok(r.bytes > 0);
+/** Feeds `buf` to a reader in `size`-byte chunks; the fields it read and its problem, if any. */
+function read(boundary: string, buf: Buffer, size = buf.length) {
+  const reader = new MultipartReader(boundary);
+  const fields: Record<string, string> = {};
+  for (let i = 0; i < buf.length; i += Math.max(1, size)) {
+    const r = reader.push(buf.subarray(i, i + Math.max(1, size)));
+    if (!Array.isArray(r)) return { fields, problem: r.problem };
+    for (const e of r) if (e.type === 'field') fields[e.name] = e.value;
   }
-});
+  return { fields, problem: reader.end() };
+}
 
-test('a file part first: no fields, bytes 0', () => {
-  const buf = body(B, [FILE, { name: 'model', value: 'x' }]);
-  const r = done(scanFields(buf, B, true));
-  assert.equal(r.fields.size, 0);
-  assert.equal(r.bytes, 0);
-});
+const raw = (s: string) => Buffer.from(s, 'utf8');
+const CD = (params: string) => `Content-Disposition: form-data; ${params}`;
 
-test('filename* also marks a file part', () => {
-  const buf = body(B, [{ name: 'purpose', value: 'batch' }, { ...FILE, filenameStar: true }, { name: 'model', value: 'x' }]);
-  const r = done(scanFields(buf, B, true));
-  assert.deepEqual(asObject(r.fields), { purpose: ['batch'] });
-});
-
-test('duplicate model fields are all collected', () => {
-  const buf = body(B, [{ name: 'model', value: 'a' }, { name: 'model', value: 'b' }, FILE]);
-  const r = done(scanFields(buf, B, true));
-  assert.deepEqual(r.fields.get('model'), ['a', 'b']);
-});
-
-test('only fields: stops at the closing delimiter; bytes is the end of the delimiter', () => {
-  const buf = body(B, [{ name: 'model', value: 'dall-e-3' }, { name: 'prompt', value: 'a cat\r\non two lines' }]);
-  const close = buf.indexOf(Buffer.from(`--${B}--`));
-  for (const ended of [true, false]) {
-    const r = done(scanFields(buf, B, ended));
-    assert.deepEqual(asObject(r.fields), { model: ['dall-e-3'], prompt: ['a cat\r\non two lines'] });
-    assert.equal(r.bytes, close + B.length + 4);
-  }
-});
-
-test('values are UTF-8, names may be unquoted, parts without a name are skipped', () => {
-  const raw =
-    `--${B}\r\nContent-Disposition: form-data; name=model\r\n\r\nmodèle\r\n` +
-    `--${B}\r\ncontent-disposition: form-data\r\n\r\nanonymous\r\n` +
-    `--${B}\r\nCONTENT-DISPOSITION: form-data; name="n"\r\nContent-Type: text/plain\r\n\r\n✓\r\n` +
-    `--${B}--\r\n`;
-  const r = done(scanFields(Buffer.from(raw), B, true));
-  assert.deepEqual(asObject(r.fields), { model: ['modèle'], n: ['✓'] });
-});
-
-test('a preamble before the first delimiter is skipped', () => {
-  const buf = Buffer.concat([Buffer.from('This is the preamble.\r\n'), body(B, [{ name: 'model', value: 'm' }, FILE])]);
-  const r = done(scanFields(buf, B, true));
-  assert.deepEqual(r.fields.get('model'), ['m']);
-  assert.equal(r.bytes, fileOffset(buf));
-});
-
-// Incremental: every prefix answers 'more' until it holds enough, then exactly the whole-body answer.
-const INCREMENTAL: [name: string, boundary: string, buf: Buffer][] = [
-  ['fields then file', B, body(B, [{ name: 'model', value: 'whisper-1' }, { name: 'temperature', value: '0.2' }, FILE])],
-  ['fields then close', B, body(B, [{ name: 'model', value: 'gpt-image-1' }, { name: 'prompt', value: 'x'.repeat(100) }])],
-  ['duplicate models then file, one-letter boundary', 'b', body('b', [{ name: 'model', value: 'a' }, { name: 'model', value: 'b' }, FILE])],
-  ['file first', B, body(B, [FILE])],
+const OK: [string, Buffer, Record<string, string>][] = [
+  ['model then file', body(B, [{ name: 'model', value: 'whisper-1' }, FILE]), { model: 'whisper-1' }],
+  ['file then fields that select nothing', body(B, [FILE, { name: 'language', value: 'en' }]), {}],
+  ['only fields', body(B, [{ name: 'prompt', value: 'x' }, { name: 'model', value: 'dall-e-2' }]), { model: 'dall-e-2' }],
+  ['unquoted name', raw(`--${B}\r\nContent-Disposition: form-data; name=model\r\n\r\nm1\r\n--${B}--\r\n`), { model: 'm1' }],
+  ['header names in any case', raw(`--${B}\r\ncontent-disposition: FORM-DATA; NAME="model"\r\n\r\nm2\r\n--${B}--`), { model: 'm2' }],
+  ['value with "--boundary" not at a line start', body(B, [{ name: 'model', value: `a--${B}` }]), { model: `a--${B}` }],
+  ['models field as JSON', body(B, [{ name: 'model', value: 'a' }, { name: 'models', value: '["b","c"]' }]), { model: 'a', models: '["b","c"]' }],
+  ['whitespace epilogue', raw(`--${B}\r\n${CD('name="model"')}\r\n\r\nm\r\n--${B}--\r\n\r\n `), { model: 'm' }],
+  ['binary transfer encoding is plain', raw(`--${B}\r\n${CD('name="model"')}\r\nContent-Transfer-Encoding: binary\r\n\r\nm\r\n--${B}--`), { model: 'm' }],
 ];
 
-for (const [name, boundary, buf] of INCREMENTAL) {
-  test(`incremental: ${name}`, () => {
-    const whole = done(scanFields(buf, boundary, true));
-    let first = -1;
-    for (let n = 0; n <= buf.length; n++) {
-      const r = scanFields(buf.subarray(0, n), boundary, false);
-      if (first === -1) {
-        if (r.state === 'more') continue;
-        first = n;
-      }
-      const d = done(r);
-      assert.deepEqual(asObject(d.fields), asObject(whole.fields), `prefix ${n}`);
-      assert.equal(d.bytes, whole.bytes, `prefix ${n}`);
+for (const [name, buf, want] of OK) {
+  test(`multipart reads: ${name}`, () => {
+    for (const size of [buf.length, 7, 1]) {
+      const got = read(B, buf, size);
+      assert.equal(got.problem, null, `chunks of ${size}`);
+      assert.deepEqual(got.fields, want, `chunks of ${size}`);
     }
-    assert.ok(first > 0, 'never finished');
-    // it needs no byte of the file content: the file part's headers are enough
-    const fileStart = buf.indexOf(Buffer.from('ID3'));
-    if (fileStart !== -1) assert.ok(first <= fileStart, `needed ${first} bytes, file content starts at ${fileStart}`);
   });
 }
 
-test('incremental: chunked feeding (growing buffer) agrees with the whole body', () => {
-  const buf = body(B, [{ name: 'model', value: 'whisper-1' }, FILE]);
-  let acc = Buffer.alloc(0);
-  let r: FieldScan = { state: 'more' };
-  for (let i = 0; i < buf.length && r.state === 'more'; i += 7) {
-    acc = Buffer.concat([acc, buf.subarray(i, i + 7)]);
-    r = scanFields(acc, B, false);
-  }
-  assert.deepEqual(asObject(done(r).fields), { model: ['whisper-1'] });
-  assert.equal(done(r).bytes, fileOffset(buf));
-});
-
-const BROKEN: [string, string, 'more' | 'error'][] = [
-  ['no delimiter at all', 'hello world', 'error'],
-  ['unterminated headers', `--${B}\r\nContent-Disposition: form-data; name="model"\r\n`, 'error'],
-  ['unterminated field', `--${B}\r\nContent-Disposition: form-data; name="model"\r\n\r\nwhisper-1`, 'error'],
-  ['field cut inside the next delimiter', `--${B}\r\nContent-Disposition: form-data; name="model"\r\n\r\nwhisper-1\r\n--${B.slice(0, 5)}`, 'error'],
+const BAD: [string, Buffer, RegExp][] = [
+  ['a preamble', raw(`preamble\r\n--${B}\r\n${CD('name="model"')}\r\n\r\nm\r\n--${B}--`), /start with its boundary/],
+  ['a leading CRLF', raw(`\r\n--${B}\r\n${CD('name="model"')}\r\n\r\nm\r\n--${B}--`), /start with its boundary/],
+  ['transport padding after a delimiter', raw(`--${B}\r\n${CD('name="x"')}\r\n\r\nv\r\n--${B} \r\n${CD('name="model"')}\r\n\r\nm\r\n--${B}--`), /padding/],
+  ['boundary followed by other text inside a value', raw(`--${B}\r\n${CD('name="model"')}\r\n\r\nm\r\n--${B}X\r\n${CD('name="y"')}\r\n\r\nv\r\n--${B}--`), /inside content/],
+  ['two model fields', body(B, [{ name: 'model', value: 'a' }, { name: 'model', value: 'b' }]), /more than once/],
+  ['model after the file part', body(B, [{ name: 'model', value: 'a' }, FILE, { name: 'model', value: 'b' }]), /after the file part/],
+  ['model only after the file part', body(B, [FILE, { name: 'model', value: 'b' }]), /after the file part/],
+  ['fallbacks after the file part', body(B, [FILE, { name: 'fallbacks', value: 'b' }]), /after the file part/],
+  ['Model in another case', body(B, [{ name: 'Model', value: 'a' }]), /letter case/],
+  ['model as a file', body(B, [{ name: 'model', filename: 'm.txt', value: 'a' }]), /must not be a file/],
+  ['model as a file with an empty filename', body(B, [{ name: 'model', filename: '', value: 'a' }]), /must not be a file/],
+  ['two name parameters', raw(`--${B}\r\n${CD('name="x"; name="model"')}\r\n\r\nm\r\n--${B}--`), /twice/],
+  ['two name parameters, other case', raw(`--${B}\r\n${CD('name="x"; NAME="model"')}\r\n\r\nm\r\n--${B}--`), /twice/],
+  ['name*=', raw(`--${B}\r\n${CD("name*=UTF-8''model")}\r\n\r\nm\r\n--${B}--`), /parameter/],
+  ['filename*=', body(B, [{ name: 'file', filename: 'a', filenameStar: true, value: 'x' }]), /parameter/],
+  ['two Content-Disposition lines', raw(`--${B}\r\n${CD('name="x"')}\r\n${CD('name="model"')}\r\n\r\nm\r\n--${B}--`), /two Content-Disposition/],
+  ['no Content-Disposition', raw(`--${B}\r\nContent-Type: text/plain\r\n\r\nm\r\n--${B}--`), /no Content-Disposition/],
+  ['backslash in a quoted name', raw(`--${B}\r\n${CD('name="mo\\"del"')}\r\n\r\nm\r\n--${B}--`), /parameter/],
+  ['folded header line', raw(`--${B}\r\nContent-Disposition: form-data;\r\n name="model"\r\n\r\nm\r\n--${B}--`), /malformed or folded/],
+  ['bare LF in headers', raw(`--${B}\r\n${CD('name="x"')}\n${CD('name="model"')}\r\n\r\nm\r\n--${B}--`), /bare CR or LF/],
+  ['not form-data', raw(`--${B}\r\nContent-Disposition: attachment; name="model"\r\n\r\nm\r\n--${B}--`), /not form-data/],
+  ['quoted-printable model', raw(`--${B}\r\n${CD('name="model"')}\r\nContent-Transfer-Encoding: quoted-printable\r\n\r\ngpt=2D4o\r\n--${B}--`), /Transfer-Encoding/],
+  ['_charset_ field', body(B, [{ name: '_charset_', value: 'utf-16' }, { name: 'model', value: 'a' }]), /_charset_/],
+  ['a part after the closing delimiter', raw(`--${B}\r\n${CD('name="x"')}\r\n\r\nv\r\n--${B}--\r\n--${B}\r\n${CD('name="model"')}\r\n\r\nm\r\n--${B}--`), /closing/],
+  ['no closing delimiter', raw(`--${B}\r\n${CD('name="model"')}\r\n\r\nm\r\n`), /ends before/],
+  ['model over 256 characters', body(B, [{ name: 'model', value: 'm'.repeat(257) }]), /256/],
+  ['empty model', body(B, [{ name: 'model', value: '' }]), /1 to 256/],
+  ['model not UTF-8', Buffer.concat([raw(`--${B}\r\n${CD('name="model"')}\r\n\r\nm`), Buffer.from([0xff]), raw(`\r\n--${B}--`)]), /UTF-8/],
 ];
 
-for (const [name, raw, endedState] of BROKEN) {
-  test(`broken body: ${name} -> 'more' while open, '${endedState}' when ended`, () => {
-    assert.equal(scanFields(Buffer.from(raw), B, false).state, 'more');
-    const r = scanFields(Buffer.from(raw), B, true);
-    assert.equal(r.state, endedState);
-    if (r.state === 'error') assert.ok(r.message.length > 0);
+for (const [name, buf, want] of BAD) {
+  test(`multipart refuses: ${name}`, () => {
+    for (const size of [buf.length, 5, 1]) assert.match(read(B, buf, size).problem ?? 'accepted', want, `chunks of ${size}`);
   });
 }
 
-test('a different boundary in the body is not a delimiter', () => {
-  const buf = body('other', [{ name: 'model', value: 'm' }]);
-  assert.equal(scanFields(buf, B, true).state, 'error');
-  assert.equal(scanFields(buf, B, false).state, 'more');
-});
-
-test('an over-long boundary parameter is never silently truncated', () => {
-  // RFC 2046 caps boundaries at 70 characters; a longer one may be refused (null), but a
-  // truncated boundary would make a body the upstream accepts unreadable here.
-  for (const long of ['x'.repeat(250), 'y'.repeat(201)]) {
-    for (const ct of [`multipart/form-data; boundary=${long}`, `multipart/form-data; boundary="${long}"`]) {
-      const b = multipartBoundary(ct);
-      assert.ok(b === null || b === long, `${ct.slice(0, 40)}…: got a ${b?.length}-character boundary`);
-    }
-  }
-});
-
-test('a delimiter must start a line: "--boundary" inside the preamble text is not a part', () => {
-  // RFC 2046 (and busboy, python-multipart): the first delimiter is at the start of the body or after CRLF.
-  // Otherwise the sidecar reads a `model` field that the upstream treats as preamble.
-  const head = `junk--${B}\r\nContent-Disposition: form-data; name="model"\r\n\r\nallowed-model\r\n`;
-  const buf = Buffer.concat([Buffer.from(head), body(B, [FILE])]);
-  const r = scanFields(buf, B, true);
-  assert.ok(r.state === 'error' || (r.state === 'done' && !r.fields.has('model')), JSON.stringify(r, (_k, v) => (v instanceof Map ? Object.fromEntries(v) : v)));
-});
-
-test('a model field after the file part is caught by the late-field guard, before the body completes', async () => {
-  const buf = body(B, [{ name: 'model', value: 'whisper-1' }, FILE, { name: 'model', value: 'other-model' }]);
-  const first = scanFields(buf, B, true);
-  assert.equal(first.state, 'done');
-  const fileAt = first.state === 'done' ? first.fileAt! : 0;
-  for (const size of [1, 7, 64, buf.length]) {
-    const guard = createLateFieldGuard({ boundary: B, field: 'model' });
-    const passed: Buffer[] = [];
-    guard.on('data', (c: Buffer) => passed.push(c));
-    const failed = new Promise<Error>((resolve) => guard.once('error', resolve));
-    const rest = buf.subarray(fileAt);
-    for (let i = 0; i < rest.length && !guard.destroyed; i += size) guard.write(rest.subarray(i, i + size));
-    const err = await failed;
-    assert.match(err.message, /again after the file part/);
-    assert.ok(!Buffer.concat(passed).includes(Buffer.from(`--${B}--`)), `chunk size ${size}: the closing delimiter went through`);
-  }
-  // A body without a late model field passes through whole and unchanged.
-  const clean = body(B, [{ name: 'model', value: 'whisper-1' }, FILE, { name: 'language', value: 'en' }]);
-  const cleanScan = scanFields(clean, B, true);
-  const guard = createLateFieldGuard({ boundary: B, field: 'model' });
+test('the guard withholds the chunk in which a late model part shows, and never ends the body', async () => {
+  const buf = body(B, [{ name: 'model', value: 'a' }, FILE, { name: 'model', value: 'b' }]);
+  const reader = new MultipartReader(B);
+  const split = buf.indexOf('name="file"') + 40;
+  assert.ok(Array.isArray(reader.push(buf.subarray(0, split))));
+  const guard = createMultipartGuard(reader);
   const out: Buffer[] = [];
   guard.on('data', (c: Buffer) => out.push(c));
-  const rest = clean.subarray(cleanScan.state === 'done' ? cleanScan.fileAt! : 0);
-  for (let i = 0; i < rest.length; i += 5) guard.write(rest.subarray(i, i + 5));
+  const failed = new Promise<Error>((resolve) => guard.once('error', resolve));
+  const rest = buf.subarray(split);
+  const lateAt = rest.indexOf('name="model"');
+  guard.write(rest.subarray(0, lateAt - 10));
+  guard.write(rest.subarray(lateAt - 10));
   guard.end();
-  await new Promise((r) => guard.once('end', r));
-  assert.deepEqual(Buffer.concat(out), rest);
+  const err = await failed;
+  assert.match(err.message, /after the file part/);
+  assert.equal(Buffer.concat(out).toString(), rest.subarray(0, lateAt - 10).toString());
+});
+
+test('a reader sealed at admission refuses a model field that comes later', () => {
+  const reader = new MultipartReader(B);
+  const buf = body(B, [{ name: 'prompt', value: 'p'.repeat(100) }, { name: 'model', value: 'b' }]);
+  assert.ok(Array.isArray(reader.push(buf.subarray(0, 60))));
+  assert.equal(reader.seal(), null);
+  const r = reader.push(buf.subarray(60));
+  assert.ok(!Array.isArray(r));
+});
+
+test('memory stays bounded on a long file part', () => {
+  const reader = new MultipartReader(B);
+  reader.push(raw(`--${B}\r\n${CD('name="file"; filename="a"')}\r\n\r\n`));
+  const chunk = Buffer.alloc(1 << 16, 0x61);
+  for (let i = 0; i < 200; i++) assert.ok(Array.isArray(reader.push(chunk)));
+  assert.ok((reader as unknown as { buf: Buffer }).buf.length < 100);
+});
+
+test('boundaries outside the RFC 2046 character set are refused, not unescaped', () => {
+  assert.equal(multipartBoundary('multipart/form-data; boundary="a\\"b"'), null);
+  assert.equal(multipartBoundary('multipart/form-data; boundary="a\\\\b"'), null);
+  assert.equal(multipartBoundary('multipart/form-data; boundary="ends with space "'), null);
+  assert.equal(multipartBoundary(`multipart/form-data; boundary=${'b'.repeat(70)}`), 'b'.repeat(70));
+  assert.equal(multipartBoundary(`multipart/form-data; boundary=${'b'.repeat(71)}`), null);
+});
+
+test('a part header section over 8 KB is refused, whole or in pieces', () => {
+  const buf = raw(`--${B}\r\nX-Pad: ${'p'.repeat(9000)}\r\n${CD('name="model"')}\r\n\r\nm\r\n--${B}--`);
+  for (const size of [buf.length, 1000]) assert.match(read(B, buf, size).problem ?? 'accepted', /too large/);
 });

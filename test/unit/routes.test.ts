@@ -36,6 +36,7 @@ const KNOWN: [method: string, target: string, want: Want][] = [
   ['POST', '/v1/uploads', { name: 'uploads', ...files }],
   ['POST', '/v1/uploads/upload_1/parts', { name: 'uploads', ...files }],
   ['POST', '/v1/uploads/upload_1/complete', { name: 'uploads', ...files }],
+  ['POST', '/v1/uploads/upload_1/cancel', { name: 'uploads', ...files }],
 ];
 
 for (const [method, target, want] of KNOWN) {
@@ -67,6 +68,21 @@ const NOT_FOUND: [string, string][] = [
   ['DELETE', '/v1/models/gpt-4o'],
   ['GET', '/v1/modelsx'],
   ['GET', '/v1/filesx'],
+  // files routes: only the methods the files and uploads APIs use
+  ['DELETE', '/v1/files'],
+  ['PUT', '/v1/files'],
+  ['HEAD', '/v1/files'],
+  ['OPTIONS', '/v1/files/file-abc'],
+  ['POST', '/v1/files/file-abc'],
+  ['PATCH', '/v1/files/file-abc'],
+  ['HEAD', '/v1/files/file-abc'],
+  ['DELETE', '/v1/files/file-abc/content'],
+  ['GET', '/v1/files/'],
+  ['GET', '/v1/files/a/b'],
+  ['GET', '/v1/uploads'],
+  ['DELETE', '/v1/uploads/upload_1'],
+  ['GET', '/v1/uploads/upload_1/parts'],
+  ['POST', '/v1/uploads/upload_1/other'],
   ['POST', '/v1/uploadsx'],
   ['POST', '/v1/imagesx'],
   ['POST', '/v1/audiox/speech'],

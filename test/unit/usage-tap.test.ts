@@ -273,3 +273,13 @@ describe('generated text seen, for responses that report no usage', () => {
     assert.equal(tapIn(huge, { contentType: JSON_CT }, 65_536).textChars, null);
   });
 });
+
+test('usage the console would refuse (fractional, huge) is read as whole, bounded tokens', async () => {
+  const { usageEvent } = await import('../../src/protocol/usage.js');
+  for (const usage of [{ prompt_tokens: 1.5, completion_tokens: 2.2 }, { input_tokens: 1e300, output_tokens: 1e300, cache_read_input_tokens: 1e300 }]) {
+    const got = tapIn(JSON.stringify({ usage }), { contentType: JSON_CT }, 1 << 20).usage!;
+    const event = { request_id: 'r', key_id: 'k_1', model: 'm', input_tokens: got.input_tokens, output_tokens: got.output_tokens, status: 200, at: new Date().toISOString() };
+    assert.ok(usageEvent.safeParse(event).success, JSON.stringify(got));
+  }
+  assert.deepEqual(tapIn(JSON.stringify({ usage: { prompt_tokens: 1.5, completion_tokens: 2.2 } }), { contentType: JSON_CT }, 3).usage, { input_tokens: 2, output_tokens: 3 });
+});

@@ -1,0 +1,49 @@
+/**
+ * Request framing rules (DESIGN section 5, "Framing") that do not depend on the route:
+ * which transfer codings may be forwarded, and whether a parser refusal may carry a body.
+ */
+import type { IncomingMessage, ServerResponse } from 'node:http';
+import type { Duplex } from 'node:stream';
+import { deny, renderError } from '../errors.js';
+
+/**
+ * Why the request's framing cannot be forwarded as received, or null. Node accepts a
+ * transfer-coding list that ends in chunked (`gzip, chunked`); the upstream would decode
+ * the other codings and read a body no one checked, so only plain `chunked` passes.
+ */
+export function framingProblem(req: IncomingMessage): string | null {
+  const te = req.headers['transfer-encoding'];
+  if (te !== undefined && te.trim().toLowerCase() !== 'chunked') return 'Only "Transfer-Encoding: chunked" is accepted as a request transfer coding.';
+  return null;
+}
+
+/**
+ * Whether the request the parser refused may have been a HEAD: its answer then carries no
+ * body, or a client (or a proxy in front) would read that body as the next response.
+ * The method is only known for sure when the failing packet is everything the connection
+ * has sent; otherwise the start line may lie in an earlier packet, so: maybe HEAD.
+ */
+export function parserRefusalMayBeHead(err: NodeJS.ErrnoException & { rawPacket?: unknown }, socket: Duplex): boolean {
+  const raw = err.rawPacket;
+  if (!Buffer.isBuffer(raw)) return true;
+  const bytesRead = (socket as Duplex & { bytesRead?: number }).bytesRead;
+  if (bytesRead !== raw.length) return true;
+  return raw.includes('HEAD', 0, 'latin1');
+}
+
+/**
+ * Answers a request the HTTP parser refused. `current` is the last request seen on the
+ * socket: when the refused bytes belong to it (its body was still coming) and its answer
+ * has begun, a second response would answer the next request, so the connection closes.
+ */
+export function answerParserRefusal(err: NodeJS.ErrnoException, socket: Duplex, current: { req: IncomingMessage; res: ServerResponse } | undefined): void {
+  if (!socket.writable || (current && !current.req.complete && current.res.headersSent)) {
+    socket.destroy();
+    return;
+  }
+  // headersTimeout: the request head did not arrive in time
+  const timedOut = err.code === 'ERR_HTTP_REQUEST_TIMEOUT';
+  const out = renderError(deny('invalid_request', { variant: timedOut ? 'headers_timeout' : 'http' }), 'openai');
+  const body = parserRefusalMayBeHead(err, socket) ? '' : out.body;
+  socket.end(`HTTP/1.1 ${timedOut ? '408 Request Timeout' : '400 Bad Request'}\r\ncontent-type: application/json\r\nx-keyward-error: invalid_request\r\ncontent-length: ${Buffer.byteLength(body)}\r\nconnection: close\r\n\r\n${body}`);
+}

@@ -1,0 +1,88 @@
+/**
+ * A request body that stalls longer than `server.bodyIdleTimeoutMs` is cut with 408:
+ * the upstream never receives a complete request, the key's concurrency slot comes back,
+ * and a body that keeps arriving, however slowly overall, is not cut.
+ */
+import { after, before, describe, test } from 'node:test';
+import assert from 'node:assert/strict';
+import net from 'node:net';
+import { once } from 'node:events';
+import { startFakeUpstream, type FakeUpstream } from '../helpers/upstream.js';
+import { startHarness, type Harness } from '../helpers/sidecar.js';
+import { parseResponses } from '../helpers/raw.js';
+import { bearer, send } from '../helpers/http.js';
+
+const IDLE_MS = 400;
+let up: FakeUpstream;
+let h: Harness;
+
+before(async () => {
+  up = await startFakeUpstream();
+  h = await startHarness({ upstream: up.url, keys: { k_one: { concurrency: 1 } }, config: { server: { port: 0, bodyIdleTimeoutMs: IDLE_MS } } });
+});
+after(async () => {
+  await h.close();
+  await up.close();
+});
+
+/** Sends the head and part of a body, then nothing; resolves with the first response. */
+async function stall(head: string, part: string): Promise<{ status: number; headers: Record<string, string>; closed: Promise<unknown>; socket: net.Socket }> {
+  const socket = net.connect(h.sidecar.port, '127.0.0.1');
+  await once(socket, 'connect');
+  socket.write(head + part);
+  const chunks: Buffer[] = [];
+  const closed = once(socket, 'close');
+  return new Promise((resolve) => {
+    socket.on('data', (c: Buffer) => {
+      chunks.push(c);
+      const r = parseResponses(Buffer.concat(chunks)).responses[0];
+      if (r) resolve({ status: r.status, headers: r.headers, closed, socket });
+    });
+  });
+}
+
+describe('stalled bodies', () => {
+  test('a stalled upload on a files route is cut with 408 and gives back its concurrency slot', { timeout: 20_000 }, async () => {
+    const before = up.received.length;
+    const head = `POST /v1/files HTTP/1.1\r\nHost: kw\r\nAuthorization: Bearer ${h.keys.k_one}\r\nContent-Type: application/octet-stream\r\nContent-Length: 1000\r\n\r\n`;
+    const r = await stall(head, 'x'.repeat(100));
+    assert.equal(r.status, 408);
+    assert.equal(r.headers['x-keyward-error'], 'invalid_request');
+    assert.equal(r.headers.connection, 'close');
+    await r.closed;
+    assert.equal(up.received.length, before, 'the upstream never got a complete request');
+    // concurrency 1: the slot must have come back for this to pass
+    const next = await send(h.url, { method: 'GET', path: '/v1/files', headers: bearer(h.keys.k_one!) });
+    assert.equal(next.status, 200);
+  });
+
+  test('a stalled chunked model body is cut with 408 before admission', { timeout: 20_000 }, async () => {
+    const head = `POST /v1/chat/completions HTTP/1.1\r\nHost: kw\r\nAuthorization: Bearer ${h.keys.k_one}\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n`;
+    const r = await stall(head, '5\r\n{"mod\r\n');
+    assert.equal(r.status, 408);
+    const before = up.received.length;
+    // the rest of a valid body, after the 408: it must not go on to admission or the upstream
+    r.socket.write('8\r\nel":"m"}\r\n0\r\n\r\n');
+    await r.closed;
+    assert.equal(up.received.length, before);
+    const next = await send(h.url, { method: 'POST', path: '/v1/chat/completions', headers: { ...bearer(h.keys.k_one!), 'content-type': 'application/json' }, body: '{"model":"m"}' });
+    assert.equal(next.status, 200);
+  });
+
+  test('a body that keeps arriving is not cut, however long it takes in all', { timeout: 20_000 }, async () => {
+    const socket = net.connect(h.sidecar.port, '127.0.0.1');
+    await once(socket, 'connect');
+    const pieces = 8;
+    socket.write(`POST /v1/files HTTP/1.1\r\nHost: kw\r\nAuthorization: Bearer ${h.keys.k_one}\r\nContent-Length: ${pieces}\r\nConnection: close\r\n\r\n`);
+    const chunks: Buffer[] = [];
+    socket.on('data', (c: Buffer) => chunks.push(c));
+    const closed = once(socket, 'close');
+    // Total time is twice the idle timeout; no gap comes near it.
+    for (let i = 0; i < pieces; i++) {
+      await new Promise((r) => setTimeout(r, IDLE_MS / 4));
+      socket.write('x');
+    }
+    await closed;
+    assert.equal(parseResponses(Buffer.concat(chunks)).responses[0]?.status, 200);
+  });
+});

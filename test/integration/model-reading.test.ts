@@ -1,0 +1,126 @@
+/**
+ * One strict reading of every model request (DESIGN section 5, step 6), end to end on
+ * raw sockets: each way to make the upstream read another model than the one keyward
+ * checked is refused with 400 (or 403 for an out-of-scope model) and never forwarded.
+ */
+import { after, before, describe, test } from 'node:test';
+import assert from 'node:assert/strict';
+import { startFakeUpstream, type FakeUpstream } from '../helpers/upstream.js';
+import { startHarness, type Harness } from '../helpers/sidecar.js';
+import { rawExchange } from '../helpers/raw.js';
+import { globMatch } from '../../src/policy/glob.js';
+
+let up: FakeUpstream;
+let h: Harness;
+
+before(async () => {
+  up = await startFakeUpstream();
+  h = await startHarness({ upstream: up.url, keys: { k_scoped: { models: ['gpt-4o-mini', 'whisper-1'] }, k_all: {}, k_tpm_a: { tpm: 1000 }, k_tpm_b: { tpm: 1000 } } });
+});
+after(async () => {
+  await h.close();
+  await up.close();
+});
+
+const B = 'xYzBoundary';
+
+function request(opts: { path?: string; key?: string; contentType?: string; body: Buffer | string; extraHeaders?: string }): Buffer {
+  const body = Buffer.from(opts.body);
+  const head = `POST ${opts.path ?? '/v1/chat/completions'} HTTP/1.1\r\nHost: kw\r\nAuthorization: Bearer ${opts.key ?? h.keys.k_scoped}\r\n` +
+    `Content-Type: ${opts.contentType ?? 'application/json'}\r\n${opts.extraHeaders ?? ''}Content-Length: ${body.length}\r\nConnection: close\r\n\r\n`;
+  return Buffer.concat([Buffer.from(head), body]);
+}
+
+async function expectRefused(bytes: Buffer, status = 400): Promise<void> {
+  const before = up.received.length;
+  const ex = await rawExchange(h.sidecar.port, [bytes]);
+  assert.equal(ex.responses[0]?.status, status, ex.bytes.toString('latin1').slice(0, 400));
+  assert.equal(up.received.length, before, 'nothing forwarded');
+}
+
+async function expectForwarded(bytes: Buffer): Promise<void> {
+  const before = up.received.length;
+  const ex = await rawExchange(h.sidecar.port, [bytes]);
+  assert.equal(ex.responses[0]?.status, 200, ex.bytes.toString('latin1').slice(0, 400));
+  assert.equal(up.received.length, before + 1);
+}
+
+const mp = (parts: string) => `--${B}\r\n${parts}\r\n--${B}--\r\n`;
+const MP = `multipart/form-data; boundary=${B}`;
+
+describe('a second place for the model', () => {
+  test('the baseline is forwarded', () => expectForwarded(request({ body: '{"model":"gpt-4o-mini"}' })));
+  test('model in the query string', () => expectRefused(request({ path: '/v1/chat/completions?model=gpt-4o', body: '{"model":"gpt-4o-mini"}' })));
+  test('percent-encoded model in the query string', () => expectRefused(request({ path: '/v1/chat/completions?%6dodel=gpt-4o', body: '{"model":"gpt-4o-mini"}' })));
+  test('MODEL beside model', () => expectRefused(request({ body: '{"model":"gpt-4o-mini","MODEL":"gpt-4o"}' })));
+  test('Model alone', () => expectRefused(request({ key: h.keys.k_all, body: '{"Model":"gpt-4o"}', path: '/v1/images/generations' })));
+  test('duplicate model through an escape', () => expectRefused(request({ body: '{"model":"gpt-4o-mini","mod\\u0065l":"gpt-4o"}' })));
+  test('models outside the scope', () => expectRefused(request({ body: '{"model":"gpt-4o-mini","models":["gpt-4o"]}' }), 403));
+  test('fallbacks outside the scope', () => expectRefused(request({ body: '{"model":"gpt-4o-mini","fallbacks":[{"gpt-4o-mini":["o1"]}]}' }), 403));
+  test('extra_body model outside the scope', () => expectRefused(request({ body: '{"model":"gpt-4o-mini","extra_body":{"model":"gpt-4o"}}' }), 403));
+  test('fallbacks inside the scope pass', () => expectForwarded(request({ body: '{"model":"gpt-4o-mini","fallbacks":["gpt-4o-mini"]}' })));
+  test('two Content-Type lines', () => expectRefused(request({ body: '{"model":"gpt-4o-mini"}', extraHeaders: `Content-Type: ${MP}\r\n` })));
+});
+
+describe('a body the upstream decodes differently', () => {
+  test('form-encoded body on a JSON route', () => expectRefused(request({ contentType: 'application/x-www-form-urlencoded', body: 'model=gpt-4o' })));
+  test('JSON under a content type naming a form', () => expectRefused(request({ contentType: 'application/json; profile=form', body: '{"model":"gpt-4o-mini"}' })));
+  test('multipart with an invalid boundary is not read as JSON', () => expectRefused(request({ contentType: `multipart/form-data; boundary=${'b'.repeat(71)}`, body: '{"model":"gpt-4o-mini"}' })));
+  test('JSON declared in another charset', () => expectRefused(request({ contentType: 'application/json; charset=iso-8859-1', body: '{"model":"gpt-4o-mini"}' })));
+  test('JSON declared utf-8 passes', () => expectForwarded(request({ contentType: 'application/json; charset=UTF-8', body: '{"model":"gpt-4o-mini"}' })));
+  test('a quoted boundary with an escape', () => expectRefused(request({ path: '/v1/audio/transcriptions', contentType: 'multipart/form-data; boundary="a\\"b"', body: '--a"b\r\nContent-Disposition: form-data; name="model"\r\n\r\nwhisper-1\r\n--a"b--' })));
+  test('invalid UTF-8', () => expectRefused(request({ body: Buffer.concat([Buffer.from('{"model":"gpt-4o-mini","x":"'), Buffer.from([0xc3]), Buffer.from('"}')]) })));
+  test('lone surrogate', () => expectRefused(request({ body: '{"model":"gpt-4o-mini\\ud800"}' })));
+  test('BOM', () => expectRefused(request({ body: '\ufeff{"model":"gpt-4o-mini"}' })));
+  test('duplicate nested key', () => expectRefused(request({ body: '{"model":"gpt-4o-mini","metadata":{"a":1,"a":2}}' })));
+  test('model over 256 characters', () => expectRefused(request({ key: h.keys.k_all, body: JSON.stringify({ model: 'm'.repeat(257) }) })));
+});
+
+describe('multipart read as RFC 2046/7578 parsers read it', () => {
+  const path = '/v1/audio/transcriptions';
+  const CD = (p: string) => `Content-Disposition: form-data; ${p}`;
+  test('the baseline is forwarded', () => expectForwarded(request({ path, contentType: MP, body: mp(`${CD('name="model"')}\r\n\r\nwhisper-1\r\n--${B}\r\n${CD('name="file"; filename="a.wav"')}\r\n\r\nRIFF`) })));
+  test('a boundary with trailing text is not a delimiter', () =>
+    expectRefused(request({ path, contentType: MP, body: mp(`${CD('name="model"')}\r\n\r\nwhisper-1\r\n--${B}X\r\n${CD('name="model"')}\r\n\r\ngpt-4o`) })));
+  test('transport padding that python-multipart reads as data', () =>
+    expectRefused(request({ path, contentType: MP, body: mp(`${CD('name="x"')}\r\n\r\nv\r\n--${B} \r\n${CD('name="model"')}\r\n\r\nwhisper-1`) })));
+  test('two name parameters', () => expectRefused(request({ path, contentType: MP, body: mp(`${CD('name="model"; name="x"')}\r\n\r\nwhisper-1`) })));
+  test('name*=', () => expectRefused(request({ path, contentType: MP, body: mp(`${CD("name=\"x\"; name*=UTF-8''model")}\r\n\r\ngpt-4o`) })));
+  test('two Content-Disposition lines', () => expectRefused(request({ path, contentType: MP, body: mp(`${CD('name="model"')}\r\n${CD('name="x"')}\r\n\r\nwhisper-1`) })));
+  test('a model field after the file part', () =>
+    expectRefused(request({ path, contentType: MP, body: mp(`${CD('name="model"')}\r\n\r\nwhisper-1\r\n--${B}\r\n${CD('name="file"; filename="a"')}\r\n\r\nx\r\n--${B}\r\n${CD('name="model"')}\r\n\r\ngpt-4o`) })));
+});
+
+describe('billing that cannot be skipped', () => {
+  // The fake upstream reports no usage, so each reservation stays as estimated: a second
+  // request right after shows whether the first one reserved anything.
+  const status = async (bytes: Buffer) => (await rawExchange(h.sidecar.port, [bytes])).responses[0]?.status;
+
+  test('a multipart body whose file comes first is estimated from its whole size', async () => {
+    const body = mp(`Content-Disposition: form-data; name="file"; filename="a.wav"\r\n\r\n${'x'.repeat(8000)}`);
+    const req = () => request({ key: h.keys.k_tpm_a, path: '/v1/audio/transcriptions', contentType: MP, body });
+    assert.equal(await status(req()), 200);
+    assert.equal(await status(req()), 429, 'the first request reserved its size');
+  });
+
+  test('the largest output cap counts, not the first one named', async () => {
+    const req = () => request({ key: h.keys.k_tpm_b, body: '{"model":"m","max_tokens":1,"max_completion_tokens":5000}' });
+    assert.equal(await status(req()), 200);
+    assert.equal(await status(req()), 429, 'the first request reserved 5000 output tokens');
+  });
+});
+
+test('scope globs match in linear time', () => {
+  const glob = `${'*a'.repeat(40)}*b`;
+  const input = 'a'.repeat(256);
+  const t0 = performance.now();
+  assert.equal(globMatch(glob, input), false);
+  assert.ok(performance.now() - t0 < 50, 'no backtracking blow-up');
+  assert.ok(globMatch('gpt-*-mini*', 'gpt-4o-mini-2024'));
+  assert.ok(!globMatch('gpt-*-mini', 'gpt-4o-mini-2024'));
+  assert.ok(globMatch('a*a', 'aa'));
+  assert.ok(!globMatch('a*a', 'a'));
+  assert.ok(globMatch('*', ''));
+  assert.ok(globMatch('a.b*', 'a.bc'));
+  assert.ok(!globMatch('a.b', 'axb'));
+});

@@ -1,0 +1,113 @@
+/**
+ * Upstream keep-alive hygiene: a pooled upstream socket that sends bytes for a request
+ * it was not sent (a stray or doubled response) is destroyed, never handed to the next
+ * request, whose client would otherwise read someone else's response.
+ */
+import { after, before, describe, test } from 'node:test';
+import assert from 'node:assert/strict';
+import net from 'node:net';
+import { once } from 'node:events';
+import { startHarness, type Harness } from '../helpers/sidecar.js';
+import { bearer, send } from '../helpers/http.js';
+
+interface RawUpstream {
+  port: number;
+  sockets: net.Socket[];
+  /** what to write for each request: called with the socket and the request count on it */
+  onRequest: (socket: net.Socket, n: number) => void;
+  nextSocket(): Promise<net.Socket>;
+  close(): Promise<void>;
+}
+
+async function rawUpstream(): Promise<RawUpstream> {
+  const waiters: ((s: net.Socket) => void)[] = [];
+  const up: RawUpstream = {
+    port: 0,
+    sockets: [],
+    onRequest: () => {},
+    nextSocket: () => new Promise((r) => waiters.push(r)),
+    close: () => new Promise((r) => server.close(() => r())),
+  };
+  const server = net.createServer((socket) => {
+    up.sockets.push(socket);
+    waiters.shift()?.(socket);
+    let buf = '';
+    let n = 0;
+    socket.on('data', (c: Buffer) => {
+      buf += c.toString('latin1');
+      for (let i = buf.indexOf('\r\n\r\n'); i !== -1; i = buf.indexOf('\r\n\r\n')) {
+        buf = buf.slice(i + 4);
+        up.onRequest(socket, ++n);
+      }
+    });
+    socket.on('error', () => {});
+  });
+  server.listen(0, '127.0.0.1');
+  await once(server, 'listening');
+  up.port = (server.address() as net.AddressInfo).port;
+  return up;
+}
+
+const response = (body: string) => `HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\ncontent-length: ${body.length}\r\n\r\n${body}`;
+
+let up: RawUpstream;
+let h: Harness;
+
+before(async () => {
+  up = await rawUpstream();
+  h = await startHarness({ upstream: `http://127.0.0.1:${up.port}`, keys: { k_ok: {} } });
+});
+after(async () => {
+  await h.close();
+  for (const s of up.sockets) s.destroy();
+  await up.close();
+});
+
+describe('upstream socket hygiene', () => {
+  test('bytes arriving on an idle pooled socket get it destroyed', { timeout: 10_000 }, async () => {
+    up.onRequest = (s) => s.write(response('first'));
+    const connected = up.nextSocket();
+    const r1 = await send(h.url, { path: '/v1/models', headers: bearer(h.keys.k_ok!) });
+    assert.equal(r1.body.toString(), 'first');
+    const socket = await connected;
+    const closed = once(socket, 'close');
+    socket.write(response('stale')); // a response to a request this socket was never sent
+    await closed;
+    up.onRequest = (s) => s.write(response('fresh'));
+    const r2 = await send(h.url, { path: '/v1/models', headers: bearer(h.keys.k_ok!) });
+    assert.equal(r2.body.toString(), 'fresh');
+  });
+
+  test('a doubled response in one write never answers the next request', { timeout: 10_000 }, async () => {
+    const count = up.sockets.length;
+    up.onRequest = (s) => s.write(response('one') + response('two'));
+    const r1 = await send(h.url, { path: '/v1/models', headers: bearer(h.keys.k_ok!) });
+    assert.equal(r1.body.toString(), 'one');
+    up.onRequest = (s) => s.write(response('fresh'));
+    const r2 = await send(h.url, { path: '/v1/models', headers: bearer(h.keys.k_ok!) });
+    assert.equal(r2.body.toString(), 'fresh');
+    assert.ok(up.sockets.length > count);
+  });
+});
+
+describe('parser refusals after a response began', () => {
+  test('a malformed chunk after the upstream already answered closes the connection without a second response', { timeout: 10_000 }, async () => {
+    up.onRequest = (s) => s.write(response('early'));
+    const socket = net.connect(h.sidecar.port, '127.0.0.1');
+    await once(socket, 'connect');
+    const chunks: Buffer[] = [];
+    const closed = once(socket, 'close');
+    const first = new Promise<void>((resolve) => {
+      socket.on('data', (c: Buffer) => {
+        chunks.push(c);
+        if (Buffer.concat(chunks).includes('early')) resolve();
+      });
+    });
+    socket.write(`POST /v1/files HTTP/1.1\r\nHost: kw\r\nAuthorization: Bearer ${h.keys.k_ok}\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n`);
+    await first;
+    socket.write('zz\r\nbad\r\n');
+    await closed;
+    const text = Buffer.concat(chunks).toString('latin1');
+    assert.equal(text.match(/HTTP\/1\.1 /g)?.length, 1, text);
+  });
+});
