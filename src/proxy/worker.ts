@@ -62,6 +62,10 @@ export async function runWorker(opts: WorkerOptions): Promise<Sidecar> {
     ...(usage ? { usageSink: usage.sink } : {}),
   });
 
+  const report = (s: { ready: boolean; version: number | null }) => void send({ type: 'keyward:replica', ready: s.ready, version: s.version });
+  report(sidecar.replica.status());
+  sidecar.replica.onChange(report);
+
   let draining: Promise<void> | null = null;
   const drain = (graceMs: number) => {
     draining ??= (async () => {
@@ -81,6 +85,7 @@ export async function runWorker(opts: WorkerOptions): Promise<Sidecar> {
   process.on('message', (msg: unknown) => {
     if (!isMessage<ToWorker>(msg)) return;
     if (msg.type === 'keyward:drain') drain(msg.graceMs);
+    else if (msg.type === 'keyward:replica-changed') sidecar.replica.checkExternalWrites();
     else if (msg.type === 'keyward:metrics') {
       sidecar.metrics.registry.getMetricsAsJSON().then(
         (metrics) => send({ type: 'keyward:metrics', id: msg.id, metrics }),

@@ -81,6 +81,8 @@ export async function startWorkers(opts: WorkersOptions): Promise<WorkerPool> {
     : null;
 
   const live = new Map<number, Worker>();
+  /** each worker's last reported replica readiness */
+  const workerReady = new Map<number, boolean>();
   const listeningIds = new Set<number>();
   let restarts = 0;
   let closing = false;
@@ -130,6 +132,7 @@ export async function startWorkers(opts: WorkersOptions): Promise<WorkerPool> {
     if (msg.type === 'keyward:usage') {
       if (usage) for (const e of msg.events) usage.push(e);
     } else if (msg.type === 'keyward:metrics') pendingScrapes.get(msg.id)?.(msg.metrics);
+    else if (msg.type === 'keyward:replica') workerReady.set(w.id, msg.ready);
     else if (msg.type === 'keyward:drained') drained.get(w.id)?.();
   };
   let startupFailed: ((err: Error) => void) | null = null;
@@ -141,6 +144,7 @@ export async function startWorkers(opts: WorkersOptions): Promise<WorkerPool> {
     w.on('exit', (code, signal) => {
       live.delete(w.id);
       listeningIds.delete(w.id);
+      workerReady.delete(w.id);
       drained.get(w.id)?.();
       if (closing) return;
       if (startupFailed) return startupFailed(new Error(`worker ${w.id} exited (${signal ?? `code ${code}`}) before listening`));
@@ -157,8 +161,17 @@ export async function startWorkers(opts: WorkersOptions): Promise<WorkerPool> {
     host: config.admin.host,
     port: config.admin.port,
     registry: aggregated,
-    notReadyReason: () =>
-      closing ? 'draining' : !replica.status().ready ? 'replica not loaded: no sync or import yet' : listeningIds.size === 0 ? 'no worker listening' : null,
+    notReadyReason: () => {
+      if (closing) return 'draining';
+      if (!replica.status().ready) return 'replica not loaded: no sync or import yet';
+      if (listeningIds.size === 0) return 'no worker listening';
+      for (const id of listeningIds) if (workerReady.get(id) !== true) return `worker ${id} has not loaded the replica yet`;
+      return null;
+    },
+  });
+  // Workers poll the file every 200 ms; after the primary's own writes they need not wait for it.
+  replica.onChange(() => {
+    for (const w of live.values()) if (w.isConnected()) w.send({ type: 'keyward:replica-changed' } satisfies ToWorker);
   });
 
   let port: number;

@@ -17,6 +17,7 @@ import { makeKeyHasher } from '../../src/auth/hash.js';
 import { BIN, spawnSidecar, type SidecarProcess } from '../helpers/process.js';
 import { bearer, send, type RawResponse } from '../helpers/http.js';
 import { echoJson, startFakeUpstream, type FakeUpstream } from '../helpers/upstream.js';
+import { startConsoleFixture } from '../helpers/console-fixture.js';
 
 const REDIS = 'redis://127.0.0.1:6379';
 const prefix = `kwtw${randomBytes(4).toString('hex')}`;
@@ -99,7 +100,7 @@ after(async () => {
   await kw?.stop('SIGKILL');
   await up?.close();
   const redis = new Redis(REDIS);
-  const keys = await redis.keys(`{${prefix}:*`);
+  const keys = [...(await redis.keys(`{${prefix}:*`)), ...(await redis.keys(`{${prefix}c:*`))];
   if (keys.length > 0) await redis.del(...keys);
   redis.disconnect();
   rmSync(dir, { recursive: true, force: true });
@@ -195,5 +196,63 @@ describe('serve --workers 2', () => {
     const finished = access().filter((l) => l.key_id === 'k_open' && l.status === 200);
     assert.equal(new Set(finished.slice(-2).map((l) => l.worker)).size, 2, 'one stream per worker');
     up.setHandler(echoJson);
+  });
+});
+
+describe('serve --workers 2 with a console', () => {
+  test('usage from both workers reaches the console once each, the last of it on SIGTERM', async () => {
+    const fx = await startConsoleFixture();
+    const upUsage = await startFakeUpstream((_req, res) => {
+      const text = JSON.stringify({ id: 'x', usage: { prompt_tokens: 1000, completion_tokens: 100, total_tokens: 1100 } });
+      res.writeHead(200, { 'content-type': 'application/json', 'content-length': Buffer.byteLength(text) });
+      res.end(text);
+    });
+    const sub = mkdtempSync(join(tmpdir(), 'kw-workers-console-'));
+    let proc: SidecarProcess | null = null;
+    try {
+      await fx.api('POST', '/admin/v1/projects', { body: { id: 'p_w', budget: 100 } });
+      const created = (await fx.api('POST', '/admin/v1/keys', { body: { kind: 'team', project: 'p_w' } })).body as { key: { id: string }; secret: string };
+      const yaml =
+        `server: { port: 0 }\nadmin: { port: 0 }\nupstreams: { default: { url: ${upUsage.url} } }\nreplica: { path: ${join(sub, 'replica.sqlite')} }\n` +
+        `console: { url: ${fx.url}, token: ${fx.tokens.sync}, waitMs: 1000 }\nredis: { url: ${REDIS}, prefix: ${prefix}c, timeoutMs: 1000 }\nlogging: { level: info }\n`;
+      proc = await spawnSidecar({ dir: sub, name: 'workers-console', yaml, args: ['--workers', '2'] });
+      const admin = `http://127.0.0.1:${proc.adminPort}`;
+      // ready once the primary's first sync has written the replica file
+      while ((await send(admin, { path: '/readyz' })).status !== 200);
+      const p = proc;
+      const rs = await Promise.all(
+        Array.from({ length: 6 }, () =>
+          send(p.url, { method: 'POST', path: '/v1/chat/completions', headers: { ...bearer(created.secret), 'content-type': 'application/json' }, body: JSON.stringify({ model: 'gpt-4o', messages: [] }) }),
+        ),
+      );
+      assert.deepEqual(rs.map((r) => r.status), Array(6).fill(200));
+      assert.equal(await proc.stop('SIGTERM'), 0);
+      const workers = new Set(proc.lines.map((l) => JSON.parse(l) as { msg?: string; worker?: number }).filter((l) => l.msg === 'request').map((l) => l.worker));
+      assert.equal(workers.size, 2, 'both workers served');
+      // 1000 input tokens at 2.5/M and 100 output at 10/M per request: each event charged once
+      const spent = (await fx.api('GET', `/admin/v1/keys/${created.key.id}`)).body.key.spent as number;
+      assert.equal(+spent.toFixed(9), +(6 * 0.0035).toFixed(9));
+    } finally {
+      await proc?.stop('SIGKILL');
+      await upUsage.close();
+      await fx.close();
+      rmSync(sub, { recursive: true, force: true });
+    }
+  });
+
+  test('--workers 2 without Redis is refused: each worker would enforce every limit on its own', () => {
+    const sub = mkdtempSync(join(tmpdir(), 'kw-workers-noredis-'));
+    try {
+      const cfg = join(sub, 'kw.yaml');
+      writeFileSync(cfg, `server: { port: 0 }\nadmin: { port: 0 }\nupstreams: { default: { url: http://127.0.0.1:9 } }\nreplica: { path: ${join(sub, 'r.sqlite')} }\n`);
+      const r = spawnSync(process.execPath, [BIN, 'serve', '--config', cfg, '--workers', '2'], { encoding: 'utf8', timeout: 30_000 });
+      assert.equal(r.status, 1);
+      assert.match(r.stderr, /--workers 2 needs redis\.url/);
+      const bad = spawnSync(process.execPath, [BIN, 'serve', '--config', cfg, '--workers', 'two'], { encoding: 'utf8', timeout: 30_000 });
+      assert.equal(bad.status, 1);
+      assert.match(bad.stderr, /--workers expects a positive integer or "auto"/);
+    } finally {
+      rmSync(sub, { recursive: true, force: true });
+    }
   });
 });
