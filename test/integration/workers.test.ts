@@ -155,6 +155,20 @@ describe('serve --workers 2', () => {
     while ((await metric('keyward_replica_version')) !== 2) assert.ok(Date.now() < deadline + 5_000, 'the primary did not see the import');
   });
 
+  test('a worker that dies is replaced, and the other one serves meanwhile', async () => {
+    const listening = kw.lines.map((l) => JSON.parse(l) as { msg?: string; pids?: number[] }).find((l) => l.msg === 'keyward listening')!;
+    assert.equal(listening.pids?.length, 2);
+    process.kill(listening.pids![0]!, 'SIGKILL');
+    const deadline = Date.now() + 15_000;
+    while ((await metric('keyward_worker_restarts_total')) < 1) assert.ok(Date.now() < deadline, 'the death was not noticed');
+    // one worker left: every request still answered
+    const rs = await Promise.all(Array.from({ length: 4 }, () => chat(secrets.k_open)));
+    assert.deepEqual(rs.map((r) => r.status), Array(4).fill(200));
+    while ((await metric('keyward_workers')) < 2) assert.ok(Date.now() < deadline, 'no replacement worker within 15 s');
+    while ((await send(`http://127.0.0.1:${kw.adminPort}`, { path: '/readyz' })).status !== 200) assert.ok(Date.now() < deadline, 'not ready again');
+    assert.equal(await metric('keyward_worker_restarts_total'), 1);
+  });
+
   test('SIGTERM to the primary drains both workers: streams in flight finish, then exit 0', async () => {
     let release!: () => void;
     const released = new Promise<void>((r) => (release = r));
