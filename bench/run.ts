@@ -357,6 +357,17 @@ async function main(): Promise<void> {
     errors: lat[v]![kind].reduce((a, r) => a + r.errors, 0),
   });
 
+  // ---- Redis trouble during the run: admissions that fell back to the in-process limiter
+  // were not measured with Redis, so the figures of that variant say so (read from each
+  // keyward's admin /metrics; for keyward-redis-w2, the sum over its workers).
+  const limiterTrouble: Partial<Record<Variant, { redisErrors: number; failOpen: number }>> = {};
+  for (const [v, s] of Object.entries(servers) as [Variant, Started][]) {
+    if (!v.startsWith('keyward') || !s.info.adminPort) continue;
+    const text = await (await fetch(`http://127.0.0.1:${Number(s.info.adminPort)}/metrics`)).text();
+    const read = (name: string) => Number(/^(\S+) (\S+)$/m.exec(text.split('\n').find((l) => l.startsWith(`${name} `)) ?? '')?.[2] ?? 0);
+    limiterTrouble[v] = { redisErrors: read('keyward_redis_errors_total'), failOpen: read('keyward_fail_open_admissions_total') };
+  }
+
   // ---- stop children (profiles are written on exit)
   await Promise.all([...Object.values(servers), upstream].map(stopServer));
 
@@ -415,6 +426,9 @@ async function main(): Promise<void> {
         `  added p99 < ${targets.addedP99Ms} ms: paced ${check(p.p99 < targets.addedP99Ms)}, -R ${check(a.p99 < targets.addedP99Ms)}`,
     );
   }
+  for (const [v, t] of Object.entries(limiterTrouble)) {
+    if (t.redisErrors || t.failOpen) out.push('', `${v}: ${t.redisErrors} Redis errors or timeouts, ${t.failOpen} requests admitted by the in-process fallback (redis.onError: open) during the run`);
+  }
   const problems = variants.flatMap((v) => tp[v]!.filter((r) => r.non2xx || r.errors).map((r) => `${v}: ${r.non2xx} non-2xx, ${r.errors} errors`));
   for (const v of latVariants) for (const k of ['autocannonR', 'paced'] as const) if (latency[v][k].non2xx || latency[v][k].errors) problems.push(`${v} ${k}: ${latency[v][k].non2xx} non-2xx, ${latency[v][k].errors} errors`);
   if (problems.length) out.push('', `non-2xx or errors: ${problems.join('; ')}`);
@@ -441,6 +455,7 @@ async function main(): Promise<void> {
         latency: { rate, rateBasis: slowest, rounds: latRounds, durationS: latDuration, ...latency },
         added: Object.fromEntries(latVariants.filter((v) => v !== 'bare').map((v) => [v, { autocannonR: added(v, 'autocannonR'), paced: added(v, 'paced') }])),
         targets,
+        limiterTrouble,
         seconds,
       },
       null,

@@ -69,11 +69,11 @@ async function primary(): Promise<void> {
     replica.close();
     process.env.KW_BENCH_CONFIG = JSON.stringify(config);
     const pool = await startWorkers({ config, logger, workers });
-    ready({ port: pool.port, key, mode, workers, pids: pool.pids() });
+    ready({ port: pool.port, adminPort: pool.adminPort, key, mode, workers, pids: pool.pids() });
     close = () => pool.close({ graceMs: 500 });
   } else {
     const sidecar = await startSidecar({ config, logger, replica });
-    ready({ port: sidecar.port, key, mode });
+    ready({ port: sidecar.port, adminPort: sidecar.adminPort, key, mode });
     close = async () => {
       process.stderr.write(`keyward ${mode}: limiter ${JSON.stringify(sidecar.limiter.stats())}\n`);
       await sidecar.close({ graceMs: 500 });
