@@ -8,8 +8,7 @@ import type { Registry } from 'prom-client';
 export interface AdminOptions {
   host: string;
   port: number;
-  /** a registry, or anything that renders like one (the cluster primary's aggregate of its workers) */
-  registry: Pick<Registry, 'metrics' | 'contentType'>;
+  registry: Registry;
   /** null when ready, else why not (replica never synced, draining) */
   notReadyReason: () => string | null;
 }
