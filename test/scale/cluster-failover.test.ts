@@ -10,7 +10,7 @@ import http from 'node:http';
 import { randomBytes } from 'node:crypto';
 import { after, before, test } from 'node:test';
 import { keySlot } from '../../src/limits/slot.js';
-import { type Sample, chatRequest, percentile, startLoad, trackLastChange } from '../helpers/load.js';
+import { type Sample, chatRequest, percentile, printFigures, startLoad, trackLastChange } from '../helpers/load.js';
 import { type LocalCluster, startRedisCluster } from '../helpers/redis-cluster.js';
 import { waitFor } from '../helpers/redis-server.js';
 import { type Harness, type KeySpec, startHarness } from '../helpers/sidecar.js';
@@ -69,7 +69,7 @@ async function burst(id: string, n: number): Promise<number> {
 
 const failOpen = (): number => a.sidecar.limiter.stats().failOpenAdmissions + b.sidecar.limiter.stats().failOpenAdmissions;
 
-test('a master killed under load: answers stay fast, healthy shards stay exact, the promoted replica is used at once', { timeout: 60_000 }, async () => {
+test('a master killed under load: answers stay fast, healthy shards stay exact, the promoted replica is used at once', { timeout: 60_000 }, async (t) => {
   const [dead, ...healthy] = [...byMaster.keys()];
   const deadKeys = byMaster.get(dead!)!;
   const healthyKeys = healthy.flatMap((p) => byMaster.get(p)!);
@@ -108,7 +108,7 @@ test('a master killed under load: answers stay fast, healthy shards stay exact, 
     fallbacks.stop();
     const after = samples.filter((s) => s.at >= killedAt);
     const report = summarize(after, { killedAt, promotedAt, lastFallback: fallbacks.last(), fallbacks: failOpen() - failOpenBefore });
-    console.log(`# cluster failover: ${JSON.stringify(report)}`);
+    printFigures(t, 'cluster failover', report);
 
     assert.deepEqual([...new Set(after.map((s) => s.status))], [200], 'every request answered 200');
     assert.ok(report.fallbackAdmissions > 0, 'the kill was felt');
