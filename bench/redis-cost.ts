@@ -12,9 +12,12 @@
  *   wallet   personal key drawing on its user's wallet, priced model: + hold + its settlement
  *   budgets  team key with a budget in a project with a budget: one hold on both holders
  *   free     team key without limits or budget: no Redis at all
- * Options: --requests N (5000), --concurrency N (16), --json FILE (also written to
- * .bench/redis-cost.json, which bench/scale-model.ts reads).
+ * Options: --requests N (5000), --concurrency N (16), --cluster (a local Redis Cluster of
+ * three masters instead of one node: counters summed over the masters, so the figures are
+ * what the shards together pay per request), --json FILE (also written to
+ * .bench/redis-cost.json, or .bench/redis-cost-cluster.json, which bench/scale-model.ts reads).
  */
+import { execFileSync } from 'node:child_process';
 import http from 'node:http';
 import { mkdirSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
@@ -30,7 +33,8 @@ import { createLogger } from '../src/obs/logger.js';
 import { startSidecar } from '../src/proxy/server.js';
 import { ReplicaStore } from '../src/replica/store.js';
 import type { SyncRecord } from '../src/protocol/records.js';
-import { spawnRedisOnSomePort } from '../test/helpers/redis-server.js';
+import { startRedisCluster } from '../test/helpers/redis-cluster.js';
+import { REDIS_SERVER, spawnRedisOnSomePort } from '../test/helpers/redis-server.js';
 import { startFakeUpstream } from '../test/helpers/upstream.js';
 
 const root = join(dirname(fileURLToPath(import.meta.url)), '..');
@@ -39,6 +43,7 @@ const { values: opt } = parseArgs({
     requests: { type: 'string', default: '5000' },
     concurrency: { type: 'string', default: '16' },
     json: { type: 'string' },
+    cluster: { type: 'boolean', default: false },
   },
 });
 const REQUESTS = Number(opt.requests);
@@ -62,9 +67,20 @@ const VARIANTS = {
 } as const;
 type Variant = keyof typeof VARIANTS;
 
-async function main(): Promise<void> {
+/** The Redis under test: its URL for the sidecar, and a plain connection to each node that serves keys. */
+async function startTarget(): Promise<{ url: string; nodes: Redis[]; stop(): Promise<void> }> {
+  if (opt.cluster) {
+    const cluster = await startRedisCluster({ masters: 3 });
+    const nodes = cluster.ports.map((port) => new Redis({ port, host: '127.0.0.1' }));
+    return { url: cluster.url, nodes, stop: async () => (nodes.forEach((n) => n.disconnect()), await cluster.stop()) };
+  }
   const { port, server } = await spawnRedisOnSomePort(() => ['--save', '', '--appendonly', 'no']);
-  const redis = new Redis({ port, host: '127.0.0.1' });
+  const node = new Redis({ port, host: '127.0.0.1' });
+  return { url: `redis://127.0.0.1:${port}`, nodes: [node], stop: async () => (node.disconnect(), await server.stop()) };
+}
+
+async function main(): Promise<void> {
+  const target = await startTarget();
   const up = await startFakeUpstream((_q, res) => {
     const text = JSON.stringify({ id: 'x', choices: [], usage: { prompt_tokens: 20, completion_tokens: 12, total_tokens: 32 } });
     res.writeHead(200, { 'content-type': 'application/json', 'content-length': Buffer.byteLength(text) });
@@ -76,7 +92,7 @@ async function main(): Promise<void> {
     admin: { port: 0 },
     upstreams: { default: { url: up.url } },
     replica: { path: join(dir, 'replica.sqlite') },
-    redis: { url: `redis://127.0.0.1:${port}`, prefix: 'kwcost', timeoutMs: 1_000 },
+    redis: { url: target.url, prefix: 'kwcost', timeoutMs: 1_000 },
     logging: { level: 'warn' },
   });
   const hash = makeKeyHasher(config.keys);
@@ -122,18 +138,27 @@ async function main(): Promise<void> {
     await Promise.all(Array.from({ length: CONCURRENCY }, worker));
   };
 
+  /** Summed over the nodes. A Cluster's own chatter (CLUSTER SLOTS and the like) is counted apart. */
   const commandstats = async (): Promise<Map<string, CommandStat>> => {
     const out = new Map<string, CommandStat>();
-    for (const line of (await redis.info('commandstats')).split('\n')) {
-      const m = /^cmdstat_([^:]+):calls=(\d+),usec=(\d+)/.exec(line.trim());
-      if (m && !OWN.has(m[1]!)) out.set(m[1]!, { calls: Number(m[2]), usec: Number(m[3]) });
+    for (const node of target.nodes) {
+      for (const line of (await node.info('commandstats')).split('\n')) {
+        const m = /^cmdstat_([^:]+):calls=(\d+),usec=(\d+)/.exec(line.trim());
+        if (!m || OWN.has(m[1]!)) continue;
+        const had = out.get(m[1]!) ?? { calls: 0, usec: 0 };
+        out.set(m[1]!, { calls: had.calls + Number(m[2]), usec: had.usec + Number(m[3]) });
+      }
     }
     return out;
   };
   const mainThreadCpuUs = async (): Promise<number> => {
-    const info = await redis.info('cpu');
-    const read = (name: string): number => Number(new RegExp(`${name}:([\\d.]+)`).exec(info)?.[1] ?? 0);
-    return Math.round((read('used_cpu_user_main_thread') + read('used_cpu_sys_main_thread')) * 1e6);
+    let total = 0;
+    for (const node of target.nodes) {
+      const info = await node.info('cpu');
+      const read = (name: string): number => Number(new RegExp(`${name}:([\\d.]+)`).exec(info)?.[1] ?? 0);
+      total += (read('used_cpu_user_main_thread') + read('used_cpu_sys_main_thread')) * 1e6;
+    }
+    return Math.round(total);
   };
   /** Settlements leave after the answer; wait until the sidecar holds nothing and the counters stand still. */
   const settled = async (): Promise<void> => {
@@ -152,7 +177,7 @@ async function main(): Promise<void> {
     for (const name of Object.keys(VARIANTS) as Variant[]) {
       await send(secrets[name], 200); // scripts loaded, buckets and ledgers created
       await settled();
-      await redis.config('RESETSTAT');
+      await Promise.all(target.nodes.map((n) => n.config('RESETSTAT')));
       const cpuBefore = await mainThreadCpuUs();
       const started = performance.now();
       await send(secrets[name], REQUESTS);
@@ -161,7 +186,8 @@ async function main(): Promise<void> {
       const cpuUs = (await mainThreadCpuUs()) - cpuBefore;
       const stats = await commandstats();
       const sent = [...stats].filter(([c]) => SENT.has(c));
-      const inner = [...stats].filter(([c]) => !SENT.has(c));
+      const inner = [...stats].filter(([c]) => !SENT.has(c) && !c.startsWith('cluster'));
+      const clusterCalls = [...stats].filter(([c]) => c.startsWith('cluster')).reduce((a, [, x]) => a + x.calls, 0);
       const sum = (xs: [string, CommandStat][], f: (c: CommandStat) => number): number => xs.reduce((a, [, c]) => a + f(c), 0);
       const sentCalls = sum(sent, (c) => c.calls);
       results.push({
@@ -170,6 +196,7 @@ async function main(): Promise<void> {
         requestsPerSecond: Math.round(REQUESTS / seconds),
         commandsPerRequest: +(sentCalls / REQUESTS).toFixed(3),
         sent: Object.fromEntries(sent.map(([c, s]) => [c, { perRequest: +(s.calls / REQUESTS).toFixed(3), usecPerCall: +(s.usec / s.calls).toFixed(2) }])),
+        ...(opt.cluster ? { clusterCommandsPerRequest: +(clusterCalls / REQUESTS).toFixed(4) } : {}),
         scriptInnerCommandsPerRequest: +(sum(inner, (c) => c.calls) / REQUESTS).toFixed(2),
         usecPerCommand: sentCalls ? +(sum(sent, (c) => c.usec) / sentCalls).toFixed(2) : 0,
         commandUsecPerRequest: +(sum(sent, (c) => c.usec) / REQUESTS).toFixed(1),
@@ -182,8 +209,7 @@ async function main(): Promise<void> {
     await sidecar.close({ graceMs: 500 });
     replica.close();
     await up.close();
-    redis.disconnect();
-    await server.stop();
+    await target.stop();
     rmSync(dir, { recursive: true, force: true });
   }
 
@@ -193,11 +219,18 @@ async function main(): Promise<void> {
       `(${r.requestsPerSecond} req/s through one sidecar)`);
     if (Object.keys(r.sent as object).length) console.log(`         sent: ${JSON.stringify(r.sent)}; run inside scripts: ${r.scriptInnerCommandsPerRequest}/request`);
   }
-  const summary = { measuredAt: new Date().toISOString(), redis: (await import('node:child_process')).execFileSync(server.proc.spawnfile, ['--version']).toString().trim(), concurrency: CONCURRENCY, variants: results };
+  const summary = {
+    measuredAt: new Date().toISOString(),
+    redis: execFileSync(REDIS_SERVER, ['--version']).toString().trim(),
+    topology: opt.cluster ? 'cluster of 3 masters' : 'single node',
+    concurrency: CONCURRENCY,
+    variants: results,
+  };
+  const file = opt.cluster ? 'redis-cost-cluster.json' : 'redis-cost.json';
   mkdirSync(join(root, '.bench'), { recursive: true });
-  writeFileSync(join(root, '.bench', 'redis-cost.json'), `${JSON.stringify(summary, null, 2)}\n`);
+  writeFileSync(join(root, '.bench', file), `${JSON.stringify(summary, null, 2)}\n`);
   if (opt.json) writeFileSync(opt.json, `${JSON.stringify(summary, null, 2)}\n`);
-  console.log(`\nwritten to .bench/redis-cost.json (bench/scale-model.ts reads it)`);
+  console.log(`\n${summary.topology}; written to .bench/${file} (bench/scale-model.ts --from reads it)`);
 }
 
 await main();
