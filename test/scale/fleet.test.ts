@@ -27,7 +27,8 @@ import { type FakeUpstream, startFakeUpstream } from '../helpers/upstream.js';
 
 const REDIS = 'redis://127.0.0.1:6379';
 const INSTANCES = 4;
-const RPM = 40;
+/** Small, so a token takes 3 s to come back: far longer than a burst takes even on a busy machine. */
+const RPM = 20;
 const CONC = 12;
 const STREAMS = 2_000;
 /** Streams in flight at once, well under the stream key's concurrency: a 429 among them means slots were lost. */
