@@ -53,18 +53,18 @@ interface Cost {
 
 /**
  * `npm run bench:redis` and `npm run bench:redis -- --cluster` on the 2-core development
- * machine (Redis 7.0; medians of runs): a single node, and a Cluster of three masters (summed
+ * machine (Redis 7.0; medians of three runs each): a single node, and a Cluster of three masters (summed
  * over the shards, so per request the fleet pays this on whichever shards its keys live on).
  */
 const MEASURED_NODE: Cost[] = [
-  { variant: 'limits', commandsPerRequest: 2, cpuUsPerCommand: 16.2 },
-  { variant: 'wallet', commandsPerRequest: 4, cpuUsPerCommand: 14 },
-  { variant: 'budgets', commandsPerRequest: 4, cpuUsPerCommand: 18.4 },
+  { variant: 'limits', commandsPerRequest: 2, cpuUsPerCommand: 14.3 },
+  { variant: 'wallet', commandsPerRequest: 4, cpuUsPerCommand: 12.5 },
+  { variant: 'budgets', commandsPerRequest: 4, cpuUsPerCommand: 15.5 },
 ];
 const MEASURED_SHARD: Cost[] = [
-  { variant: 'limits', commandsPerRequest: 2, cpuUsPerCommand: 34.2 },
-  { variant: 'wallet', commandsPerRequest: 4, cpuUsPerCommand: 30.2 },
-  { variant: 'budgets', commandsPerRequest: 4, cpuUsPerCommand: 32.7 },
+  { variant: 'limits', commandsPerRequest: 2, cpuUsPerCommand: 26.5 },
+  { variant: 'wallet', commandsPerRequest: 4, cpuUsPerCommand: 23.3 },
+  { variant: 'budgets', commandsPerRequest: 4, cpuUsPerCommand: 27.2 },
 ];
 
 function loadCosts(file: string | undefined, fallback: string, builtIn: Cost[]): { costs: Cost[]; source: string } {
@@ -155,7 +155,7 @@ function main(): void {
           const shards = oneNode ? 1 : Math.ceil(cores / utilisation);
           const q = simulateShard((fleet * cpr) / shards, cost.cpuUsPerCommand);
           const wait = q ? `${fmt(q.p50)} / ${fmt(q.p99)} µs` : 'overloaded';
-          const needed = oneNode ? `one node (${Math.round((nodeCores / 1) * 100)}% of a core)` : `${shards} shards`;
+          const needed = oneNode ? `one node (${(nodeCores * 100).toFixed(nodeCores < 0.01 ? 2 : 0)}% of a core)` : `${shards} shards`;
           console.log(`| ${c.variant} | ${instances} | ${fmt(each)} | ${fmt(fleet)} | ${leasing} | ${cores.toFixed(cores < 0.1 ? 4 : 2)} | ${needed} | ${wait} |`);
         }
       }
