@@ -169,10 +169,13 @@ test('C + 8 streams at once across four instances: exactly C in flight', { timeo
     const open = streams.filter((s) => s.status === 200);
     const refused = streams.filter((s) => s.status !== 200);
     const slots = await redis.zcard(`{${prefix}:k:conc}:conc`);
-    printFigures(t, 'fleet concurrency', { instances: INSTANCES, concurrency: CONC, opened: streams.length, inFlight: open.length, slotsInRedis: slots });
+    // The keys draw on their user's wallet: each stream in flight holds its cost estimate there too.
+    const holds = await redis.zcard(`{${prefix}:t:u%3Au_default}:lh:wallet%3Au_default`);
+    printFigures(t, 'fleet concurrency', { instances: INSTANCES, concurrency: CONC, opened: streams.length, inFlight: open.length, slotsInRedis: slots, walletHoldsInRedis: holds });
     assert.equal(open.length, CONC, `concurrency ${CONC} across ${INSTANCES} instances`);
     assert.deepEqual([...new Set(refused.map((s) => `${s.status} ${s.code}`))], ['429 concurrency_exceeded']);
     assert.equal(slots, CONC, 'one slot lease per stream in flight');
+    assert.ok(holds >= CONC, `a spend hold per stream in flight (${holds})`);
   } finally {
     for (const s of streams) s.req.destroy();
   }
@@ -197,6 +200,14 @@ test(`${STREAMS} streams cut mid-response by their clients leave no slot or hold
   await Promise.all(Array.from({ length: IN_FLIGHT }, client));
   const cutMs = performance.now() - started;
   const lastCutAt = performance.now();
+  printFigures(t, 'fleet streams', {
+    instances: INSTANCES,
+    streams: STREAMS,
+    inFlight: IN_FLIGHT,
+    answers: Object.fromEntries(statuses),
+    seconds: +(cutMs / 1000).toFixed(1),
+    streamsPerSecond: Math.round(STREAMS / (cutMs / 1000)),
+  });
   await waitFor(async () => (await liveLeases()) === 0, 20_000, 'every slot and hold released', 20);
   const cleanAfterMs = performance.now() - lastCutAt;
   const forwarded = up.received.slice(receivedBefore);
@@ -210,12 +221,6 @@ test(`${STREAMS} streams cut mid-response by their clients leave no slot or hold
   await waitFor(async () => (await liveLeases()) === 0, 10_000, 'the check streams released', 20);
 
   printFigures(t, 'fleet streams', {
-    instances: INSTANCES,
-    streams: STREAMS,
-    inFlight: IN_FLIGHT,
-    answers: Object.fromEntries(statuses),
-    seconds: +(cutMs / 1000).toFixed(1),
-    streamsPerSecond: Math.round(STREAMS / (cutMs / 1000)),
     upstreamSawCut: upstreamSaw.filter((c) => c === 'aborted').length,
     leasesEmptyAfterLastCutMs: Math.round(cleanAfterMs),
     admittedAfter: `${admittedAfter} of ${STREAM_CONC + 1} (concurrency ${STREAM_CONC})`,
