@@ -48,8 +48,8 @@ let up: FakeUpstream;
 let redis: Redis;
 let fleet: SidecarProcess[] = [];
 const agent = new http.Agent({ keepAlive: true, maxSockets: Infinity });
-/** Answers streaming requests with an SSE stream that goes on until the other side goes away. */
-let heldOpen: http.ServerResponse[] = [];
+/** The upstream's streams: each goes on until the other side goes away; any left are cut at the end. */
+const heldOpen: http.ServerResponse[] = [];
 
 before(async () => {
   dir = mkdtempSync(join(tmpdir(), 'kw-fleet-'));
@@ -87,6 +87,7 @@ before(async () => {
         'admin: { port: 0 }',
         `upstreams: { default: { url: ${up.url} } }`,
         `replica: { path: ${join(dir, `replica-${i}.sqlite`)} }`,
+        // closed: a Redis failure answers 503 here instead of admitting per instance, which would hide it.
         `redis: { url: ${REDIS}, prefix: ${prefix}, timeoutMs: 1000, onError: closed }`,
         'logging: { level: info }',
         '',
@@ -163,7 +164,6 @@ test('N+1 requests at once across four instances admit exactly N', { timeout: 60
 });
 
 test('C + 8 streams at once across four instances: exactly C in flight', { timeout: 60_000 }, async (t) => {
-  heldOpen = [];
   const streams = await Promise.all(Array.from({ length: CONC + 8 }, (_, i) => openStream(instance(i).url, secrets.conc!)));
   try {
     const open = streams.filter((s) => s.status === 200);
@@ -183,7 +183,6 @@ test('C + 8 streams at once across four instances: exactly C in flight', { timeo
 });
 
 test(`${STREAMS} streams cut mid-response by their clients leave no slot or hold behind`, { timeout: 120_000 }, async (t) => {
-  heldOpen = [];
   const receivedBefore = up.received.length;
   let next = 0;
   const statuses = new Map<string, number>();
@@ -214,7 +213,6 @@ test(`${STREAMS} streams cut mid-response by their clients leave no slot or hold
   const upstreamSaw = await Promise.all(forwarded.map((r) => r.closed));
 
   // Afterwards the key that carried them all admits its full concurrency at once, and no more.
-  heldOpen = [];
   const check = await Promise.all(Array.from({ length: STREAM_CONC + 1 }, (_, i) => openStream(instance(i).url, secrets.streams!)));
   const admittedAfter = check.filter((s) => s.status === 200).length;
   for (const s of check) s.req.destroy();
