@@ -74,3 +74,11 @@ export const percentile = (xs: number[], p: number): number => {
   const s = [...xs].sort((a, b) => a - b);
   return s[Math.min(s.length - 1, Math.floor((p / 100) * s.length))] ?? 0;
 };
+
+/**
+ * Prints a test's measured figures as test diagnostics, one line each, so they appear in the
+ * runner's output (TAP or spec) next to the test that measured them, in CI logs too.
+ */
+export function printFigures(t: { diagnostic(message: string): void }, label: string, figures: Record<string, unknown>): void {
+  for (const [name, value] of Object.entries(figures)) t.diagnostic(`${label}: ${name} = ${typeof value === 'string' ? value : JSON.stringify(value)}`);
+}

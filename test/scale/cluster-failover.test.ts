@@ -10,7 +10,7 @@ import http from 'node:http';
 import { randomBytes } from 'node:crypto';
 import { after, before, test } from 'node:test';
 import { keySlot } from '../../src/limits/slot.js';
-import { type Sample, chatRequest, percentile, startLoad, trackLastChange } from '../helpers/load.js';
+import { type Sample, chatRequest, percentile, printFigures, startLoad, trackLastChange } from '../helpers/load.js';
 import { type LocalCluster, startRedisCluster } from '../helpers/redis-cluster.js';
 import { waitFor } from '../helpers/redis-server.js';
 import { type Harness, type KeySpec, startHarness } from '../helpers/sidecar.js';
@@ -69,7 +69,7 @@ async function burst(id: string, n: number): Promise<number> {
 
 const failOpen = (): number => a.sidecar.limiter.stats().failOpenAdmissions + b.sidecar.limiter.stats().failOpenAdmissions;
 
-test('a master killed under load: answers stay fast, healthy shards stay exact, the promoted replica is used at once', { timeout: 60_000 }, async () => {
+test('a master killed under load: answers stay fast, healthy shards stay exact, the promoted replica is used at once', { timeout: 60_000 }, async (t) => {
   const [dead, ...healthy] = [...byMaster.keys()];
   const deadKeys = byMaster.get(dead!)!;
   const healthyKeys = healthy.flatMap((p) => byMaster.get(p)!);
@@ -92,14 +92,18 @@ test('a master killed under load: answers stay fast, healthy shards stay exact, 
     await node.server.exited;
 
     // While the master is gone: 6 at once on a healthy shard's rpm-5 key admit 5, across both sidecars.
-    assert.equal(await burst(onHealthy, 6), 5, 'a key on a healthy shard keeps its shared limit');
-    assert.notEqual(await cluster.masterOf(keySlot(`{${prefix}:k:${fresh}}`)), replicaPort, 'the burst ran before the promotion');
+    const healthyAdmitted = await burst(onHealthy, 6);
+    const ranBeforePromotion = (await cluster.masterOf(keySlot(`{${prefix}:k:${fresh}}`))) !== replicaPort;
+    printFigures(t, 'cluster failover', { healthyShardBurst: `${healthyAdmitted} of 6 (rpm 5)`, healthyBurstBeforePromotion: ranBeforePromotion });
+    assert.equal(healthyAdmitted, 5, 'a key on a healthy shard keeps its shared limit');
+    assert.ok(ranBeforePromotion, 'the burst ran before the promotion');
 
     const slot = keySlot(`{${prefix}:k:${fresh}}`);
     await waitFor(async () => (await cluster.masterOf(slot)) === replicaPort && (await cluster.healthy()), 20_000, 'the replica to be promoted', 20);
     const promotedAt = performance.now();
     // At once: the first burst on a fresh key and on a partly spent key of the failed shard.
     const [freshAdmitted, spentAdmitted] = await Promise.all([burst(fresh, 6), burst(spent, 4)]);
+    printFigures(t, 'cluster failover', { freshKeyBurstAfterPromotion: `${freshAdmitted} of 6 (rpm 5)`, spentKeyBurstAfterPromotion: `${spentAdmitted} of 4 (2 left)` });
     assert.equal(freshAdmitted, 5, 'the first burst after the promotion is exact');
     assert.equal(spentAdmitted, 2, 'the promoted replica carries what its master had counted');
 
@@ -108,7 +112,7 @@ test('a master killed under load: answers stay fast, healthy shards stay exact, 
     fallbacks.stop();
     const after = samples.filter((s) => s.at >= killedAt);
     const report = summarize(after, { killedAt, promotedAt, lastFallback: fallbacks.last(), fallbacks: failOpen() - failOpenBefore });
-    console.log(`# cluster failover: ${JSON.stringify(report)}`);
+    printFigures(t, 'cluster failover', report);
 
     assert.deepEqual([...new Set(after.map((s) => s.status))], [200], 'every request answered 200');
     assert.ok(report.fallbackAdmissions > 0, 'the kill was felt');

@@ -20,7 +20,7 @@ import type { UsageEvent } from '../../src/protocol/usage.js';
 import { type ConsoleFixture, startConsoleFixture } from '../helpers/console-fixture.js';
 import { type ConsoleFront, startConsoleFront } from '../helpers/console-front.js';
 import { lookupSecret, whenReplica } from '../helpers/console-replica.js';
-import { chatRequest } from '../helpers/load.js';
+import { chatRequest, printFigures } from '../helpers/load.js';
 import { waitFor } from '../helpers/redis-server.js';
 import { type FakeUpstream, startFakeUpstream } from '../helpers/upstream.js';
 
@@ -61,7 +61,7 @@ const counts = (ids: string[]): Map<string, number> => {
   return m;
 };
 
-test(`after a ${OUTAGE_MS / 1000} s outage under traffic, every buffered event arrives within 5 s of the return, once`, { timeout: 90_000 }, async () => {
+test(`after a ${OUTAGE_MS / 1000} s outage under traffic, every buffered event arrives within 5 s of the return, once`, { timeout: 90_000 }, async (t) => {
   const config = configSchema.parse({
     server: { port: 0 }, admin: { port: 0 },
     upstreams: { default: { url: up.url } },
@@ -99,7 +99,7 @@ test(`after a ${OUTAGE_MS / 1000} s outage under traffic, every buffered event a
     const seen = counts(front.deliveries.map((d) => d.requestId));
     const twice = [...seen.values()].filter((n) => n > 1).length;
     const figures = { events: wanted.size, deliveredAfterReturnMs: Math.round(lastAt - upAt), duplicates: twice, dropped: sidecar.usage!.stats().dropped };
-    console.log(`# console outage ${OUTAGE_MS / 1000} s: ${JSON.stringify(figures)}`);
+    printFigures(t, `console outage ${OUTAGE_MS / 1000} s`, figures);
     assert.ok(lastAt - upAt < 5_000, `backlog delivered ${Math.round(lastAt - upAt)} ms after the console returned`);
     assert.equal(twice, 0, 'no event delivered twice');
     assert.equal(figures.dropped, 0);
@@ -116,7 +116,7 @@ const ev = (): UsageEvent => ({
   request_id: `long-${++seq}`, key_id: keyId, model: 'gpt-4o', input_tokens: 10, output_tokens: 5, status: 200, at: new Date().toISOString(),
 });
 
-test('a 10 minute outage on an injected clock: the buffer stays bounded, drops are counted, retries stay sparse', { timeout: 60_000 }, async () => {
+test('a 10 minute outage on an injected clock: the buffer stays bounded, drops are counted, retries stay sparse', { timeout: 60_000 }, async (t) => {
   let clock = 0;
   const p = createUsagePusher({ url: front.url, token: fx.tokens.sync, maxBuffer: 2_000, batchSize: 500, flushMs: 5, now: () => clock });
   try {
@@ -133,7 +133,7 @@ test('a 10 minute outage on an injected clock: the buffer stays bounded, drops a
     }
     const s = p.stats();
     const figures = { simulatedMinutes: 10, pushed: pushed.length, buffered: s.buffered, dropped: s.dropped, attempts: s.failures };
-    console.log(`# long outage: ${JSON.stringify(figures)}`);
+    printFigures(t, 'long outage', figures);
     assert.equal(s.buffered, 2_000, 'bounded');
     assert.equal(s.dropped, pushed.length - 2_000, 'every event past the bound is counted');
     // Exponential backoff to 30 s: about 8 quick attempts, then one per 15-30 s.
@@ -151,7 +151,7 @@ test('a 10 minute outage on an injected clock: the buffer stays bounded, drops a
   }
 });
 
-test('a fleet of 20 pushers nudged together reaches the console spread over the jitter window', { timeout: 30_000 }, async () => {
+test('a fleet of 20 pushers nudged together reaches the console spread over the jitter window', { timeout: 30_000 }, async (t) => {
   const fleet = Array.from({ length: 20 }, () =>
     createUsagePusher({ url: front.url, token: fx.tokens.sync, maxBuffer: 1_000, batchSize: 500, flushMs: 50, backoff: { baseMs: 60_000, maxMs: 60_000 } }),
   );
@@ -181,7 +181,7 @@ test('a fleet of 20 pushers nudged together reaches the console spread over the 
       lastMs: Math.round(Math.max(...arrivals)),
       peakPer100Ms: Math.max(...windows.values()),
     };
-    console.log(`# fleet return: ${JSON.stringify(figures)}`);
+    printFigures(t, 'fleet return', figures);
     assert.equal(arrivals.length, fleet.length, 'one batch each');
     assert.ok(figures.lastMs - figures.firstMs >= 300, 'spread, not all at once');
     assert.ok(figures.lastMs < 2_000, 'all within the jitter window');
