@@ -158,7 +158,9 @@ describe('spend holds across two sidecar processes sharing Redis', () => {
       const out = await promisify(execFile)(process.execPath, [...KEYWARD_ARGS, 'import', '--replica', join(dir, `${name}.sqlite`), snapshot]);
       assert.match(out.stdout, /imported version 1: 3 keys, 2 projects, 1 wallets/);
     }
-    [a, b] = await Promise.all(['a', 'b'].map((name) => spawnSidecar({ dir, name, yaml: yaml(name) })));
+    const started = await Promise.all(['a', 'b'].map((name) => spawnSidecar({ dir, name, yaml: yaml(name) })));
+    a = started[0]!;
+    b = started[1]!;
   });
   after(async () => {
     await Promise.all([a?.stop(), b?.stop()]);
