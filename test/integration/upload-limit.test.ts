@@ -85,6 +85,15 @@ describe('maxUploadBytes', () => {
     assert.equal(up.received.length, arrivals);
   });
 
+  test('with Expect: 100-continue, a files body declared over the limit is answered 413 without a 100 Continue', async () => {
+    const c = await openSlowClient(h.sidecar.port);
+    await c.write(fileHead(`Authorization: Bearer ${h.keys.k_files}`, `Content-Length: ${LIMIT + 1}\r\nExpect: 100-continue\r\n`));
+    const r = await c.response();
+    assert.equal(r.status, 413);
+    assert.ok(c.received().toString('latin1').startsWith('HTTP/1.1 413 '), 'the first thing sent back is the refusal');
+    c.socket.destroy();
+  });
+
   test('a multipart body on the messages route declared over the limit is 413 in the messages style', async () => {
     const c = await openSlowClient(h.sidecar.port);
     await c.write(`POST /v1/messages HTTP/1.1\r\nHost: kw\r\nx-api-key: ${h.keys.k_files}\r\nContent-Type: multipart/form-data; boundary=${BOUNDARY}\r\nContent-Length: ${LIMIT + 1}\r\n\r\n`);
