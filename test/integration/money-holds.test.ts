@@ -66,6 +66,8 @@ function chatBody(): string {
 let up: FakeUpstream;
 let release: () => void = () => {};
 let gate: Promise<void> = Promise.resolve();
+/** called when the upstream has read a request whole (it is in `up.received` by then) */
+let onReceived: () => void = () => {};
 let dir: string;
 let redis: Redis;
 
@@ -73,6 +75,7 @@ before(async () => {
   dir = mkdtempSync(join(tmpdir(), 'kw-money-'));
   redis = new Redis(REDIS);
   up = await startFakeUpstream(async (_req, res) => {
+    onReceived();
     await gate;
     const text = JSON.stringify({ id: 'c', object: 'chat.completion', created: 1, model: 'gpt-4o-mini', choices: [], usage: { prompt_tokens: 100, completion_tokens: 10, total_tokens: 110 } });
     res.writeHead(200, { 'content-type': 'application/json', 'content-length': Buffer.byteLength(text) });
@@ -99,8 +102,7 @@ async function burst(urls: string[], key: string): Promise<{ reached: number; st
   const reachedBefore = up.received.filter(isOurs).length;
   let answered = 0;
   let check = () => {};
-  const onArrival = () => check();
-  up.arrivals.on('head', onArrival);
+  onReceived = () => check();
   const body = chatBody();
   const calls = Array.from({ length: CONCURRENT }, (_, i) =>
     fetch(`${urls[i % urls.length]}/v1/chat/completions`, { method: 'POST', headers: { authorization: auth, 'content-type': 'application/json' }, body }).then(async (r) => {
@@ -115,18 +117,15 @@ async function burst(urls: string[], key: string): Promise<{ reached: number; st
     await new Promise<void>((resolve, reject) => {
       const timer = setTimeout(() => reject(new Error(`undecided: ${answered} answered, ${up.received.filter(isOurs).length - reachedBefore} at the upstream`)), 20_000);
       check = () => {
-        // The head event fires before the body is read; count only what the upstream has whole.
-        setImmediate(() => {
-          if (answered + up.received.filter(isOurs).length - reachedBefore >= CONCURRENT) {
-            clearTimeout(timer);
-            resolve();
-          }
-        });
+        if (answered + up.received.filter(isOurs).length - reachedBefore >= CONCURRENT) {
+          clearTimeout(timer);
+          resolve();
+        }
       };
       check();
     });
   } finally {
-    up.arrivals.off('head', onArrival);
+    onReceived = () => {};
   }
   const reached = up.received.filter(isOurs).length - reachedBefore;
   release();
