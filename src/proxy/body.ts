@@ -1,13 +1,15 @@
 /**
  * Bounded reading of model-request bodies (DESIGN section 5, step 6). JSON bodies are
- * read whole up to `limit` and replayed byte for byte; multipart bodies are read only
- * up to the first file part, then the rest streams through unbuffered.
+ * read whole up to `server.maxJsonBodyBytes` and replayed byte for byte; multipart
+ * bodies are read only up to the first file part, then the rest streams through
+ * unbuffered, held to `server.maxUploadBytes` instead (see upload.ts).
  */
 import type { IncomingMessage } from 'node:http';
 import { PassThrough } from 'node:stream';
 import { deny, type Denial } from '../errors.js';
 import { inspectJson, MAX_MODEL_LENGTH, modelsOfField, queryNamesModel, selectsModels } from './json-scan.js';
 import { createMultipartGuard, multipartBoundary, MultipartReader } from './multipart.js';
+import { bodyTooLarge, byteLimit, declaredOver, dropRest, needsCounting } from './upload.js';
 
 /** What is forwarded instead of `req`; http-proxy-3 only ever calls `pipe` on it. */
 export interface BodySource {
@@ -41,8 +43,10 @@ const MULTIPART_HEAD_LIMIT = 1 << 20;
 
 const invalid = (message: string): BodyResult => ({ ok: false, denial: deny('invalid_request', { detail: message }), closeConnection: false });
 
-function tooLarge(limit: number): BodyResult {
-  return { ok: false, denial: deny('body_too_large', { params: { limit } }), closeConnection: true };
+/** The rest of an over-limit body is dropped as it comes: the connection closes after the answer. */
+function tooLarge(req: IncomingMessage, limit: number): BodyResult {
+  if (!req.complete) req.resume();
+  return { ok: false, denial: bodyTooLarge(limit), closeConnection: true };
 }
 
 const cutShort = (): BodyResult => ({ ok: false, denial: deny('invalid_request', { variant: 'cut_short', status: 408 }), closeConnection: true });
@@ -128,25 +132,28 @@ function readUntil(req: IncomingMessage, opts: { limit: number; enough: (chunks:
 
 /**
  * A stream of what was read followed by whatever is still to come. With a multipart
- * reader, the rest passes through a guard that goes on reading it strictly; its error
- * destroys whatever the stream is piped into (the upstream request).
+ * reader, the rest passes through a guard that goes on reading it strictly; with an
+ * upload limit and no declared length, through a byte counter. A stage's error emits
+ * 'reject' on the stream, on which the forwarder destroys the upstream request.
  */
-function replayStream(req: IncomingMessage, read: { chunks: Buffer[]; ended: boolean }, reader: MultipartReader | null): BodySource {
+function replayStream(req: IncomingMessage, read: { chunks: Buffer[]; total: number; ended: boolean }, reader: MultipartReader | null, uploadLimit: number): BodySource {
   const head = read.chunks.length === 1 ? read.chunks[0]! : Buffer.concat(read.chunks);
   if (read.ended) return new BufferSource(head);
   const out = new PassThrough();
   out.write(head);
-  if (reader === null) {
-    req.pipe(out);
-  } else {
-    const g = createMultipartGuard(reader);
-    g.pipe(out);
-    req.pipe(g);
-    g.once('error', (err) => {
-      req.unpipe(g);
+  const stages = [
+    ...(needsCounting(req, uploadLimit) ? [byteLimit(uploadLimit, read.total)] : []),
+    ...(reader === null ? [] : [createMultipartGuard(reader)]),
+  ];
+  let upstream: NodeJS.ReadableStream = req;
+  for (const stage of stages) {
+    upstream = upstream.pipe(stage);
+    stage.once('error', (err) => {
+      dropRest(req, stages[0]!);
       out.emit('reject', err);
     });
   }
+  upstream.pipe(out);
   req.resume();
   return out;
 }
@@ -154,7 +161,7 @@ function replayStream(req: IncomingMessage, read: { chunks: Buffer[]; ended: boo
 async function readJson(req: IncomingMessage, limit: number): Promise<BodyResult> {
   const read = await readUntil(req, { limit, enough: () => false });
   if (read.cut) return cutShort();
-  if (read.overLimit) return tooLarge(limit);
+  if (read.overLimit) return tooLarge(req, limit);
   const buf = read.chunks.length === 1 ? read.chunks[0]! : Buffer.concat(read.chunks);
   if (buf.length === 0) return { ok: true, body: { model: null, models: [], maxOutputTokens: null, estimateBytes: 0, replay: new BufferSource(buf) } };
   const found = inspectJson(buf);
@@ -166,7 +173,7 @@ async function readJson(req: IncomingMessage, limit: number): Promise<BodyResult
  * Reads a multipart body up to its first file part (or its end), strictly (see
  * multipart.ts); the rest streams through a guard that goes on reading it the same way.
  */
-async function readMultipart(req: IncomingMessage, boundary: string): Promise<BodyResult> {
+async function readMultipart(req: IncomingMessage, boundary: string, uploadLimit: number): Promise<BodyResult> {
   const reader = new MultipartReader(boundary);
   const fields = new Map<string, string>();
   let problem: string | null = null;
@@ -176,13 +183,14 @@ async function readMultipart(req: IncomingMessage, boundary: string): Promise<Bo
     else for (const e of r) if (e.type === 'field') fields.set(e.name, e.value);
   };
   const read = await readUntil(req, {
-    limit: MULTIPART_HEAD_LIMIT,
+    limit: uploadLimit > 0 ? Math.min(MULTIPART_HEAD_LIMIT, uploadLimit) : MULTIPART_HEAD_LIMIT,
     enough: (chunks) => {
       feed(chunks[chunks.length - 1]!);
       return problem !== null || reader.fileSeen || reader.closed;
     },
   });
   if (read.cut) return cutShort();
+  if (uploadLimit > 0 && read.total > uploadLimit) return tooLarge(req, uploadLimit);
   if (problem === null && read.ended) problem = reader.end();
   if (problem === null && !read.ended) problem = reader.seal();
   if (problem !== null) return invalid(problem);
@@ -192,20 +200,28 @@ async function readMultipart(req: IncomingMessage, boundary: string): Promise<Bo
   // The whole body counts towards the estimate, whatever the order of its parts.
   const declared = Number(req.headers['content-length']);
   const estimateBytes = Number.isSafeInteger(declared) && declared > read.total ? declared : read.total;
-  const replay = replayStream(req, read, read.ended ? null : reader);
+  const replay = replayStream(req, read, read.ended ? null : reader, uploadLimit);
   return { ok: true, body: { model: fields.get('model') ?? null, models, maxOutputTokens: null, estimateBytes, replay } };
 }
 
 const countHeader = (raw: string[], name: string) => raw.filter((v, i) => i % 2 === 0 && v.toLowerCase() === name).length;
 
-/**
- * Step 6. `modelRequired` makes a POST without `model` a 400. The caller forwards
- * `body.replay` instead of `req`.
- */
-export async function readModelBody(req: IncomingMessage, opts: { limit: number; modelRequired: boolean }): Promise<BodyResult> {
+export interface ReadOptions {
+  /** `server.maxJsonBodyBytes`: JSON bodies are read whole up to it */
+  limit: number;
+  /** `server.maxUploadBytes`: multipart bodies stream through, held to it (0: no limit) */
+  uploadLimit: number;
+  /** a POST without `model` is a 400 */
+  modelRequired: boolean;
+}
+
+/** Step 6. The caller forwards `body.replay` instead of `req`. */
+export async function readModelBody(req: IncomingMessage, opts: ReadOptions): Promise<BodyResult> {
   if (queryNamesModel(req.url ?? '/')) return invalid('Name the model in the request body, not in the query string.');
-  const declared = Number(req.headers['content-length'] ?? NaN);
-  if (declared > opts.limit) return tooLarge(opts.limit);
+  // Which limit a declared length answers to depends only on the body's kind.
+  const multipart = multipartBoundary(req.headers['content-type']) !== null;
+  const limit = multipart ? opts.uploadLimit : opts.limit;
+  if (declaredOver(req, limit)) return tooLarge(req, limit);
   if (!hasBody(req)) {
     if (opts.modelRequired && req.method === 'POST') return invalid('The request needs a JSON body that names "model".');
     return { ok: true, body: { model: null, models: [], maxOutputTokens: null, estimateBytes: 0, replay: null } };
@@ -227,7 +243,7 @@ export async function readModelBody(req: IncomingMessage, opts: { limit: number;
   if (boundary === null && charset !== undefined && charset !== 'utf-8' && charset !== 'utf8') {
     return invalid('JSON request bodies must be UTF-8; drop the charset parameter or declare utf-8.');
   }
-    const result = boundary !== null ? await readMultipart(req, boundary) : await readJson(req, opts.limit);
+  const result = boundary !== null ? await readMultipart(req, boundary, opts.uploadLimit) : await readJson(req, opts.limit);
   if (result.ok && result.body.model === null && opts.modelRequired) {
     return invalid(boundary !== null ? 'The form needs a "model" field before the file part.' : 'The request body must name "model".');
   }

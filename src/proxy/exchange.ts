@@ -13,7 +13,8 @@ import type { AccessWriter } from '../obs/logger.js';
 import type { Metrics } from '../obs/metrics.js';
 import type { KeyFacts } from '../policy/facts.js';
 import type { UsageEvent } from '../protocol/usage.js';
-import { hasBody, readModelBody, watchBodyIdle } from './body.js';
+import { hasBody, readModelBody, watchBodyIdle, type ReadOptions } from './body.js';
+import { openUpload } from './upload.js';
 import { answerParserRefusal } from './framing.js';
 import { accessLine, newContext, type RequestContext } from './context.js';
 import type { ForwardFailure, Forwarder } from './forward.js';
@@ -119,8 +120,8 @@ function settle(ctx: RequestContext): void {
 }
 
 const FAILURES: Record<ForwardFailure, (err: Error) => Denial> = {
-  // the body stream's own description of what it refused
-  rejected: (err) => deny('invalid_request', { detail: err.message }),
+  // the body stream's own answer (an upload over its limit), else its description of what it refused
+  rejected: (err) => (err as Error & { denial?: Denial }).denial ?? deny('invalid_request', { detail: err.message }),
   timeout: () => deny('upstream_timeout'),
   unavailable: () => deny('upstream_unavailable'),
 };
@@ -247,10 +248,11 @@ export function createExchanges(deps: ExchangeDeps): Exchanges {
         rawHeaders: req.rawHeaders,
         clientIp,
         // Expect: 100-continue is answered only once the credentials have been checked.
-        readBody: (opts: { limit: number; modelRequired: boolean }) => {
+        readBody: (opts: ReadOptions) => {
           if (expectContinue) res.writeContinue();
           return readModelBody(req, opts);
         },
+        openUpload: (opts: { limit: number }) => openUpload(req, opts),
       };
       decide(input, deps.pipeline, ctx.reqId)
         .then((decision) => apply(req, res, ctx, decision, expectContinue))

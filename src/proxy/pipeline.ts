@@ -17,7 +17,8 @@ import { checkNetwork, looksLikeBrowser } from '../policy/network.js';
 import { promptTokens } from '../policy/estimate.js';
 import type { KeyFacts } from '../policy/facts.js';
 import { classify, type Route, type RouteRule } from '../routes.js';
-import type { BodyResult, BodySource } from './body.js';
+import type { BodyResult, BodySource, ReadOptions } from './body.js';
+import type { UploadResult } from './upload.js';
 
 export interface PipelineDeps {
   rules: readonly RouteRule[];
@@ -30,6 +31,8 @@ export interface PipelineDeps {
   priceFor: (model: string) => Price | null;
   upstreams: ReadonlyMap<string, { concurrency: number; rpm: number }>;
   maxJsonBodyBytes: number;
+  /** multipart and files bodies, streamed; 0 = no limit */
+  maxUploadBytes: number;
   /** output tokens a request that names no cap is expected to generate */
   defaultOutputTokens: number;
   /** `server.refuseBrowsers` */
@@ -46,7 +49,9 @@ export interface RequestInput {
   /** the client's address (DESIGN section 4), null when it cannot be told */
   clientIp: string | null;
   /** step 6: reads the model body (called at most once, only on model routes) */
-  readBody: (opts: { limit: number; modelRequired: boolean }) => Promise<BodyResult>;
+  readBody: (opts: ReadOptions) => Promise<BodyResult>;
+  /** files routes: checks the body's declared size and wraps it to be counted as it streams */
+  openUpload: (opts: { limit: number }) => UploadResult;
 }
 
 /** What was learnt before the decision, for the access line either way. */
@@ -157,7 +162,7 @@ export async function decide(input: RequestInput, deps: PipelineDeps, requestId:
   let body: BodySource | null = null;
   const bodyRead = route.class === 'model';
   if (route.class === 'model') {
-    const read = await input.readBody({ limit: deps.maxJsonBodyBytes, modelRequired: route.modelRequired });
+    const read = await input.readBody({ limit: deps.maxJsonBodyBytes, uploadLimit: deps.maxUploadBytes, modelRequired: route.modelRequired });
     if (!read.ok) return denied(seen, read.denial);
     body = read.body.replay;
     seen.model = read.body.model;
@@ -166,6 +171,11 @@ export async function decide(input: RequestInput, deps: PipelineDeps, requestId:
     if (scope) return denied(seen, scope);
     metered = body !== null && !route.countTokens;
     if (metered) estimate = { prompt: promptTokens(read.body.estimateBytes), output: outputCap(read.body.maxOutputTokens, deps.defaultOutputTokens) };
+  } else {
+    // Files bodies stream through unread; one declared over the upload limit goes no further.
+    const upload = input.openUpload({ limit: deps.maxUploadBytes });
+    if (!upload.ok) return denied(seen, upload.denial);
+    body = upload.source;
   }
   const tokens = estimate.prompt + estimate.output;
 

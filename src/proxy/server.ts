@@ -107,6 +107,7 @@ export async function startSidecar(opts: SidecarOptions): Promise<Sidecar> {
       priceFor: (model) => replica.priceFor(model),
       upstreams: new Map(Object.entries(config.upstreams).map(([name, u]) => [name, u.capacity])),
       maxJsonBodyBytes: config.server.maxJsonBodyBytes,
+      maxUploadBytes: config.server.maxUploadBytes,
       defaultOutputTokens: config.limits.defaultOutputTokens,
       refuseBrowsers: config.server.refuseBrowsers,
       onUnknownRouting: onceEach((mode) => logger.warn({ routing: mode }, 'key routing mode names no upstream; using default')),

@@ -5,7 +5,7 @@
  */
 import { createHash } from 'node:crypto';
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
-import { once } from 'node:events';
+import { EventEmitter, once } from 'node:events';
 
 export interface Received {
   method: string;
@@ -26,6 +26,11 @@ export interface FakeUpstream {
   received: Received[];
   /** next request's arrival */
   nextRequest(): Promise<Received>;
+  /**
+   * 'head' (req, res, rec) as soon as a request's head arrives, before its body: for tests
+   * that watch a body stream in, or answer before it has ended.
+   */
+  arrivals: EventEmitter;
   setHandler(h: Handler): void;
   close(): Promise<void>;
 }
@@ -40,6 +45,7 @@ export async function startFakeUpstream(handler: Handler = echoJson): Promise<Fa
   let current = handler;
   const received: Received[] = [];
   const waiters: ((r: Received) => void)[] = [];
+  const arrivals = new EventEmitter();
   const server: Server = createServer((req, res) => {
     const chunks: Buffer[] = [];
     let resolveClosed!: (v: 'complete' | 'aborted') => void;
@@ -53,6 +59,7 @@ export async function startFakeUpstream(handler: Handler = echoJson): Promise<Fa
       closed: new Promise((r) => (resolveClosed = r)),
     };
     res.once('close', () => resolveClosed(res.writableFinished ? 'complete' : 'aborted'));
+    arrivals.emit('head', req, res, rec);
     req.on('data', (c: Buffer) => chunks.push(c));
     req.on('end', () => {
       rec.body = Buffer.concat(chunks);
@@ -71,6 +78,7 @@ export async function startFakeUpstream(handler: Handler = echoJson): Promise<Fa
     port,
     received,
     nextRequest: () => new Promise((r) => waiters.push(r)),
+    arrivals,
     setHandler: (h) => (current = h),
     close: () =>
       new Promise((resolve) => {

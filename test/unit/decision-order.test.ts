@@ -106,6 +106,7 @@ for (const row of ROWS) {
       priceFor: () => ({ input: 1, output: 1, per: 1_000_000 }),
       upstreams: new Map([['default', { concurrency: 0, rpm: 0 }]]),
       maxJsonBodyBytes: 1 << 20,
+      maxUploadBytes: 0,
       defaultOutputTokens: 1024,
       refuseBrowsers: true,
       onUnknownRouting: () => {},
@@ -126,6 +127,7 @@ for (const row of ROWS) {
           bodyReads++;
           return bodyResult(row.body ?? 'ok');
         },
+        openUpload: () => ({ ok: true, source: null }),
       },
       deps,
       'req-1',
