@@ -21,10 +21,10 @@ export interface SidecarProcess {
   stop(signal?: NodeJS.Signals): Promise<number | null>;
 }
 
-export async function spawnSidecar(opts: { dir: string; name: string; yaml: string }): Promise<SidecarProcess> {
+export async function spawnSidecar(opts: { dir: string; name: string; yaml: string; /** after `serve --config FILE` */ args?: string[] }): Promise<SidecarProcess> {
   const cfg = join(opts.dir, `${opts.name}.yaml`);
   writeFileSync(cfg, opts.yaml);
-  const child = spawn(process.execPath, [...KEYWARD_ARGS, 'serve', '--config', cfg], { stdio: ['ignore', 'pipe', 'inherit'] });
+  const child = spawn(process.execPath, [...KEYWARD_ARGS, 'serve', '--config', cfg, ...(opts.args ?? [])], { stdio: ['ignore', 'pipe', 'inherit'] });
   const lines: string[] = [];
   const rl = createInterface({ input: child.stdout! });
   const listening = new Promise<{ url: string; adminPort: number }>((resolve, reject) => {
