@@ -54,22 +54,19 @@ function usageToPrimary(): { sink: (e: UsageEvent) => void; flush: () => Promise
 export async function runWorker(opts: WorkerOptions): Promise<Sidecar> {
   const { config, logger } = opts;
   const usage = config.console ? usageToPrimary() : null;
-  // Without `console` the sidecar starts neither a sync client nor a usage pusher: both live in the primary.
-  const sidecar = await startSidecar({
-    config: { ...config, console: undefined },
-    logger,
-    admin: false,
-    ...(usage ? { usageSink: usage.sink } : {}),
-  });
 
-  const report = (s: { ready: boolean; version: number | null }) => void send({ type: 'keyward:replica', ready: s.ready, version: s.version });
-  report(sidecar.replica.status());
-  sidecar.replica.onChange(report);
-
+  // Listening before the sidecar starts: a replacement worker can be told to drain (the
+  // primary got SIGTERM) while it is still opening the replica, and a message nobody
+  // listens for is dropped; the drain then waits for the sidecar instead of being lost.
+  let sidecar: Sidecar | null = null;
+  let drainMs: number | null = null;
   let draining: Promise<void> | null = null;
   const drain = (graceMs: number) => {
+    drainMs ??= graceMs;
+    if (sidecar === null) return;
+    const s = sidecar;
     draining ??= (async () => {
-      await sidecar.close({ graceMs });
+      await s.close({ graceMs: drainMs });
       await usage?.flush();
       await new Promise<void>((resolve) => logger.flush(() => resolve()));
       await send({ type: 'keyward:drained' });
@@ -81,12 +78,13 @@ export async function runWorker(opts: WorkerOptions): Promise<Sidecar> {
       },
     );
   };
-
   process.on('message', (msg: unknown) => {
     if (!isMessage<ToWorker>(msg)) return;
     if (msg.type === 'keyward:drain') drain(msg.graceMs);
-    else if (msg.type === 'keyward:replica-changed') sidecar.replica.checkExternalWrites();
+    else if (msg.type === 'keyward:replica-changed') sidecar?.replica.checkExternalWrites();
     else if (msg.type === 'keyward:metrics') {
+      // not started yet: nothing counted
+      if (sidecar === null) return void send({ type: 'keyward:metrics', id: msg.id, metrics: [] });
       sidecar.metrics.registry.getMetricsAsJSON().then(
         (metrics) => send({ type: 'keyward:metrics', id: msg.id, metrics }),
         () => send({ type: 'keyward:metrics', id: msg.id, metrics: [] }),
@@ -96,5 +94,18 @@ export async function runWorker(opts: WorkerOptions): Promise<Sidecar> {
   // Ctrl-C reaches every process of the group, and an operator may signal one worker:
   // either way the worker drains instead of dying with requests in flight.
   for (const sig of ['SIGTERM', 'SIGINT'] as const) process.on(sig, () => drain(config.server.shutdownGraceMs));
+
+  // Without `console` the sidecar starts neither a sync client nor a usage pusher: both live in the primary.
+  sidecar = await startSidecar({
+    config: { ...config, console: undefined },
+    logger,
+    admin: false,
+    ...(usage ? { usageSink: usage.sink } : {}),
+  });
+
+  const report = (s: { ready: boolean; version: number | null }) => void send({ type: 'keyward:replica', ready: s.ready, version: s.version });
+  report(sidecar.replica.status());
+  sidecar.replica.onChange(report);
+  if (drainMs !== null) drain(drainMs);
   return sidecar;
 }

@@ -63,6 +63,20 @@ export interface WorkerPool {
 
 type MetricsJson = MetricObjectWithValues<MetricValue<string>>[];
 
+/**
+ * Sends to a worker; `onFailed` runs when the message cannot reach it. A worker can die
+ * between the isConnected() check and the write, before the primary has read the end of
+ * its channel: that write fails with EPIPE, and without a callback it becomes an 'error'
+ * event on the Worker that nobody handles, which would end the primary and every
+ * connection of the other workers with it. The exit handler deals with the dead worker.
+ */
+function sendTo(w: Worker, msg: ToWorker, onFailed: () => void = () => {}): void {
+  if (!w.isConnected()) return onFailed();
+  w.send(msg, (err) => {
+    if (err) onFailed();
+  });
+}
+
 export async function startWorkers(opts: WorkersOptions): Promise<WorkerPool> {
   const { config, logger } = opts;
   if (!cluster.isPrimary) throw new Error('startWorkers runs in the cluster primary');
@@ -111,8 +125,7 @@ export async function startWorkers(opts: WorkersOptions): Promise<WorkerPool> {
         pendingScrapes.delete(id);
         resolve(m);
       });
-      if (!w.isConnected()) return pendingScrapes.get(id)!([]);
-      w.send({ type: 'keyward:metrics', id } satisfies ToWorker);
+      sendTo(w, { type: 'keyward:metrics', id }, () => pendingScrapes.get(id)?.([]));
     });
   };
   const aggregated = {
@@ -140,6 +153,9 @@ export async function startWorkers(opts: WorkersOptions): Promise<WorkerPool> {
     const w = cluster.fork();
     live.set(w.id, w);
     w.on('message', onMessage(w));
+    // Failed writes to a worker are handled where they are sent; this keeps anything else
+    // that goes wrong on its channel from ending the primary.
+    w.on('error', (err: Error) => logger.warn({ worker: w.id, err: err.message }, 'worker channel error'));
     w.on('listening', () => listeningIds.add(w.id));
     w.on('exit', (code, signal) => {
       live.delete(w.id);
@@ -171,7 +187,7 @@ export async function startWorkers(opts: WorkersOptions): Promise<WorkerPool> {
   });
   // Workers poll the file every 200 ms; after the primary's own writes they need not wait for it.
   replica.onChange(() => {
-    for (const w of live.values()) if (w.isConnected()) w.send({ type: 'keyward:replica-changed' } satisfies ToWorker);
+    for (const w of live.values()) sendTo(w, { type: 'keyward:replica-changed' });
   });
 
   let port: number;
@@ -220,8 +236,8 @@ export async function startWorkers(opts: WorkersOptions): Promise<WorkerPool> {
               clearTimeout(timer);
               resolve();
             });
-            if (w.isConnected()) w.send({ type: 'keyward:drain', graceMs } satisfies ToWorker);
-            else resolve();
+            // A worker that cannot be told is exiting already: its exit resolves this.
+            sendTo(w, { type: 'keyward:drain', graceMs });
           }),
       );
       await Promise.all(exits);
