@@ -51,7 +51,7 @@ function importSnapshot(version: number, del: boolean): void {
 }
 
 /** Access lines written so far (the primary's and workers' stdout is one stream). */
-function access(): { worker: number; key_id: string | null; status: number; code: string | null }[] {
+function access(): { worker: number; req_id: string; key_id: string | null; status: number; code: string | null }[] {
   return kw.lines.map((l) => JSON.parse(l) as Record<string, unknown>).filter((l) => l.msg === 'request') as never;
 }
 
@@ -74,8 +74,8 @@ function until(cond: () => boolean, what: string, timeoutMs = 10_000): Promise<v
   });
 }
 
-const chat = (key: string): Promise<RawResponse> =>
-  send(kw.url, { method: 'POST', path: '/v1/chat/completions', headers: { ...bearer(key), 'content-type': 'application/json' }, body: JSON.stringify({ model: 'gpt-4o-mini', messages: [] }) });
+const chat = (key: string, headers: Record<string, string> = {}): Promise<RawResponse> =>
+  send(kw.url, { method: 'POST', path: '/v1/chat/completions', headers: { ...bearer(key), 'content-type': 'application/json', ...headers }, body: JSON.stringify({ model: 'gpt-4o-mini', messages: [] }) });
 
 async function metric(name: string): Promise<number> {
   const res = await send(`http://127.0.0.1:${kw.adminPort}`, { path: '/metrics' });
@@ -179,9 +179,12 @@ describe('serve --workers 2', () => {
       res.end('data: {"choices":[{"delta":{"content":"lo"}}]}\n\ndata: [DONE]\n\n');
     });
     const arrived = [up.nextRequest(), up.nextRequest()];
-    const streams = [chat(secrets.k_open), chat(secrets.k_open)];
+    // named, so their access lines are found whatever else was logged around them
+    const ids = [`drain-${prefix}-1`, `drain-${prefix}-2`];
+    const streams = ids.map((id) => chat(secrets.k_open, { 'x-request-id': id }));
     await Promise.all(arrived);
-    const exited = once(kw.child, 'exit') as Promise<[number | null, string | null]>;
+    // 'close': exited, and stdout read to its end (the workers' last access lines included)
+    const exited = once(kw.child, 'close') as Promise<[number | null, string | null]>;
     kw.child.kill('SIGTERM');
     // Draining: /readyz turns 503 ...
     for (;;) {
@@ -207,8 +210,9 @@ describe('serve --workers 2', () => {
     const [code, signal] = await exited;
     assert.equal(signal, null);
     assert.equal(code, 0);
-    const finished = access().filter((l) => l.key_id === 'k_open' && l.status === 200);
-    assert.equal(new Set(finished.slice(-2).map((l) => l.worker)).size, 2, 'one stream per worker');
+    const finished = access().filter((l) => ids.includes(l.req_id));
+    assert.deepEqual(finished.map((l) => l.status), [200, 200]);
+    assert.equal(new Set(finished.map((l) => l.worker)).size, 2, 'one stream per worker');
     up.setHandler(echoJson);
   });
 });
