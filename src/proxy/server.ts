@@ -158,7 +158,8 @@ export async function startSidecar(opts: SidecarOptions): Promise<Sidecar> {
     metrics,
     async close({ graceMs = config.server.shutdownGraceMs } = {}) {
       draining = true;
-      exchanges.startDraining();
+      // Node skips connections whose response is still under way.
+      exchanges.startDraining({ closeIdle: () => server.closeIdleConnections() });
       server.close();
       server.closeIdleConnections();
       await exchanges.drained(graceMs);
