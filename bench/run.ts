@@ -1,10 +1,15 @@
 /**
  * Side-by-side benchmark (`npm run bench`): the same small chat request, the same
- * upstream, four ways, in one run on one machine:
+ * upstream, several ways, in one run on one machine:
  *   direct         straight to the upstream
  *   bare           a bare http-proxy-3 pass-through with keyward's agent settings
  *   keyward        keyward, cached key, in-process limiter, no limits on the key
  *   keyward-redis  keyward with Redis limits: every request admitted and settled in Redis
+ *   keyward-redis-budgets  (slot, not measured yet) Redis limits plus spend holds on budgets
+ *   keyward-redis-w2       keyward-redis as `serve --workers 2`: a cluster primary and two
+ *                  workers on one port; its CPU is the sum over the three processes. On a
+ *                  2-core machine the load generator and the upstream compete with the workers.
+ * Memory (RSS with 1,000 open SSE streams, during a 1 GiB upload): `npm run bench:memory`.
  *
  * Every server runs in a child process of its own, so the load generator (autocannon, in
  * this process) never shares an event loop with the server under test. Throughput:
@@ -22,10 +27,11 @@
  *   BENCH_PROFILE=1  CPU profiles of the bare and keyward children in .bench/prof
  *                    (summarise with `tsx bench/profile-top.ts <file>`)
  *   BENCH_PIN=1      servers under test on CPU 1, upstream and load generator on CPU 0
+ *                    (except keyward-redis-w2, whose workers would share one core)
  * Results: a table on stdout and .bench/results.json.
  */
 import { spawn, spawnSync, type ChildProcess } from 'node:child_process';
-import { mkdirSync, readFileSync, writeFileSync } from 'node:fs';
+import { mkdirSync, readdirSync, readFileSync, writeFileSync } from 'node:fs';
 import { cpus } from 'node:os';
 import { dirname, join } from 'node:path';
 import { createInterface } from 'node:readline';
@@ -57,7 +63,10 @@ const KEY = generateKey();
 const BODY = JSON.stringify({ model: 'gpt-4o-mini', messages: [{ role: 'user', content: 'Hello, how are you today?' }], max_tokens: 16 });
 const HEADERS = { authorization: `Bearer ${KEY}`, 'content-type': 'application/json' };
 
-type Variant = 'direct' | 'bare' | 'keyward' | 'keyward-redis';
+type Variant = 'direct' | 'bare' | 'keyward' | 'keyward-redis' | 'keyward-redis-budgets' | 'keyward-redis-w2';
+const VARIANTS: Variant[] = ['direct', 'bare', 'keyward', 'keyward-redis', 'keyward-redis-budgets', 'keyward-redis-w2'];
+/** measured for throughput only: the fixed-rate latency section keeps to one process per variant, for time */
+const THROUGHPUT_ONLY = new Set<Variant>(['keyward-redis-w2']);
 
 // ---- children ---------------------------------------------------------------------------
 
@@ -186,9 +195,28 @@ function cannon(port: number, opts: { duration: number; connections: number; ove
   return inst;
 }
 
-/** CPU seconds (user + system) a process has used so far; null where /proc is missing. */
+/** The pid and every descendant's (a cluster primary's workers), from /proc. */
+function processTree(pid: number): number[] {
+  const out = [pid];
+  try {
+    for (const tid of readdirSync(`/proc/${pid}/task`)) {
+      const kids = readFileSync(`/proc/${pid}/task/${tid}/children`, 'utf8').trim();
+      for (const k of kids ? kids.split(' ') : []) out.push(...processTree(Number(k)));
+    }
+  } catch {
+    // gone, or no /proc: what was found so far
+  }
+  return out;
+}
+
+/** CPU seconds (user + system) a process and its descendants have used so far; null where /proc is missing. */
 function cpuSeconds(pid: number | undefined): number | null {
   if (pid === undefined) return null;
+  const each = processTree(pid).map(ownCpuSeconds);
+  return each[0] === null ? null : each.reduce<number>((a, c) => a + (c ?? 0), 0);
+}
+
+function ownCpuSeconds(pid: number): number | null {
   try {
     // the fields after the command name, which is in parentheses and may contain spaces
     const stat = readFileSync(`/proc/${pid}/stat`, 'utf8');
@@ -258,14 +286,23 @@ async function main(): Promise<void> {
   const servers: Partial<Record<Variant, Started>> = {};
   servers.bare = await startServer('bare', [upstreamUrl], { cpu: 1, profile: PROFILE });
   servers.keyward = await startServer('keyward', [upstreamUrl, 'memory'], { cpu: 1, profile: PROFILE });
-  if (withRedis && (ONLY === null || ONLY.includes('keyward-redis'))) servers['keyward-redis'] = await startServer('keyward', [upstreamUrl, 'redis', REDIS_URL], { cpu: 1, profile: PROFILE });
+  const wanted = (v: Variant) => ONLY === null || ONLY.includes(v);
+  if (withRedis && wanted('keyward-redis')) servers['keyward-redis'] = await startServer('keyward', [upstreamUrl, 'redis', REDIS_URL], { cpu: 1, profile: PROFILE });
+  // ---- SLOT: keyward with Redis limits and budgets (spend holds, DESIGN section 6) --------
+  // To be filled in once spend holds exist: start a keyward whose key draws on a budget and
+  // whose replica holds price records, so every request also takes and settles a hold, e.g.
+  //   servers['keyward-redis-budgets'] = await startServer('keyward', [upstreamUrl, 'redis-budgets', REDIS_URL], { cpu: 1, profile: PROFILE });
+  // (bench/servers/keyward.ts then needs that mode). The variant already has its row in the
+  // table (printed as "not measured" until then), in the latency section and in results.json.
+  // -------------------------------------------------------------------------------------------
+  if (withRedis && wanted('keyward-redis-w2')) servers['keyward-redis-w2'] = await startServer('keyward', [upstreamUrl, 'redis', REDIS_URL, '2']);
   const ports: Partial<Record<Variant, number>> = { direct: upstream.port };
   const pids: Partial<Record<Variant, number>> = { direct: upstream.child.pid };
   for (const [v, s] of Object.entries(servers) as [Variant, Started][]) {
     ports[v] = s.port;
     pids[v] = s.child.pid;
   }
-  const variants = (['direct', 'bare', 'keyward', 'keyward-redis'] as Variant[]).filter((v) => ports[v] !== undefined && (v === 'bare' || ONLY === null || ONLY.includes(v)));
+  const variants = VARIANTS.filter((v) => ports[v] !== undefined && (v === 'bare' || wanted(v)));
   if (PIN) spawnSync('taskset', ['-p', '-c', '0', String(process.pid)]);
 
   // Sanity: every variant answers 200 to the benchmark request before anything is timed.
@@ -286,7 +323,7 @@ async function main(): Promise<void> {
     for (const v of order) {
       const r = await throughput(ports[v]!, DURATION, pids[v]);
       tp[v]!.push(r);
-      log(`round ${round + 1}/${ROUNDS} ${pad(v, 14)} ${lpad(f(r.rps), 7)} req/s  ${lpad(f(r.cpuUsPerRequest), 4)} µs CPU/req  p50 ${ms(r.p50)}  p99 ${ms(r.p99)}${r.non2xx || r.errors ? `  non2xx ${r.non2xx} errors ${r.errors}` : ''}`);
+      log(`round ${round + 1}/${ROUNDS} ${pad(v, 22)} ${lpad(f(r.rps), 7)} req/s  ${lpad(f(r.cpuUsPerRequest), 4)} µs CPU/req  p50 ${ms(r.p50)}  p99 ${ms(r.p99)}${r.non2xx || r.errors ? `  non2xx ${r.non2xx} errors ${r.errors}` : ''}`);
     }
   }
   const rps = Object.fromEntries(variants.map((v) => [v, median(tp[v]!.map((r) => r.rps))])) as Record<Variant, number>;
@@ -295,7 +332,7 @@ async function main(): Promise<void> {
   // ---- fixed-rate latency
   // Below saturation for every variant measured: a fraction of the slowest one's throughput
   // (half of bare's would overload a variant that reaches less than half of bare).
-  const latVariants = variants.filter((v) => v !== 'direct');
+  const latVariants = variants.filter((v) => v !== 'direct' && !THROUGHPUT_ONLY.has(v));
   const slowest = latVariants.reduce((a, v) => (rps[v] < rps[a] ? v : a), 'bare' as Variant);
   const rate = Math.max(100, Math.round(rps[slowest] * RATE_FRACTION));
   const latRounds = Math.max(1, Math.min(ROUNDS, 3));
@@ -309,7 +346,7 @@ async function main(): Promise<void> {
       const p = await latencyPaced(ports[v]!, rate, latDuration);
       lat[v]!.cannon.push(c);
       lat[v]!.paced.push(p);
-      log(`latency ${round + 1}/${latRounds} ${pad(v, 14)} @${rate}/s  autocannon -R p50 ${ms(c.p50)} p99 ${ms(c.p99)}  |  paced p50 ${ms(p.p50)} p99 ${ms(p.p99)}`);
+      log(`latency ${round + 1}/${latRounds} ${pad(v, 22)} @${rate}/s  autocannon -R p50 ${ms(c.p50)} p99 ${ms(c.p99)}  |  paced p50 ${ms(p.p50)} p99 ${ms(p.p99)}`);
     }
   }
   const latSummary = (v: Variant, kind: 'cannon' | 'paced') => ({
@@ -319,6 +356,17 @@ async function main(): Promise<void> {
     non2xx: lat[v]![kind].reduce((a, r) => a + r.non2xx, 0),
     errors: lat[v]![kind].reduce((a, r) => a + r.errors, 0),
   });
+
+  // ---- Redis trouble during the run: admissions that fell back to the in-process limiter
+  // were not measured with Redis, so the figures of that variant say so (read from each
+  // keyward's admin /metrics; for keyward-redis-w2, the sum over its workers).
+  const limiterTrouble: Partial<Record<Variant, { redisErrors: number; failOpen: number }>> = {};
+  for (const [v, s] of Object.entries(servers) as [Variant, Started][]) {
+    if (!v.startsWith('keyward') || !s.info.adminPort) continue;
+    const text = await (await fetch(`http://127.0.0.1:${Number(s.info.adminPort)}/metrics`)).text();
+    const read = (name: string) => Number(/^(\S+) (\S+)$/m.exec(text.split('\n').find((l) => l.startsWith(`${name} `)) ?? '')?.[2] ?? 0);
+    limiterTrouble[v] = { redisErrors: read('keyward_redis_errors_total'), failOpen: read('keyward_fail_open_admissions_total') };
+  }
 
   // ---- stop children (profiles are written on exit)
   await Promise.all([...Object.values(servers), upstream].map(stopServer));
@@ -338,28 +386,33 @@ async function main(): Promise<void> {
   out.push(`keyward benchmark — node ${process.version}, ${cpus().length} CPUs (${cpus()[0]?.model ?? '?'}), POST ${PATH} (${Buffer.byteLength(BODY)} B body)`);
   out.push(`throughput: autocannon, ${CONNECTIONS} keep-alive connections, warm-up ${WARMUP} s, median of ${ROUNDS} interleaved rounds x ${DURATION} s${PIN ? '; servers pinned to CPU 1' : ''}`);
   out.push('');
-  out.push(`${pad('variant', 15)}${lpad('req/s (median)', 15)}${lpad('rounds', 26)}${lpad('vs bare', 10)}${lpad('target', 9)}${lpad('', 8)}${lpad('server CPU µs/req', 19)}`);
-  for (const v of variants) {
+  out.push(`${pad('variant', 23)}${lpad('req/s (median)', 15)}${lpad('rounds', 26)}${lpad('vs bare', 10)}${lpad('target', 9)}${lpad('', 8)}${lpad('server CPU µs/req', 19)}`);
+  for (const v of VARIANTS.filter((x) => x === 'keyward-redis-budgets' || variants.includes(x))) {
+    if (!variants.includes(v)) {
+      out.push(`${pad(v, 23)}${lpad('not measured', 15)}  (slot: spend holds not benchmarked yet)`);
+      continue;
+    }
     const rounds = tp[v]!.map((r) => f(r.rps)).join(' / ');
     const target = v === 'keyward' ? targets.keywardOverBare : v === 'keyward-redis' ? targets.redisOverBare : null;
     out.push(
-      `${pad(v, 15)}${lpad(f(rps[v]), 15)}${lpad(rounds, 26)}${lpad(f(ratio(v), 3), 10)}${lpad(target === null ? '' : `≥ ${target}`, 9)}${lpad(target === null ? '' : check(ratio(v) >= target), 8)}${lpad(f(cpu[v]), 19)}`,
+      `${pad(v, 23)}${lpad(f(rps[v]), 15)}${lpad(rounds, 26)}${lpad(f(ratio(v), 3), 10)}${lpad(target === null ? '' : `≥ ${target}`, 9)}${lpad(target === null ? '' : check(ratio(v) >= target), 8)}${lpad(f(cpu[v]), 19)}`,
     );
   }
-  out.push('  (server CPU: user+system time of the server process under test per 2xx response, median of rounds; direct = the upstream alone)');
+  out.push('  (server CPU: user+system time of the server process under test per 2xx response, median of rounds; direct = the upstream alone;');
+  out.push('   keyward-redis-w2: primary and both workers together. This machine has 2 cores: the load generator, the upstream and Redis compete with the workers)');
   out.push('');
   out.push(`fixed-rate latency at ${rate} req/s (${RATE_FRACTION * 100}% of ${slowest}, the slowest variant; ${f((100 * rate) / rps.bare)}% of bare), median of ${latRounds} rounds x ${latDuration} s, full-resolution timings`);
   out.push(`  autocannon -R: ${RATE_CONNECTIONS} connections, each sends its per-second quota back to back (bursty)`);
   out.push('  paced: open loop, evenly spaced, latency from the scheduled send time');
   out.push('');
-  out.push(`${pad('variant', 15)}${lpad('-R p50', 11)}${lpad('-R p99', 11)}${lpad('paced p50', 11)}${lpad('paced p99', 11)}${lpad('added p50 (-R/paced)', 24)}${lpad('added p99 (-R/paced)', 24)}`);
+  out.push(`${pad('variant', 23)}${lpad('-R p50', 11)}${lpad('-R p99', 11)}${lpad('paced p50', 11)}${lpad('paced p99', 11)}${lpad('added p50 (-R/paced)', 24)}${lpad('added p99 (-R/paced)', 24)}`);
   for (const v of latVariants) {
     const l = latency[v];
     const a = added(v, 'autocannonR');
     const p = added(v, 'paced');
     const addedCell = (x: number | undefined, y: number | undefined) => (v === 'bare' ? '—' : `${f(x ?? NaN, 3)} / ${f(y ?? NaN, 3)}`);
     out.push(
-      `${pad(v, 15)}${lpad(f(l.autocannonR.p50, 3), 11)}${lpad(f(l.autocannonR.p99, 3), 11)}${lpad(f(l.paced.p50, 3), 11)}${lpad(f(l.paced.p99, 3), 11)}` +
+      `${pad(v, 23)}${lpad(f(l.autocannonR.p50, 3), 11)}${lpad(f(l.autocannonR.p99, 3), 11)}${lpad(f(l.paced.p50, 3), 11)}${lpad(f(l.paced.p99, 3), 11)}` +
         `${lpad(addedCell(a?.p50, p?.p50), 24)}${lpad(addedCell(a?.p99, p?.p99), 24)}`,
     );
   }
@@ -369,9 +422,12 @@ async function main(): Promise<void> {
     const p = added(v, 'paced')!;
     const a = added(v, 'autocannonR')!;
     out.push(
-      `${pad(v, 15)} added p50 < ${targets.addedP50Ms} ms: paced ${check(p.p50 < targets.addedP50Ms)}, -R ${check(a.p50 < targets.addedP50Ms)};` +
+      `${pad(v, 23)} added p50 < ${targets.addedP50Ms} ms: paced ${check(p.p50 < targets.addedP50Ms)}, -R ${check(a.p50 < targets.addedP50Ms)};` +
         `  added p99 < ${targets.addedP99Ms} ms: paced ${check(p.p99 < targets.addedP99Ms)}, -R ${check(a.p99 < targets.addedP99Ms)}`,
     );
+  }
+  for (const [v, t] of Object.entries(limiterTrouble)) {
+    if (t.redisErrors || t.failOpen) out.push('', `${v}: ${t.redisErrors} Redis errors or timeouts, ${t.failOpen} requests admitted by the in-process fallback (redis.onError: open) during the run`);
   }
   const problems = variants.flatMap((v) => tp[v]!.filter((r) => r.non2xx || r.errors).map((r) => `${v}: ${r.non2xx} non-2xx, ${r.errors} errors`));
   for (const v of latVariants) for (const k of ['autocannonR', 'paced'] as const) if (latency[v][k].non2xx || latency[v][k].errors) problems.push(`${v} ${k}: ${latency[v][k].non2xx} non-2xx, ${latency[v][k].errors} errors`);
@@ -390,10 +446,16 @@ async function main(): Promise<void> {
         settings: { rounds: ROUNDS, durationS: DURATION, warmupS: WARMUP, connections: CONNECTIONS, rateConnections: RATE_CONNECTIONS, rateFraction: RATE_FRACTION, pinned: PIN, redis: withRedis ? REDIS_URL : null },
         request: { method: 'POST', path: PATH, bodyBytes: Buffer.byteLength(BODY) },
         throughput: Object.fromEntries(variants.map((v) => [v, { medianRps: rps[v], medianCpuUsPerRequest: cpu[v], rounds: tp[v] }])),
-        ratios: { keywardOverBare: ratio('keyward'), redisOverBare: withRedis ? ratio('keyward-redis') : null },
+        ratios: {
+          keywardOverBare: ratio('keyward'),
+          redisOverBare: withRedis ? ratio('keyward-redis') : null,
+          redisBudgetsOverBare: variants.includes('keyward-redis-budgets') ? ratio('keyward-redis-budgets') : null,
+          redisTwoWorkersOverBare: variants.includes('keyward-redis-w2') ? ratio('keyward-redis-w2') : null,
+        },
         latency: { rate, rateBasis: slowest, rounds: latRounds, durationS: latDuration, ...latency },
         added: Object.fromEntries(latVariants.filter((v) => v !== 'bare').map((v) => [v, { autocannonR: added(v, 'autocannonR'), paced: added(v, 'paced') }])),
         targets,
+        limiterTrouble,
         seconds,
       },
       null,

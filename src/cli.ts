@@ -2,11 +2,14 @@
  * The keyward command line: serve, import, check-config, demo, and (from the console
  * module) console, keys, projects, wallets.
  */
+import cluster from 'node:cluster';
 import { Command, Option } from 'commander';
 import { ConfigError, loadConfigFile } from './config/load.js';
 import { configSchema, type Config } from './config/schema.js';
 import { createLogger } from './obs/logger.js';
 import { startSidecar } from './proxy/server.js';
+import { runWorker } from './proxy/worker.js';
+import { parseWorkers, startWorkers } from './proxy/workers.js';
 import { importSnapshotFile, ImportError } from './proxy/import.js';
 import { runDemo } from './demo/run.js';
 import { registerConsoleCommands } from './console/cli.js';
@@ -53,8 +56,26 @@ export function buildProgram(): Command {
     .command('serve')
     .description('run the sidecar')
     .requiredOption('-c, --config <file>', 'YAML config file')
-    .action(async (o: { config: string }) => {
+    .option('-w, --workers <n>', 'worker processes sharing the proxy port (a number, or "auto" for one per core); more than 1 needs redis', '1')
+    .action(async (o: { config: string; workers: string }) => {
       const config = loadConfig(o.config);
+      const workers = parseWorkers(o.workers);
+      if (cluster.isWorker) {
+        // A worker of the primary below: the same command line, run again by node:cluster.
+        const logger = createLogger({ level: config.logging.level, fields: { worker: cluster.worker!.id }, shared: true });
+        await runWorker({ config, logger });
+        return;
+      }
+      if (workers > 1) {
+        const logger = createLogger({ level: config.logging.level, fields: { worker: 0 }, shared: true });
+        const pool = await startWorkers({ config, logger, workers });
+        logger.info({ listen: pool.url, admin_port: pool.adminPort, workers, pids: pool.pids() }, 'keyward listening');
+        untilSignal(async () => {
+          await pool.close();
+          await new Promise<void>((resolve) => logger.flush(() => resolve()));
+        });
+        return;
+      }
       const logger = createLogger({ level: config.logging.level });
       const sidecar = await startSidecar({ config, logger });
       logger.info({ listen: sidecar.url, admin_port: sidecar.adminPort }, 'keyward listening');

@@ -5,7 +5,10 @@
  * memory: in-process limiter, no limits on the key (admission is a no-op).
  * redis:  Redis limits with a unique prefix and a key with high rpm/tpm/concurrency, so
  *         nothing is denied but every request is admitted and settled in Redis.
+ * workers > 1 (redis only): `serve --workers N` as the CLI runs it, a cluster primary
+ *         (startWorkers) and N workers (keyward-worker.ts) sharing the port.
  */
+import cluster from 'node:cluster';
 import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -15,6 +18,7 @@ import { generateKey } from '../../src/auth/keyformat.js';
 import { configSchema } from '../../src/config/schema.js';
 import { createLogger, logDestination } from '../../src/obs/logger.js';
 import { startSidecar } from '../../src/proxy/server.js';
+import { startWorkers } from '../../src/proxy/workers.js';
 import { ReplicaStore } from '../../src/replica/store.js';
 import type { SyncRecord } from '../../src/protocol/records.js';
 import { exitWithParent, ready } from './common.js';
@@ -22,6 +26,7 @@ import { exitWithParent, ready } from './common.js';
 const upstream = process.argv[2] ?? 'http://127.0.0.1:4000';
 const mode = process.argv[3] === 'redis' ? 'redis' : 'memory';
 const redisUrl = process.argv[4] ?? 'redis://127.0.0.1:6379';
+const workers = Math.max(1, Number(process.argv[5] ?? 1) || 1);
 const prefix = `kwbench-${process.pid}-${Date.now().toString(36)}`;
 
 const dir = mkdtempSync(join(tmpdir(), 'kw-bench-'));
@@ -47,14 +52,27 @@ const replica = new ReplicaStore({ path: config.replica.path });
 replica.applySnapshot({ version: 1, records: records.map((record, i) => ({ line: i + 2, record })), source: 'bench' });
 // As in production, only to /dev/null.
 const logger = createLogger({ level: 'info', destination: logDestination('/dev/null') });
-const sidecar = await startSidecar({ config, logger, replica });
-ready({ port: sidecar.port, key, mode });
+let close: () => Promise<void>;
+if (workers > 1) {
+  replica.close();
+  // The workers run keyward-worker.ts with this config.
+  cluster.setupPrimary({ exec: join(import.meta.dirname, 'keyward-worker.ts'), execArgv: process.execArgv });
+  process.env.KW_BENCH_CONFIG = JSON.stringify(config);
+  const pool = await startWorkers({ config, logger, workers });
+  ready({ port: pool.port, adminPort: pool.adminPort, key, mode, workers, pids: pool.pids() });
+  close = () => pool.close({ graceMs: 500 });
+} else {
+  const sidecar = await startSidecar({ config, logger, replica });
+  ready({ port: sidecar.port, adminPort: sidecar.adminPort, key, mode });
+  close = async () => {
+    process.stderr.write(`keyward ${mode}: limiter ${JSON.stringify(sidecar.limiter.stats())}\n`);
+    await sidecar.close({ graceMs: 500 });
+    replica.close();
+  };
+}
 
 exitWithParent(async () => {
-  const stats = sidecar.limiter.stats();
-  process.stderr.write(`keyward ${mode}: limiter ${JSON.stringify(stats)}\n`);
-  await sidecar.close({ graceMs: 500 });
-  replica.close();
+  await close();
   rmSync(dir, { recursive: true, force: true });
   if (mode === 'redis') {
     // Leave nothing behind in the shared Redis.

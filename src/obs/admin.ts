@@ -8,7 +8,8 @@ import type { Registry } from 'prom-client';
 export interface AdminOptions {
   host: string;
   port: number;
-  registry: Registry;
+  /** a registry, or anything that renders like one (the cluster primary's aggregate of its workers) */
+  registry: Pick<Registry, 'metrics' | 'contentType'>;
   /** null when ready, else why not (replica never synced, draining) */
   notReadyReason: () => string | null;
 }

@@ -10,17 +10,35 @@ import pino from 'pino';
  */
 export type Logger = pino.Logger & { readonly access: AccessWriter };
 
-/** stdout or a file, written asynchronously; pino flushes what is left when the process exits. */
-export function logDestination(dest: string | number = 1): pino.DestinationStream {
-  return pino.destination({ dest, sync: false });
+/**
+ * Largest write a pipe takes whole (POSIX PIPE_BUF on Linux): cluster workers share one
+ * stdout, and writes this size or smaller from two processes never interleave.
+ */
+export const PIPE_ATOMIC_BYTES = 4096;
+
+/**
+ * stdout or a file, written asynchronously; pino flushes what is left when the process exits.
+ * `shared`: other processes write to the same stdout, so every write holds whole lines
+ * within PIPE_ATOMIC_BYTES (sonic-boom's maxWrite counts bytes).
+ */
+export function logDestination(dest: string | number = 1, opts: { shared?: boolean } = {}): pino.DestinationStream {
+  return pino.destination({ dest, sync: false, ...(opts.shared ? { maxWrite: PIPE_ATOMIC_BYTES } : {}) });
 }
 
-export function createLogger(opts: { level: string; destination?: pino.DestinationStream }): Logger {
-  const destination = opts.destination ?? logDestination(1);
+export function createLogger(opts: {
+  level: string;
+  destination?: pino.DestinationStream;
+  /** fields on every line after `service`, e.g. the cluster worker's id; never a key */
+  fields?: Record<string, string | number>;
+  /** stdout is shared with other processes (cluster workers): keep writes line-atomic */
+  shared?: boolean;
+}): Logger {
+  const destination = opts.destination ?? logDestination(1, { shared: opts.shared ?? false });
+  const fields = opts.fields ?? {};
   const logger = pino(
     {
       level: opts.level,
-      base: { service: 'keyward' },
+      base: { service: 'keyward', ...fields },
       timestamp: pino.stdTimeFunctions.isoTime,
       formatters: { level: (label) => ({ level: label }) },
       // Defence in depth: should a header object ever be logged by mistake, these never print.
@@ -28,7 +46,8 @@ export function createLogger(opts: { level: string; destination?: pino.Destinati
     },
     destination,
   );
-  return Object.assign(logger, { access: accessWriter({ stream: destination, enabled: () => logger.isLevelEnabled('info') }) });
+  const extra = Object.entries(fields).map(([k, v]) => `,${JSON.stringify(k)}:${JSON.stringify(v)}`).join('');
+  return Object.assign(logger, { access: accessWriter({ stream: destination, extra, chunkBytes: opts.shared ? PIPE_ATOMIC_BYTES : Infinity, enabled: () => logger.isLevelEnabled('info') }) });
 }
 
 /** One line per request, written when the response has ended. */
@@ -72,7 +91,8 @@ const ACCESS_BATCH_LINES = 512;
  * per line cost more than building the line. The lines keep pino's shape (level, time,
  * service, msg) and go to the same destination as every other log line.
  */
-function accessWriter(opts: { stream: pino.DestinationStream; enabled: () => boolean }): AccessWriter {
+function accessWriter(opts: { stream: pino.DestinationStream; extra: string; chunkBytes: number; enabled: () => boolean }): AccessWriter {
+  const extra = opts.extra;
   const stream = opts.stream as pino.DestinationStream & { flushSync?: () => void };
   const str = (v: string | null) => (v === null ? 'null' : JSON.stringify(v));
   let held: string[] = [];
@@ -81,9 +101,23 @@ function accessWriter(opts: { stream: pino.DestinationStream; enabled: () => boo
     if (timer) clearTimeout(timer);
     timer = null;
     if (held.length === 0) return;
-    const text = held.join('');
+    const lines = held;
     held = [];
-    stream.write(text);
+    if (opts.chunkBytes === Infinity) return void stream.write(lines.join(''));
+    // whole lines per write, each write within chunkBytes (a longer line goes alone)
+    let chunk = '';
+    let bytes = 0;
+    for (const line of lines) {
+      const n = Buffer.byteLength(line);
+      if (bytes > 0 && bytes + n > opts.chunkBytes) {
+        stream.write(chunk);
+        chunk = '';
+        bytes = 0;
+      }
+      chunk += line;
+      bytes += n;
+    }
+    if (bytes > 0) stream.write(chunk);
   };
   process.once('exit', () => {
     flush();
@@ -92,7 +126,7 @@ function accessWriter(opts: { stream: pino.DestinationStream; enabled: () => boo
   const write = ((l: AccessLine) => {
     if (!opts.enabled()) return;
     held.push(
-      `{"level":"info","time":"${new Date().toISOString()}","service":"keyward","req_id":${str(l.req_id)},"method":${str(l.method)},` +
+      `{"level":"info","time":"${new Date().toISOString()}","service":"keyward"${extra},"req_id":${str(l.req_id)},"method":${str(l.method)},` +
         `"path":${str(l.path)},"route":${str(l.route)},"status":${l.status},"code":${str(l.code)},"key_id":${str(l.key_id)},` +
         `"key_kind":${str(l.key_kind)},"project_id":${str(l.project_id)},"user_id":${str(l.user_id)},"model":${str(l.model)},` +
         `"routing":${str(l.routing)},"app_name":${str(l.app_name)},"app_url":${str(l.app_url)},"input_tokens":${l.input_tokens},` +

@@ -56,8 +56,12 @@ function forwardedFor(rawHeaders: readonly string[]): string[] {
 export interface Exchanges {
   handle(req: IncomingMessage, res: ServerResponse, expectContinue: boolean): void;
   inFlight(): number;
-  /** from now on every response asks the client to close its connection */
-  startDraining(): void;
+  /**
+   * From now on every response asks the client to close its connection, those in flight
+   * included while their headers are still to be sent; `closeIdle` runs after each
+   * response that ends during the drain, to let go of its connection if it is idle now.
+   */
+  startDraining(opts?: { closeIdle?: () => void }): void;
   /** resolves when nothing is in flight, or after `graceMs` */
   drained(graceMs: number): Promise<void>;
 }
@@ -129,10 +133,13 @@ const FAILURES: Record<ForwardFailure, (err: Error) => Denial> = {
 export function createExchanges(deps: ExchangeDeps): Exchanges {
   let inFlight = 0;
   let draining = false;
+  let closeIdle: (() => void) | null = null;
   let onIdle: (() => void) | null = null;
+  const open = new Set<ServerResponse>();
 
   const finish = (res: ServerResponse, ctx: RequestContext) => {
     inFlight--;
+    open.delete(res);
     settle(ctx);
     // 499: the client went away before the response was complete (nginx's convention)
     const status = res.writableFinished ? res.statusCode : 499;
@@ -151,6 +158,9 @@ export function createExchanges(deps: ExchangeDeps): Exchanges {
     }
     deps.metrics.request(ctx.route?.name ?? 'none', status, ctx.code ?? '');
     deps.access(accessLine(ctx, status, performance.now()));
+    // A keep-alive connection whose answer began before the drain would otherwise stay
+    // open, and in use by its client, until the drain ends and every connection is cut.
+    if (draining) closeIdle?.();
     if (inFlight === 0) onIdle?.();
   };
 
@@ -238,6 +248,7 @@ export function createExchanges(deps: ExchangeDeps): Exchanges {
       const clientIp = clientAddress({ peer: req.socket.remoteAddress, forwardedFor: deps.trustedProxies.length ? forwardedFor(req.rawHeaders) : [], trusted: deps.trustedProxies });
       const ctx = newContext(req, { versionHeader: deps.versionHeader, now: performance.now(), clientIp });
       inFlight++;
+      open.add(res);
       (req.socket as TrackedSocket)[CURRENT] = { req, res };
       res.once('close', () => finish(res, ctx));
       res.once('close', watchBodyIdle(req, { idleMs: deps.bodyIdleTimeoutMs, onIdle: () => cutStalledBody(req, res, ctx) }));
@@ -262,8 +273,11 @@ export function createExchanges(deps: ExchangeDeps): Exchanges {
         });
     },
     inFlight: () => inFlight,
-    startDraining() {
+    startDraining(opts = {}) {
       draining = true;
+      closeIdle = opts.closeIdle ?? null;
+      // The forwarder takes the client's side of keep-alive from this header.
+      for (const res of open) if (!res.headersSent) res.setHeader('connection', 'close');
     },
     async drained(graceMs) {
       if (inFlight === 0) return;

@@ -30,6 +30,8 @@ export interface SidecarOptions {
   replica?: ReplicaStore;
   /** receives one event per model response that reported usage; by default the console's usage push */
   usageSink?: (event: UsageEvent) => void;
+  /** false in a cluster worker: the primary answers the admin port for every worker */
+  admin?: boolean;
 }
 
 /** Usage events held for the console while it is away; what overflows is counted as dropped. */
@@ -130,9 +132,9 @@ export async function startSidecar(opts: SidecarOptions): Promise<Sidecar> {
   server.on('clientError', (err: NodeJS.ErrnoException, socket) => answerClientError(err, socket));
 
   const port = await listen(server, config.server.port, config.server.host);
-  let admin: AdminServer;
+  let admin: AdminServer | null = null;
   try {
-    admin = await startAdmin({
+    if (opts.admin !== false) admin = await startAdmin({
       host: config.admin.host,
       port: config.admin.port,
       registry: metrics.registry,
@@ -148,7 +150,7 @@ export async function startSidecar(opts: SidecarOptions): Promise<Sidecar> {
 
   return {
     port,
-    adminPort: admin.port,
+    adminPort: admin?.port ?? 0,
     sync,
     usage: usagePusher,
     url: `http://${config.server.host.includes(':') ? `[${config.server.host}]` : config.server.host}:${port}`,
@@ -157,14 +159,15 @@ export async function startSidecar(opts: SidecarOptions): Promise<Sidecar> {
     metrics,
     async close({ graceMs = config.server.shutdownGraceMs } = {}) {
       draining = true;
-      exchanges.startDraining();
+      // Node skips connections whose response is still under way.
+      exchanges.startDraining({ closeIdle: () => server.closeIdleConnections() });
       server.close();
       server.closeIdleConnections();
       await exchanges.drained(graceMs);
       server.closeAllConnections();
       logger.access.flush();
       forwarder.close();
-      await admin.close();
+      await admin?.close();
       // Last: the responses above may still have produced usage to push.
       await usagePusher?.stop();
       await sync?.stop();

@@ -1,6 +1,5 @@
 /** Runs `keyward serve` as a real child process and reads back where it listens. */
 import { spawn, type ChildProcess } from 'node:child_process';
-import { once } from 'node:events';
 import { writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { createInterface } from 'node:readline';
@@ -18,14 +17,22 @@ export interface SidecarProcess {
   adminPort: number;
   /** every stdout line so far */
   lines: string[];
+  /**
+   * Resolves with the exit code once the process has exited and its stdout has been read
+   * to the end: 'exit' can come before the last lines are read, so assertions on `lines`
+   * after an exit wait for this.
+   */
+  closed: Promise<number | null>;
+  /** signals the process and waits for `closed` */
   stop(signal?: NodeJS.Signals): Promise<number | null>;
 }
 
-export async function spawnSidecar(opts: { dir: string; name: string; yaml: string }): Promise<SidecarProcess> {
+export async function spawnSidecar(opts: { dir: string; name: string; yaml: string; /** after `serve --config FILE` */ args?: string[] }): Promise<SidecarProcess> {
   const cfg = join(opts.dir, `${opts.name}.yaml`);
   writeFileSync(cfg, opts.yaml);
-  const child = spawn(process.execPath, [...KEYWARD_ARGS, 'serve', '--config', cfg], { stdio: ['ignore', 'pipe', 'inherit'] });
+  const child = spawn(process.execPath, [...KEYWARD_ARGS, 'serve', '--config', cfg, ...(opts.args ?? [])], { stdio: ['ignore', 'pipe', 'inherit'] });
   const lines: string[] = [];
+  const closed = new Promise<number | null>((resolve) => child.once('close', (code) => resolve(code)));
   const rl = createInterface({ input: child.stdout! });
   const listening = new Promise<{ url: string; adminPort: number }>((resolve, reject) => {
     rl.on('line', (line) => {
@@ -41,11 +48,10 @@ export async function spawnSidecar(opts: { dir: string; name: string; yaml: stri
     url,
     adminPort,
     lines,
+    closed,
     async stop(signal = 'SIGTERM') {
-      if (child.exitCode !== null || child.signalCode !== null) return child.exitCode;
-      child.kill(signal);
-      const [code] = (await once(child, 'exit')) as [number | null];
-      return code;
+      if (child.exitCode === null && child.signalCode === null) child.kill(signal);
+      return closed;
     },
   };
 }

@@ -96,4 +96,63 @@ describe('shutdown', () => {
     h.replica.close();
     await up.close();
   });
+
+  test('draining with keep-alive clients: an answer not begun says close, an ended one lets its connection go at once', async () => {
+    let releaseStream!: () => void;
+    const streamGate = new Promise<void>((r) => (releaseStream = r));
+    let releaseLate!: () => void;
+    const lateGate = new Promise<void>((r) => (releaseLate = r));
+    const up = await startFakeUpstream(async (req, res) => {
+      if (req.headers['x-test-kind'] === 'late') await lateGate;
+      res.writeHead(200, { 'content-type': 'text/event-stream' });
+      res.write('data: 1\n\n');
+      if (req.headers['x-test-kind'] === 'stream') await streamGate;
+      res.end('data: [DONE]\n\n');
+    });
+    const h = await startHarness({ upstream: up.url, keys: { k: {} } });
+    const agent = new http.Agent({ keepAlive: true });
+    let closing: Promise<void> | null = null;
+    try {
+      const u = new URL(h.url);
+      const open = (kind: string) => {
+        const req = http.request({ host: u.hostname, port: u.port, method: 'POST', path: '/v1/chat/completions', agent, headers: { ...bearer(h.keys.k!), 'content-type': 'application/json', 'x-test-kind': kind } });
+        req.end('{"model":"m","stream":true}');
+        return req;
+      };
+      const stream = open('stream');
+      const [streamRes] = (await once(stream, 'response')) as [http.IncomingMessage];
+      assert.equal(streamRes.headers.connection, 'keep-alive', 'answered before the drain');
+      const lateArrived = up.nextRequest();
+      const late = open('late');
+      const lateResponse = once(late, 'response') as Promise<[http.IncomingMessage]>;
+      await lateArrived;
+      closing = h.sidecar.close({ graceMs: 5000 });
+      // The stream ends while the late request is still in flight: its connection is let go now,
+      // not when the drain is over, so the client does not send another request on it meanwhile.
+      const streamSocketClosed = once(stream.socket!, 'close');
+      streamRes.resume();
+      releaseStream();
+      await once(streamRes, 'end');
+      let timer!: NodeJS.Timeout;
+      const closedInTime = await Promise.race([
+        streamSocketClosed.then(() => true),
+        new Promise<boolean>((r) => (timer = setTimeout(() => r(false), 3000))),
+      ]);
+      clearTimeout(timer);
+      assert.ok(closedInTime, 'the ended stream\'s connection stayed open while the drain went on');
+      releaseLate();
+      const [lateRes] = await lateResponse;
+      assert.equal(lateRes.headers.connection, 'close', 'in flight at the drain, answered after it began');
+      lateRes.resume();
+      await once(lateRes, 'end');
+    } finally {
+      // a failed assertion must not leave the gates shut and the servers up
+      releaseStream();
+      releaseLate();
+      agent.destroy();
+      await (closing ?? h.sidecar.close({ graceMs: 0 }));
+      h.replica.close();
+      await up.close();
+    }
+  });
 });

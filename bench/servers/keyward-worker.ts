@@ -1,0 +1,13 @@
+/**
+ * One worker of the benchmark's `--workers N` keyward (bench/servers/keyward.ts is the
+ * primary): runWorker, as `keyward serve` runs it in a worker, with the primary's config
+ * and its access log formatted as in production but written to /dev/null.
+ */
+import cluster from 'node:cluster';
+import type { Config } from '../../src/config/schema.js';
+import { createLogger, logDestination } from '../../src/obs/logger.js';
+import { runWorker } from '../../src/proxy/worker.js';
+
+const config = JSON.parse(process.env.KW_BENCH_CONFIG!) as Config;
+const logger = createLogger({ level: 'info', destination: logDestination('/dev/null', { shared: true }), fields: { worker: cluster.worker!.id }, shared: true });
+await runWorker({ config, logger });

@@ -1,0 +1,29 @@
+/**
+ * The messages a `serve --workers N` primary and its workers exchange over the cluster's
+ * IPC channel. Every type carries the `keyward:` prefix so they never collide with
+ * messages of node's cluster module or prom-client.
+ */
+import type { MetricObjectWithValues, MetricValue } from 'prom-client';
+import type { UsageEvent } from '../protocol/usage.js';
+
+/** primary -> worker */
+export type ToWorker =
+  | { type: 'keyward:metrics'; id: number }
+  /** stop accepting, let in-flight requests finish within graceMs, send what is left, exit 0 */
+  | { type: 'keyward:drain'; graceMs: number }
+  /** the primary wrote the replica file (sync): look now rather than at the next data_version poll */
+  | { type: 'keyward:replica-changed' };
+
+/** worker -> primary */
+export type ToPrimary =
+  | { type: 'keyward:metrics'; id: number; metrics: MetricObjectWithValues<MetricValue<string>>[] }
+  /** usage events for the console, in the order the worker produced them */
+  | { type: 'keyward:usage'; events: UsageEvent[] }
+  /** the worker's view of the replica, at start and after every change: /readyz waits for every worker */
+  | { type: 'keyward:replica'; ready: boolean; version: number | null }
+  /** sent last: every earlier message of this worker has been delivered (IPC keeps order) */
+  | { type: 'keyward:drained' };
+
+export function isMessage<T extends { type: string }>(msg: unknown): msg is T {
+  return typeof msg === 'object' && msg !== null && typeof (msg as { type?: unknown }).type === 'string' && (msg as { type: string }).type.startsWith('keyward:');
+}
