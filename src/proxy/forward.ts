@@ -59,24 +59,31 @@ type HookedResponse = ServerResponse & { [HOOKS]?: ForwardHooks };
 const FIXED_HOP_BY_HOP = ['connection', 'keep-alive', 'te', 'trailer', 'upgrade', 'proxy-authorization', 'proxy-connection'];
 
 /**
- * Removes hop-by-hop headers, including any named in Connection, from a header object.
- * Only present names are deleted: a `delete` turns the object into a slow dictionary,
- * and these objects are copied and walked again for every request.
+ * The header object without its hop-by-hop headers, including any named in Connection.
+ * Returns the same object when there is none (the common case apart from `connection`);
+ * otherwise a copy in the same order: a `delete` would turn the object into a slow
+ * dictionary, and http-proxy-3 and Node copy and walk these objects again per request.
  */
-export function dropHopByHop(headers: Record<string, unknown>): void {
+export function withoutHopByHop<T extends Record<string, unknown>>(headers: T): T {
   const connection = headers.connection;
   if (connection === undefined && headers['keep-alive'] === undefined && headers.te === undefined && headers.trailer === undefined
     && headers.upgrade === undefined && headers['proxy-authorization'] === undefined && headers['proxy-connection'] === undefined) {
-    return;
+    return headers;
   }
+  let named: string[] | null = null;
   if (typeof connection === 'string') {
     for (const token of connection.split(',')) {
       const name = token.trim().toLowerCase();
       // Connection may not remove the framing of this request.
-      if (name && name !== 'content-length' && name !== 'transfer-encoding' && name !== 'host' && headers[name] !== undefined) delete headers[name];
+      if (name && name !== 'content-length' && name !== 'transfer-encoding' && name !== 'host' && headers[name] !== undefined) (named ??= []).push(name);
     }
   }
-  for (const name of FIXED_HOP_BY_HOP) if (headers[name] !== undefined) delete headers[name];
+  const out: Record<string, unknown> = {};
+  for (const name in headers) {
+    if (FIXED_HOP_BY_HOP.includes(name) || (named !== null && named.includes(name))) continue;
+    out[name] = headers[name];
+  }
+  return out as T;
 }
 
 class UpstreamTimeout extends Error {
@@ -168,7 +175,7 @@ export function createForwarder(opts: ForwarderOptions): Forwarder {
     targets.set(name, { url, agent: timeoutAgent(agent, up.timeoutMs) });
   }
   proxy.on('proxyRes', (proxyRes, _req, res) => {
-    dropHopByHop(proxyRes.headers as Record<string, unknown>);
+    proxyRes.headers = withoutHopByHop(proxyRes.headers);
     // The client's own connection decides keep-alive (http-proxy-3 would otherwise answer
     // `keep-alive` to a client that sent `Connection: close`, its header being dropped above).
     const server = res as ServerResponse;
@@ -192,7 +199,7 @@ export function createForwarder(opts: ForwarderOptions): Forwarder {
         return { abort() {} };
       }
       (res as HookedResponse)[HOOKS] = hooks;
-      dropHopByHop(req.headers as Record<string, unknown>);
+      req.headers = withoutHopByHop(req.headers);
       const tracked = trackedSource(req, body);
       proxy.web(req, res, { target: target.url, agent: target.agent, buffer: tracked.source as unknown as Readable }, (err: Error & { code?: string }) => {
         if (err.code === 'KW_BODY_STALLED') return;
