@@ -5,6 +5,7 @@
  * access line. Denials are written here and nowhere else.
  */
 import type { IncomingMessage, ServerResponse } from 'node:http';
+import type { Socket } from 'node:net';
 import type { Duplex } from 'node:stream';
 import { performance } from 'node:perf_hooks';
 import { deny, renderError, type Denial, type ErrorStyle } from '../errors.js';
@@ -50,6 +51,27 @@ function forwardedFor(rawHeaders: readonly string[]): string[] {
     if (name.length === 15 && name.toLowerCase() === 'x-forwarded-for') out.push(rawHeaders[i + 1]!);
   }
   return out;
+}
+
+/** A socket's client address, when it depends on the peer alone (no trusted proxies). */
+const PEER_CLIENT = Symbol('keyward.peerClient');
+type PeerSocket = Socket & { [PEER_CLIENT]?: string | null };
+
+/**
+ * The client's address (DESIGN section 4). Without trusted proxies it is the socket's
+ * peer, the same for every request on a connection, so it is read and checked once per
+ * connection rather than once per request.
+ */
+function clientIpOf(req: IncomingMessage, trustedProxies: readonly Cidr[]): string | null {
+  if (trustedProxies.length > 0) return clientAddress({ peer: req.socket.remoteAddress, forwardedFor: forwardedFor(req.rawHeaders), trusted: trustedProxies });
+  const socket = req.socket as PeerSocket;
+  let ip = socket[PEER_CLIENT];
+  if (ip === undefined) {
+    ip = clientAddress({ peer: socket.remoteAddress, forwardedFor: [], trusted: trustedProxies });
+    // Not known before the socket is connected; asked again next time.
+    if (socket.remoteAddress !== undefined) socket[PEER_CLIENT] = ip;
+  }
+  return ip;
 }
 
 export interface Exchanges {
@@ -234,7 +256,7 @@ export function createExchanges(deps: ExchangeDeps): Exchanges {
 
   return {
     handle(req, res, expectContinue) {
-      const clientIp = clientAddress({ peer: req.socket.remoteAddress, forwardedFor: deps.trustedProxies.length ? forwardedFor(req.rawHeaders) : [], trusted: deps.trustedProxies });
+      const clientIp = clientIpOf(req, deps.trustedProxies);
       const ctx = newContext(req, { versionHeader: deps.versionHeader, now: performance.now(), clientIp });
       inFlight++;
       (req.socket as TrackedSocket)[CURRENT] = { req, res };
