@@ -50,6 +50,8 @@ export interface RequestContext {
   /** the spend hold and the price it is settled at */
   hold: Hold | null;
   price: Price | null;
+  /** stops watching the request body for a stall (null: nothing watched) */
+  stopBodyWatch: (() => void) | null;
 }
 
 const CONTROL = /[\x00-\x1f\x7f]/g; // eslint-disable-line no-control-regex
@@ -100,6 +102,7 @@ export function newContext(req: IncomingMessage, opts: { versionHeader: string; 
     quota: null,
     hold: null,
     price: null,
+    stopBodyWatch: null,
   };
 }
 
