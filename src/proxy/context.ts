@@ -54,6 +54,9 @@ export interface RequestContext {
   stopBodyWatch: (() => void) | null;
 }
 
+/** before admission nothing is estimated (shared: estimates are replaced, never written to) */
+const NO_ESTIMATE: { readonly prompt: number; readonly output: number } = Object.freeze({ prompt: 0, output: 0 });
+
 const CONTROL = /[\x00-\x1f\x7f]/g; // eslint-disable-line no-control-regex
 
 /** Attribution headers: trimmed, control characters removed, at most 256 characters. */
@@ -92,7 +95,7 @@ export function newContext(req: IncomingMessage, opts: { versionHeader: string; 
     upstreamMs: null,
     clientIp: opts.clientIp,
     metered: false,
-    estimate: { prompt: 0, output: 0 },
+    estimate: NO_ESTIMATE,
     tap: null,
     upstreamStatus: null,
     upstreamFailed: false,
