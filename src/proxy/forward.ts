@@ -145,7 +145,10 @@ class TrackedSource implements BodySource, Forwarding {
   }
 }
 
-const STRAY = Symbol('strayBytesGuard');
+/** Bytes on an idle pooled socket: one listener for every socket, with the socket as `this`. */
+function destroyOnStrayBytes(this: Socket): void {
+  this.destroy();
+}
 
 /**
  * Keep-alive hygiene: an idle pooled socket that receives anything has answered a request
@@ -154,19 +157,14 @@ const STRAY = Symbol('strayBytesGuard');
  * socket is destroyed instead; a socket with unread bytes is never reused either.
  */
 function guardIdleSockets(agent: http.Agent): void {
-  type Guarded = Socket & { [STRAY]?: () => void };
-  agent.on('free', (socket: Guarded) => {
+  agent.on('free', (socket: Socket) => {
     if (socket.destroyed) return;
-    const stray = () => socket.destroy();
-    socket[STRAY] = stray;
-    socket.once('data', stray);
+    socket.once('data', destroyOnStrayBytes);
   });
   const a = agent as http.Agent & { reuseSocket(socket: Socket, req: http.ClientRequest): void };
   const reuse = a.reuseSocket.bind(a);
-  a.reuseSocket = (socket: Guarded, req) => {
-    const stray = socket[STRAY];
-    if (stray) socket.off('data', stray);
-    socket[STRAY] = undefined;
+  a.reuseSocket = (socket: Socket, req) => {
+    socket.off('data', destroyOnStrayBytes);
     if (socket.readableLength > 0) socket.destroy();
     reuse(socket, req);
   };
