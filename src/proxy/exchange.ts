@@ -5,7 +5,6 @@
  * access line. Denials are written here and nowhere else.
  */
 import type { IncomingMessage, ServerResponse } from 'node:http';
-import type { Socket } from 'node:net';
 import type { Duplex } from 'node:stream';
 import { performance } from 'node:perf_hooks';
 import { deny, renderError, type Denial, type ErrorStyle } from '../errors.js';
@@ -14,14 +13,15 @@ import type { AccessWriter } from '../obs/logger.js';
 import type { Metrics } from '../obs/metrics.js';
 import type { KeyFacts } from '../policy/facts.js';
 import type { UsageEvent } from '../protocol/usage.js';
-import { hasBody, readModelBody, watchBodyIdle } from './body.js';
+import { hasBody, watchBodyIdle } from './body.js';
+import { Arrival, clientIpOf } from './arrival.js';
 import { answerParserRefusal } from './framing.js';
 import { accessLine, newContext, type RequestContext } from './context.js';
 import type { ForwardFailure, Forwarder, ForwardHooks } from './forward.js';
 import { settleUsage } from '../policy/estimate.js';
 import { costOf } from '../policy/pricing.js';
 import { applyQuotaHeaders } from './quota-headers.js';
-import { clientAddress, type Cidr } from '../policy/network.js';
+import type { Cidr } from '../policy/network.js';
 import { decide, type Allow, type Decision, type PipelineDeps } from './pipeline.js';
 import { createUsageTap, type UsageTap } from './usage.js';
 
@@ -41,37 +41,6 @@ export interface ExchangeDeps {
   bodyIdleTimeoutMs: number;
   /** GET /v1/key: the caller's own key and live figures (DESIGN section 11) */
   describeKey: (facts: KeyFacts) => Promise<unknown>;
-}
-
-/** Every X-Forwarded-For line, in order (Node joins them, but only for headers it knows to join). */
-function forwardedFor(rawHeaders: readonly string[]): string[] {
-  const out: string[] = [];
-  for (let i = 0; i < rawHeaders.length; i += 2) {
-    const name = rawHeaders[i]!;
-    if (name.length === 15 && name.toLowerCase() === 'x-forwarded-for') out.push(rawHeaders[i + 1]!);
-  }
-  return out;
-}
-
-/** A socket's client address, when it depends on the peer alone (no trusted proxies). */
-const PEER_CLIENT = Symbol('keyward.peerClient');
-type PeerSocket = Socket & { [PEER_CLIENT]?: string | null };
-
-/**
- * The client's address (DESIGN section 4). Without trusted proxies it is the socket's
- * peer, the same for every request on a connection, so it is read and checked once per
- * connection rather than once per request.
- */
-function clientIpOf(req: IncomingMessage, trustedProxies: readonly Cidr[]): string | null {
-  if (trustedProxies.length > 0) return clientAddress({ peer: req.socket.remoteAddress, forwardedFor: forwardedFor(req.rawHeaders), trusted: trustedProxies });
-  const socket = req.socket as PeerSocket;
-  let ip = socket[PEER_CLIENT];
-  if (ip === undefined) {
-    ip = clientAddress({ peer: socket.remoteAddress, forwardedFor: [], trusted: trustedProxies });
-    // Not known before the socket is connected; asked again next time.
-    if (socket.remoteAddress !== undefined) socket[PEER_CLIENT] = ip;
-  }
-  return ip;
 }
 
 export interface Exchanges {
@@ -276,6 +245,16 @@ export function createExchanges(deps: ExchangeDeps): Exchanges {
     forward(req, res, ctx, decision, expectContinue);
   };
 
+  const run = async (req: IncomingMessage, res: ServerResponse, ctx: RequestContext, input: Arrival) => {
+    try {
+      const decision = await decide(input, deps.pipeline, ctx.reqId);
+      apply(req, res, ctx, decision, input.expectContinue);
+    } catch (err) {
+      deps.log.error({ req_id: ctx.reqId, err: (err as Error).message }, 'request failed');
+      sendDenial(req, res, ctx, deny('internal_error'), ctx.route?.style ?? 'openai');
+    }
+  };
+
   return {
     handle(req, res, expectContinue) {
       const clientIp = clientIpOf(req, deps.trustedProxies);
@@ -289,23 +268,7 @@ export function createExchanges(deps: ExchangeDeps): Exchanges {
       (res as ContextResponse)[CONTEXT] = ctx;
       res.once('close', onResponseClose);
       if (draining) res.setHeader('connection', 'close');
-      const input = {
-        method: ctx.method,
-        url: req.url ?? '/',
-        rawHeaders: req.rawHeaders,
-        clientIp,
-        // Expect: 100-continue is answered only once the credentials have been checked.
-        readBody: (opts: { limit: number; modelRequired: boolean }) => {
-          if (expectContinue) res.writeContinue();
-          return readModelBody(req, opts);
-        },
-      };
-      decide(input, deps.pipeline, ctx.reqId)
-        .then((decision) => apply(req, res, ctx, decision, expectContinue))
-        .catch((err: Error) => {
-          deps.log.error({ req_id: ctx.reqId, err: err.message }, 'request failed');
-          sendDenial(req, res, ctx, deny('internal_error'), ctx.route?.style ?? 'openai');
-        });
+      void run(req, res, ctx, new Arrival({ req, res, expectContinue, clientIp, method: ctx.method }));
     },
     inFlight: () => inFlight,
     startDraining() {
