@@ -2,7 +2,7 @@
  * Key hashing (DESIGN section 4). The hash is the only form of a key that is stored or
  * compared; the plain key never leaves the request that carried it.
  */
-import { createHash, createHmac } from 'node:crypto';
+import { createHmac, hash } from 'node:crypto';
 
 export type HashAlgorithm = 'sha256' | 'hmac-sha256';
 
@@ -20,5 +20,6 @@ export function makeKeyHasher(opts: HashOptions): KeyHasher {
     if (!pepper) throw new Error('keys.hash hmac-sha256 needs keys.pepper');
     return (key) => createHmac('sha256', pepper).update(key, 'utf8').digest('hex');
   }
-  return (key) => createHash('sha256').update(key, 'utf8').digest('hex');
+  // one-shot: no Hash object per request (a string is hashed as UTF-8)
+  return (key) => hash('sha256', key, 'hex');
 }

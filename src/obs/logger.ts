@@ -86,6 +86,19 @@ const ACCESS_FLUSH_MS = 50;
 const ACCESS_BATCH_LINES = 512;
 
 /**
+ * Whether JSON writes the string as it is, between quotes: printable ASCII without `"`
+ * or `\\`. Most fields (ids, paths, models, addresses) are; the rest go through
+ * JSON.stringify.
+ */
+function plain(v: string): boolean {
+  for (let i = 0; i < v.length; i++) {
+    const c = v.charCodeAt(i);
+    if (c < 0x20 || c > 0x7e || c === 0x22 || c === 0x5c) return false;
+  }
+  return true;
+}
+
+/**
  * Access lines, serialised by hand from the fixed field list (a few microseconds instead
  * of pino's generic path) and handed to the logger's stream in batches: one stream write
  * per line cost more than building the line. The lines keep pino's shape (level, time,
@@ -94,7 +107,18 @@ const ACCESS_BATCH_LINES = 512;
 function accessWriter(opts: { stream: pino.DestinationStream; extra: string; chunkBytes: number; enabled: () => boolean }): AccessWriter {
   const extra = opts.extra;
   const stream = opts.stream as pino.DestinationStream & { flushSync?: () => void };
-  const str = (v: string | null) => (v === null ? 'null' : JSON.stringify(v));
+  const str = (v: string | null) => (v === null ? 'null' : plain(v) ? `"${v}"` : JSON.stringify(v));
+  // One timestamp string per millisecond: lines written in the same millisecond share it.
+  let lastMs = -1;
+  let lastTime = '';
+  const isoTime = () => {
+    const ms = Date.now();
+    if (ms !== lastMs) {
+      lastMs = ms;
+      lastTime = new Date(ms).toISOString();
+    }
+    return lastTime;
+  };
   let held: string[] = [];
   let timer: NodeJS.Timeout | null = null;
   const flush = () => {
@@ -126,7 +150,7 @@ function accessWriter(opts: { stream: pino.DestinationStream; extra: string; chu
   const write = ((l: AccessLine) => {
     if (!opts.enabled()) return;
     held.push(
-      `{"level":"info","time":"${new Date().toISOString()}","service":"keyward"${extra},"req_id":${str(l.req_id)},"method":${str(l.method)},` +
+      `{"level":"info","time":"${isoTime()}","service":"keyward"${extra},"req_id":${str(l.req_id)},"method":${str(l.method)},` +
         `"path":${str(l.path)},"route":${str(l.route)},"status":${l.status},"code":${str(l.code)},"key_id":${str(l.key_id)},` +
         `"key_kind":${str(l.key_kind)},"project_id":${str(l.project_id)},"user_id":${str(l.user_id)},"model":${str(l.model)},` +
         `"routing":${str(l.routing)},"app_name":${str(l.app_name)},"app_url":${str(l.app_url)},"input_tokens":${l.input_tokens},` +

@@ -50,7 +50,12 @@ export interface RequestContext {
   /** the spend hold and the price it is settled at */
   hold: Hold | null;
   price: Price | null;
+  /** stops watching the request body for a stall (null: nothing watched) */
+  stopBodyWatch: (() => void) | null;
 }
+
+/** before admission nothing is estimated (shared: estimates are replaced, never written to) */
+const NO_ESTIMATE: { readonly prompt: number; readonly output: number } = Object.freeze({ prompt: 0, output: 0 });
 
 const CONTROL = /[\x00-\x1f\x7f]/g; // eslint-disable-line no-control-regex
 
@@ -90,7 +95,7 @@ export function newContext(req: IncomingMessage, opts: { versionHeader: string; 
     upstreamMs: null,
     clientIp: opts.clientIp,
     metered: false,
-    estimate: { prompt: 0, output: 0 },
+    estimate: NO_ESTIMATE,
     tap: null,
     upstreamStatus: null,
     upstreamFailed: false,
@@ -100,6 +105,7 @@ export function newContext(req: IncomingMessage, opts: { versionHeader: string; 
     quota: null,
     hold: null,
     price: null,
+    stopBodyWatch: null,
   };
 }
 

@@ -13,17 +13,17 @@ import type { AccessWriter } from '../obs/logger.js';
 import type { Metrics } from '../obs/metrics.js';
 import type { KeyFacts } from '../policy/facts.js';
 import type { UsageEvent } from '../protocol/usage.js';
-import { hasBody, readModelBody, watchBodyIdle, type ReadOptions } from './body.js';
-import { openUpload } from './upload.js';
+import { hasBody, watchBodyIdle } from './body.js';
+import { Arrival, clientIpOf } from './arrival.js';
 import { answerParserRefusal } from './framing.js';
 import { accessLine, newContext, type RequestContext } from './context.js';
-import type { ForwardFailure, Forwarder } from './forward.js';
+import type { ForwardFailure, Forwarder, ForwardHooks } from './forward.js';
 import { settleUsage } from '../policy/estimate.js';
 import { costOf } from '../policy/pricing.js';
 import { applyQuotaHeaders } from './quota-headers.js';
-import { clientAddress, type Cidr } from '../policy/network.js';
+import type { Cidr } from '../policy/network.js';
 import { decide, type Allow, type Decision, type PipelineDeps } from './pipeline.js';
-import { createUsageTap } from './usage.js';
+import { createUsageTap, type UsageTap } from './usage.js';
 
 export interface ExchangeDeps {
   pipeline: PipelineDeps;
@@ -41,16 +41,6 @@ export interface ExchangeDeps {
   bodyIdleTimeoutMs: number;
   /** GET /v1/key: the caller's own key and live figures (DESIGN section 11) */
   describeKey: (facts: KeyFacts) => Promise<unknown>;
-}
-
-/** Every X-Forwarded-For line, in order (Node joins them, but only for headers it knows to join). */
-function forwardedFor(rawHeaders: readonly string[]): string[] {
-  const out: string[] = [];
-  for (let i = 0; i < rawHeaders.length; i += 2) {
-    const name = rawHeaders[i]!;
-    if (name.length === 15 && name.toLowerCase() === 'x-forwarded-for') out.push(rawHeaders[i + 1]!);
-  }
-  return out;
 }
 
 export interface Exchanges {
@@ -90,11 +80,24 @@ function sendDenial(req: IncomingMessage, res: ServerResponse, ctx: RequestConte
 
 /** The request a connection is on, so a parser refusal mid-body knows whose answer has begun. */
 const CURRENT = Symbol('keyward.currentRequest');
-type TrackedSocket = Duplex & { [CURRENT]?: { req: IncomingMessage; res: ServerResponse } };
+type TrackedSocket = Duplex & { [CURRENT]?: ServerResponse };
+
+/** The request's context on its response, for the shared 'close' listener. */
+const CONTEXT = Symbol('keyward.context');
+type ContextResponse = ServerResponse & { [CONTEXT]?: RequestContext };
+
+/** The usage tap of a response, read by the one shared 'data' listener. */
+const TAP = Symbol('keyward.usageTap');
+type TappedResponse = IncomingMessage & { [TAP]?: UsageTap };
+
+function tapChunk(this: TappedResponse, chunk: Buffer): void {
+  this[TAP]!.push(chunk);
+}
 
 /** A request Node could not parse as HTTP: answered on the socket, which then closes. */
 export function answerClientError(err: NodeJS.ErrnoException, socket: Duplex): void {
-  answerParserRefusal(err, socket, (socket as TrackedSocket)[CURRENT]);
+  const res = (socket as TrackedSocket)[CURRENT];
+  answerParserRefusal(err, socket, res ? { req: res.req, res } : undefined);
 }
 
 /**
@@ -164,34 +167,43 @@ export function createExchanges(deps: ExchangeDeps): Exchanges {
     if (inFlight === 0) onIdle?.();
   };
 
+  // One listener for every response: the request ends (finish), then its body watch stops.
+  function onResponseClose(this: ContextResponse): void {
+    const ctx = this[CONTEXT]!;
+    finish(this, ctx);
+    ctx.stopBodyWatch?.();
+  }
+
+  // One set of hooks for every forwarded call: each finds its request's context on the response.
+  const hooks: ForwardHooks = {
+    onResponse(res, proxyRes) {
+      const ctx = (res as ContextResponse)[CONTEXT]!;
+      ctx.upstreamMs = performance.now() - ctx.upstreamStart!;
+      ctx.upstreamStatus = proxyRes.statusCode ?? null;
+      // The client can quote the id its access-log line carries, unless the upstream names its own.
+      if (proxyRes.headers['x-request-id'] === undefined) proxyRes.headers['x-request-id'] = ctx.reqId;
+      if (ctx.quota) applyQuotaHeaders(proxyRes.headers, ctx.quota);
+      if (!ctx.metered) return;
+      const tap = createUsageTap({ contentType: proxyRes.headers['content-type'], contentEncoding: proxyRes.headers['content-encoding'] });
+      if (!tap) return;
+      ctx.tap = tap;
+      (proxyRes as TappedResponse)[TAP] = tap;
+      proxyRes.on('data', tapChunk);
+    },
+    onFailure(res, kind, err) {
+      const ctx = (res as ContextResponse)[CONTEXT]!;
+      if (ctx.upstreamStatus === null) ctx.upstreamFailed = true;
+      // mid-response: the client must see a broken response, not a truncated "success"
+      if (res.headersSent) return void res.destroy();
+      if (kind !== 'rejected') deps.log.warn({ req_id: ctx.reqId, upstream: ctx.upstream, err: err.message }, 'upstream failure');
+      sendDenial(res.req, res, ctx, FAILURES[kind](err), ctx.route?.style ?? 'openai');
+    },
+  };
+
   const forward = (req: IncomingMessage, res: ServerResponse, ctx: RequestContext, allow: Allow, expectContinue: boolean) => {
     if (expectContinue && !allow.bodyRead) res.writeContinue();
     ctx.upstreamStart = performance.now();
-    ctx.forwarding = deps.forwarder.forward(req, res, {
-      upstream: allow.seen.upstream,
-      body: allow.body,
-      hooks: {
-        onResponse(proxyRes) {
-          ctx.upstreamMs = performance.now() - ctx.upstreamStart!;
-          ctx.upstreamStatus = proxyRes.statusCode ?? null;
-          // The client can quote the id its access-log line carries, unless the upstream names its own.
-          if (proxyRes.headers['x-request-id'] === undefined) proxyRes.headers['x-request-id'] = ctx.reqId;
-          if (ctx.quota) applyQuotaHeaders(proxyRes.headers, ctx.quota);
-          if (!ctx.metered) return;
-          const tap = createUsageTap({ contentType: proxyRes.headers['content-type'], contentEncoding: proxyRes.headers['content-encoding'] });
-          if (!tap) return;
-          ctx.tap = tap;
-          proxyRes.on('data', (chunk: Buffer) => tap.push(chunk));
-        },
-        onFailure(kind, err) {
-          if (ctx.upstreamStatus === null) ctx.upstreamFailed = true;
-          // mid-response: the client must see a broken response, not a truncated "success"
-          if (res.headersSent) return void res.destroy();
-          if (kind !== 'rejected') deps.log.warn({ req_id: ctx.reqId, upstream: ctx.upstream, err: err.message }, 'upstream failure');
-          sendDenial(req, res, ctx, FAILURES[kind](err), ctx.route?.style ?? 'openai');
-        },
-      },
-    });
+    ctx.forwarding = deps.forwarder.forward(req, res, { upstream: allow.seen.upstream, body: allow.body, hooks });
   };
 
   // A body that stalls is cut with 408: the upstream request (if any) is destroyed before it
@@ -243,34 +255,31 @@ export function createExchanges(deps: ExchangeDeps): Exchanges {
     forward(req, res, ctx, decision, expectContinue);
   };
 
+  const run = async (req: IncomingMessage, res: ServerResponse, ctx: RequestContext, input: Arrival) => {
+    try {
+      const decision = await decide(input, deps.pipeline, ctx.reqId);
+      apply(req, res, ctx, decision, input.expectContinue);
+    } catch (err) {
+      deps.log.error({ req_id: ctx.reqId, err: (err as Error).message }, 'request failed');
+      sendDenial(req, res, ctx, deny('internal_error'), ctx.route?.style ?? 'openai');
+    }
+  };
+
   return {
     handle(req, res, expectContinue) {
-      const clientIp = clientAddress({ peer: req.socket.remoteAddress, forwardedFor: deps.trustedProxies.length ? forwardedFor(req.rawHeaders) : [], trusted: deps.trustedProxies });
+      const clientIp = clientIpOf(req, deps.trustedProxies);
       const ctx = newContext(req, { versionHeader: deps.versionHeader, now: performance.now(), clientIp });
       inFlight++;
       open.add(res);
-      (req.socket as TrackedSocket)[CURRENT] = { req, res };
-      res.once('close', () => finish(res, ctx));
-      res.once('close', watchBodyIdle(req, { idleMs: deps.bodyIdleTimeoutMs, onIdle: () => cutStalledBody(req, res, ctx) }));
+      (req.socket as TrackedSocket)[CURRENT] = res;
+      // Only a body still to come can stall (the same test watchBodyIdle makes; no closure otherwise).
+      if (deps.bodyIdleTimeoutMs > 0 && !req.complete && hasBody(req)) {
+        ctx.stopBodyWatch = watchBodyIdle(req, { idleMs: deps.bodyIdleTimeoutMs, onIdle: () => cutStalledBody(req, res, ctx) });
+      }
+      (res as ContextResponse)[CONTEXT] = ctx;
+      res.once('close', onResponseClose);
       if (draining) res.setHeader('connection', 'close');
-      const input = {
-        method: ctx.method,
-        url: req.url ?? '/',
-        rawHeaders: req.rawHeaders,
-        clientIp,
-        // Expect: 100-continue is answered only once the credentials have been checked.
-        readBody: (opts: ReadOptions) => {
-          if (expectContinue) res.writeContinue();
-          return readModelBody(req, opts);
-        },
-        openUpload: (opts: { limit: number }) => openUpload(req, opts),
-      };
-      decide(input, deps.pipeline, ctx.reqId)
-        .then((decision) => apply(req, res, ctx, decision, expectContinue))
-        .catch((err: Error) => {
-          deps.log.error({ req_id: ctx.reqId, err: err.message }, 'request failed');
-          sendDenial(req, res, ctx, deny('internal_error'), ctx.route?.style ?? 'openai');
-        });
+      void run(req, res, ctx, new Arrival({ req, res, expectContinue, clientIp, method: ctx.method }));
     },
     inFlight: () => inFlight,
     startDraining(opts = {}) {

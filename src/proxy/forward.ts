@@ -23,12 +23,15 @@ export interface ForwarderOptions {
   upstreams: Record<string, UpstreamTarget>;
 }
 
-/** What one forwarded call wants to hear about its own response. */
+/**
+ * What a forwarded call wants to hear about its own response. Called with the client's
+ * response, so one hooks object can serve every call.
+ */
 export interface ForwardHooks {
   /** once, before the response's headers are written to the client */
-  onResponse(proxyRes: IncomingMessage): void;
+  onResponse(res: ServerResponse, proxyRes: IncomingMessage): void;
   /** the upstream could not be reached, went quiet for longer than its timeout, or the body refused itself */
-  onFailure(kind: ForwardFailure, err: Error): void;
+  onFailure(res: ServerResponse, kind: ForwardFailure, err: Error): void;
 }
 
 export interface ForwardCall {
@@ -59,24 +62,31 @@ type HookedResponse = ServerResponse & { [HOOKS]?: ForwardHooks };
 const FIXED_HOP_BY_HOP = ['connection', 'keep-alive', 'te', 'trailer', 'upgrade', 'proxy-authorization', 'proxy-connection'];
 
 /**
- * Removes hop-by-hop headers, including any named in Connection, from a header object.
- * Only present names are deleted: a `delete` turns the object into a slow dictionary,
- * and these objects are copied and walked again for every request.
+ * The header object without its hop-by-hop headers, including any named in Connection.
+ * Returns the same object when there is none (the common case apart from `connection`);
+ * otherwise a copy in the same order: a `delete` would turn the object into a slow
+ * dictionary, and http-proxy-3 and Node copy and walk these objects again per request.
  */
-export function dropHopByHop(headers: Record<string, unknown>): void {
+export function withoutHopByHop<T extends Record<string, unknown>>(headers: T): T {
   const connection = headers.connection;
   if (connection === undefined && headers['keep-alive'] === undefined && headers.te === undefined && headers.trailer === undefined
     && headers.upgrade === undefined && headers['proxy-authorization'] === undefined && headers['proxy-connection'] === undefined) {
-    return;
+    return headers;
   }
+  let named: string[] | null = null;
   if (typeof connection === 'string') {
     for (const token of connection.split(',')) {
       const name = token.trim().toLowerCase();
       // Connection may not remove the framing of this request.
-      if (name && name !== 'content-length' && name !== 'transfer-encoding' && name !== 'host' && headers[name] !== undefined) delete headers[name];
+      if (name && name !== 'content-length' && name !== 'transfer-encoding' && name !== 'host' && headers[name] !== undefined) (named ??= []).push(name);
     }
   }
-  for (const name of FIXED_HOP_BY_HOP) if (headers[name] !== undefined) delete headers[name];
+  const out: Record<string, unknown> = {};
+  for (const name in headers) {
+    if (FIXED_HOP_BY_HOP.includes(name) || (named !== null && named.includes(name))) continue;
+    out[name] = headers[name];
+  }
+  return out as T;
 }
 
 class UpstreamTimeout extends Error {
@@ -85,13 +95,18 @@ class UpstreamTimeout extends Error {
 
 /**
  * The idle timeout is set where every outgoing request passes (the agent), because
- * http-proxy-3 skips its proxyReq hook for requests that carry `Expect`.
+ * http-proxy-3 skips its proxyReq hook for requests that carry `Expect`. One listener per
+ * agent, called with the request as `this`: nothing is allocated per request.
  */
 function timeoutAgent<A extends http.Agent>(agent: A, timeoutMs: number): A {
   const a = agent as A & { addRequest(req: http.ClientRequest, options: unknown): void };
   const add = a.addRequest.bind(a);
+  const message = `no answer from upstream within ${timeoutMs} ms`;
+  function onTimeout(this: http.ClientRequest) {
+    this.destroy(new UpstreamTimeout(message));
+  }
   a.addRequest = (req, options) => {
-    if (timeoutMs > 0) req.setTimeout(timeoutMs, () => req.destroy(new UpstreamTimeout(`no answer from upstream within ${timeoutMs} ms`)));
+    if (timeoutMs > 0) req.setTimeout(timeoutMs, onTimeout);
     add(req, options);
   };
   return a;
@@ -108,24 +123,32 @@ class BodyStalled extends Error {
  * content midway), or when the client's body stalls. Otherwise the upstream would wait
  * for the rest of a body that never comes.
  */
-function trackedSource(req: IncomingMessage, body: BodySource | null): { source: BodySource; abort(err: Error): void } {
-  const source = body ?? req;
-  let dest: Writable | null = null;
-  if (body && typeof (body as Partial<Readable>).once === 'function') {
-    (body as Readable).once('reject', (err: Error) => dest?.destroy(err));
+class TrackedSource implements BodySource, Forwarding {
+  private dest: Writable | null = null;
+  private readonly source: BodySource;
+
+  /** `body`: what was read for the checks, forwarded instead of `req` (null: `req` itself) */
+  constructor(req: IncomingMessage, body: BodySource | null) {
+    this.source = body ?? req;
+    if (body && typeof (body as Partial<Readable>).once === 'function') {
+      (body as Readable).once('reject', (err: Error) => this.dest?.destroy(err));
+    }
   }
-  return {
-    source: {
-      pipe<T extends NodeJS.WritableStream>(d: T): T {
-        dest = d as unknown as Writable;
-        return source.pipe(d);
-      },
-    },
-    abort: (err) => dest?.destroy(err),
-  };
+
+  pipe<T extends NodeJS.WritableStream>(d: T): T {
+    this.dest = d as unknown as Writable;
+    return this.source.pipe(d);
+  }
+
+  abort(): void {
+    this.dest?.destroy(new BodyStalled('the request body stalled'));
+  }
 }
 
-const STRAY = Symbol('strayBytesGuard');
+/** Bytes on an idle pooled socket: one listener for every socket, with the socket as `this`. */
+function destroyOnStrayBytes(this: Socket): void {
+  this.destroy();
+}
 
 /**
  * Keep-alive hygiene: an idle pooled socket that receives anything has answered a request
@@ -134,22 +157,32 @@ const STRAY = Symbol('strayBytesGuard');
  * socket is destroyed instead; a socket with unread bytes is never reused either.
  */
 function guardIdleSockets(agent: http.Agent): void {
-  type Guarded = Socket & { [STRAY]?: () => void };
-  agent.on('free', (socket: Guarded) => {
+  agent.on('free', (socket: Socket) => {
     if (socket.destroyed) return;
-    const stray = () => socket.destroy();
-    socket[STRAY] = stray;
-    socket.once('data', stray);
+    socket.once('data', destroyOnStrayBytes);
   });
   const a = agent as http.Agent & { reuseSocket(socket: Socket, req: http.ClientRequest): void };
   const reuse = a.reuseSocket.bind(a);
-  a.reuseSocket = (socket: Guarded, req) => {
-    const stray = socket[STRAY];
-    if (stray) socket.off('data', stray);
-    socket[STRAY] = undefined;
+  a.reuseSocket = (socket: Socket, req) => {
+    socket.off('data', destroyOnStrayBytes);
     if (socket.readableLength > 0) socket.destroy();
     reuse(socket, req);
   };
+}
+
+/** The client's response, on the upstream response that feeds it. */
+const CLIENT = Symbol('keyward.clientResponse');
+type ClientResponse = IncomingMessage & { [CLIENT]?: ServerResponse };
+
+function cutClientIfIncomplete(this: ClientResponse): void {
+  if (!this.complete) this[CLIENT]?.destroy();
+}
+
+/** http-proxy-3's error callback: one function for every call, the hooks ride on the response. */
+function onProxyError(err: Error & { code?: string }, _req: IncomingMessage, res: ServerResponse | Socket): void {
+  if (err.code === 'KW_BODY_STALLED') return;
+  const kind = err.code === 'UPSTREAM_TIMEOUT' ? 'timeout' : err.code === 'KW_BODY_REJECTED' ? 'rejected' : 'unavailable';
+  (res as HookedResponse)[HOOKS]?.onFailure(res as ServerResponse, kind, err);
 }
 
 export function createForwarder(opts: ForwarderOptions): Forwarder {
@@ -168,17 +201,16 @@ export function createForwarder(opts: ForwarderOptions): Forwarder {
     targets.set(name, { url, agent: timeoutAgent(agent, up.timeoutMs) });
   }
   proxy.on('proxyRes', (proxyRes, _req, res) => {
-    dropHopByHop(proxyRes.headers as Record<string, unknown>);
+    proxyRes.headers = withoutHopByHop(proxyRes.headers);
     // The client's own connection decides keep-alive (http-proxy-3 would otherwise answer
     // `keep-alive` to a client that sent `Connection: close`, its header being dropped above).
     const server = res as ServerResponse;
     proxyRes.headers.connection = String(server.getHeader('connection') ?? (server.shouldKeepAlive ? 'keep-alive' : 'close'));
     // An upstream that dies mid-response must not leave the client waiting on an open,
     // seemingly healthy stream: cut the client's response too.
-    proxyRes.once('close', () => {
-      if (!proxyRes.complete) res.destroy();
-    });
-    (res as HookedResponse)[HOOKS]?.onResponse(proxyRes);
+    (proxyRes as ClientResponse)[CLIENT] = server;
+    proxyRes.once('close', cutClientIfIncomplete);
+    (res as HookedResponse)[HOOKS]?.onResponse(server, proxyRes);
   });
   // A client that went away mid-request: http-proxy-3 already destroyed the upstream request.
   proxy.on('econnreset', () => {});
@@ -188,18 +220,14 @@ export function createForwarder(opts: ForwarderOptions): Forwarder {
       const target = targets.get(upstream) ?? targets.get('default')!;
       const framing = framingProblem(req);
       if (framing) {
-        hooks.onFailure('rejected', Object.assign(new Error(framing), { code: 'KW_BODY_REJECTED' }));
+        hooks.onFailure(res, 'rejected', Object.assign(new Error(framing), { code: 'KW_BODY_REJECTED' }));
         return { abort() {} };
       }
       (res as HookedResponse)[HOOKS] = hooks;
-      dropHopByHop(req.headers as Record<string, unknown>);
-      const tracked = trackedSource(req, body);
-      proxy.web(req, res, { target: target.url, agent: target.agent, buffer: tracked.source as unknown as Readable }, (err: Error & { code?: string }) => {
-        if (err.code === 'KW_BODY_STALLED') return;
-        const kind = err.code === 'UPSTREAM_TIMEOUT' ? 'timeout' : err.code === 'KW_BODY_REJECTED' ? 'rejected' : 'unavailable';
-        hooks.onFailure(kind, err);
-      });
-      return { abort: () => tracked.abort(new BodyStalled('the request body stalled')) };
+      req.headers = withoutHopByHop(req.headers);
+      const tracked = new TrackedSource(req, body);
+      proxy.web(req, res, { target: target.url, agent: target.agent, buffer: tracked as unknown as Readable }, onProxyError);
+      return tracked;
     },
     close() {
       for (const t of targets.values()) t.agent.destroy();

@@ -145,6 +145,26 @@ function outputCap(named: number | null, fallback: number): number {
   return typeof named === 'number' && Number.isFinite(named) && named > 0 ? Math.ceil(named) : fallback;
 }
 
+/** Every Allow is built here, with its fields in one order: one object shape, no spreads. */
+function allowed(seen: Allow['seen'], f: Omit<Allow, 'allow' | 'seen'>): Allow {
+  return {
+    allow: true,
+    seen,
+    body: f.body,
+    bodyRead: f.bodyRead,
+    lease: f.lease,
+    quota: f.quota,
+    hold: f.hold,
+    price: f.price,
+    tokens: f.tokens,
+    estimate: f.estimate,
+    metered: f.metered,
+  };
+}
+
+/** the estimate of a request that is not metered (shared: estimates are only read) */
+const NONE: { readonly prompt: number; readonly output: number } = Object.freeze({ prompt: 0, output: 0 });
+
 export async function decide(input: RequestInput, deps: PipelineDeps, requestId: string): Promise<Decision> {
   const seen: Seen = { route: null, facts: null, upstream: null, model: null };
   const authDenial = authenticate(input, deps, seen);
@@ -152,12 +172,11 @@ export async function decide(input: RequestInput, deps: PipelineDeps, requestId:
   const admitted = seen as Allow['seen'];
   admitted.upstream = chooseUpstream(deps, admitted.facts);
   const route = admitted.route;
-  const allow = (extra: Omit<Allow, 'allow' | 'seen'>): Allow => ({ allow: true, seen: admitted, ...extra });
-  const none = { prompt: 0, output: 0 };
-  const free = { lease: null, quota: NO_QUOTA, hold: null, price: null };
-  if (route.class === 'listing' || route.class === 'self') return allow({ body: null, bodyRead: false, tokens: 0, estimate: none, metered: false, ...free });
+  if (route.class === 'listing' || route.class === 'self') {
+    return allowed(admitted, { body: null, bodyRead: false, lease: null, quota: NO_QUOTA, hold: null, price: null, tokens: 0, estimate: NONE, metered: false });
+  }
 
-  let estimate = none;
+  let estimate: { prompt: number; output: number } = NONE;
   let metered = false;
   let body: BodySource | null = null;
   const bodyRead = route.class === 'model';
@@ -189,17 +208,16 @@ export async function decide(input: RequestInput, deps: PipelineDeps, requestId:
     lease = result.lease;
     quota = result.quota;
   }
-  const passed = { body, bodyRead, lease, quota, tokens, estimate, metered };
-  if (!metered) return allow({ ...passed, hold: null, price: null });
+  if (!metered) return allowed(admitted, { body, bodyRead, lease, quota, hold: null, price: null, tokens, estimate, metered });
 
   // Step 9: the cost estimate is held on every budget the key draws on, all or none.
   const { tag, holders } = holdersOf(admitted.facts);
-  if (holders.length === 0) return allow({ ...passed, hold: null, price: null });
+  if (holders.length === 0) return allowed(admitted, { body, bodyRead, lease, quota, hold: null, price: null, tokens, estimate, metered });
   const price = seen.model === null ? null : deps.priceFor(seen.model);
   const held = await deps.limiter.hold({ requestId, tag, holders, amount: costOf(price, { input: estimate.prompt, output: estimate.output }) });
   if (!held.ok) {
     lease?.finish({ tokens: 0 }); // refused before forwarding: nothing was used
     return denied(seen, held.code === 'limits_unavailable' ? deny(held.code, { retryAfterMs: held.retryAfterMs }) : deny(held.code));
   }
-  return allow({ ...passed, hold: held.hold, price });
+  return allowed(admitted, { body, bodyRead, lease, quota, hold: held.hold, price, tokens, estimate, metered });
 }

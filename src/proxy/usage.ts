@@ -88,12 +88,15 @@ function normalize(u: unknown): Usage | null {
 
 // ---- bounded text -----------------------------------------------------------------------
 
+/** Never written to: buffers here are replaced, not filled, so one empty buffer serves all. */
+const EMPTY = Buffer.alloc(0);
+
 /** Keeps a byte stream whole up to HEAD_CAP; past that, its first bytes and a tail window. */
 class Window {
   private head: Buffer[] = [];
   private headLen = 0;
-  private prefix = Buffer.alloc(0);
-  private tail = Buffer.alloc(0);
+  private prefix = EMPTY;
+  private tail = EMPTY;
   overflowed = false;
 
   push(b: Buffer): void {
@@ -116,7 +119,9 @@ class Window {
   value(): unknown {
     if (!this.overflowed) {
       try {
-        return JSON.parse(Buffer.concat(this.head).toString('utf8'));
+        // Most responses arrive in one chunk: read it in place rather than copy it first.
+        const whole = this.head.length === 1 ? this.head[0]! : Buffer.concat(this.head);
+        return JSON.parse(whole.toString('utf8'));
       } catch {
         return undefined; // cut short or not JSON
       }
@@ -168,18 +173,26 @@ function closingBrace(text: string, open: number): number {
 
 // ---- JSON -------------------------------------------------------------------------------
 
+/** A JSON response: its bytes in a Window, read once at the end. */
+class JsonTap implements UsageTap {
+  private readonly body = new Window();
+
+  push(chunk: Buffer): void {
+    this.body.push(chunk);
+  }
+
+  end(): Tapped {
+    const body = this.body;
+    const v = body.value();
+    const usage = isObj(v) ? normalize(isObj(v.response) && !('usage' in v) ? v.response.usage : v.usage) : null;
+    // Past the window only the usage survives; a body that does not parse was cut or is not JSON.
+    const readable = !body.overflowed && v !== undefined;
+    return { usage, textChars: readable ? bodyText(v) : null };
+  }
+}
+
 function createJsonTap(): UsageTap {
-  const body = new Window();
-  return {
-    push: (chunk) => body.push(chunk),
-    end() {
-      const v = body.value();
-      const usage = isObj(v) ? normalize(isObj(v.response) && !('usage' in v) ? v.response.usage : v.usage) : null;
-      // Past the window only the usage survives; a body that does not parse was cut or is not JSON.
-      const readable = !body.overflowed && v !== undefined;
-      return { usage, textChars: readable ? bodyText(v) : null };
-    },
-  };
+  return new JsonTap();
 }
 
 // ---- SSE --------------------------------------------------------------------------------
@@ -194,7 +207,7 @@ function createSseTap(): UsageTap {
   let event = new Window();
   let eventHasData = false;
   // The line being read: its first bytes until we know whether it is a data line.
-  let lineHead = Buffer.alloc(0);
+  let lineHead = EMPTY;
   let lineKind: 'unknown' | 'data' | 'other' = 'unknown';
   let skipSpace = false;
 
@@ -226,7 +239,7 @@ function createSseTap(): UsageTap {
       const text = lineHead.toString('latin1');
       if (text === '' || text === '\r') dispatch();
     }
-    lineHead = Buffer.alloc(0);
+    lineHead = EMPTY;
     lineKind = 'unknown';
   };
   const segment = (b: Buffer): void => {
