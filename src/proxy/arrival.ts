@@ -61,9 +61,8 @@ export class Arrival implements RequestInput {
   }
 
   readBody(opts: ReadOptions): Promise<BodyResult> {
-    // Expect: 100-continue is answered only once the credentials have been checked.
-    if (this.expectContinue) this.res.writeContinue();
-    return readModelBody(this.req, opts);
+    // Expect: 100-continue is answered only once the credentials and the body's head have been checked.
+    return readModelBody(this.req, opts, this.expectContinue ? () => this.res.writeContinue() : undefined);
   }
 
   openUpload(opts: { limit: number }): UploadResult {

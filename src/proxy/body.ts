@@ -215,8 +215,12 @@ export interface ReadOptions {
   modelRequired: boolean;
 }
 
-/** Step 6. The caller forwards `body.replay` instead of `req`. */
-export async function readModelBody(req: IncomingMessage, opts: ReadOptions): Promise<BodyResult> {
+/**
+ * Step 6. The caller forwards `body.replay` instead of `req`. `proceed` runs once the
+ * request's head has passed every check and its body is about to be read: the place to
+ * answer `Expect: 100-continue`, so a body refused on its head alone is never invited.
+ */
+export async function readModelBody(req: IncomingMessage, opts: ReadOptions, proceed?: () => void): Promise<BodyResult> {
   if (queryNamesModel(req.url ?? '/')) return invalid('Name the model in the request body, not in the query string.');
   // Which limit a declared length answers to depends only on the body's kind.
   const multipart = multipartBoundary(req.headers['content-type']) !== null;
@@ -243,6 +247,7 @@ export async function readModelBody(req: IncomingMessage, opts: ReadOptions): Pr
   if (boundary === null && charset !== undefined && charset !== 'utf-8' && charset !== 'utf8') {
     return invalid('JSON request bodies must be UTF-8; drop the charset parameter or declare utf-8.');
   }
+  proceed?.();
   const result = boundary !== null ? await readMultipart(req, boundary, opts.uploadLimit) : await readJson(req, opts.limit);
   if (result.ok && result.body.model === null && opts.modelRequired) {
     return invalid(boundary !== null ? 'The form needs a "model" field before the file part.' : 'The request body must name "model".');

@@ -94,6 +94,15 @@ describe('maxUploadBytes', () => {
     c.socket.destroy();
   });
 
+  test('with Expect: 100-continue, a multipart model body declared over the limit is answered 413 without a 100 Continue', async () => {
+    const c = await openSlowClient(h.sidecar.port);
+    await c.write(`POST /v1/audio/transcriptions HTTP/1.1\r\nHost: kw\r\nAuthorization: Bearer ${h.keys.k_files}\r\nContent-Type: multipart/form-data; boundary=${BOUNDARY}\r\nContent-Length: ${LIMIT + 1}\r\nExpect: 100-continue\r\n\r\n`);
+    const r = await c.response();
+    assert.equal(r.status, 413);
+    assert.ok(c.received().toString('latin1').startsWith('HTTP/1.1 413 '), 'the first thing sent back is the refusal');
+    c.socket.destroy();
+  });
+
   test('a multipart body on the messages route declared over the limit is 413 in the messages style', async () => {
     const c = await openSlowClient(h.sidecar.port);
     await c.write(`POST /v1/messages HTTP/1.1\r\nHost: kw\r\nx-api-key: ${h.keys.k_files}\r\nContent-Type: multipart/form-data; boundary=${BOUNDARY}\r\nContent-Length: ${LIMIT + 1}\r\n\r\n`);
