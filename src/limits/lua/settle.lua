@@ -32,35 +32,54 @@ local function key()
   return v
 end
 
-local ops = tonumber(ARGV[1])
-for _ = 1, ops do
-  local kind = arg()
-  if kind == 'b' then
-    local lease_id, slice_id, nb, ns = arg(), arg(), tonumber(arg()), tonumber(arg())
-    for _ = 1, nb do
-      local bkey, cap, delta = key(), tonumber(arg()), tonumber(arg())
-      if slice_id ~= '' and not drop_slice(bkey, slice_id) and delta > 0 then delta = 0 end
-      if delta ~= 0 then
-        local lvl, ceiling = bucket(bkey, cap)
-        store(bkey, cap, math.min(ceiling, lvl + delta))
-      end
+-- Each operation takes all of its KEYS and ARGV before it writes anything, so one that fails
+-- (a corrupt record) does not take the others with it: they apply as if each had been sent
+-- alone.
+local function settle_buckets(lease_id, slice_id, buckets, sets)
+  for _, b in ipairs(buckets) do
+    local delta = b.delta
+    if slice_id ~= '' and not drop_slice(b.key, slice_id) and delta > 0 then delta = 0 end
+    if delta ~= 0 then
+      local lvl, ceiling = bucket(b.key, b.cap)
+      store(b.key, b.cap, math.min(ceiling, lvl + delta))
     end
-    for _ = 1, ns do redis.call('ZREM', key(), lease_id) end
-  else
-    local hold_id, actual, ttl, n = arg(), arg(), tonumber(arg()), tonumber(arg())
-    for _ = 1, n do
-      local L, Z = key(), key()
-      redis.call('ZREM', Z, hold_id)
-      local held = redis.call('HGET', L, 'a:' .. hold_id)
-      if held then
-        redis.call('HDEL', L, 'a:' .. hold_id)
-        redis.call('HINCRBY', L, 'h', string.format('%.0f', -tonumber(held)))
-      end
-      if redis.call('HEXISTS', L, 'e') == 1 then
-        redis.call('HINCRBY', L, 's', actual)
-        redis.call('PEXPIRE', L, ttl)
-      end
+  end
+  for _, z in ipairs(sets) do redis.call('ZREM', z, lease_id) end
+end
+
+local function settle_hold(hold_id, actual, ttl, ledgers)
+  for _, l in ipairs(ledgers) do
+    local L, Z = l[1], l[2]
+    redis.call('ZREM', Z, hold_id)
+    local held = redis.call('HGET', L, 'a:' .. hold_id)
+    if held then
+      redis.call('HDEL', L, 'a:' .. hold_id)
+      -- A zero hold (unpriced model) changes nothing; '-0' is no integer to Redis.
+      if tonumber(held) ~= 0 then redis.call('HINCRBY', L, 'h', string.format('%.0f', -tonumber(held))) end
+    end
+    if redis.call('HEXISTS', L, 'e') == 1 then
+      redis.call('HINCRBY', L, 's', actual)
+      redis.call('PEXPIRE', L, ttl)
     end
   end
 end
-return ops
+
+local ops = tonumber(ARGV[1])
+local applied = 0
+for _ = 1, ops do
+  local ok
+  if arg() == 'b' then
+    local lease_id, slice_id, nb, ns = arg(), arg(), tonumber(arg()), tonumber(arg())
+    local buckets, sets = {}, {}
+    for j = 1, nb do buckets[j] = {key = key(), cap = tonumber(arg()), delta = tonumber(arg())} end
+    for j = 1, ns do sets[j] = key() end
+    ok = pcall(settle_buckets, lease_id, slice_id, buckets, sets)
+  else
+    local hold_id, actual, ttl, n = arg(), arg(), tonumber(arg()), tonumber(arg())
+    local ledgers = {}
+    for j = 1, n do ledgers[j] = {key(), key()} end
+    ok = pcall(settle_hold, hold_id, actual, ttl, ledgers)
+  end
+  if ok then applied = applied + 1 end
+end
+return applied
