@@ -7,7 +7,7 @@
  */
 import { CODES, WINDOW_MS } from './bucket.js';
 import { newLeaseId } from './leases.js';
-import type { AdmitResult, QuotaFigures } from './limiter.js';
+import { type AdmitInput, type AdmitResult, type QuotaFigures, isLimited } from './limiter.js';
 import type { RedisClock } from './redis-clock.js';
 import type { RunScript } from './scripts.js';
 import type { SettleBatch, SettleOp } from './settle-batch.js';
@@ -29,6 +29,17 @@ export interface LeasedAdmission {
   rpm: number;
   tpm: number;
   tokens: number;
+}
+
+/** The request in slice terms when it is limited by the key's own RPM/TPM alone, else null. */
+export function leasable(input: AdmitInput): LeasedAdmission | null {
+  const { route, limits } = input;
+  if (isLimited(route.concurrency) || isLimited(route.rpm) || isLimited(limits.concurrency)) return null;
+  if (isLimited(input.modelLimit?.rpm) || isLimited(input.modelLimit?.tpm)) return null;
+  const rpm = isLimited(limits.rpm) ? limits.rpm : 0;
+  const tpm = isLimited(limits.tpm) ? limits.tpm : 0;
+  if (rpm === 0 && tpm === 0) return null;
+  return { keyId: input.keyId, rpm, tpm, tokens: Math.max(0, Math.ceil(input.tokens)) };
 }
 
 /** Admission reached Redis after its deadline: it changed nothing. */

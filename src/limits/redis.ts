@@ -24,73 +24,26 @@
  *    may see one slot or token fewer than they would have. When only the route or only the
  *    key is limited (the common case) there is a single call and no such window.
  */
-import type { Cluster, Redis } from 'ioredis';
 import { CODES, DEFAULT_LEASE_MS, quotaOf } from './bucket.js';
 import { createLeaseKeeper, newLeaseId } from './leases.js';
 import { createRedisLedger } from './ledger-redis.js';
-import { type AdmitInput, type AdmitResult, type Lease, type Limiter, NO_QUOTA, hasAnyLimit, isLimited } from './limiter.js';
+import { type AdmitInput, type AdmitResult, NO_QUOTA, hasAnyLimit, isLimited } from './limiter.js';
 import { createRedisClock } from './redis-clock.js';
-import { type LeasedAdmission, StaleAdmissionError, createLeasePath } from './redis-lease.js';
+import { StaleAdmissionError, createLeasePath, leasable } from './redis-lease.js';
+import { type RedisLease, type RedisLimiter, type RedisLimiterOptions, errorTags, failedHashTags, hashTag } from './redis-api.js';
 import { scriptRunner } from './scripts.js';
 import { type SettleOp, settleBatchOf } from './settle-batch.js';
 
-export { StaleAdmissionError };
-
-export interface RedisLimiterOptions {
-  redis: Redis | Cluster;
-  /** Namespace of every key, e.g. `kw`. */
-  prefix: string;
-  leaseMs?: number;
-  /** Lease refresh period; default leaseMs / 3; 0 disables the timer (see refreshLeases). */
-  refreshEveryMs?: number;
-  /**
-   * When set, an admission Redis runs more than this long after it was sent changes nothing
-   * (admit.lua checks a deadline). The caller has given up by then (e.g. a paused server that
-   * resumes with a backlog), and a slot nobody will finish would be lost for leaseMs.
-   */
-  staleAfterMs?: number;
-  /** Told about every Redis failure; each is also counted in stats().redisErrors. */
-  onError?: (op: 'admit' | 'settle' | 'refresh' | 'hold' | 'peek', err: unknown) => void;
-  /** Bucket slices (redis-lease.ts); off when absent. */
-  lease?: { sliceMs: number } | null;
-  /** Longest a settlement waits to leave with others; default DEFAULT_SETTLE_EVERY_MS. */
-  settleEveryMs?: number;
-}
+export { StaleAdmissionError, failedHashTags, hashTag };
+export type { RedisLease, RedisLimiter, RedisLimiterOptions };
 
 /** Settlements of one tick leave together (settle-batch.ts). */
 export const DEFAULT_SETTLE_EVERY_MS = 5;
-
-export interface RedisLease extends Lease {
-  /** Undoes the admission entirely (RPM, TPM and slots), for an answer that came too late. */
-  cancel(): void;
-}
-
-export interface RedisLimiter extends Limiter {
-  /** Rejects when Redis fails or times out; createLimiter turns that into fail-open/closed. */
-  admit(input: AdmitInput): Promise<AdmitResult>;
-  /** Pushes the expiry of every live lease and spend hold forward now (what the background timers do). */
-  refreshLeases(): Promise<void>;
-  /**
-   * Admits from a slice this instance holds, with no I/O; null when none covers the request
-   * (then call admit, which does not count the request twice).
-   */
-  admitNow(input: AdmitInput): AdmitResult | null;
-  /** Slices of buckets held now (0 without `lease`). */
-  slicesHeld(): number;
-}
 
 const NOOP_LEASE: RedisLease = { finish: () => undefined, cancel: () => undefined };
 
 /** Lua's unpack is bounded by the C stack; refresh long lists in chunks. */
 const REFRESH_CHUNK = 1000;
-
-/** The hash tag under which a key's (`k`) or an upstream's (`r`) counters live. */
-export const hashTag = (prefix: string, kind: 'k' | 'r', id: string): string => `{${prefix}:${kind}:${encodeURIComponent(id)}}`;
-
-/** Which hash tags an admission error came from, so a caller can tell a failing shard from the rest. */
-const errorTags = new WeakMap<object, string[]>();
-export const failedHashTags = (err: unknown): string[] | null =>
-  (typeof err === 'object' && err !== null && errorTags.get(err)) || null;
 
 /** A group of writes inside one hash tag, as settle.lua takes them. */
 interface Part {
@@ -144,17 +97,6 @@ export function createRedisLimiter(opts: RedisLimiterOptions): RedisLimiter {
   const sliced = opts.lease ? createLeasePath({ run: send, batch, owner, clock, sliceMs: opts.lease.sliceMs, keyTag: (id) => tag('k', id) }) : null;
   /** Requests admitNow counted and found no slice for; admit goes straight to Redis with them. */
   const triedNow = new WeakSet<AdmitInput>();
-  /** The request in slice terms when it is limited by the key's own RPM/TPM alone, else null. */
-  const leasable = (input: AdmitInput): LeasedAdmission | null => {
-    const { route, limits } = input;
-    if (!sliced || isLimited(route.concurrency) || isLimited(route.rpm) || isLimited(limits.concurrency)) return null;
-    if (isLimited(input.modelLimit?.rpm) || isLimited(input.modelLimit?.tpm)) return null;
-    const rpm = isLimited(limits.rpm) ? limits.rpm : 0;
-    const tpm = isLimited(limits.tpm) ? limits.tpm : 0;
-    if (rpm === 0 && tpm === 0) return null;
-    return { keyId: input.keyId, rpm, tpm, tokens: Math.max(0, Math.ceil(input.tokens)) };
-  };
-
   /** Queues the parts' writes for the next batch. */
   const settle = (leaseId: string, parts: Part[]): void => {
     for (const p of parts) batch.add({ kind: 'b', tag: p.tag, leaseId, buckets: p.buckets, sets: p.sets, owner } satisfies SettleOp);
