@@ -76,6 +76,13 @@ export const configSchema = z
         prefix: z.string().min(1).default('kw'),
         timeoutMs: num().pipe(z.number().positive()).default(100),
         onError: z.enum(['open', 'closed']).default('open'),
+        /** bucket slices: an instance admits a key far from its limit from a leased slice, without a round trip */
+        lease: z
+          .strictObject({
+            enabled: z.boolean().default(true),
+            sliceMs: num().pipe(z.number().int().min(10).max(60_000)).default(1000),
+          })
+          .prefault({}),
       })
       .optional(),
     limits: z

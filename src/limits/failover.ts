@@ -36,7 +36,12 @@ export interface RedisLimitsConfig {
   timeoutMs?: number;
   /** default `open`. */
   onError?: 'open' | 'closed';
+  /** Bucket slices (redis-lease.ts); on unless `enabled: false`; sliceMs default DEFAULT_SLICE_MS. */
+  lease?: { enabled?: boolean; sliceMs?: number };
 }
+
+/** How long an instance uses a slice before it gives back what is left. */
+export const DEFAULT_SLICE_MS = 1_000;
 
 export interface CreateLimiterOptions {
   redis?: RedisLimitsConfig | null;
@@ -122,6 +127,7 @@ export function createLimiter(opts: CreateLimiterOptions = {}): Limiter {
     // An admission Redis only gets to after ioredis gave up on it must change nothing; a
     // quarter of the budget is left for the reply's way back.
     staleAfterMs: Math.max(1, Math.floor(timeoutMs * 0.75)),
+    lease: cfg.lease?.enabled === false ? null : { sliceMs: cfg.lease?.sliceMs ?? DEFAULT_SLICE_MS },
   });
   let failOpenAdmissions = 0;
   let guardTimeouts = 0;
@@ -206,6 +212,9 @@ export function createLimiter(opts: CreateLimiterOptions = {}): Limiter {
     async admit(input) {
       // Nothing to count: nothing can be unavailable either, whatever state Redis is in.
       if (!hasAnyLimit(input)) return shared.admit(input);
+      // Admitted from a slice this instance holds: no Redis call, so nothing to guard.
+      const sliced = shared.admitNow(input);
+      if (sliced) return sliced;
       const tags = tagsOf(input);
       const names = tags.map(shardOf);
       const now = performance.now();

@@ -7,20 +7,25 @@
  *   `{<prefix>:t:<tag>}:lh:<holder>`  hold set (ZSET, score = expiry)
  * Both expire a day after their last use (LEDGER_TTL_MS).
  *
- * Round trips: a hold is one EVALSHA (hold.lua); its settlement one more (settle-hold.lua).
- * Settlements issued in the same tick leave in one write, since the client pipelines
- * automatically (client.ts, enableAutoPipelining). Holds are leases: live ones are pushed
+ * Round trips: a hold is one EVALSHA (hold.lua), exact per request; its settlement is queued
+ * in the limiter's settlement batch (settle-batch.ts: one settle.lua call per tick and hash
+ * slot for all of them). Until it leaves, the hold still counts in full, which only ever
+ * refuses more, and this instance flushes the batch before its next call, so a cost it
+ * settled counts in the very next hold it takes. Holds are leases: live ones are pushed
  * forward every refreshEveryMs (one call per hold set for all of this instance's holds), so
  * a crashed instance's holds come back after leaseMs. Time is Redis TIME in every script.
  */
-import { readFileSync } from 'node:fs';
-import type { Cluster, Redis } from 'ioredis';
 import { createLeaseKeeper, newLeaseId } from './leases.js';
 import { LEDGER_TTL_MS, fromNano, holdNano, toNano } from './ledger.js';
 import type { Hold, HoldInput, HoldResult, LedgerFigure, LedgerHolder, LedgerInput } from './limiter.js';
+import type { RedisClock } from './redis-clock.js';
+import type { RunScript } from './scripts.js';
+import type { SettleBatch } from './settle-batch.js';
 
 export interface RedisLedgerOptions {
-  redis: Redis | Cluster;
+  /** the limiter's script runner (it flushes the settlement batch before each call) */
+  run: RunScript;
+  batch: SettleBatch;
   prefix: string;
   /** Hold lifetime without a refresh. */
   leaseMs: number;
@@ -31,7 +36,7 @@ export interface RedisLedgerOptions {
    * Redis time, shared with admissions (redis.ts): replies teach it, and a hold Redis runs
    * after `deadline()` (0 = none) changes nothing, since the caller has given up on it.
    */
-  clock?: { learn(redisNow: number | undefined): void; deadline(): number };
+  clock?: RedisClock;
 }
 
 export class StaleHoldError extends Error {}
@@ -42,22 +47,9 @@ export interface RedisLedger {
   ledger(input: LedgerInput): Promise<LedgerFigure[]>;
   refresh(): Promise<void>;
   count(): number;
-  /** Stops refreshing and waits for settlements already sent. */
-  close(): Promise<void>;
+  /** Stops refreshing (the limiter flushes the batch). */
+  stop(): void;
 }
-
-const SCRIPTS = {
-  keywardHold: 'hold.lua',
-  keywardSettleHold: 'settle-hold.lua',
-  keywardLedger: 'ledger.lua',
-  keywardHoldRefresh: 'refresh.lua',
-} as const;
-type ScriptName = keyof typeof SCRIPTS;
-type ScriptFn = (numKeys: number, ...args: (string | number)[]) => Promise<unknown>;
-
-const lua = Object.fromEntries(
-  Object.entries(SCRIPTS).map(([name, file]) => [name, readFileSync(new URL(`./lua/${file}`, import.meta.url), 'utf8')]),
-) as Record<ScriptName, string>;
 
 const NOOP_HOLD: Hold = { settle: () => undefined };
 /** Lua's unpack is bounded by the C stack; refresh long lists in chunks. */
@@ -67,17 +59,14 @@ const REFRESH_CHUNK = 1000;
 export const ledgerHashTag = (prefix: string, tag: string): string => `{${prefix}:t:${encodeURIComponent(tag)}}`;
 
 export function createRedisLedger(opts: RedisLedgerOptions): RedisLedger {
-  const client = opts.redis;
-  const pending = new Set<Promise<unknown>>();
-  for (const name of Object.keys(SCRIPTS) as ScriptName[]) client.defineCommand(name, { lua: lua[name] });
-  const run = (name: ScriptName, keys: string[], args: (string | number)[]): Promise<unknown> =>
-    (client as unknown as Record<ScriptName, ScriptFn>)[name].call(client, keys.length, ...keys, ...args);
+  const run = opts.run;
+  const settleFailed = (err: unknown): void => opts.onError('settle', err);
 
   const keeper = createLeaseKeeper({
     everyMs: opts.refreshEveryMs,
     refresh: async (setKey, ids) => {
       for (let i = 0; i < ids.length; i += REFRESH_CHUNK) {
-        await run('keywardHoldRefresh', [setKey], [opts.leaseMs, ...ids.slice(i, i + REFRESH_CHUNK)]);
+        await run('keywardRefresh', [setKey], [opts.leaseMs, ...ids.slice(i, i + REFRESH_CHUNK)]);
       }
     },
     onError: (err) => opts.onError('refresh', err),
@@ -122,9 +111,7 @@ export function createRedisLedger(opts: RedisLedgerOptions): RedisLedger {
             keeper.remove(id);
             // An unreadable figure keeps what was held rather than charging nothing.
             const cost = Number.isFinite(actual) ? toNano(Math.max(0, actual)) : amount;
-            const p = run('keywardSettleHold', keys, [id, cost, LEDGER_TTL_MS]).catch((err: unknown) => opts.onError('settle', err));
-            pending.add(p);
-            void p.finally(() => pending.delete(p));
+            opts.batch.add({ kind: 'h', tag: ledgerHashTag(opts.prefix, input.tag), holdId: id, cost, ttlMs: LEDGER_TTL_MS, keys, owner: settleFailed });
           } catch (err) {
             opts.onError('settle', err);
           }
@@ -145,9 +132,6 @@ export function createRedisLedger(opts: RedisLedgerOptions): RedisLedger {
     ledger,
     refresh: () => keeper.refreshNow(),
     count: () => keeper.count(),
-    async close() {
-      keeper.stop();
-      await Promise.allSettled([...pending]);
-    },
+    stop: () => keeper.stop(),
   };
 }

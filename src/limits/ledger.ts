@@ -1,6 +1,7 @@
 /**
- * Spend-hold arithmetic (DESIGN section 6, "Money"), shared by the in-process ledger;
- * lua/hold.lua, lua/settle-hold.lua and lua/ledger.lua implement the same rules.
+ * Spend-hold arithmetic (DESIGN section 6, "Money"): the one statement of these rules in
+ * TypeScript (ledger-memory.ts uses it); lua/ledger-rules.lua states liveNano and holdFits
+ * for the scripts (hold.lua, ledger.lua), and settle.lua applies settlements the same way.
  *
  * Money is kept in integer nano-units (1e-9 of the console's currency) so that sums of
  * holds and settlements never drift: holds round up (never hold less than the estimate),

@@ -1,6 +1,9 @@
 /**
- * Shared limiter on Redis (single node or Cluster). Admission is one round trip, settlement
- * one more; time comes from Redis TIME inside the scripts, so instance clocks never matter.
+ * Shared limiter on Redis (single node or Cluster). Admission is at most one round trip;
+ * settlements leave in one batched call per tick (settle-batch.ts); a key limited by its own
+ * RPM/TPM alone may be admitted from a slice leased to this instance, with no round trip at
+ * all (redis-lease.ts, `lease`). Time comes from Redis TIME inside the scripts, so instance
+ * clocks never matter.
  *
  * Key layout: everything of one API key under one hash tag, `{<prefix>:k:<keyId>}:rpm|tpm|conc`,
  * its per-model buckets `{<prefix>:k:<keyId>}:m:<pattern>:rpm|tpm`; an upstream's capacity
@@ -21,72 +24,30 @@
  *    may see one slot or token fewer than they would have. When only the route or only the
  *    key is limited (the common case) there is a single call and no such window.
  */
-import { readFileSync } from 'node:fs';
-import type { Cluster, Redis } from 'ioredis';
 import { CODES, DEFAULT_LEASE_MS, quotaOf } from './bucket.js';
 import { createLeaseKeeper, newLeaseId } from './leases.js';
 import { createRedisLedger } from './ledger-redis.js';
-import { type AdmitInput, type AdmitResult, type Lease, type Limiter, NO_QUOTA, hasAnyLimit, isLimited } from './limiter.js';
+import { type AdmitInput, type AdmitResult, NO_QUOTA, hasAnyLimit, isLimited } from './limiter.js';
+import { createRedisClock } from './redis-clock.js';
+import { StaleAdmissionError, createLeasePath, leasable } from './redis-lease.js';
+import { type RedisLease, type RedisLimiter, type RedisLimiterOptions, errorTags, failedHashTags, hashTag } from './redis-api.js';
+import { scriptRunner } from './scripts.js';
+import { type SettleOp, settleBatchOf } from './settle-batch.js';
 
-export interface RedisLimiterOptions {
-  redis: Redis | Cluster;
-  /** Namespace of every key, e.g. `kw`. */
-  prefix: string;
-  leaseMs?: number;
-  /** Lease refresh period; default leaseMs / 3; 0 disables the timer (see refreshLeases). */
-  refreshEveryMs?: number;
-  /**
-   * When set, an admission Redis runs more than this long after it was sent changes nothing
-   * (admit.lua checks a deadline). The caller has given up by then (e.g. a paused server that
-   * resumes with a backlog), and a slot nobody will finish would be lost for leaseMs.
-   */
-  staleAfterMs?: number;
-  /** Told about every Redis failure; each is also counted in stats().redisErrors. */
-  onError?: (op: 'admit' | 'settle' | 'refresh' | 'hold' | 'peek', err: unknown) => void;
-}
+export { StaleAdmissionError, failedHashTags, hashTag };
+export type { RedisLease, RedisLimiter, RedisLimiterOptions };
 
-export interface RedisLease extends Lease {
-  /** Undoes the admission entirely (RPM, TPM and slots), for an answer that came too late. */
-  cancel(): void;
-}
-
-export interface RedisLimiter extends Limiter {
-  /** Rejects when Redis fails or times out; createLimiter turns that into fail-open/closed. */
-  admit(input: AdmitInput): Promise<AdmitResult>;
-  /** Pushes the expiry of every live lease and spend hold forward now (what the background timers do). */
-  refreshLeases(): Promise<void>;
-}
+/** Settlements of one tick leave together (settle-batch.ts). */
+export const DEFAULT_SETTLE_EVERY_MS = 5;
 
 const NOOP_LEASE: RedisLease = { finish: () => undefined, cancel: () => undefined };
-
-const SCRIPTS = {
-  keywardAdmit: 'admit.lua',
-  keywardSettle: 'settle.lua',
-  keywardRefresh: 'refresh.lua',
-  keywardPeek: 'peek.lua',
-} as const;
-type ScriptName = keyof typeof SCRIPTS;
-type ScriptFn = (numKeys: number, ...args: (string | number)[]) => Promise<unknown>;
-
-const lua = Object.fromEntries(
-  Object.entries(SCRIPTS).map(([name, file]) => [name, readFileSync(new URL(`./lua/${file}`, import.meta.url), 'utf8')]),
-) as Record<ScriptName, string>;
 
 /** Lua's unpack is bounded by the C stack; refresh long lists in chunks. */
 const REFRESH_CHUNK = 1000;
 
-export class StaleAdmissionError extends Error {}
-
-/** The hash tag under which a key's (`k`) or an upstream's (`r`) counters live. */
-export const hashTag = (prefix: string, kind: 'k' | 'r', id: string): string => `{${prefix}:${kind}:${encodeURIComponent(id)}}`;
-
-/** Which hash tags an admission error came from, so a caller can tell a failing shard from the rest. */
-const errorTags = new WeakMap<object, string[]>();
-export const failedHashTags = (err: unknown): string[] | null =>
-  (typeof err === 'object' && err !== null && errorTags.get(err)) || null;
-
 /** A group of writes inside one hash tag, as settle.lua takes them. */
 interface Part {
+  tag: string;
   buckets: { key: string; cap: number; delta: number }[];
   sets: string[];
 }
@@ -96,14 +57,7 @@ export function createRedisLimiter(opts: RedisLimiterOptions): RedisLimiter {
   const leaseMs = opts.leaseMs ?? DEFAULT_LEASE_MS;
   const cluster = client.isCluster;
   let redisErrors = 0;
-  const pending = new Set<Promise<unknown>>();
-
-  for (const name of Object.keys(SCRIPTS) as ScriptName[]) {
-    // defineCommand sends EVALSHA and falls back to EVAL on NOSCRIPT (e.g. after a restart).
-    client.defineCommand(name, { lua: lua[name] });
-  }
-  const run = (name: ScriptName, keys: string[], args: (string | number)[]): Promise<unknown> =>
-    (client as unknown as Record<ScriptName, ScriptFn>)[name].call(client, keys.length, ...keys, ...args);
+  const run = scriptRunner(client);
 
   const failed = (op: 'admit' | 'settle' | 'refresh' | 'hold' | 'peek', err: unknown): void => {
     redisErrors++;
@@ -120,50 +74,55 @@ export function createRedisLimiter(opts: RedisLimiterOptions): RedisLimiter {
     onError: (err) => failed('refresh', err),
   });
 
-  // Redis time minus local time, learned from admit replies; the deadline has to be in Redis
-  // time. A sample can only come out low (the reply takes time to be read), never high, so
-  // the largest recent sample is the best estimate. It decays by 1 ms per second so that a
-  // local clock stepping forward is followed; until then deadlines are only more lenient.
-  let clockOffset: number | null = null;
-  let sampledAt = 0;
-  const learnClock = (redisNow: number | undefined): void => {
-    if (typeof redisNow !== 'number') return;
-    const local = Date.now();
-    const sample = redisNow - local;
-    const decayed = clockOffset === null ? sample : clockOffset - Math.max(0, local - sampledAt) / 1000;
-    clockOffset = Math.max(sample, decayed);
-    sampledAt = local;
-  };
-  const deadline = (): number =>
-    opts.staleAfterMs && clockOffset !== null ? Math.ceil(Date.now() + clockOffset + opts.staleAfterMs) : 0;
-
+  const clock = createRedisClock(opts.staleAfterMs);
   const tag = (kind: 'k' | 'r', id: string): string => hashTag(opts.prefix, kind, id);
+  const batch = settleBatchOf(client, { run, cluster, everyMs: opts.settleEveryMs ?? DEFAULT_SETTLE_EVERY_MS });
+  const owner = (err: unknown): void => failed('settle', err);
+  // Every call this instance makes is preceded by the settlements it has queued (settle-batch.ts).
+  const send: typeof run = (name, keys, args) => {
+    batch.flush();
+    return run(name, keys, args);
+  };
 
   const money = createRedisLedger({
-    redis: client,
+    run: send,
+    batch,
     prefix: opts.prefix,
     leaseMs,
     refreshEveryMs: opts.refreshEveryMs ?? Math.floor(leaseMs / 3),
     onError: (op, err) => failed(op, err),
-    clock: { learn: (t) => learnClock(t), deadline: () => deadline() },
+    clock,
   });
 
-  /** Applies parts in one call (standalone) or one call per hash tag, in parallel (Cluster). */
+  const sliced = opts.lease ? createLeasePath({ run: send, batch, owner, clock, sliceMs: opts.lease.sliceMs, keyTag: (id) => tag('k', id) }) : null;
+  /** Requests admitNow counted and found no slice for; admit goes straight to Redis with them. */
+  const triedNow = new WeakSet<AdmitInput>();
+  /** Queues the parts' writes for the next batch. */
   const settle = (leaseId: string, parts: Part[]): void => {
-    const live = parts.filter((p) => p.buckets.length > 0 || p.sets.length > 0);
-    if (live.length === 0) return;
-    const groups = cluster ? live.map((p) => [p]) : [live];
-    for (const group of groups) {
-      const buckets = group.flatMap((p) => p.buckets);
-      const keys = [...buckets.map((b) => b.key), ...group.flatMap((p) => p.sets)];
-      const args = [leaseId, buckets.length, ...buckets.flatMap((b) => [b.cap, b.delta])];
-      const p = run('keywardSettle', keys, args).catch((err: unknown) => failed('settle', err));
-      pending.add(p);
-      void p.finally(() => pending.delete(p));
-    }
+    for (const p of parts) batch.add({ kind: 'b', tag: p.tag, leaseId, buckets: p.buckets, sets: p.sets, owner } satisfies SettleOp);
+  };
+
+  const admitNow = (input: AdmitInput): AdmitResult | null => {
+    const l = sliced && leasable(input);
+    if (!l) return null;
+    const res = sliced.admitLocal(l);
+    if (!res) triedNow.add(input);
+    return res;
   };
 
   const admit = async (input: AdmitInput): Promise<AdmitResult> => {
+    const l = sliced && leasable(input);
+    if (l) {
+      const res = triedNow.has(input) ? null : sliced.admitLocal(l);
+      if (res) return res;
+      try {
+        return await sliced.admit(l);
+      } catch (err) {
+        if (typeof err === 'object' && err !== null) errorTags.set(err, [tag('k', input.keyId)]);
+        failed('admit', err);
+        throw err;
+      }
+    }
     const { route, limits } = input;
     const tokens = Math.max(0, Math.ceil(input.tokens));
     const rc = isLimited(route.concurrency) ? route.concurrency : 0;
@@ -186,10 +145,12 @@ export function createRedisLimiter(opts: RedisLimiterOptions): RedisLimiter {
 
     // What undoing each side takes: its tokens back and its slot freed.
     const routeUndo: Part = {
+      tag: rt,
       buckets: rr > 0 ? [{ key: routeKeys[0]!, cap: rr, delta: 1 }] : [],
       sets: rc > 0 ? [routeKeys[1]!] : [],
     };
     const keyUndo: Part = {
+      tag: kt_,
       buckets: [
         ...(kr > 0 ? [{ key: keyKeys[0]!, cap: kr, delta: 1 }] : []),
         ...(kt > 0 && tokens > 0 ? [{ key: keyKeys[1]!, cap: kt, delta: tokens }] : []),
@@ -199,13 +160,13 @@ export function createRedisLimiter(opts: RedisLimiterOptions): RedisLimiter {
       sets: kc > 0 ? [keyKeys[2]!] : [],
     };
 
-    const due = deadline();
+    const due = clock.deadline();
     const argv = (r: boolean, k: boolean): (string | number)[] =>
       [leaseId, leaseMs, r ? 1 : 0, rc, rr, k ? 1 : 0, kr, kt, kc, tokens, due, mr, mt];
     const call = async (r: boolean, k: boolean): Promise<number[]> => {
       try {
-        const v = (await run('keywardAdmit', [...(r ? routeKeys : []), ...(k ? keyKeys : [])], argv(r, k))) as number[];
-        learnClock(v[3]);
+        const v = (await send('keywardAdmit', [...(r ? routeKeys : []), ...(k ? keyKeys : [])], argv(r, k))) as number[];
+        clock.learn(v[3]);
         if (v[0] === -1) throw new StaleAdmissionError('admission reached Redis after its deadline');
         return v;
       } catch (err) {
@@ -258,13 +219,14 @@ export function createRedisLimiter(opts: RedisLimiterOptions): RedisLimiter {
           // Reserved minus real: positive refunds, negative charges the difference.
           const delta = known ? tokens - Math.max(0, Math.ceil(real)) : 0;
           const keyPart: Part = {
+            tag: kt_,
             buckets: [
               ...(known && kt > 0 ? [{ key: keyKeys[1]!, cap: kt, delta }] : []),
               ...(known && mt > 0 ? [{ key: keyKeys[4]!, cap: mt, delta }] : []),
             ],
             sets: keyUndo.sets,
           };
-          close([{ buckets: [], sets: routeUndo.sets }, keyPart]);
+          close([{ tag: rt, buckets: [], sets: routeUndo.sets }, keyPart]);
         } catch (err) {
           failed('settle', err);
         }
@@ -288,7 +250,7 @@ export function createRedisLimiter(opts: RedisLimiterOptions): RedisLimiter {
       if (kr === 0 && kt === 0) return NO_QUOTA;
       const k = tag('k', input.keyId);
       try {
-        return quotaOf(kr, kt, (await run('keywardPeek', [`${k}:rpm`, `${k}:tpm`], [kr, kt])) as number[]);
+        return quotaOf(kr, kt, (await send('keywardPeek', [`${k}:rpm`, `${k}:tpm`], [kr, kt])) as number[]);
       } catch (err) {
         failed('peek', err);
         throw err;
@@ -299,11 +261,15 @@ export function createRedisLimiter(opts: RedisLimiterOptions): RedisLimiter {
     refreshLeases: async () => {
       await Promise.all([keeper.refreshNow(), money.refresh()]);
     },
+    admitNow,
+    slicesHeld: () => sliced?.held() ?? 0,
     stats: () => ({ redisErrors, failOpenAdmissions: 0, slotsHeld: keeper.count(), failOpenHolds: 0, holdsHeld: money.count() }),
     async close() {
       keeper.stop();
-      // Let settlements already sent finish, so a graceful stop frees its slots and holds.
-      await Promise.allSettled([...pending, money.close()]);
+      money.stop();
+      // Give slices back and let every settlement go, so a graceful stop frees what it held.
+      sliced?.close();
+      await batch.close();
     },
   };
 }

@@ -7,7 +7,8 @@ import { createRedisClient } from '../../src/limits/client.js';
 import { createRedisLimiter } from '../../src/limits/redis.js';
 import { type Harness, uid } from './redis-limits-conformance.js';
 
-export async function redisHarness(opts: { url: string; leaseMs?: number }): Promise<Harness & { prefix: string }> {
+export async function redisHarness(opts: { url: string; leaseMs?: number; lease?: { sliceMs: number } }): Promise<Harness & { prefix: string }> {
+  const sliced = opts.lease ? { lease: opts.lease } : {};
   const leaseMs = opts.leaseMs ?? 500;
   const longLeaseMs = 30_000;
   const prefix = uid('kwtest');
@@ -19,8 +20,8 @@ export async function redisHarness(opts: { url: string; leaseMs?: number }): Pro
     return client;
   };
   const main = await connect();
-  const limiter = createRedisLimiter({ redis: main, prefix, leaseMs: longLeaseMs });
-  const shortLease = createRedisLimiter({ redis: main, prefix, leaseMs });
+  const limiter = createRedisLimiter({ redis: main, prefix, leaseMs: longLeaseMs, ...sliced });
+  const shortLease = createRedisLimiter({ redis: main, prefix, leaseMs, ...sliced });
   return {
     prefix,
     limiter,
@@ -29,7 +30,7 @@ export async function redisHarness(opts: { url: string; leaseMs?: number }): Pro
     passTime: (ms) => new Promise((r) => setTimeout(r, ms)),
     async peer(o) {
       const client = await connect();
-      const peer = createRedisLimiter({ redis: client, prefix, leaseMs: o.shortLease ? leaseMs : longLeaseMs });
+      const peer = createRedisLimiter({ redis: client, prefix, leaseMs: o.shortLease ? leaseMs : longLeaseMs, ...sliced });
       return {
         limiter: peer,
         async crash() {

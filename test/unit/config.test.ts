@@ -49,7 +49,7 @@ test('defaults are the ones in DESIGN section 2', () => {
 
 test('defaults inside optional sections', () => {
   const c = parse(`${MINIMAL}redis:\n  url: redis://127.0.0.1:6379\nconsole:\n  url: http://127.0.0.1:7000\n  token: sync-token\n`);
-  assert.deepEqual(c.redis, { url: 'redis://127.0.0.1:6379', prefix: 'kw', timeoutMs: 100, onError: 'open' });
+  assert.deepEqual(c.redis, { url: 'redis://127.0.0.1:6379', prefix: 'kw', timeoutMs: 100, onError: 'open', lease: { enabled: true, sliceMs: 1000 } });
   assert.deepEqual(c.console, { url: 'http://127.0.0.1:7000', token: 'sync-token', waitMs: 25_000 });
   const partial = parse('upstreams:\n  default:\n    url: http://u\n    capacity: { rpm: 60 }\n  batch:\n    url: https://b\n    timeoutMs: 5\n');
   assert.deepEqual(partial.upstreams.default?.capacity, { concurrency: 0, rpm: 60 });

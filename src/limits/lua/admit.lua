@@ -14,8 +14,7 @@
 --       that runs later (Redis was paused or the link stalled), so it must change nothing,
 --       12 model rpm, 13 model tpm (a limit <= 0 means unlimited)
 --
--- Buckets are hashes {t = tokens at ts, ts = ms}; an absent bucket is full. Capacity N
--- refills at N per 60000 ms. Lease sets are ZSETs: member = lease id, score = expiry ms.
+-- Buckets: see bucket.lua (slices leased from a key's buckets lower their ceiling). Lease sets are ZSETs: member = lease id, score = expiry ms.
 --
 -- Returns {1, 0, 0, now, rpm remaining, rpm reset ms, tpm remaining, tpm reset ms} when
 -- admitted (the key's own buckets after this admission; reset = until full again), else {0, code, retryAfterMs, now} with no limit
@@ -24,12 +23,9 @@
 -- checks run route, key RPM, key TPM, concurrency, model RPM (2), model TPM (3); the first
 -- failing check names the code, retryAfterMs is the longest wait among failures.
 
-if redis.replicate_commands then pcall(redis.replicate_commands) end
+-- #include bucket.lua
 
-local WINDOW = 60000
 local CONC_RETRY = 1000
-local time = redis.call('TIME')
-local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
 
 local lease_id = ARGV[1]
 local lease_ms = tonumber(ARGV[2])
@@ -46,23 +42,7 @@ local model_rpm = tonumber(ARGV[12]) or 0
 local model_tpm = tonumber(ARGV[13]) or 0
 if deadline > 0 and now > deadline then return {-1, 0, 0, now} end
 
-local function level(key, cap)
-  local v = redis.call('HMGET', key, 't', 'ts')
-  if not v[1] then return cap end
-  local elapsed = now - tonumber(v[2])
-  if elapsed < 0 then elapsed = 0 end
-  return math.min(cap, tonumber(v[1]) + elapsed * cap / WINDOW)
-end
-
-local function store(key, cap, lvl)
-  if lvl >= cap then
-    redis.call('DEL', key)
-    return
-  end
-  redis.call('HSET', key, 't', tostring(lvl), 'ts', tostring(now))
-  -- Expire once the bucket would be full again: absent means full.
-  redis.call('PEXPIRE', key, math.max(1, math.ceil((cap - lvl) * WINDOW / cap)))
-end
+local function level(key, cap) return (bucket(key, cap)) end
 
 local function refill_wait(lvl, need, cap)
   return math.max(1, math.ceil((need - lvl) * WINDOW / cap))
@@ -156,10 +136,6 @@ end
 
 -- Integers only: Redis truncates Lua numbers in replies.
 local function remaining(lvl) return math.max(0, math.floor(lvl)) end
-local function reset_ms(lvl, cap)
-  if lvl >= cap then return 0 end
-  return math.ceil((cap - lvl) * WINDOW / cap)
-end
 local q = {0, 0, 0, 0}
 if has_key and key_rpm > 0 then
   local lvl = k_rpm_level - 1

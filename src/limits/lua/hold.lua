@@ -13,13 +13,14 @@
 -- '%.0f' strings so that large values are never written in exponent form.
 --
 -- A first or higher epoch restarts the holder's ledger from base (old holds forgotten); a
--- lower epoch keeps the ledger and uses its b0 in place of the stale base.
---   budget: live spend   = max(base, b0 + s) + h; fits when live < limit and live + amount <= limit
---   wallet: live balance = min(base, b0 - s) - h; fits when live > 0 and amount <= live
+-- lower epoch keeps the ledger and uses its b0 in place of the stale base. Live figure and
+-- fit: ledger-rules.lua (the rules of ledger.ts).
 -- Returns {1, 0, now} when held on every holder, {0, j, now} for the first holder it does not
 -- fit (nothing held), or {-1, 0, now} past the deadline.
 
 if redis.replicate_commands then pcall(redis.replicate_commands) end
+
+-- #include ledger-rules.lua
 
 local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
@@ -67,15 +68,7 @@ for j = 1, n do
   end
   redis.call('PEXPIRE', L, ttl)
   if refused == 0 then
-    local fits
-    if kind == 'wallet' then
-      local live = math.min(base, b0 - s) - h
-      fits = live > 0 and amount <= live
-    else
-      local live = math.max(base, b0 + s) + h
-      fits = (not limit) or (live < limit and live + amount <= limit)
-    end
-    if not fits then refused = j end
+    if not hold_fits(kind, live_of(kind, base, b0, s, h), amount, limit) then refused = j end
   end
 end
 if refused ~= 0 then return {0, refused, now} end

@@ -6,6 +6,8 @@
 -- Returns one integer per holder, nano-units. Same rules as hold.lua: no ledger or a higher
 -- epoch means the replica's figure alone; holds past their expiry do not count.
 
+-- #include ledger-rules.lua
+
 local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
 local out = {}
@@ -21,7 +23,7 @@ for j = 1, #KEYS / 2 do
     for _, id in ipairs(redis.call('ZRANGEBYSCORE', Z, '-inf', now)) do
       h = h - (tonumber(redis.call('HGET', L, 'a:' .. id)) or 0)
     end
-    if kind == 'wallet' then live = math.min(base, b0 - s) - h else live = math.max(base, b0 + s) + h end
+    live = live_of(kind, base, b0, s, h)
   end
   out[j] = live
 end

@@ -1,47 +1,85 @@
--- settle.lua: adjust token buckets and give back a lease's slots, in one hash tag.
--- Used to settle a finished request (TPM refund or extra charge, free the slots) and to
--- undo a Cluster admission half when the other half was denied (RPM and TPM given back).
+-- settle.lua: every settlement one instance has queued for one hash slot (a whole
+-- standalone Redis), applied in one call. See settle-batch.ts.
 --
--- KEYS[1..n]    token buckets to adjust (hash {t, ts}; absent = full)
--- KEYS[n+1..]   lease sets (ZSET) to remove the lease from
--- ARGV[1]       lease id
--- ARGV[2]       n, the number of buckets
--- ARGV[2+2j-1]  capacity of bucket j (j = 1..n)
--- ARGV[2+2j]    delta for bucket j: positive gives tokens back (never above capacity),
---               negative charges more (the bucket may go negative)
--- Returns the number of lease-set entries removed.
+-- KEYS: taken in order by the operations, as each one says below.
+-- ARGV[1]: number of operations; then each operation, its kind first:
+--   'b' (buckets and slots): lease id, slice id ('' = none), nb, ns, then nb pairs
+--       (capacity, delta); KEYS: nb token buckets (bucket.lua), then ns lease sets (ZSET).
+--       delta > 0 gives tokens back (never above the ceiling), < 0 charges more (the
+--       bucket may go negative). With a slice id the slice ends first (its ceiling comes
+--       back) and delta is what was left of it, given back only if the slice had not
+--       expired. The lease is removed from each lease set (its slot freed).
+--       Used for TPM settlement, undoing a Cluster admission half, slice returns.
+--   'h' (spend hold): hold id, actual cost (integer nano-units), ledger TTL ms, holders n;
+--       KEYS: two per holder, as hold.lua (ledger hash, hold set). The hold is removed
+--       where still present (it may have expired, or a new epoch restarted the ledger); the
+--       cost is added to `s` wherever the ledger exists, so a cost counts even when its
+--       hold is gone. An expired ledger is not recreated: the next hold restarts it.
+-- Returns the number of operations applied.
 
-if redis.replicate_commands then pcall(redis.replicate_commands) end
+-- #include bucket.lua
 
-local WINDOW = 60000
-local time = redis.call('TIME')
-local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
+local k = 1
+local a = 2
+local function arg()
+  local v = ARGV[a]
+  a = a + 1
+  return v
+end
+local function key()
+  local v = KEYS[k]
+  k = k + 1
+  return v
+end
 
-local lease_id = ARGV[1]
-local n = tonumber(ARGV[2])
-
-for j = 1, n do
-  local key = KEYS[j]
-  local cap = tonumber(ARGV[1 + 2 * j])
-  local delta = tonumber(ARGV[2 + 2 * j])
-  local v = redis.call('HMGET', key, 't', 'ts')
-  local lvl = cap
-  if v[1] then
-    local elapsed = now - tonumber(v[2])
-    if elapsed < 0 then elapsed = 0 end
-    lvl = math.min(cap, tonumber(v[1]) + elapsed * cap / WINDOW)
+-- Each operation takes all of its KEYS and ARGV before it writes anything, so one that fails
+-- (a corrupt record) does not take the others with it: they apply as if each had been sent
+-- alone.
+local function settle_buckets(lease_id, slice_id, buckets, sets)
+  for _, b in ipairs(buckets) do
+    local delta = b.delta
+    if slice_id ~= '' and not drop_slice(b.key, slice_id) and delta > 0 then delta = 0 end
+    if delta ~= 0 then
+      local lvl, ceiling = bucket(b.key, b.cap)
+      store(b.key, b.cap, math.min(ceiling, lvl + delta))
+    end
   end
-  lvl = math.min(cap, lvl + delta)
-  if lvl >= cap then
-    redis.call('DEL', key)
+  for _, z in ipairs(sets) do redis.call('ZREM', z, lease_id) end
+end
+
+local function settle_hold(hold_id, actual, ttl, ledgers)
+  for _, l in ipairs(ledgers) do
+    local L, Z = l[1], l[2]
+    redis.call('ZREM', Z, hold_id)
+    local held = redis.call('HGET', L, 'a:' .. hold_id)
+    if held then
+      redis.call('HDEL', L, 'a:' .. hold_id)
+      -- A zero hold (unpriced model) changes nothing; '-0' is no integer to Redis.
+      if tonumber(held) ~= 0 then redis.call('HINCRBY', L, 'h', string.format('%.0f', -tonumber(held))) end
+    end
+    if redis.call('HEXISTS', L, 'e') == 1 then
+      redis.call('HINCRBY', L, 's', actual)
+      redis.call('PEXPIRE', L, ttl)
+    end
+  end
+end
+
+local ops = tonumber(ARGV[1])
+local applied = 0
+for _ = 1, ops do
+  local ok
+  if arg() == 'b' then
+    local lease_id, slice_id, nb, ns = arg(), arg(), tonumber(arg()), tonumber(arg())
+    local buckets, sets = {}, {}
+    for j = 1, nb do buckets[j] = {key = key(), cap = tonumber(arg()), delta = tonumber(arg())} end
+    for j = 1, ns do sets[j] = key() end
+    ok = pcall(settle_buckets, lease_id, slice_id, buckets, sets)
   else
-    redis.call('HSET', key, 't', tostring(lvl), 'ts', tostring(now))
-    redis.call('PEXPIRE', key, math.max(1, math.ceil((cap - lvl) * WINDOW / cap)))
+    local hold_id, actual, ttl, n = arg(), arg(), tonumber(arg()), tonumber(arg())
+    local ledgers = {}
+    for j = 1, n do ledgers[j] = {key(), key()} end
+    ok = pcall(settle_hold, hold_id, actual, ttl, ledgers)
   end
+  if ok then applied = applied + 1 end
 end
-
-local removed = 0
-for k = n + 1, #KEYS do
-  removed = removed + redis.call('ZREM', KEYS[k], lease_id)
-end
-return removed
+return applied

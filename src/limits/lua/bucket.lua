@@ -1,0 +1,101 @@
+-- bucket.lua: token buckets with leased slices, included by admit.lua, lease.lua, settle.lua
+-- and peek.lua (scripts.ts pastes it where a script says `-- #include bucket.lua`). It names
+-- no KEYS or ARGV of its own: the including script passes bucket keys in.
+--
+-- A bucket is a hash {t = tokens at ts, ts = ms}; an absent bucket is full. Capacity N
+-- refills at N per 60000 ms. Slices an instance leased from it (lease.lua) are recorded in
+-- the same hash so that the bucket and the slices never hold more than N together:
+--   l = sum of live slices, x = soonest slice expiry, X = latest slice expiry,
+--   s:<slice id> = '<amount>:<expiry ms>'
+-- The bucket's ceiling is N - l: while a slice is out, refill stops that much short of
+-- full. A slice that expires (its instance died or stalled) is dropped from the ceiling;
+-- its tokens are not given back, since the instance may have spent them. Time is Redis TIME.
+
+if redis.replicate_commands then pcall(redis.replicate_commands) end
+
+local WINDOW = 60000
+local time = redis.call('TIME')
+local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
+
+-- Drops expired slices; returns the live sum and the soonest expiry left.
+local function purge_slices(key)
+  local all = redis.call('HGETALL', key)
+  local sum, soonest = 0, nil
+  for i = 1, #all, 2 do
+    local f = all[i]
+    if string.sub(f, 1, 2) == 's:' then
+      local amount, expiry = string.match(all[i + 1], '^([^:]+):(.+)$')
+      amount, expiry = tonumber(amount), tonumber(expiry)
+      if expiry <= now then
+        redis.call('HDEL', key, f)
+      else
+        sum = sum + amount
+        if not soonest or expiry < soonest then soonest = expiry end
+      end
+    end
+  end
+  if sum > 0 then
+    redis.call('HSET', key, 'l', tostring(sum), 'x', tostring(soonest))
+  else
+    redis.call('HDEL', key, 'l', 'x', 'X')
+  end
+  return sum
+end
+
+-- Level and ceiling of the bucket now.
+local function bucket(key, cap)
+  local v = redis.call('HMGET', key, 't', 'ts', 'l', 'x')
+  if not v[1] then return cap, cap end
+  local leased = tonumber(v[3]) or 0
+  if leased > 0 and (tonumber(v[4]) or 0) <= now then leased = purge_slices(key) end
+  local ceiling = cap - leased
+  local elapsed = now - tonumber(v[2])
+  if elapsed < 0 then elapsed = 0 end
+  return math.min(ceiling, tonumber(v[1]) + elapsed * cap / WINDOW), ceiling
+end
+
+-- Writes the level back. A bucket with no slice out is deleted once full (absent = full),
+-- else it expires once it would be full again, and not before its last slice expires.
+local function store(key, cap, lvl)
+  local last = tonumber(redis.call('HGET', key, 'X') or '0') or 0
+  if lvl >= cap and last <= now then
+    redis.call('DEL', key)
+    return
+  end
+  redis.call('HSET', key, 't', tostring(lvl), 'ts', tostring(now))
+  local ttl = 1
+  if lvl < cap then ttl = math.ceil((cap - lvl) * WINDOW / cap) end
+  if last - now > ttl then ttl = last - now end
+  redis.call('PEXPIRE', key, math.max(1, ttl))
+end
+
+-- Records a slice of `amount` taken from the bucket (the caller lowers the level itself).
+local function add_slice(key, id, amount, expiry)
+  local v = redis.call('HMGET', key, 'l', 'x', 'X')
+  local leased, soonest, last = tonumber(v[1]) or 0, tonumber(v[2]), tonumber(v[3]) or 0
+  if not soonest or expiry < soonest then soonest = expiry end
+  if expiry > last then last = expiry end
+  redis.call('HSET', key, 's:' .. id, tostring(amount) .. ':' .. tostring(expiry),
+    'l', tostring(leased + amount), 'x', tostring(soonest), 'X', tostring(last))
+end
+
+-- Ends a live slice: the ceiling rises again. Returns whether it was still recorded (an
+-- expired slice is gone, and what was left of it must not be given back).
+local function drop_slice(key, id)
+  local rec = redis.call('HGET', key, 's:' .. id)
+  if not rec then return false end
+  local amount = tonumber(string.match(rec, '^([^:]+):'))
+  redis.call('HDEL', key, 's:' .. id)
+  local leased = (tonumber(redis.call('HGET', key, 'l') or '0') or 0) - amount
+  if leased > 0 then
+    redis.call('HSET', key, 'l', tostring(leased))
+  else
+    redis.call('HDEL', key, 'l', 'x')
+  end
+  return true
+end
+
+local function reset_ms(lvl, cap)
+  if lvl >= cap then return 0 end
+  return math.ceil((cap - lvl) * WINDOW / cap)
+end

@@ -1,0 +1,80 @@
+-- lease.lua: admit one request on a key's own RPM/TPM buckets, give back what is left of the
+-- calling instance's previous slice, and lease it a new slice when the key is far from its
+-- limit, in one call. Only for requests limited by the key's RPM/TPM alone (redis.ts).
+--
+-- KEYS[1] key RPM bucket, KEYS[2] key TPM bucket (bucket.lua; same hash tag)
+-- ARGV: 1 rpm capacity, 2 tpm capacity (0 = no such limit), 3 tokens (TPM reservation),
+--       4 deadline in Redis time ms (0 = none; as admit.lua: past it nothing changes),
+--       5 previous slice id ('' = none), 6 its rpm left, 7 its tpm left,
+--       8 new slice id, 9 rpm wanted, 10 tpm wanted (0 = none asked of that bucket),
+--       11 slice lifetime ms (Redis time; the instance stops using it sooner),
+--       12 rpm to keep, 13 tpm to keep: a slice is granted only when the bucket still holds
+--       this much after the request and the slice, so that near the limit every instance
+--       goes back to one call per request and admissions stay exact.
+--
+-- The request is checked as admit.lua checks it (RPM >= 1; TPM holds the estimate or is
+-- full); nothing is consumed on a denial, though the previous slice is still given back.
+-- A slice is all-or-nothing across the buckets asked of.
+-- Returns {1, 0, 0, now, granted (0/1), rpm remaining, rpm reset, tpm remaining, tpm reset}
+-- (remaining excludes the new slice), {0, code, retryAfterMs, now} (2 rpm, 3 tpm), or
+-- {-1, 0, 0, now} past the deadline.
+
+-- #include bucket.lua
+
+local rpm, tpm, tokens = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
+local deadline = tonumber(ARGV[4]) or 0
+local old_id, old_r, old_t = ARGV[5], tonumber(ARGV[6]), tonumber(ARGV[7])
+local new_id, want_r, want_t = ARGV[8], tonumber(ARGV[9]), tonumber(ARGV[10])
+local slice_ms, keep_r, keep_t = tonumber(ARGV[11]), tonumber(ARGV[12]), tonumber(ARGV[13])
+if deadline > 0 and now > deadline then return {-1, 0, 0, now} end
+
+local caps = {rpm, tpm}
+local lvl, ceil = {}, {}
+for i = 1, 2 do
+  if caps[i] > 0 then
+    local left = (i == 1) and old_r or old_t
+    local back = old_id ~= '' and drop_slice(KEYS[i], old_id)
+    lvl[i], ceil[i] = bucket(KEYS[i], caps[i])
+    if back and left > 0 then lvl[i] = math.min(ceil[i], lvl[i] + left) end
+  end
+end
+
+local code, wait = 0, 0
+if rpm > 0 and lvl[1] < 1 then
+  code, wait = 2, math.max(1, math.ceil((1 - lvl[1]) * WINDOW / rpm))
+end
+if tpm > 0 and tokens > 0 and lvl[2] < tokens and lvl[2] < tpm then
+  local w = math.max(1, math.ceil((math.min(tokens, tpm) - lvl[2]) * WINDOW / tpm))
+  if code == 0 then code = 3 end
+  if w > wait then wait = w end
+end
+if code ~= 0 then
+  -- The previous slice's remainder is back in the bucket even though this request is not.
+  for i = 1, 2 do
+    if caps[i] > 0 and old_id ~= '' then store(KEYS[i], caps[i], lvl[i]) end
+  end
+  return {0, code, wait, now}
+end
+
+if rpm > 0 then lvl[1] = lvl[1] - 1 end
+if tpm > 0 then lvl[2] = lvl[2] - tokens end
+
+local wants = {want_r, want_t}
+local keeps = {keep_r, keep_t}
+local grant = (want_r > 0 or want_t > 0)
+for i = 1, 2 do
+  if caps[i] > 0 and wants[i] > 0 and lvl[i] - wants[i] < keeps[i] then grant = false end
+end
+local q = {0, 0, 0, 0}
+for i = 1, 2 do
+  if caps[i] > 0 then
+    q[2 * i - 1], q[2 * i] = math.max(0, math.floor(lvl[i])), reset_ms(lvl[i], caps[i])
+    if grant and wants[i] > 0 then
+      lvl[i] = lvl[i] - wants[i]
+      add_slice(KEYS[i], new_id, wants[i], now + slice_ms)
+    end
+    store(KEYS[i], caps[i], lvl[i])
+  end
+end
+if grant then grant = 1 else grant = 0 end
+return {1, 0, 0, now, grant, q[1], q[2], q[3], q[4]}

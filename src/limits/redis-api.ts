@@ -1,0 +1,55 @@
+/**
+ * The Redis limiter's options and interface (redis.ts implements them), where a key's and an
+ * upstream's counters live, and which of them an error concerns.
+ */
+import type { Cluster, Redis } from 'ioredis';
+import type { AdmitInput, AdmitResult, Lease, Limiter } from './limiter.js';
+
+export interface RedisLimiterOptions {
+  redis: Redis | Cluster;
+  /** Namespace of every key, e.g. `kw`. */
+  prefix: string;
+  leaseMs?: number;
+  /** Lease refresh period; default leaseMs / 3; 0 disables the timer (see refreshLeases). */
+  refreshEveryMs?: number;
+  /**
+   * When set, an admission Redis runs more than this long after it was sent changes nothing
+   * (admit.lua checks a deadline). The caller has given up by then (e.g. a paused server that
+   * resumes with a backlog), and a slot nobody will finish would be lost for leaseMs.
+   */
+  staleAfterMs?: number;
+  /** Told about every Redis failure; each is also counted in stats().redisErrors. */
+  onError?: (op: 'admit' | 'settle' | 'refresh' | 'hold' | 'peek', err: unknown) => void;
+  /** Bucket slices (redis-lease.ts); off when absent. */
+  lease?: { sliceMs: number } | null;
+  /** Longest a settlement waits to leave with others; default DEFAULT_SETTLE_EVERY_MS. */
+  settleEveryMs?: number;
+}
+
+export interface RedisLease extends Lease {
+  /** Undoes the admission entirely (RPM, TPM and slots), for an answer that came too late. */
+  cancel(): void;
+}
+
+export interface RedisLimiter extends Limiter {
+  /** Rejects when Redis fails or times out; createLimiter turns that into fail-open/closed. */
+  admit(input: AdmitInput): Promise<AdmitResult>;
+  /** Pushes the expiry of every live lease and spend hold forward now (what the background timers do). */
+  refreshLeases(): Promise<void>;
+  /**
+   * Admits from a slice this instance holds, with no I/O; null when none covers the request
+   * (then call admit, which does not count the request twice).
+   */
+  admitNow(input: AdmitInput): AdmitResult | null;
+  /** Slices of buckets held now (0 without `lease`). */
+  slicesHeld(): number;
+}
+
+
+/** The hash tag under which a key's (`k`) or an upstream's (`r`) counters live. */
+export const hashTag = (prefix: string, kind: 'k' | 'r', id: string): string => `{${prefix}:${kind}:${encodeURIComponent(id)}}`;
+
+/** Which hash tags an admission error came from, so a caller can tell a failing shard from the rest. */
+export const errorTags = new WeakMap<object, string[]>();
+export const failedHashTags = (err: unknown): string[] | null =>
+  (typeof err === 'object' && err !== null && errorTags.get(err)) || null;

@@ -1,0 +1,129 @@
+/**
+ * Settlements (TPM refunds and charges, freed slots, returned slices, spend-hold
+ * settlements) are queued and sent once per tick: one settle.lua call per hash slot in a
+ * Cluster, one call in all on a single node, instead of one round trip each.
+ *
+ * What waits is only ever a release or an after-the-fact charge, never a hold or an
+ * admission: holds and reservations stay per request and exact. Until the batch leaves,
+ * Redis sees a released hold or slot still taken (stricter, never looser). So that this
+ * instance never reads its own state stale, every other call it makes flushes the queue
+ * first (`flush()`): the queued settlements are written before that call, on the same
+ * connection, and Redis runs them in order. Close flushes and waits.
+ */
+import { keySlot } from './slot.js';
+import type { RunScript } from './scripts.js';
+
+/** Told when the call that carried the operation failed (the limiter that queued it counts it). */
+type Owner = { owner?: (err: unknown) => void };
+
+export type SettleOp = Owner &
+  (
+  | {
+      kind: 'b';
+      /** the hash tag of every key of this operation */
+      tag: string;
+      leaseId: string;
+      /** a slice being returned: its remainder is each bucket's delta */
+      sliceId?: string;
+      buckets: { key: string; cap: number; delta: number }[];
+      sets: string[];
+    }
+  | { kind: 'h'; tag: string; holdId: string; cost: number; ttlMs: number; keys: string[] }
+  );
+
+export interface SettleBatchOptions {
+  run: RunScript;
+  cluster: boolean;
+  /** Longest a settlement waits for company. */
+  everyMs: number;
+}
+
+export interface SettleBatch {
+  add(op: SettleOp): void;
+  /** Sends everything queued now. */
+  flush(): void;
+  queued(): number;
+  /** Flushes and waits for every call sent. */
+  close(): Promise<void>;
+}
+
+/** Operations per call: a bound on the script's run time (Redis serves nothing else meanwhile). */
+const MAX_OPS = 256;
+
+const shared = new WeakMap<object, SettleBatch>();
+
+/**
+ * The batch of one connection: every limiter on a client shares it, since the order that
+ * matters is the order on the connection.
+ */
+export function settleBatchOf(client: object, opts: SettleBatchOptions): SettleBatch {
+  let b = shared.get(client);
+  if (!b) shared.set(client, (b = createSettleBatch(opts)));
+  return b;
+}
+
+export function createSettleBatch(opts: SettleBatchOptions): SettleBatch {
+  let queue: SettleOp[] = [];
+  let timer: NodeJS.Timeout | null = null;
+  const inFlight = new Set<Promise<unknown>>();
+
+  const send = (ops: SettleOp[]): void => {
+    const keys: string[] = [];
+    const args: (string | number)[] = [ops.length];
+    for (const op of ops) {
+      if (op.kind === 'b') {
+        args.push('b', op.leaseId, op.sliceId ?? '', op.buckets.length, op.sets.length);
+        for (const b of op.buckets) {
+          keys.push(b.key);
+          args.push(b.cap, b.delta);
+        }
+        keys.push(...op.sets);
+      } else {
+        args.push('h', op.holdId, op.cost, op.ttlMs, op.keys.length / 2);
+        keys.push(...op.keys);
+      }
+    }
+    const p = opts.run('keywardSettle', keys, args).catch((err: unknown) => {
+      for (const owner of new Set(ops.map((op) => op.owner))) owner?.(err);
+    });
+    inFlight.add(p);
+    void p.finally(() => inFlight.delete(p));
+  };
+
+  const flush = (): void => {
+    if (timer) {
+      clearTimeout(timer);
+      timer = null;
+    }
+    if (queue.length === 0) return;
+    const ops = queue;
+    queue = [];
+    const groups = new Map<number, SettleOp[]>();
+    for (const op of ops) {
+      const g = opts.cluster ? keySlot(op.tag) : 0;
+      let list = groups.get(g);
+      if (!list) groups.set(g, (list = []));
+      list.push(op);
+    }
+    for (const list of groups.values()) {
+      for (let i = 0; i < list.length; i += MAX_OPS) send(list.slice(i, i + MAX_OPS));
+    }
+  };
+
+  return {
+    add(op) {
+      if (op.kind === 'b' && op.buckets.length === 0 && op.sets.length === 0) return;
+      queue.push(op);
+      if (!timer) {
+        timer = setTimeout(flush, opts.everyMs);
+        timer.unref();
+      }
+    },
+    flush,
+    queued: () => queue.length,
+    async close() {
+      flush();
+      await Promise.allSettled([...inFlight]);
+    },
+  };
+}

@@ -1,0 +1,205 @@
+/**
+ * Bucket slices held by this instance (see lua/lease.lua and lua/bucket.lua). A key whose
+ * requests are limited by its own RPM/TPM alone may lease a slice of each bucket in the
+ * call that admits one request; later requests of that key on this instance are admitted
+ * from the slice without a round trip, until it runs out or its `sliceMs` is over. What is
+ * left then goes back to Redis (in the settlement batch, or in the next lease call).
+ *
+ * Sizing keeps the key fair and exact near its limit:
+ *  - a slice is what this instance used of the key in the last sliceMs, at most
+ *    SLICE_SHARE of the capacity, and only worth asking for when it covers at least two
+ *    requests;
+ *  - Redis grants it only when the bucket still holds KEEP_SHARE of the capacity after it
+ *    (lease.lua); below that every instance is back to one call per request.
+ * Redis records each slice with an expiry of 2 x sliceMs (its time); this instance stops
+ * using it sliceMs after it sent the request (its clock, which started earlier), so a slice
+ * is never used after Redis has let it go.
+ */
+import { newLeaseId } from './leases.js';
+
+/** Largest slice, as a share of the bucket's capacity. */
+export const SLICE_SHARE = 1 / 16;
+/** What a bucket must still hold after a slice, as a share of its capacity. */
+export const KEEP_SHARE = 1 / 2;
+/** Redis keeps a slice this many times sliceMs (see above). */
+export const REDIS_LIFETIME_FACTOR = 2;
+
+export interface Slice {
+  id: string;
+  rpmCap: number;
+  tpmCap: number;
+  granted: { rpm: number; tpm: number };
+  left: { rpm: number; tpm: number };
+  /** the key's remaining figures Redis reported with the grant (slice included) */
+  seen: { rpm: number; tpm: number };
+  until: number;
+}
+
+interface Entry {
+  slice: Slice | null;
+  /** a lease call that asks for a slice, while it is in flight */
+  asking: Promise<void> | null;
+  /** no slice is asked for before this (Redis just refused one: the key is near its limit) */
+  quietUntil: number;
+  win: number;
+  count: number;
+  tokens: number;
+  prevCount: number;
+  prevTokens: number;
+  lastUse: number;
+}
+
+export interface SliceTableOptions {
+  sliceMs: number;
+  /** A slice is over: give back what is left (queued in the settlement batch). */
+  giveBack: (keyId: string, slice: Slice) => void;
+  now?: () => number;
+}
+
+export interface Want {
+  rpm: number;
+  tpm: number;
+  keepRpm: number;
+  keepTpm: number;
+}
+
+export class SliceTable {
+  private readonly entries = new Map<string, Entry>();
+  private timer: NodeJS.Timeout | null = null;
+  private readonly now: () => number;
+
+  constructor(private readonly opts: SliceTableOptions) {
+    this.now = opts.now ?? (() => performance.now());
+  }
+
+  private entry(keyId: string, t: number): Entry {
+    let e = this.entries.get(keyId);
+    if (!e) {
+      e = { slice: null, asking: null, quietUntil: 0, win: t, count: 0, tokens: 0, prevCount: 0, prevTokens: 0, lastUse: t };
+      this.entries.set(keyId, e);
+      this.syncTimer();
+    }
+    return e;
+  }
+
+  /** Counts one request of the key toward its demand. */
+  note(keyId: string, tokens: number): void {
+    const t = this.now();
+    const e = this.entry(keyId, t);
+    if (t - e.win >= this.opts.sliceMs) {
+      const gap = t - e.win >= 2 * this.opts.sliceMs;
+      e.prevCount = gap ? 0 : e.count;
+      e.prevTokens = gap ? 0 : e.tokens;
+      e.count = 0;
+      e.tokens = 0;
+      e.win = t;
+    }
+    e.count++;
+    e.tokens += tokens;
+    e.lastUse = t;
+  }
+
+  /** Admits from the key's live slice when it covers the request; null when it does not. */
+  take(keyId: string, rpmCap: number, tpmCap: number, tokens: number): Slice | null {
+    const s = this.entries.get(keyId)?.slice;
+    if (!s || s.rpmCap !== rpmCap || s.tpmCap !== tpmCap || this.now() >= s.until) return null;
+    if (rpmCap > 0 && s.left.rpm < 1) return null;
+    if (tpmCap > 0 && tokens > s.left.tpm) return null;
+    if (rpmCap > 0) s.left.rpm -= 1;
+    if (tpmCap > 0) s.left.tpm -= tokens;
+    return s;
+  }
+
+  /** A lease call that asks for a slice is in flight for the key. */
+  asking(keyId: string): Promise<void> | null {
+    return this.entries.get(keyId)?.asking ?? null;
+  }
+
+  /** The slice worth asking for now, or null. */
+  want(keyId: string, rpmCap: number, tpmCap: number): Want | null {
+    const e = this.entries.get(keyId);
+    if (!e || e.asking || this.now() < e.quietUntil) return null;
+    const count = Math.max(e.count, e.prevCount);
+    if (count < 2) return null;
+    const rpm = rpmCap > 0 ? Math.min(Math.floor(rpmCap * SLICE_SHARE), count) : 0;
+    if (rpmCap > 0 && rpm < 2) return null;
+    let tpm = 0;
+    if (tpmCap > 0) {
+      const avg = (e.tokens + e.prevTokens) / Math.max(1, e.count + e.prevCount);
+      tpm = Math.min(Math.floor(tpmCap * SLICE_SHARE), Math.ceil(Math.max(e.tokens, e.prevTokens)));
+      // A slice that cannot cover two typical requests saves nothing.
+      if (tpm < 1 || tpm < 2 * avg) return null;
+    }
+    return { rpm, tpm, keepRpm: Math.ceil(rpmCap * KEEP_SHARE), keepTpm: Math.ceil(tpmCap * KEEP_SHARE) };
+  }
+
+  /** Takes the key's slice out of the table (to be returned by the caller's next lease call). */
+  detach(keyId: string): Slice | null {
+    const e = this.entries.get(keyId);
+    const s = e?.slice ?? null;
+    if (e) e.slice = null;
+    return s;
+  }
+
+  /** Marks a slice request in flight until `done` settles. */
+  track(keyId: string, done: Promise<unknown>): void {
+    const e = this.entry(keyId, this.now());
+    const p = done.then(
+      () => undefined,
+      () => undefined,
+    );
+    e.asking = p;
+    void p.then(() => {
+      if (e.asking === p) e.asking = null;
+    });
+  }
+
+  /** Installs a granted slice; sentAt is when its lease call was sent (this clock). */
+  install(keyId: string, s: Omit<Slice, 'until' | 'left' | 'id'> & { id: string }, sentAt: number): void {
+    const e = this.entry(keyId, this.now());
+    const old = e.slice;
+    e.slice = { ...s, left: { ...s.granted }, until: sentAt + this.opts.sliceMs };
+    if (old) this.opts.giveBack(keyId, old);
+  }
+
+  /** Redis refused a slice: the key is near its limit; ask again after one sliceMs. */
+  refused(keyId: string): void {
+    this.entry(keyId, this.now()).quietUntil = this.now() + this.opts.sliceMs;
+  }
+
+  /** Gives back every slice that is over (all of them with `all`), forgets idle keys. */
+  sweep(all = false): void {
+    const t = this.now();
+    for (const [keyId, e] of this.entries) {
+      if (e.slice && (all || t >= e.slice.until)) {
+        this.opts.giveBack(keyId, e.slice);
+        e.slice = null;
+      }
+      if (!e.slice && !e.asking && t - e.lastUse > 2 * this.opts.sliceMs) this.entries.delete(keyId);
+    }
+    this.syncTimer();
+  }
+
+  held(): number {
+    let n = 0;
+    for (const e of this.entries.values()) if (e.slice) n++;
+    return n;
+  }
+
+  private syncTimer(): void {
+    if (this.entries.size > 0 && !this.timer) {
+      this.timer = setInterval(() => this.sweep(), Math.max(5, Math.floor(this.opts.sliceMs / 4)));
+      this.timer.unref();
+    } else if (this.entries.size === 0 && this.timer) {
+      clearInterval(this.timer);
+      this.timer = null;
+    }
+  }
+
+  stop(): void {
+    if (this.timer) clearInterval(this.timer);
+    this.timer = null;
+  }
+}
+
+export const newSliceId = newLeaseId;

@@ -1,0 +1,193 @@
+/**
+ * Bucket slices (src/limits/redis-lease.ts, lua/lease.lua): the conformance suite with
+ * slices on, exactness near the limit across instances, the sum admitted under load from
+ * three instances, a dead instance's slice coming back by expiry, and the round trips a
+ * request far from its limit costs.
+ */
+import assert from 'node:assert/strict';
+import { after, describe, test } from 'node:test';
+import { type Cluster, Redis } from 'ioredis';
+import { createRedisClient } from '../../src/limits/client.js';
+import type { AdmitResult } from '../../src/limits/limiter.js';
+import { type RedisLimiter, createRedisLimiter } from '../../src/limits/redis.js';
+import { redisHarness } from '../helpers/redis-harness.js';
+import { waitFor } from '../helpers/redis-server.js';
+import { input, runLimiterConformance, uid } from '../helpers/redis-limits-conformance.js';
+
+const URL = process.env.KW_TEST_REDIS_URL ?? 'redis://127.0.0.1:6379';
+
+runLimiterConformance('redis (single node) with bucket slices', () => redisHarness({ url: URL, lease: { sliceMs: 1000 } }));
+
+describe('bucket slices', { timeout: 60_000 }, () => {
+  const prefix = uid('kwtest');
+  const clients: (Redis | Cluster)[] = [];
+  const limiters: RedisLimiter[] = [];
+  const connect = async (): Promise<Redis> => {
+    const c = createRedisClient({ url: URL, timeoutMs: 2_000 }) as Redis;
+    clients.push(c);
+    if (c.status !== 'ready') await new Promise((r) => c.once('ready', r));
+    return c;
+  };
+  /** An instance: its own connection, slices on. */
+  const instance = async (sliceMs: number): Promise<{ lim: RedisLimiter; client: Redis }> => {
+    const client = await connect();
+    const lim = createRedisLimiter({ redis: client, prefix, leaseMs: 30_000, lease: { sliceMs } });
+    limiters.push(lim);
+    return { lim, client };
+  };
+  after(async () => {
+    await Promise.allSettled(limiters.map((l) => l.close()));
+    const main = await connect();
+    let cursor = '0';
+    do {
+      const [next, keys] = await main.scan(cursor, 'MATCH', `{${prefix}:*`, 'COUNT', 500);
+      cursor = next;
+      if (keys.length > 0) await main.del(...keys);
+    } while (cursor !== '0');
+    for (const c of clients) if (c.status !== 'end') c.disconnect();
+  });
+  const ok = (rs: AdmitResult[]): number => rs.filter((r) => r.ok).length;
+  const leased = async (client: Redis, key: string, bucket: 'rpm' | 'tpm'): Promise<number> =>
+    Number((await client.hget(`{${prefix}:k:${key}}:${bucket}`, 'l')) ?? 0);
+
+  test('near the limit, N+1 requests at once across two instances admit exactly N', async () => {
+    const a = await instance(200);
+    const b = await instance(200);
+    const key = uid('k');
+    const limits = { rpm: 64 };
+    // A busy key on instance a: it leases slices while the bucket is far from its limit.
+    let sawSlice = false;
+    for (let i = 0; i < 40; i++) {
+      assert.ok((await a.lim.admit(input(key, { limits }))).ok);
+      sawSlice ||= a.lim.slicesHeld() > 0;
+    }
+    assert.ok(sawSlice, 'far from its limit the key was leased a slice');
+    // What is left goes back once the slice's time is over.
+    await waitFor(() => a.lim.slicesHeld() === 0, 5_000, 'the slice is given back');
+    await waitFor(async () => (await leased(a.client, key, 'rpm')) === 0, 5_000, 'the slice is closed in Redis');
+    // The exact level: whole tokens from `remaining`, the fraction from the time until full.
+    let q = await b.lim.peek({ keyId: key, limits: { ...limits, tpm: null, concurrency: null } });
+    let level = 64 - (q.requests!.resetMs * 64) / 60_000;
+    if (level - Math.floor(level) > 0.85) {
+      // Too close to the next whole token to fire before it arrives: wait it out.
+      await new Promise((r) => setTimeout(r, Math.ceil((1 - (level - Math.floor(level))) * 937) + 50));
+      q = await b.lim.peek({ keyId: key, limits: { ...limits, tpm: null, concurrency: null } });
+      level = 64 - (q.requests!.resetMs * 64) / 60_000;
+    }
+    const n = q.requests!.remaining;
+    assert.ok(n > 0 && n < 32, `the key is near its limit (${n} left)`);
+    const rs = await Promise.all(Array.from({ length: n + 1 }, (_, i) => (i % 2 ? a : b).lim.admit(input(key, { limits }))));
+    assert.equal(ok(rs), n, `${n} left, ${n + 1} sent`);
+    assert.equal(a.lim.slicesHeld() + b.lim.slicesHeld(), 0, 'no slice is leased near the limit');
+    for (const r of rs) if (r.ok) r.lease.finish({ tokens: null });
+  });
+
+  test('under load from three instances the sum admitted never exceeds the limit', async (t) => {
+    const all = await Promise.all([instance(1000), instance(1000), instance(1000)]);
+    const key = uid('k');
+    const limits = { rpm: 1200, tpm: 60_000 };
+    let admitted = 0;
+    let denials = 0;
+    let slicesSeen = 0;
+    const started = performance.now();
+    await Promise.all(
+      all.flatMap(({ lim }) =>
+        Array.from({ length: 8 }, async () => {
+          // Each worker stops after its second denial: the limit is reached.
+          let mine = 0;
+          while (mine < 2 && performance.now() - started < 10_000) {
+            const r = await lim.admit(input(key, { limits, tokens: 100 }));
+            slicesSeen = Math.max(slicesSeen, lim.slicesHeld());
+            if (r.ok) {
+              admitted++;
+              r.lease.finish({ tokens: null }); // the reservation stands
+            } else {
+              mine++;
+              denials++;
+            }
+          }
+        }),
+      ),
+    );
+    const elapsed = performance.now() - started;
+    // TPM binds: 60000 tokens of 100 each, plus what refilled meanwhile (60000 per minute:
+    // one token per ms, a request's worth every 100 ms).
+    const bound = 600 + Math.ceil(elapsed / 100);
+    t.diagnostic(`admitted ${admitted} (bound ${bound}), ${denials} denials, ${Math.round(elapsed)} ms`);
+    assert.ok(slicesSeen > 0, 'instances admitted from slices');
+    assert.ok(denials > 0);
+    assert.ok(admitted <= bound, `admitted ${admitted}, limit ${bound} in ${Math.round(elapsed)} ms`);
+    // Slices still out elsewhere may refuse a little early, never more than three slices' worth.
+    assert.ok(admitted >= 600 - 3 * Math.floor(60_000 / 16 / 100), `admitted ${admitted}`);
+  });
+
+  test("a dead instance's slice comes back by expiry; a live one gives back what is left", async () => {
+    const sliceMs = 300;
+    const dead = await instance(sliceMs);
+    const live = await instance(sliceMs);
+    const key = uid('k');
+    const limits = { rpm: 6000 };
+    for (let i = 0; i < 10; i++) assert.ok((await dead.lim.admit(input(key, { limits }))).ok);
+    assert.ok(dead.lim.slicesHeld() > 0);
+    const out = await leased(live.client, key, 'rpm');
+    assert.ok(out > 0, 'the slice lowers the bucket ceiling while it is out');
+    // Dies: no give-back, no close; its connection is gone.
+    dead.client.disconnect();
+    const diedAt = performance.now();
+    assert.equal(await leased(live.client, key, 'rpm'), out, 'nothing gives it back early');
+    // Any reader drops an expired slice (Redis time: 2 x sliceMs after the grant).
+    await waitFor(async () => {
+      await live.lim.peek({ keyId: key, limits: { rpm: 6000, tpm: null, concurrency: null } });
+      return (await leased(live.client, key, 'rpm')) === 0;
+    }, 10_000, 'the dead slice expires');
+    const waited = performance.now() - diedAt;
+    assert.ok(waited <= 2 * sliceMs + 1_000, `expired after ${Math.round(waited)} ms`);
+
+    // A live instance gives its slice back by itself once sliceMs is over.
+    const key2 = uid('k');
+    for (let i = 0; i < 10; i++) assert.ok((await live.lim.admit(input(key2, { limits }))).ok);
+    assert.ok((await leased(live.client, key2, 'rpm')) > 0);
+    await waitFor(async () => (await leased(live.client, key2, 'rpm')) === 0, 5_000, 'the live slice is given back');
+    assert.equal(live.lim.slicesHeld(), 0);
+    // 10 admitted of 6000: once given back the bucket is as if no slice had been taken.
+    const q = await live.lim.peek({ keyId: key2, limits: { rpm: 6000, tpm: null, concurrency: null } });
+    assert.ok(q.requests!.remaining >= 5990 - 1, `remaining ${q.requests!.remaining}`);
+  });
+
+  test('far from its limit a request costs well under one Redis call', async (t) => {
+    const { lim } = await instance(1000);
+    // A plain connection: MONITOR does not mix with the limiter client's pipelining options.
+    const watcher = new Redis(URL);
+    clients.push(watcher);
+    const monitor = await watcher.monitor();
+    let calls = 0;
+    monitor.on('monitor', (_time: string, args: string[]) => {
+      if (/^eval/i.test(args[0] ?? '') && args.some((a) => a.includes(prefix))) calls++;
+    });
+    const keys = [uid('k'), uid('k')];
+    const limits = { rpm: 1_000_000, tpm: 100_000_000 };
+    // The script cache and demand history; not counted.
+    for (const k of keys) for (let i = 0; i < 3; i++) assert.ok((await lim.admit(input(k, { limits, tokens: 10 }))).ok);
+    await new Promise((r) => setTimeout(r, 50));
+    calls = 0;
+    const requests = 2_000;
+    let sent = 0;
+    await Promise.all(
+      Array.from({ length: 16 }, async () => {
+        while (sent < requests) {
+          sent++;
+          const r = await lim.admit(input(keys[sent % 2]!, { limits, tokens: 100 }));
+          assert.ok(r.ok);
+          r.lease.finish({ tokens: 60 }); // a refund, settled in the batch
+        }
+      }),
+    );
+    await lim.close(); // flushes the batch and gives the slices back
+    // MONITOR reports asynchronously: wait for the last calls to show.
+    await new Promise((r) => setTimeout(r, 200));
+    monitor.disconnect();
+    const perRequest = calls / requests;
+    t.diagnostic(`${calls} Redis calls for ${requests} requests`);
+    assert.ok(perRequest < 0.25, `${calls} Redis calls for ${requests} requests (${perRequest.toFixed(3)} per request)`);
+  });
+});
