@@ -110,7 +110,7 @@ describe('maxUploadBytes', () => {
   test('a small multipart body refused after its head was read leaves the keep-alive connection usable', async () => {
     const form = formBody(BOUNDARY, [
       { name: 'model', value: 'whisper-1' },
-      { name: 'file', filename: 'a.wav', contentType: 'audio/wav', value: randomBytes(60 * 1024) },
+      { name: 'file', filename: 'a.wav', value: randomBytes(60 * 1024) },
     ]);
     const head = `POST /v1/audio/transcriptions HTTP/1.1\r\nHost: kw\r\nAuthorization: Bearer ${h.keys.k_scoped}\r\nContent-Type: multipart/form-data; boundary=${BOUNDARY}\r\nContent-Length: ${form.length}\r\n\r\n`;
     const next = `GET /v1/models HTTP/1.1\r\nHost: kw\r\nAuthorization: Bearer ${h.keys.k_files}\r\n\r\n`;
