@@ -16,7 +16,7 @@ import { dirname, join } from 'node:path';
 import { createInterface } from 'node:readline';
 import { Readable } from 'node:stream';
 import { fileURLToPath } from 'node:url';
-import { Redis } from 'ioredis';
+import { redisAvailable } from './lib/servers.js';
 import { generateKey } from '../src/auth/keyformat.js';
 
 const root = join(dirname(fileURLToPath(import.meta.url)), '..');
@@ -181,24 +181,12 @@ async function measure(name: string, script: string, args: string[]): Promise<Ro
   };
 }
 
-async function redisAvailable(): Promise<boolean> {
-  const r = new Redis(REDIS_URL, { lazyConnect: true, maxRetriesPerRequest: 0, connectTimeout: 1_000, retryStrategy: () => null });
-  r.on('error', () => undefined);
-  try {
-    await r.connect();
-    return (await r.ping()) === 'PONG';
-  } catch {
-    return false;
-  } finally {
-    r.disconnect();
-  }
-}
 
 async function main(): Promise<void> {
   const started = Date.now();
   const upstream = await start('slow-upstream.ts', []);
   const url = `http://127.0.0.1:${upstream.port}`;
-  const withRedis = await redisAvailable();
+  const withRedis = await redisAvailable(REDIS_URL);
   const rows = [
     await measure('bare', 'bare.ts', [url]),
     withRedis ? await measure('keyward-redis', 'keyward.ts', [url, 'redis', REDIS_URL]) : await measure('keyward', 'keyward.ts', [url, 'memory']),

@@ -6,7 +6,7 @@
  */
 import http, { createServer } from 'node:http';
 import { createProxyServer } from 'http-proxy-3';
-import { exitWithParent, ready } from './common.js';
+import { serveForParent } from './common.js';
 
 const target = new URL(process.argv[2] ?? 'http://127.0.0.1:4000');
 const agent = new http.Agent({ keepAlive: true, keepAliveMsecs: 1000, maxSockets: Infinity, maxFreeSockets: 256, scheduling: 'lifo' });
@@ -20,13 +20,7 @@ const server = createServer({ keepAliveTimeout: 65_000, requestTimeout: 0, heade
     res.end('{"error":"upstream"}');
   });
 });
-server.listen(0, '127.0.0.1', () => {
-  const addr = server.address();
-  ready({ port: typeof addr === 'object' && addr ? addr.port : 0 });
-});
-exitWithParent(() => {
-  server.closeAllConnections();
-  server.close();
+serveForParent(server, () => {
   agent.destroy();
   proxy.close();
 });

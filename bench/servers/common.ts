@@ -3,6 +3,8 @@
  * line on stdout, and exit when the parent closes our stdin or sends SIGTERM, so no
  * server outlives the run even when the parent dies.
  */
+import type { Server } from 'node:http';
+
 export function ready(info: Record<string, unknown>): void {
   process.stdout.write(`${JSON.stringify({ ready: true, ...info })}\n`);
 }
@@ -24,4 +26,17 @@ export function exitWithParent(cleanup: () => Promise<void> | void = () => undef
   process.stdin.resume();
   process.on('SIGTERM', stop);
   process.on('SIGINT', stop);
+}
+
+/** Listens on an ephemeral loopback port, reports it, and closes with the parent (then `cleanup`). */
+export function serveForParent(server: Server, cleanup: () => void = () => undefined): void {
+  server.listen(0, '127.0.0.1', () => {
+    const addr = server.address();
+    ready({ port: typeof addr === 'object' && addr ? addr.port : 0 });
+  });
+  exitWithParent(() => {
+    server.closeAllConnections();
+    server.close();
+    cleanup();
+  });
 }

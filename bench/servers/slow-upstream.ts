@@ -7,7 +7,7 @@
  *   POST /v1/files             reads and discards the body, answers {"bytes": <received>}.
  */
 import { createServer } from 'node:http';
-import { exitWithParent, ready } from './common.js';
+import { serveForParent } from './common.js';
 
 const event = 'data: {"id":"chatcmpl-bench","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"content":"hi"}}]}\n\n';
 
@@ -38,11 +38,4 @@ const server = createServer({ keepAliveTimeout: 65_000, requestTimeout: 0, heade
     res.on('close', () => clearInterval(timer));
   });
 });
-server.listen(0, '127.0.0.1', () => {
-  const addr = server.address();
-  ready({ port: typeof addr === 'object' && addr ? addr.port : 0 });
-});
-exitWithParent(() => {
-  server.closeAllConnections();
-  server.close();
-});
+serveForParent(server);

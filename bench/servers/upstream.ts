@@ -3,7 +3,7 @@
  * body, answers a small chat.completion JSON with usage, keeps the connection alive.
  */
 import { createServer } from 'node:http';
-import { exitWithParent, ready } from './common.js';
+import { serveForParent } from './common.js';
 
 const body = Buffer.from(
   JSON.stringify({
@@ -21,11 +21,4 @@ const server = createServer({ keepAliveTimeout: 65_000, requestTimeout: 0, heade
     res.end(body);
   });
 });
-server.listen(0, '127.0.0.1', () => {
-  const addr = server.address();
-  ready({ port: typeof addr === 'object' && addr ? addr.port : 0 });
-});
-exitWithParent(() => {
-  server.closeAllConnections();
-  server.close();
-});
+serveForParent(server);
