@@ -83,3 +83,20 @@ export async function importReplica(file: string, replicaPath: string): Promise<
   const [code] = (await once(child, 'close')) as [number | null];
   if (code !== 0) throw new Error(`keyward import exited with ${code}: ${stderr}`);
 }
+
+/**
+ * The config of one fleet member: its own replica file, the fleet's shared Redis prefix.
+ * `onError: closed`, so a Redis failure answers 503 instead of admitting per instance or
+ * per worker, which would hide it.
+ */
+export function fleetYaml(o: { upstream: string; replica: string; redis: string; prefix: string; server?: string }): string {
+  return [
+    `server: { port: 0${o.server ? `, ${o.server}` : ''} }`,
+    'admin: { port: 0 }',
+    `upstreams: { default: { url: ${o.upstream} } }`,
+    `replica: { path: ${o.replica} }`,
+    `redis: { url: ${o.redis}, prefix: ${o.prefix}, timeoutMs: 1000, onError: closed }`,
+    'logging: { level: info }',
+    '',
+  ].join('\n');
+}

@@ -20,6 +20,7 @@ import { ReplicaStore } from '../../src/replica/store.js';
 import type { SyncRecord } from '../../src/protocol/records.js';
 import { bearer } from '../helpers/http.js';
 import { chatRequest, printFigures } from '../helpers/load.js';
+import { fleetYaml } from '../helpers/instance.js';
 import { type SidecarProcess, spawnSidecar } from '../helpers/process.js';
 import { waitFor } from '../helpers/redis-server.js';
 import { type KeySpec, keyRecord } from '../helpers/sidecar.js';
@@ -82,16 +83,7 @@ before(async () => {
   fleet = await Promise.all(
     Array.from({ length: INSTANCES }, (_, i) => {
       copyFileSync(seed, join(dir, `replica-${i}.sqlite`));
-      const yaml = [
-        'server: { port: 0 }',
-        'admin: { port: 0 }',
-        `upstreams: { default: { url: ${up.url} } }`,
-        `replica: { path: ${join(dir, `replica-${i}.sqlite`)} }`,
-        // closed: a Redis failure answers 503 here instead of admitting per instance, which would hide it.
-        `redis: { url: ${REDIS}, prefix: ${prefix}, timeoutMs: 1000, onError: closed }`,
-        'logging: { level: info }',
-        '',
-      ].join('\n');
+      const yaml = fleetYaml({ upstream: up.url, replica: join(dir, `replica-${i}.sqlite`), redis: REDIS, prefix });
       return spawnSidecar({ dir, name: `sidecar-${i}`, yaml });
     }),
   );

@@ -19,7 +19,7 @@ import { Redis } from 'ioredis';
 import { generateKey } from '../../src/auth/keyformat.js';
 import { makeKeyHasher } from '../../src/auth/hash.js';
 import { bearer, send, type RawResponse } from '../helpers/http.js';
-import { accessOf, importReplica, metricSum, readyz, scrape } from '../helpers/instance.js';
+import { accessOf, fleetYaml, importReplica, metricSum, readyz, scrape } from '../helpers/instance.js';
 import { printFigures } from '../helpers/load.js';
 import { type SidecarProcess, spawnSidecar } from '../helpers/process.js';
 import { waitFor } from '../helpers/redis-server.js';
@@ -106,16 +106,7 @@ before(async () => {
   await Promise.all(names.map((n) => importReplica(snapshot, join(dir, `replica-${n}.sqlite`))));
   fleet = await Promise.all(
     names.map((n) => {
-      const yaml = [
-        'server: { port: 0, shutdownGraceMs: 20000 }',
-        'admin: { port: 0 }',
-        `upstreams: { default: { url: ${up.url} } }`,
-        `replica: { path: ${join(dir, `replica-${n}.sqlite`)} }`,
-        // closed: a Redis failure answers 503 here instead of admitting per worker, which would hide it.
-        `redis: { url: ${REDIS}, prefix: ${prefix}, timeoutMs: 1000, onError: closed }`,
-        'logging: { level: info }',
-        '',
-      ].join('\n');
+      const yaml = fleetYaml({ upstream: up.url, replica: join(dir, `replica-${n}.sqlite`), redis: REDIS, prefix, server: 'shutdownGraceMs: 20000' });
       return spawnSidecar({ dir, name: `instance-${n}`, yaml, args: ['--workers', '2'] });
     }),
   );
