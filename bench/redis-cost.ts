@@ -12,10 +12,11 @@
  *   wallet   personal key drawing on its user's wallet, priced model: + hold + its settlement
  *   budgets  team key with a budget in a project with a budget: one hold on both holders
  *   free     team key without limits or budget: no Redis at all
- * Options: --requests N (5000), --concurrency N (16), --cluster (a local Redis Cluster of
+ * Options: --no-lease (redis.lease off: one admission call per request however far from
+ * the limit), --requests N (5000), --concurrency N (16), --cluster (a local Redis Cluster of
  * three masters instead of one node: counters summed over the masters, so the figures are
  * what the shards together pay per request), --json FILE (also written to
- * .bench/redis-cost.json, or .bench/redis-cost-cluster.json, which bench/scale-model.ts reads).
+ * .bench/redis-cost[-cluster][-lease].json, which bench/scale-model.ts reads).
  */
 import { execFileSync } from 'node:child_process';
 import http from 'node:http';
@@ -44,6 +45,7 @@ const { values: opt } = parseArgs({
     concurrency: { type: 'string', default: '16' },
     json: { type: 'string' },
     cluster: { type: 'boolean', default: false },
+    'no-lease': { type: 'boolean', default: false },
   },
 });
 const REQUESTS = Number(opt.requests);
@@ -92,7 +94,7 @@ async function main(): Promise<void> {
     admin: { port: 0 },
     upstreams: { default: { url: up.url } },
     replica: { path: join(dir, 'replica.sqlite') },
-    redis: { url: target.url, prefix: 'kwcost', timeoutMs: 1_000 },
+    redis: { url: target.url, prefix: 'kwcost', timeoutMs: 1_000, lease: { enabled: !opt['no-lease'] } },
     logging: { level: 'warn' },
   });
   const hash = makeKeyHasher(config.keys);
@@ -223,10 +225,13 @@ async function main(): Promise<void> {
     measuredAt: new Date().toISOString(),
     redis: execFileSync(REDIS_SERVER, ['--version']).toString().trim(),
     topology: opt.cluster ? 'cluster of 3 masters' : 'single node',
+    lease: !opt['no-lease'],
     concurrency: CONCURRENCY,
     variants: results,
   };
-  const file = opt.cluster ? 'redis-cost-cluster.json' : 'redis-cost.json';
+  // The fleet model reads the figures without leasing from redis-cost(-cluster).json and
+  // those with leasing from redis-cost(-cluster)-lease.json.
+  const file = `redis-cost${opt.cluster ? '-cluster' : ''}${opt['no-lease'] ? '' : '-lease'}.json`;
   mkdirSync(join(root, '.bench'), { recursive: true });
   writeFileSync(join(root, '.bench', file), `${JSON.stringify(summary, null, 2)}\n`);
   if (opt.json) writeFileSync(opt.json, `${JSON.stringify(summary, null, 2)}\n`);

@@ -5,9 +5,9 @@
  * .bench/redis-cost.json and .bench/redis-cost-cluster.json when present, else the figures
  * below, measured the same way), this prints, per kind of key:
  *   - the requests/s one node and one shard carry at the target utilisation, without leasing
- *     and with leasing (an instance takes a slice of a bucket and admits locally from it, so
- *     far from the limit a request costs ~0.001 commands: --leased-cpr, a parameter until the
- *     leasing figure is measured);
+ *     and with leasing (an instance takes a slice of a key's bucket and slots and admits
+ *     locally from it while far from the limit; what is left per request is the spend hold
+ *     of keys that draw on a budget or wallet, and a share of the slice calls);
  *   - for each fleet size and per-instance rate: the Redis cores the fleet needs, whether one
  *     node does or how many shards it takes at the target utilisation, and a simulated queue
  *     at that node or shard (Poisson arrivals, the measured cost as service time): the wait a
@@ -18,7 +18,8 @@
  *   --variant NAME          limits | wallet | budgets (default: all three)
  *   --cpr N                 commands per request without leasing, overriding the measured figure
  *   --us-per-command N      Redis CPU µs per command, overriding the measured figures
- *   --leased-cpr N          commands per request with leasing (default 0.001)
+ *   --from-lease FILE       redis-cost JSON measured with leasing on (default .bench/redis-cost-lease.json)
+ *   --leased-cpr N          commands per request with leasing, overriding the measured figure
  *   --instances LIST        fleet sizes (default 10,100)
  *   --per-instance LIST     requests/s per instance (default 500,4350: a busy gateway, and one
  *                           sidecar process at saturation with Redis limits, README Performance)
@@ -37,7 +38,8 @@ const { values: opt } = parseArgs({
     variant: { type: 'string' },
     cpr: { type: 'string' },
     'us-per-command': { type: 'string' },
-    'leased-cpr': { type: 'string', default: '0.001' },
+    'from-lease': { type: 'string' },
+    'leased-cpr': { type: 'string' },
     instances: { type: 'string', default: '10,100' },
     'per-instance': { type: 'string', default: '500,4350' },
     utilisation: { type: 'string', default: '0.7' },
@@ -61,6 +63,8 @@ const MEASURED_NODE: Cost[] = [
   { variant: 'wallet', commandsPerRequest: 4, cpuUsPerCommand: 12.5 },
   { variant: 'budgets', commandsPerRequest: 4, cpuUsPerCommand: 15.5 },
 ];
+/** With leasing on (`npm run bench:redis`, default): filled in from the measurement below. */
+const MEASURED_LEASED: Cost[] = [];
 const MEASURED_SHARD: Cost[] = [
   { variant: 'limits', commandsPerRequest: 2, cpuUsPerCommand: 26.5 },
   { variant: 'wallet', commandsPerRequest: 4, cpuUsPerCommand: 23.3 },
@@ -74,9 +78,15 @@ function loadCosts(file: string | undefined, fallback: string, builtIn: Cost[]):
   return { costs: data.variants.filter((v) => v.commandsPerRequest > 0), source: `${path} (${data.measuredAt})` };
 }
 
+/** A kind of key's cost with leasing: measured, or the cost without it at --leased-cpr commands. */
+function leasedCost(c: Cost, measured: Map<string, Cost>): Cost {
+  const m = measured.get(c.variant) ?? { ...c, commandsPerRequest: 0.001 };
+  return leasedCpr === null ? m : { ...m, commandsPerRequest: leasedCpr };
+}
+
 const list = (s: string): number[] => s.split(',').map(Number).filter((n) => Number.isFinite(n) && n > 0);
 const utilisation = Number(opt.utilisation);
-const leasedCpr = Number(opt['leased-cpr']);
+const leasedCpr = opt['leased-cpr'] === undefined ? null : Number(opt['leased-cpr']);
 const CORE_US = 1_000_000;
 
 /** Deterministic pseudo-random numbers, so two runs print the same table. */
@@ -111,7 +121,7 @@ function simulateShard(perSecond: number, serviceUs: number, n = 200_000): { p50
 
 /** Past a million requests/s a node is no longer what limits the fleet: the sidecars are. */
 const leased = (n: number): string => (n > 1_000_000 ? '> 1,000,000 req/s' : `~${fmt(n)} req/s`);
-const fmt = (n: number): string => (n >= 100 ? Math.round(n).toLocaleString('en-US') : n >= 10 ? n.toFixed(0) : n.toFixed(2));
+const fmt = (n: number): string => (n >= 100 ? Math.round(n).toLocaleString('en-US') : n >= 10 ? n.toFixed(0) : n >= 0.01 || n === 0 ? n.toFixed(2) : n.toPrecision(2));
 
 function main(): void {
   const adjust = (cs: Cost[]): Cost[] =>
@@ -126,16 +136,19 @@ function main(): void {
   const shard = loadCosts(opt['from-cluster'], 'redis-cost-cluster.json', MEASURED_SHARD);
   const nodeCosts = adjust(node.costs);
   const shardCost = new Map(adjust(shard.costs).map((c) => [c.variant, c]));
-  console.log(`single node: ${node.source}\ncluster: ${shard.source}\ntarget utilisation ${utilisation} of one core per node or shard\n`);
+  const lease = loadCosts(opt['from-lease'], 'redis-cost-lease.json', MEASURED_LEASED);
+  const leaseCost = new Map(lease.costs.map((c) => [c.variant, c]));
+  console.log(`single node: ${node.source}\ncluster: ${shard.source}\nwith leasing: ${lease.source}\ntarget utilisation ${utilisation} of one core per node or shard\n`);
 
   const carries = (c: Cost, cpr = c.commandsPerRequest): number => (utilisation * CORE_US) / (cpr * c.cpuUsPerCommand);
-  console.log(`| key kind | commands/request | Redis CPU/request, node | one node carries | CPU/request, Cluster | one shard carries | one node, leasing (${leasedCpr}/request) |`);
-  console.log('|---|---|---|---|---|---|---|');
+  console.log('| key kind | commands/request | Redis CPU/request, node | one node carries | CPU/request, Cluster | one shard carries | leasing: commands/request | leasing: one node carries |');
+  console.log('|---|---|---|---|---|---|---|---|');
   for (const c of nodeCosts) {
     const sc = shardCost.get(c.variant) ?? c;
+    const lc = leasedCost(c, leaseCost);
     console.log(
       `| ${c.variant} | ${c.commandsPerRequest} | ${fmt(c.commandsPerRequest * c.cpuUsPerCommand)} µs | ~${fmt(carries(c))} req/s ` +
-        `| ${fmt(sc.commandsPerRequest * sc.cpuUsPerCommand)} µs | ~${fmt(carries(sc))} req/s | ${leased(carries(c, leasedCpr))} |`,
+        `| ${fmt(sc.commandsPerRequest * sc.cpuUsPerCommand)} µs | ~${fmt(carries(sc))} req/s | ${fmt(lc.commandsPerRequest)} | ${leased(carries(lc))} |`,
     );
   }
 
@@ -145,12 +158,13 @@ function main(): void {
     const sc = shardCost.get(c.variant) ?? c;
     for (const instances of list(opt.instances)) {
       for (const each of list(opt['per-instance'])) {
-        for (const [leasing, cpr] of [['no', c.commandsPerRequest], ['yes', leasedCpr]] as const) {
+        const lc = leasedCost(c, leaseCost);
+        for (const [leasing, cpr, nc] of [['no', c.commandsPerRequest, c], ['yes', lc.commandsPerRequest, lc]] as const) {
           const fleet = instances * each;
           // One node while it stays under the target; past it, shards at the Cluster's cost.
-          const nodeCores = (fleet * cpr * c.cpuUsPerCommand) / CORE_US;
+          const nodeCores = (fleet * cpr * nc.cpuUsPerCommand) / CORE_US;
           const oneNode = nodeCores <= utilisation;
-          const cost = oneNode ? c : sc;
+          const cost = oneNode ? nc : sc;
           const cores = oneNode ? nodeCores : (fleet * cpr * sc.cpuUsPerCommand) / CORE_US;
           const shards = oneNode ? 1 : Math.ceil(cores / utilisation);
           const q = simulateShard((fleet * cpr) / shards, cost.cpuUsPerCommand);
