@@ -61,6 +61,8 @@ export interface LeasePath {
   held(): number;
   /** Blocks of slots held now. */
   blocksHeld(): number;
+  /** Requests in flight on slots of blocks. */
+  onBlocks(): number;
   /** The keeper refreshed these lease ids (sent at sentAt, this clock); `all`: every one was still recorded. */
   refreshed(ids: string[], sentAt: number, all: boolean): void;
   /** Gives every slice back (queued in the batch). */
@@ -228,6 +230,7 @@ export function createLeasePath(o: LeasePathOptions): LeasePath {
     admitLocal,
     held: () => slices.held(),
     blocksHeld: () => blocks.held(),
+    onBlocks: () => blocks.inUse(),
     refreshed: (ids, sentAt, all) => blocks.refreshed(ids, sentAt, all),
     close() {
       slices.sweep(true);

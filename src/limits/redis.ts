@@ -108,6 +108,9 @@ export function createRedisLimiter(opts: RedisLimiterOptions): RedisLimiter {
     for (const p of parts) batch.add({ kind: 'b', tag: p.tag, leaseId, buckets: p.buckets, sets: p.sets, owner } satisfies SettleOp);
   };
 
+  /** Slots of requests in flight: their own leases and slots of blocks (a block's lease is not a request's). */
+  const slotsHeld = (): number => keeper.count() - (sliced ? sliced.blocksHeld() - sliced.onBlocks() : 0);
+
   const admitNow = (input: AdmitInput): AdmitResult | null => {
     const l = sliced && leasable(input);
     if (!l) return null;
@@ -270,7 +273,7 @@ export function createRedisLimiter(opts: RedisLimiterOptions): RedisLimiter {
     admitNow,
     slicesHeld: () => sliced?.held() ?? 0,
     slotBlocksHeld: () => sliced?.blocksHeld() ?? 0,
-    stats: () => ({ redisErrors, failOpenAdmissions: 0, slotsHeld: keeper.count(), failOpenHolds: 0, holdsHeld: money.count() }),
+    stats: () => ({ redisErrors, failOpenAdmissions: 0, slotsHeld: slotsHeld(), failOpenHolds: 0, holdsHeld: money.count() }),
     async close() {
       keeper.stop();
       money.stop();

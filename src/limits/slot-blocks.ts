@@ -60,6 +60,8 @@ export class BlockTable {
   private readonly entries = new Map<string, Entry>();
   private readonly byId = new Map<string, string>();
   private timer: NodeJS.Timeout | null = null;
+  /** requests in flight on a slot of a block (held, or dropped while they ran) */
+  private onBlocks = 0;
   private readonly now: () => number;
 
   constructor(private readonly opts: BlockTableOptions) {
@@ -102,7 +104,10 @@ export class BlockTable {
   ended(keyId: string, block: Block | null): void {
     const e = this.entries.get(keyId);
     if (e && e.inFlight > 0) e.inFlight--;
-    if (block && block.used > 0) block.used--;
+    if (block && block.used > 0) {
+      block.used--;
+      this.onBlocks--;
+    }
   }
 
   /** The key's live block when it has a free slot, else null (nothing taken). */
@@ -114,6 +119,7 @@ export class BlockTable {
 
   take(keyId: string, b: Block): void {
     b.used++;
+    this.onBlocks++;
     b.lowFree = Math.min(b.lowFree, b.weight - b.used);
     this.started(keyId);
   }
@@ -220,6 +226,11 @@ export class BlockTable {
       if (!e.block && !e.asking && e.inFlight === 0 && t - e.lastUse > 2 * this.opts.sliceMs) this.entries.delete(keyId);
     }
     this.syncTimer();
+  }
+
+  /** Requests in flight on slots of blocks. */
+  inUse(): number {
+    return this.onBlocks;
   }
 
   held(): number {
