@@ -33,6 +33,8 @@ export interface Block {
   /** fewest free slots seen since `win` */
   lowFree: number;
   win: number;
+  /** no longer this instance's block: its last slot in use, once free, ends it in Redis */
+  dropped?: boolean;
 }
 
 interface Entry {
@@ -107,6 +109,8 @@ export class BlockTable {
     if (block && block.used > 0) {
       block.used--;
       this.onBlocks--;
+      // Redis still counts a dropped block's slots in use (until its expiry): free them.
+      if (block.dropped && block.used === 0) this.opts.resize(keyId, block, 0, true);
     }
   }
 
@@ -198,6 +202,7 @@ export class BlockTable {
   private drop(keyId: string, e: Entry): void {
     const b = e.block!;
     e.block = null;
+    b.dropped = true;
     this.byId.delete(b.id);
     this.opts.resize(keyId, b, b.used, true);
   }

@@ -89,6 +89,8 @@ test('slots left free a whole sliceMs go back; a block with none in use ends; cl
   t.take('k', c);
   t.sweep(true);
   assert.deepEqual(resized.pop(), { id: 'b2', weight: 1, dropped: true }, 'the slot in use stays counted until its request ends');
+  t.ended('k', c);
+  assert.deepEqual(resized.pop(), { id: 'b2', weight: 0, dropped: true }, 'then the block ends');
   t.stop();
 });
 
