@@ -12,7 +12,7 @@ import { type AdmitInput, type AdmitResult, type QuotaFigures, isLimited } from 
 import type { RedisClock } from './redis-clock.js';
 import type { RunScript } from './scripts.js';
 import type { SettleBatch, SettleOp } from './settle-batch.js';
-import { type Block, BlockTable, KEEP_SHARE } from './slot-blocks.js';
+import { BLOCK_SHARE, type Block, BlockTable, KEEP_SHARE } from './slot-blocks.js';
 import { REDIS_LIFETIME_FACTOR, type Slice, SliceTable } from './slices.js';
 
 export interface LeasePathOptions {
@@ -46,6 +46,8 @@ export function leasable(input: AdmitInput): LeasedAdmission | null {
   const tpm = isLimited(limits.tpm) ? limits.tpm : 0;
   const conc = isLimited(limits.concurrency) ? limits.concurrency : 0;
   if (rpm === 0 && tpm === 0 && conc === 0) return null;
+  // A limit too small for a block of one slot: admit.lua per request, as without leasing.
+  if (conc > 0 && Math.floor(conc * BLOCK_SHARE) < 1) return null;
   return { keyId: input.keyId, rpm, tpm, conc, tokens: Math.max(0, Math.ceil(input.tokens)) };
 }
 
@@ -174,8 +176,10 @@ export function createLeasePath(o: LeasePathOptions): LeasePath {
       const res = take(a);
       if (res) return res;
     }
-    const want = buckets(a) && !askingSlice ? slices.want(a.keyId, a.rpm, a.tpm) : null;
     const wantBlock = a.conc > 0 && !askingBlock ? blocks.want(a.keyId, a.conc) : 0;
+    // A slice serves a concurrency-limited key only together with a block of its slots.
+    const sliceOf = a.conc === 0 || wantBlock > 0 || blocks.current(a.keyId) !== null;
+    const want = buckets(a) && !askingSlice && sliceOf ? slices.want(a.keyId, a.rpm, a.tpm) : null;
     const old = slices.detach(a.keyId);
     const k = keysOf(a.keyId);
     const id = newLeaseId();
