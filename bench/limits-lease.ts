@@ -1,16 +1,18 @@
 /**
  * Bucket slices and blocks of concurrency slots in the limits store alone
  * (`npx tsx bench/limits-lease.ts`): Redis calls per request and limiter operations per
- * second, `redis.lease` off versus on, side by side in one run, through createLimiter as the sidecar runs it (BENCH_REDIS_URL, default
- * redis://127.0.0.1:6379). One operation is a request's store work:
+ * second, `redis.lease` off versus on, side by side in one run, through createLimiter as the
+ * sidecar runs it (BENCH_REDIS_URL, default redis://127.0.0.1:6379). One operation is a
+ * request's store work:
  *   admit (key RPM and TPM, far from the limit) + finish with real usage (a TPM refund),
  *   and with BENCH_BUDGETS=1 also a spend hold on a key and a project budget + its settlement.
  * Two cases, each measured on its own: keys with RPM and TPM only, and keys that also have a
  * concurrency limit (BENCH_KEY_CONCURRENCY, default 1024, far from it: blocks of slots
  * leased; a limit under 16 has none and keeps one call per request). Redis timeout 5 s, so
  * a machine slowed by MONITOR does not abort the run. CONCURRENCY operations in flight for
- * DURATION s per variant, variants alternated over ROUNDS rounds, median reported. Calls are counted in a separate pass of CALLS_OPS
- * operations per variant with MONITOR (which slows Redis, so it is not on while timing).
+ * DURATION s per variant, variants alternated over ROUNDS rounds, median reported. Calls are
+ * counted in a separate pass of CALLS_OPS operations per variant with MONITOR (which slows
+ * Redis, so it is not on while timing).
  */
 import { Redis } from 'ioredis';
 import { createLimiter } from '../src/limits/failover.js';
