@@ -163,6 +163,7 @@ export class BlockTable {
     const e = this.entry(keyId, this.now());
     const old = e.block;
     if (old && old.id === id) {
+      old.cap = cap;
       old.weight = weight;
       old.validUntil = Math.max(old.validUntil, sentAt + this.opts.leaseMs);
       old.lowFree = weight - old.used;
