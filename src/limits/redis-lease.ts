@@ -67,7 +67,7 @@ export interface LeasePath {
   onBlocks(): number;
   /** The keeper refreshed these lease ids (sent at sentAt, this clock); `all`: every one was still recorded. */
   refreshed(ids: string[], sentAt: number, all: boolean): void;
-  /** Gives every slice back (queued in the batch). */
+  /** Gives every slice and every unused slot of a block back (queued in the batch). */
   close(): void;
 }
 
