@@ -1,14 +1,18 @@
 /**
- * Bucket slices in the limits store alone (`npx tsx bench/limits-lease.ts`): Redis calls per
- * request and limiter operations per second, `redis.lease` off versus on, side by side in one
- * run, through createLimiter as the sidecar runs it (BENCH_REDIS_URL, default
- * redis://127.0.0.1:6379). One operation is a request's store work:
+ * Bucket slices and blocks of concurrency slots in the limits store alone
+ * (`npx tsx bench/limits-lease.ts`): Redis calls per request and limiter operations per
+ * second, `redis.lease` off versus on, side by side in one run, through createLimiter as the
+ * sidecar runs it (BENCH_REDIS_URL, default redis://127.0.0.1:6379). One operation is a
+ * request's store work:
  *   admit (key RPM and TPM, far from the limit) + finish with real usage (a TPM refund),
  *   and with BENCH_BUDGETS=1 also a spend hold on a key and a project budget + its settlement.
- * Keys have no concurrency limit: a key with one keeps one call per request (slots are not
- * leased). CONCURRENCY operations in flight for DURATION s per variant, variants alternated
- * over ROUNDS rounds, median reported. Calls are counted in a separate pass of CALLS_OPS
- * operations per variant with MONITOR (which slows Redis, so it is not on while timing).
+ * Two cases, each measured on its own: keys with RPM and TPM only, and keys that also have a
+ * concurrency limit (BENCH_KEY_CONCURRENCY, default 1024, far from it: blocks of slots
+ * leased; a limit under 16 has none and keeps one call per request). Redis timeout 5 s, so
+ * a machine slowed by MONITOR does not abort the run. CONCURRENCY operations in flight for
+ * DURATION s per variant, variants alternated over ROUNDS rounds, median reported. Calls are
+ * counted in a separate pass of CALLS_OPS operations per variant with MONITOR (which slows
+ * Redis, so it is not on while timing).
  */
 import { Redis } from 'ioredis';
 import { createLimiter } from '../src/limits/failover.js';
@@ -27,7 +31,8 @@ const BUDGETS = process.env.BENCH_BUDGETS === '1';
 const REDIS_URL = process.env.BENCH_REDIS_URL ?? 'redis://127.0.0.1:6379';
 const PREFIX = `kwbench-lease-${process.pid}`;
 
-const limits = { rpm: 1e9, tpm: 1e12, concurrency: null };
+const KEY_CONCURRENCY = env('BENCH_KEY_CONCURRENCY', 1024);
+let limits: { rpm: number; tpm: number; concurrency: number | null } = { rpm: 1e9, tpm: 1e12, concurrency: null };
 const route = { name: 'bench', concurrency: 0, rpm: 0 };
 
 async function op(lim: Limiter, seq: number): Promise<void> {
@@ -102,30 +107,39 @@ async function cleanup(): Promise<void> {
   redis.disconnect();
 }
 
-const variants: [string, Limiter][] = [false, true].map((enabled) => [
+const variantsOf = (tag: string): [string, Limiter][] => [false, true].map((enabled) => [
   enabled ? 'lease on ' : 'lease off',
-  createLimiter({ redis: { url: REDIS_URL, prefix: `${PREFIX}-${enabled ? 'on' : 'off'}`, timeoutMs: 1_000, onError: 'closed', lease: { enabled, sliceMs: 1000 } }}),
+  createLimiter({ redis: { url: REDIS_URL, prefix: `${PREFIX}-${tag}-${enabled ? 'on' : 'off'}`, timeoutMs: 5_000, onError: 'closed', lease: { enabled, sliceMs: 1000 } } }),
 ]);
-try {
-  const calls = new Map<string, number>();
-  for (const [name, lim] of variants) {
-    await drive(lim, { seconds: 1 }); // warm-up: connection, scripts, JIT, demand history
-    calls.set(name, await callsPerOp(lim));
-  }
-  const rates = new Map<string, number[]>(variants.map(([n]) => [n, []]));
-  for (let r = 0; r < ROUNDS; r++) {
+const cases: [string, typeof limits][] = [
+  ['rpm+tpm', { rpm: 1e9, tpm: 1e12, concurrency: null }],
+  [`rpm+tpm+concurrency ${KEY_CONCURRENCY}`, { rpm: 1e9, tpm: 1e12, concurrency: KEY_CONCURRENCY }],
+];
+console.log(`keys ${KEYS}, ${CONCURRENCY} in flight, ${DURATION} s x ${ROUNDS} rounds, budgets ${BUDGETS ? 'on' : 'off'}`);
+for (const [caseName, caseLimits] of cases) {
+  limits = caseLimits;
+  const variants = variantsOf(caseName.replace(/\W+/g, '-'));
+  try {
+    const calls = new Map<string, number>();
     for (const [name, lim] of variants) {
-      const { done, secs } = await drive(lim, { seconds: DURATION });
-      rates.get(name)!.push(done / secs);
+      await drive(lim, { seconds: 1 }); // warm-up: connection, scripts, JIT, demand history
+      calls.set(name, await callsPerOp(lim));
     }
+    const rates = new Map<string, number[]>(variants.map(([n]) => [n, []]));
+    for (let r = 0; r < ROUNDS; r++) {
+      for (const [name, lim] of variants) {
+        const { done, secs } = await drive(lim, { seconds: DURATION });
+        rates.get(name)!.push(done / secs);
+      }
+    }
+    console.log(`keys limited by ${caseName}`);
+    const base = median(rates.get('lease off')!);
+    for (const [name] of variants) {
+      const ops = median(rates.get(name)!);
+      console.log(`  ${name}  ${calls.get(name)!.toFixed(3)} Redis calls/op   ${ops.toFixed(0).padStart(7)} ops/s   (${((ops / base) * 100).toFixed(0)}% of lease off)`);
+    }
+  } finally {
+    for (const [, lim] of variants) await lim.close();
   }
-  console.log(`keys ${KEYS}, ${CONCURRENCY} in flight, ${DURATION} s x ${ROUNDS} rounds, budgets ${BUDGETS ? 'on' : 'off'}`);
-  const base = median(rates.get('lease off')!);
-  for (const [name] of variants) {
-    const ops = median(rates.get(name)!);
-    console.log(`${name}  ${calls.get(name)!.toFixed(3)} Redis calls/op   ${ops.toFixed(0).padStart(7)} ops/s   (${((ops / base) * 100).toFixed(0)}% of lease off)`);
-  }
-} finally {
-  for (const [, lim] of variants) await lim.close();
-  await cleanup();
 }
+await cleanup();

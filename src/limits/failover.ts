@@ -212,7 +212,7 @@ export function createLimiter(opts: CreateLimiterOptions = {}): Limiter {
     async admit(input) {
       // Nothing to count: nothing can be unavailable either, whatever state Redis is in.
       if (!hasAnyLimit(input)) return shared.admit(input);
-      // Admitted from a slice this instance holds: no Redis call, so nothing to guard.
+      // Admitted from a slice or block of slots this instance holds: no Redis call, so nothing to guard.
       const sliced = shared.admitNow(input);
       if (sliced) return sliced;
       const tags = tagsOf(input);

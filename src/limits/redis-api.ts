@@ -20,7 +20,7 @@ export interface RedisLimiterOptions {
   staleAfterMs?: number;
   /** Told about every Redis failure; each is also counted in stats().redisErrors. */
   onError?: (op: 'admit' | 'settle' | 'refresh' | 'hold' | 'peek', err: unknown) => void;
-  /** Bucket slices (redis-lease.ts); off when absent. */
+  /** Bucket slices and blocks of concurrency slots (redis-lease.ts); off when absent. */
   lease?: { sliceMs: number } | null;
   /** Longest a settlement waits to leave with others; default DEFAULT_SETTLE_EVERY_MS. */
   settleEveryMs?: number;
@@ -43,6 +43,8 @@ export interface RedisLimiter extends Limiter {
   admitNow(input: AdmitInput): AdmitResult | null;
   /** Slices of buckets held now (0 without `lease`). */
   slicesHeld(): number;
+  /** Blocks of concurrency slots held now (0 without `lease`). */
+  slotBlocksHeld(): number;
 }
 
 

@@ -1,9 +1,9 @@
 /**
  * Shared limiter on Redis (single node or Cluster). Admission is at most one round trip;
  * settlements leave in one batched call per tick (settle-batch.ts); a key limited by its own
- * RPM/TPM alone may be admitted from a slice leased to this instance, with no round trip at
- * all (redis-lease.ts, `lease`). Time comes from Redis TIME inside the scripts, so instance
- * clocks never matter.
+ * RPM/TPM/concurrency alone may be admitted from a slice leased to this instance, with no round trip at
+ * all, its concurrency slots taken from a block of slots leased the same way (redis-lease.ts,
+ * `lease`). Time comes from Redis TIME inside the scripts, so instance clocks never matter.
  *
  * Key layout: everything of one API key under one hash tag, `{<prefix>:k:<keyId>}:rpm|tpm|conc`,
  * its per-model buckets `{<prefix>:k:<keyId>}:m:<pattern>:rpm|tpm`; an upstream's capacity
@@ -68,7 +68,11 @@ export function createRedisLimiter(opts: RedisLimiterOptions): RedisLimiter {
     everyMs: opts.refreshEveryMs ?? Math.floor(leaseMs / 3),
     refresh: async (setKey, ids) => {
       for (let i = 0; i < ids.length; i += REFRESH_CHUNK) {
-        await run('keywardRefresh', [setKey], [leaseMs, ...ids.slice(i, i + REFRESH_CHUNK)]);
+        const chunk = ids.slice(i, i + REFRESH_CHUNK);
+        const sentAt = performance.now();
+        // The set's block weights (slots.lua) live as long as the set.
+        const n = Number(await run('keywardRefresh', [setKey, `${setKey}w`], [leaseMs, ...chunk]));
+        sliced?.refreshed(chunk, sentAt, n === chunk.length);
       }
     },
     onError: (err) => failed('refresh', err),
@@ -94,13 +98,18 @@ export function createRedisLimiter(opts: RedisLimiterOptions): RedisLimiter {
     clock,
   });
 
-  const sliced = opts.lease ? createLeasePath({ run: send, batch, owner, clock, sliceMs: opts.lease.sliceMs, keyTag: (id) => tag('k', id) }) : null;
+  const sliced = opts.lease
+    ? createLeasePath({ run: send, batch, owner, clock, sliceMs: opts.lease.sliceMs, keyTag: (id) => tag('k', id), keeper, leaseMs })
+    : null;
   /** Requests admitNow counted and found no slice for; admit goes straight to Redis with them. */
   const triedNow = new WeakSet<AdmitInput>();
   /** Queues the parts' writes for the next batch. */
   const settle = (leaseId: string, parts: Part[]): void => {
     for (const p of parts) batch.add({ kind: 'b', tag: p.tag, leaseId, buckets: p.buckets, sets: p.sets, owner } satisfies SettleOp);
   };
+
+  /** Slots of requests in flight: their own leases and slots of blocks (a block's lease is not a request's). */
+  const slotsHeld = (): number => keeper.count() - (sliced ? sliced.blocksHeld() - sliced.onBlocks() : 0);
 
   const admitNow = (input: AdmitInput): AdmitResult | null => {
     const l = sliced && leasable(input);
@@ -140,7 +149,7 @@ export function createRedisLimiter(opts: RedisLimiterOptions): RedisLimiter {
     const mk = `${kt_}:m:${encodeURIComponent(input.modelLimit?.pattern ?? '')}`;
     const routeKeys = [`${rt}:rpm`, `${rt}:conc`];
     // The model's buckets ride along only when the key has a per-model limit.
-    const keyKeys = [`${kt_}:rpm`, `${kt_}:tpm`, `${kt_}:conc`, ...(mr > 0 || mt > 0 ? [`${mk}:rpm`, `${mk}:tpm`] : [])];
+    const keyKeys = [`${kt_}:rpm`, `${kt_}:tpm`, `${kt_}:conc`, `${kt_}:concw`, ...(mr > 0 || mt > 0 ? [`${mk}:rpm`, `${mk}:tpm`] : [])];
     const leaseId = newLeaseId();
 
     // What undoing each side takes: its tokens back and its slot freed.
@@ -154,8 +163,8 @@ export function createRedisLimiter(opts: RedisLimiterOptions): RedisLimiter {
       buckets: [
         ...(kr > 0 ? [{ key: keyKeys[0]!, cap: kr, delta: 1 }] : []),
         ...(kt > 0 && tokens > 0 ? [{ key: keyKeys[1]!, cap: kt, delta: tokens }] : []),
-        ...(mr > 0 ? [{ key: keyKeys[3]!, cap: mr, delta: 1 }] : []),
-        ...(mt > 0 && tokens > 0 ? [{ key: keyKeys[4]!, cap: mt, delta: tokens }] : []),
+        ...(mr > 0 ? [{ key: keyKeys[4]!, cap: mr, delta: 1 }] : []),
+        ...(mt > 0 && tokens > 0 ? [{ key: keyKeys[5]!, cap: mt, delta: tokens }] : []),
       ],
       sets: kc > 0 ? [keyKeys[2]!] : [],
     };
@@ -222,7 +231,7 @@ export function createRedisLimiter(opts: RedisLimiterOptions): RedisLimiter {
             tag: kt_,
             buckets: [
               ...(known && kt > 0 ? [{ key: keyKeys[1]!, cap: kt, delta }] : []),
-              ...(known && mt > 0 ? [{ key: keyKeys[4]!, cap: mt, delta }] : []),
+              ...(known && mt > 0 ? [{ key: keyKeys[5]!, cap: mt, delta }] : []),
             ],
             sets: keyUndo.sets,
           };
@@ -263,7 +272,8 @@ export function createRedisLimiter(opts: RedisLimiterOptions): RedisLimiter {
     },
     admitNow,
     slicesHeld: () => sliced?.held() ?? 0,
-    stats: () => ({ redisErrors, failOpenAdmissions: 0, slotsHeld: keeper.count(), failOpenHolds: 0, holdsHeld: money.count() }),
+    slotBlocksHeld: () => sliced?.blocksHeld() ?? 0,
+    stats: () => ({ redisErrors, failOpenAdmissions: 0, slotsHeld: slotsHeld(), failOpenHolds: 0, holdsHeld: money.count() }),
     async close() {
       keeper.stop();
       money.stop();

@@ -1,6 +1,6 @@
 /**
- * Settlements (TPM refunds and charges, freed slots, returned slices, spend-hold
- * settlements) are queued and sent once per tick: one settle.lua call per hash slot in a
+ * Settlements (TPM refunds and charges, freed slots, returned slices and block slots,
+ * spend-hold settlements) are queued and sent once per tick: one settle.lua call per hash slot in a
  * Cluster, one call in all on a single node, instead of one round trip each.
  *
  * What waits is only ever a release or an after-the-fact charge, never a hold or an
@@ -29,6 +29,8 @@ export type SettleOp = Owner &
       sets: string[];
     }
   | { kind: 'h'; tag: string; holdId: string; cost: number; ttlMs: number; keys: string[] }
+  /** a block of slots resized (0 ends it); see slot-blocks.ts */
+  | { kind: 'w'; tag: string; set: string; weights: string; blockId: string; weight: number }
   );
 
 export interface SettleBatchOptions {
@@ -78,6 +80,9 @@ export function createSettleBatch(opts: SettleBatchOptions): SettleBatch {
           args.push(b.cap, b.delta);
         }
         keys.push(...op.sets);
+      } else if (op.kind === 'w') {
+        args.push('w', op.blockId, op.weight);
+        keys.push(op.set, op.weights);
       } else {
         args.push('h', op.holdId, op.cost, op.ttlMs, op.keys.length / 2);
         keys.push(...op.keys);

@@ -70,3 +70,41 @@ describe('redis cluster: route and key live in different slots', () => {
     for (const r of rs) if (r.ok) r.hold.settle(0.25);
   });
 });
+
+describe('redis cluster: blocks of concurrency slots', () => {
+  const prefix = uid('kwtest');
+  const clients: Cluster[] = [];
+  const lims: ReturnType<typeof createRedisLimiter>[] = [];
+  before(async () => {
+    for (let i = 0; i < 2; i++) {
+      const c = createRedisClient({ url: cluster.url, timeoutMs: 2_000 }) as Cluster;
+      await new Promise((resolve) => c.once('ready', resolve));
+      clients.push(c);
+      lims.push(createRedisLimiter({ redis: c, prefix, leaseMs: 30_000, lease: { sliceMs: 1000 } }));
+    }
+  });
+  after(async () => {
+    for (const l of lims) await l.close();
+    for (const c of clients) c.disconnect();
+  });
+
+  test('six keys over the masters: far from the limit a block, near it C+1 at once across two instances admit exactly C', async () => {
+    const C = 64;
+    const limits = { concurrency: C };
+    const [a, b] = lims as [(typeof lims)[0], (typeof lims)[0]];
+    await Promise.all(
+      Array.from({ length: 6 }, async () => {
+        const key = uid('k');
+        for (let i = 0; i < 10; i++) leaseOf(await a.admit(input(key, { limits }))).finish({ tokens: null });
+        assert.equal(await clients[0]!.hlen(`{${prefix}:k:${key}}:concw`), 1, 'a block is recorded under the key');
+        const held = [];
+        for (let i = 0; i < 40; i++) held.push(leaseOf(await (i % 2 ? a : b).admit(input(key, { limits }))));
+        const rs = await Promise.all(Array.from({ length: C - 40 + 1 }, (_, i) => (i % 2 ? a : b).admit(input(key, { limits }))));
+        assert.equal(rs.filter((r) => r.ok).length, C - 40, `${C - 40} free, ${C - 40 + 1} sent`);
+        for (const l of held) l.finish({ tokens: null });
+        for (const r of rs) if (r.ok) r.lease.finish({ tokens: null });
+      }),
+    );
+    assert.ok(a.slotBlocksHeld() > 0);
+  });
+});

@@ -2,9 +2,9 @@
 --
 -- KEYS, by group; a group is present only when its flag is 1, route group first:
 --   route group (ARGV[3] = 1): route RPM bucket, route lease set
---   key group   (ARGV[6] = 1): key RPM bucket, key TPM bucket, key lease set, and when the
---                key has a per-model limit (ARGV[12] or ARGV[13] > 0) the model's RPM and
---                TPM buckets (same hash tag as the key)
+--   key group   (ARGV[6] = 1): key RPM bucket, key TPM bucket, key lease set, key lease
+--                set's block weights (slots.lua), and when the key has a per-model limit
+--                (ARGV[12] or ARGV[13] > 0) the model's RPM and TPM buckets (same hash tag)
 -- Standalone Redis gets both groups in one call. In Cluster each group lives under its own
 -- hash tag, so the client sends one call per group in parallel (see redis.ts).
 --
@@ -14,7 +14,8 @@
 --       that runs later (Redis was paused or the link stalled), so it must change nothing,
 --       12 model rpm, 13 model tpm (a limit <= 0 means unlimited)
 --
--- Buckets: see bucket.lua (slices leased from a key's buckets lower their ceiling). Lease sets are ZSETs: member = lease id, score = expiry ms.
+-- Buckets: see bucket.lua (slices leased from a key's buckets lower their ceiling). Lease
+-- sets: see slots.lua (a block of slots leased to an instance counts its whole weight).
 --
 -- Returns {1, 0, 0, now, rpm remaining, rpm reset ms, tpm remaining, tpm reset ms} when
 -- admitted (the key's own buckets after this admission; reset = until full again), else {0, code, retryAfterMs, now} with no limit
@@ -24,8 +25,7 @@
 -- failing check names the code, retryAfterMs is the longest wait among failures.
 
 -- #include bucket.lua
-
-local CONC_RETRY = 1000
+-- #include slots.lua
 
 local lease_id = ARGV[1]
 local lease_ms = tonumber(ARGV[2])
@@ -48,26 +48,16 @@ local function refill_wait(lvl, need, cap)
   return math.max(1, math.ceil((need - lvl) * WINDOW / cap))
 end
 
-local function conc_wait(key)
-  local first = redis.call('ZRANGE', key, 0, 0, 'WITHSCORES')
-  if not first[2] then return CONC_RETRY end
-  return math.max(1, math.min(CONC_RETRY, math.ceil(tonumber(first[2]) - now)))
-end
-
-local function held(key)
-  redis.call('ZREMRANGEBYSCORE', key, '-inf', now)
-  return redis.call('ZCARD', key)
-end
 
 local i = 1
-local r_rpm_key, r_conc_key, k_rpm_key, k_tpm_key, k_conc_key, m_rpm_key, m_tpm_key
+local r_rpm_key, r_conc_key, k_rpm_key, k_tpm_key, k_conc_key, k_conc_w, m_rpm_key, m_tpm_key
 if has_route then
   r_rpm_key, r_conc_key = KEYS[i], KEYS[i + 1]
   i = i + 2
 end
 if has_key then
-  k_rpm_key, k_tpm_key, k_conc_key = KEYS[i], KEYS[i + 1], KEYS[i + 2]
-  m_rpm_key, m_tpm_key = KEYS[i + 3], KEYS[i + 4]
+  k_rpm_key, k_tpm_key, k_conc_key, k_conc_w = KEYS[i], KEYS[i + 1], KEYS[i + 2], KEYS[i + 3]
+  m_rpm_key, m_tpm_key = KEYS[i + 4], KEYS[i + 5]
 end
 
 local code = 0
@@ -84,7 +74,7 @@ end
 
 local r_rpm_level, k_rpm_level, k_tpm_level, m_rpm_level, m_tpm_level
 if has_route then
-  if route_conc > 0 and held(r_conc_key) >= route_conc then deny(1, conc_wait(r_conc_key)) end
+  if route_conc > 0 and held_slots(r_conc_key, nil) >= route_conc then deny(1, conc_wait(r_conc_key)) end
   if route_rpm > 0 then
     r_rpm_level = level(r_rpm_key, route_rpm)
     if r_rpm_level < 1 then deny(1, refill_wait(r_rpm_level, 1, route_rpm)) end
@@ -101,7 +91,7 @@ if has_key then
       deny(3, refill_wait(k_tpm_level, math.min(tokens, key_tpm), key_tpm))
     end
   end
-  if key_conc > 0 and held(k_conc_key) >= key_conc then deny(4, conc_wait(k_conc_key)) end
+  if key_conc > 0 and held_slots(k_conc_key, k_conc_w) >= key_conc then deny(4, conc_wait(k_conc_key)) end
   if model_rpm > 0 then
     m_rpm_level = level(m_rpm_key, model_rpm)
     if m_rpm_level < 1 then deny(2, refill_wait(m_rpm_level, 1, model_rpm)) end
@@ -115,21 +105,14 @@ if has_key then
 end
 if code ~= 0 then return {0, code, wait, now} end
 
-local function take_slot(key)
-  redis.call('ZADD', key, now + lease_ms, lease_id)
-  -- The set may go when its last lease expires. Only ever lengthen the TTL: an instance
-  -- configured with a shorter lease must not cut another instance's leases short.
-  if redis.call('PTTL', key) < lease_ms then redis.call('PEXPIRE', key, lease_ms) end
-end
-
 if has_route then
   if route_rpm > 0 then store(r_rpm_key, route_rpm, r_rpm_level - 1) end
-  if route_conc > 0 then take_slot(r_conc_key) end
+  if route_conc > 0 then take_slot(r_conc_key, lease_id, lease_ms) end
 end
 if has_key then
   if key_rpm > 0 then store(k_rpm_key, key_rpm, k_rpm_level - 1) end
   if key_tpm > 0 and tokens > 0 then store(k_tpm_key, key_tpm, k_tpm_level - tokens) end
-  if key_conc > 0 then take_slot(k_conc_key) end
+  if key_conc > 0 then take_slot(k_conc_key, lease_id, lease_ms) end
   if model_rpm > 0 then store(m_rpm_key, model_rpm, m_rpm_level - 1) end
   if model_tpm > 0 and tokens > 0 then store(m_tpm_key, model_tpm, m_tpm_level - tokens) end
 end

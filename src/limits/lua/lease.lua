@@ -1,8 +1,10 @@
--- lease.lua: admit one request on a key's own RPM/TPM buckets, give back what is left of the
--- calling instance's previous slice, and lease it a new slice when the key is far from its
--- limit, in one call. Only for requests limited by the key's RPM/TPM alone (redis.ts).
+-- lease.lua: admit one request on a key's own RPM/TPM buckets and concurrency slots, give
+-- back what is left of the calling instance's previous slice, and lease it a new slice and
+-- a (bigger) block of slots when the key is far from its limits, in one call. Only for
+-- requests limited by the key's own RPM/TPM/concurrency alone (redis-lease.ts).
 --
--- KEYS[1] key RPM bucket, KEYS[2] key TPM bucket (bucket.lua; same hash tag)
+-- KEYS[1] key RPM bucket, KEYS[2] key TPM bucket (bucket.lua), KEYS[3] key lease set,
+-- KEYS[4] its block weights (slots.lua); all under the key's hash tag
 -- ARGV: 1 rpm capacity, 2 tpm capacity (0 = no such limit), 3 tokens (TPM reservation),
 --       4 deadline in Redis time ms (0 = none; as admit.lua: past it nothing changes),
 --       5 previous slice id ('' = none), 6 its rpm left, 7 its tpm left,
@@ -11,21 +13,29 @@
 --       12 rpm to keep, 13 tpm to keep: a slice is granted only when the bucket still holds
 --       this much after the request and the slice, so that near the limit every instance
 --       goes back to one call per request and admissions stay exact.
+--       14 concurrency limit C (0 = none), 15 this request's lease id, 16 lease ms,
+--       17 the instance's block id ('' = none), 18 block weight wanted (0 = none asked): the
+--       block is set to that many slots only when, after the request, slots in use (this
+--       block's current weight included) - current weight + wanted <= ARGV[19].
 --
 -- The request is checked as admit.lua checks it (RPM >= 1; TPM holds the estimate or is
 -- full); nothing is consumed on a denial, though the previous slice is still given back.
 -- A slice is all-or-nothing across the buckets asked of.
--- Returns {1, 0, 0, now, granted (0/1), rpm remaining, rpm reset, tpm remaining, tpm reset}
--- (remaining excludes the new slice), {0, code, retryAfterMs, now} (2 rpm, 3 tpm), or
--- {-1, 0, 0, now} past the deadline.
+-- Returns {1, 0, 0, now, granted (0/1), rpm remaining, rpm reset, tpm remaining, tpm reset,
+-- block granted (0/1), block weight now (0 = no block: never had one, or it expired)}
+-- (remaining excludes the new slice), {0, code, retryAfterMs, now} (2 rpm, 3 tpm,
+-- 4 concurrency), or {-1, 0, 0, now} past the deadline. A denial leaves the block as it is.
 
 -- #include bucket.lua
+-- #include slots.lua
 
 local rpm, tpm, tokens = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
 local deadline = tonumber(ARGV[4]) or 0
 local old_id, old_r, old_t = ARGV[5], tonumber(ARGV[6]), tonumber(ARGV[7])
 local new_id, want_r, want_t = ARGV[8], tonumber(ARGV[9]), tonumber(ARGV[10])
 local slice_ms, keep_r, keep_t = tonumber(ARGV[11]), tonumber(ARGV[12]), tonumber(ARGV[13])
+local conc, slot_id, lease_ms = tonumber(ARGV[14]) or 0, ARGV[15], tonumber(ARGV[16])
+local block_id, want_w, keep_w = ARGV[17] or '', tonumber(ARGV[18]) or 0, tonumber(ARGV[19]) or 0
 if deadline > 0 and now > deadline then return {-1, 0, 0, now} end
 
 local caps = {rpm, tpm}
@@ -47,6 +57,15 @@ if tpm > 0 and tokens > 0 and lvl[2] < tokens and lvl[2] < tpm then
   local w = math.max(1, math.ceil((math.min(tokens, tpm) - lvl[2]) * WINDOW / tpm))
   if code == 0 then code = 3 end
   if w > wait then wait = w end
+end
+local in_use = 0
+if conc > 0 then
+  in_use = held_slots(KEYS[3], KEYS[4])
+  if in_use >= conc then
+    local w = conc_wait(KEYS[3])
+    if code == 0 then code = 4 end
+    if w > wait then wait = w end
+  end
 end
 if code ~= 0 then
   -- The previous slice's remainder is back in the bucket even though this request is not.
@@ -77,4 +96,15 @@ for i = 1, 2 do
   end
 end
 if grant then grant = 1 else grant = 0 end
-return {1, 0, 0, now, grant, q[1], q[2], q[3], q[4]}
+
+local block_grant, weight = 0, 0
+if conc > 0 then
+  take_slot(KEYS[3], slot_id, lease_ms)
+  in_use = in_use + 1
+  weight = block_weight(KEYS[3], KEYS[4], block_id)
+  if want_w > weight and in_use - weight + want_w <= keep_w then
+    set_block(KEYS[3], KEYS[4], block_id, want_w, lease_ms)
+    block_grant, weight = 1, want_w
+  end
+end
+return {1, 0, 0, now, grant, q[1], q[2], q[3], q[4], block_grant, weight}

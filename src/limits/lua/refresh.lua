@@ -1,6 +1,7 @@
 -- refresh.lua: push forward the expiry of the live leases one instance holds in one set.
 --
 -- KEYS[1]     lease set (ZSET: member = lease id, score = expiry ms)
+-- KEYS[2]     optional: the set's block weights (slots.lua), kept at least as long as the set
 -- ARGV[1]     lease ms
 -- ARGV[2..]   lease ids still in flight on the calling instance
 -- Only leases still present are touched (ZADD XX): one that already expired and was
@@ -22,4 +23,7 @@ end
 if #args == 0 then return 0 end
 local refreshed = redis.call('ZADD', KEYS[1], 'XX', 'CH', unpack(args))
 if redis.call('PTTL', KEYS[1]) < lease_ms then redis.call('PEXPIRE', KEYS[1], lease_ms) end
+if KEYS[2] and redis.call('EXISTS', KEYS[2]) == 1 and redis.call('PTTL', KEYS[2]) < lease_ms then
+  redis.call('PEXPIRE', KEYS[2], lease_ms)
+end
 return refreshed

@@ -1,0 +1,262 @@
+/**
+ * Blocks of concurrency slots held by this instance (see lua/slots.lua and lua/lease.lua).
+ * A key with a concurrency limit C may lease a block of k of its C slots in the call that
+ * admits one request; later requests of that key on this instance take a free slot of the
+ * block with no round trip, and give it back to the block (not to Redis) when they end.
+ *
+ * Exactness: Redis counts the block's whole weight as in use while it is recorded, so the
+ * requests in flight on all instances never exceed C. Sizing keeps blocks out of the way near
+ * the limit:
+ *  - a block is about this instance's peak in flight of the key over the last sliceMs plus
+ *    one, at most BLOCK_SHARE of C;
+ *  - Redis grants it only while slots in use, blocks included, stay within KEEP_SHARE of C
+ *    (lease.lua); past that every instance is back to one call per request.
+ * Redis keeps a block for leaseMs after its grant or its last refresh (the lease keeper's);
+ * this instance stops taking slots from it leaseMs after it sent that grant or refresh, so it
+ * never admits on a block Redis has let go. Slots left unused for a whole sliceMs go back
+ * (resize in the settlement batch); on close every unused slot goes back.
+ */
+
+/** Largest block, as a share of the concurrency limit. */
+export const BLOCK_SHARE = 1 / 16;
+/** Slots in use (blocks included) past which no block is granted, as a share of the limit. */
+export const KEEP_SHARE = 1 / 2;
+
+export interface Block {
+  id: string;
+  cap: number;
+  /** what Redis records (or less: a grow in flight only ever adds) */
+  weight: number;
+  used: number;
+  /** this clock: no slot is taken from the block from then on */
+  validUntil: number;
+  /** fewest free slots seen since `win` */
+  lowFree: number;
+  win: number;
+  /** no longer this instance's block: its last slot in use, once free, ends it in Redis */
+  dropped?: boolean;
+}
+
+interface Entry {
+  block: Block | null;
+  asking: Promise<void> | null;
+  quietUntil: number;
+  win: number;
+  count: number;
+  prevCount: number;
+  inFlight: number;
+  peak: number;
+  prevPeak: number;
+  lastUse: number;
+}
+
+export interface BlockTableOptions {
+  sliceMs: number;
+  leaseMs: number;
+  /** The block is resized to `weight` in Redis (queued); `dropped`: this instance no longer holds it. */
+  resize: (keyId: string, block: Block, weight: number, dropped: boolean) => void;
+  now?: () => number;
+}
+
+export class BlockTable {
+  private readonly entries = new Map<string, Entry>();
+  private readonly byId = new Map<string, string>();
+  private timer: NodeJS.Timeout | null = null;
+  /** requests in flight on a slot of a block (held, or dropped while they ran) */
+  private onBlocks = 0;
+  private readonly now: () => number;
+
+  constructor(private readonly opts: BlockTableOptions) {
+    this.now = opts.now ?? (() => performance.now());
+  }
+
+  private entry(keyId: string, t: number): Entry {
+    let e = this.entries.get(keyId);
+    if (!e) {
+      e = { block: null, asking: null, quietUntil: 0, win: t, count: 0, prevCount: 0, inFlight: 0, peak: 0, prevPeak: 0, lastUse: t };
+      this.entries.set(keyId, e);
+      this.syncTimer();
+    }
+    return e;
+  }
+
+  /** Counts one request of the key toward its demand. */
+  note(keyId: string): void {
+    const t = this.now();
+    const e = this.entry(keyId, t);
+    if (t - e.win >= this.opts.sliceMs) {
+      const gap = t - e.win >= 2 * this.opts.sliceMs;
+      e.prevCount = gap ? 0 : e.count;
+      e.prevPeak = gap ? 0 : e.peak;
+      e.count = 0;
+      e.peak = e.inFlight;
+      e.win = t;
+    }
+    e.count++;
+    e.lastUse = t;
+  }
+
+  /** A request of the key is in flight on this instance (from a block or not) until `ended`. */
+  started(keyId: string): void {
+    const e = this.entry(keyId, this.now());
+    e.inFlight++;
+    if (e.inFlight > e.peak) e.peak = e.inFlight;
+  }
+
+  ended(keyId: string, block: Block | null): void {
+    const e = this.entries.get(keyId);
+    if (e && e.inFlight > 0) e.inFlight--;
+    if (block && block.used > 0) {
+      block.used--;
+      this.onBlocks--;
+      // Redis still counts a dropped block's slots in use (until its expiry): free them.
+      if (block.dropped && block.used === 0) this.opts.resize(keyId, block, 0, true);
+    }
+  }
+
+  /** The key's live block when it has a free slot, else null (nothing taken). */
+  free(keyId: string, cap: number): Block | null {
+    const b = this.entries.get(keyId)?.block;
+    if (!b || b.cap !== cap || this.now() >= b.validUntil || b.used >= b.weight) return null;
+    return b;
+  }
+
+  take(keyId: string, b: Block): void {
+    b.used++;
+    this.onBlocks++;
+    b.lowFree = Math.min(b.lowFree, b.weight - b.used);
+    this.started(keyId);
+  }
+
+  current(keyId: string): Block | null {
+    return this.entries.get(keyId)?.block ?? null;
+  }
+
+  asking(keyId: string): Promise<void> | null {
+    return this.entries.get(keyId)?.asking ?? null;
+  }
+
+  /** The block weight worth asking for now, or 0. */
+  want(keyId: string, cap: number): number {
+    const e = this.entries.get(keyId);
+    if (!e || e.asking || this.now() < e.quietUntil) return 0;
+    if (Math.max(e.count, e.prevCount) < 2) return 0;
+    const w = Math.min(Math.floor(cap * BLOCK_SHARE), Math.max(e.peak, e.prevPeak) + 1);
+    const have = e.block && e.block.cap === cap ? e.block.weight : 0;
+    return w > have ? w : 0;
+  }
+
+  track(keyId: string, done: Promise<unknown>): void {
+    const e = this.entry(keyId, this.now());
+    const p = done.then(
+      () => undefined,
+      () => undefined,
+    );
+    e.asking = p;
+    void p.then(() => {
+      if (e.asking === p) e.asking = null;
+    });
+  }
+
+  /** Redis set the key's block to `weight` (grant); sentAt is when that call was sent (this clock). */
+  granted(keyId: string, id: string, cap: number, weight: number, sentAt: number): Block {
+    const e = this.entry(keyId, this.now());
+    const old = e.block;
+    if (old && old.id === id) {
+      old.cap = cap;
+      old.weight = weight;
+      old.validUntil = Math.max(old.validUntil, sentAt + this.opts.leaseMs);
+      old.lowFree = weight - old.used;
+      old.win = this.now();
+      return old;
+    }
+    if (old) this.drop(keyId, e);
+    const b: Block = { id, cap, weight, used: 0, validUntil: sentAt + this.opts.leaseMs, lowFree: weight, win: this.now() };
+    e.block = b;
+    this.byId.set(id, keyId);
+    return b;
+  }
+
+  /** Redis no longer records the key's block (it expired): stop using it. */
+  lost(keyId: string, id: string): void {
+    const e = this.entries.get(keyId);
+    if (e?.block?.id === id) this.drop(keyId, e);
+  }
+
+  refused(keyId: string): void {
+    this.entry(keyId, this.now()).quietUntil = this.now() + this.opts.sliceMs;
+  }
+
+  /** The keeper refreshed these lease ids, sent at sentAt; `all`: every one was still recorded. */
+  refreshed(ids: string[], sentAt: number, all: boolean): void {
+    for (const id of ids) {
+      const keyId = this.byId.get(id);
+      const e = keyId === undefined ? undefined : this.entries.get(keyId);
+      if (!e?.block || e.block.id !== id) continue;
+      // Which lease was missing is unknown: give the block up rather than trust it.
+      if (all) e.block.validUntil = Math.max(e.block.validUntil, sentAt + this.opts.leaseMs);
+      else this.drop(keyId!, e);
+    }
+  }
+
+  /** Stops using the block; its slots in use stay counted in Redis until their requests end. */
+  private drop(keyId: string, e: Entry): void {
+    const b = e.block!;
+    e.block = null;
+    b.dropped = true;
+    this.byId.delete(b.id);
+    this.opts.resize(keyId, b, b.used, true);
+  }
+
+  /**
+   * Gives back slots that stayed free a whole sliceMs, drops blocks past their validity (all
+   * of them with `all`, keeping only slots in use), forgets idle keys.
+   */
+  sweep(all = false): void {
+    const t = this.now();
+    for (const [keyId, e] of this.entries) {
+      const b = e.block;
+      if (b && (all || t >= b.validUntil)) this.drop(keyId, e);
+      else if (b && !e.asking && t - b.win >= this.opts.sliceMs) {
+        if (b.lowFree > 0) {
+          const weight = b.weight - b.lowFree;
+          if (weight <= 0 && b.used === 0) this.drop(keyId, e);
+          else {
+            b.weight = Math.max(weight, b.used);
+            this.opts.resize(keyId, b, b.weight, false);
+          }
+        }
+        b.lowFree = b.weight - b.used;
+        b.win = t;
+      }
+      if (!e.block && !e.asking && e.inFlight === 0 && t - e.lastUse > 2 * this.opts.sliceMs) this.entries.delete(keyId);
+    }
+    this.syncTimer();
+  }
+
+  /** Requests in flight on slots of blocks. */
+  inUse(): number {
+    return this.onBlocks;
+  }
+
+  held(): number {
+    let n = 0;
+    for (const e of this.entries.values()) if (e.block) n++;
+    return n;
+  }
+
+  private syncTimer(): void {
+    if (this.entries.size > 0 && !this.timer) {
+      this.timer = setInterval(() => this.sweep(), Math.max(5, Math.floor(this.opts.sliceMs / 4)));
+      this.timer.unref();
+    } else if (this.entries.size === 0 && this.timer) {
+      clearInterval(this.timer);
+      this.timer = null;
+    }
+  }
+
+  stop(): void {
+    if (this.timer) clearInterval(this.timer);
+    this.timer = null;
+  }
+}

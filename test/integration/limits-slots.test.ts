@@ -1,0 +1,234 @@
+/**
+ * Blocks of concurrency slots (src/limits/slot-blocks.ts, lua/lease.lua, lua/slots.lua):
+ * exactness near the limit across instances, the sum in flight under load from three
+ * instances, a dead instance's block coming back by expiry, unused slots given back, and the
+ * round trips a concurrency-limited request far from its limit costs. The conformance suite
+ * runs with blocks on wherever `lease` is on (limits-lease, limits-cluster).
+ */
+import assert from 'node:assert/strict';
+import { after, describe, test } from 'node:test';
+import { Redis } from 'ioredis';
+import { createRedisClient } from '../../src/limits/client.js';
+import type { AdmitResult, Lease } from '../../src/limits/limiter.js';
+import { type RedisLimiter, createRedisLimiter } from '../../src/limits/redis.js';
+import { waitFor } from '../helpers/redis-server.js';
+import { input, uid } from '../helpers/redis-limits-conformance.js';
+
+const URL = process.env.KW_TEST_REDIS_URL ?? 'redis://127.0.0.1:6379';
+
+describe('blocks of concurrency slots', { timeout: 60_000 }, () => {
+  const prefix = uid('kwtest');
+  const clients: Redis[] = [];
+  const limiters: RedisLimiter[] = [];
+  const connect = async (): Promise<Redis> => {
+    const c = createRedisClient({ url: URL, timeoutMs: 2_000 }) as Redis;
+    clients.push(c);
+    if (c.status !== 'ready') await new Promise((r) => c.once('ready', r));
+    return c;
+  };
+  const instance = async (o: { sliceMs?: number; leaseMs?: number } = {}): Promise<{ lim: RedisLimiter; client: Redis }> => {
+    const client = await connect();
+    const lim = createRedisLimiter({ redis: client, prefix, leaseMs: o.leaseMs ?? 30_000, lease: { sliceMs: o.sliceMs ?? 1000 } });
+    limiters.push(lim);
+    return { lim, client };
+  };
+  after(async () => {
+    await Promise.allSettled(limiters.map((l) => l.close()));
+    const main = await connect();
+    let cursor = '0';
+    do {
+      const [next, keys] = await main.scan(cursor, 'MATCH', `{${prefix}:*`, 'COUNT', 500);
+      cursor = next;
+      if (keys.length > 0) await main.del(...keys);
+    } while (cursor !== '0');
+    for (const c of clients) if (c.status !== 'end') c.disconnect();
+  });
+  const ok = (rs: AdmitResult[]): Lease[] => rs.flatMap((r) => (r.ok ? [r.lease] : []));
+  /** Slots Redis counts in use for the key now (live leases, a block's whole weight), read in one MULTI. */
+  const inUse = async (client: Redis, key: string): Promise<number> => {
+    const set = `{${prefix}:k:${key}}:conc`;
+    const res = (await client.multi().time().zrange(set, 0, -1, 'WITHSCORES').hgetall(`${set}w`).exec())!;
+    const [sec, usec] = res[0]![1] as [string, string];
+    const now = Number(sec) * 1000 + Math.floor(Number(usec) / 1000);
+    const members = res[1]![1] as string[];
+    const weights = res[2]![1] as Record<string, string>;
+    let n = 0;
+    for (let i = 0; i < members.length; i += 2) if (Number(members[i + 1]) > now) n += Number(weights[members[i]!] ?? 1);
+    return n;
+  };
+  /** Sequential admit + finish: builds demand history, so the instance asks for a block. */
+  const warm = async (lim: RedisLimiter, key: string, concurrency: number, n = 10): Promise<void> => {
+    for (let i = 0; i < n; i++) {
+      const r = await lim.admit(input(key, { limits: { concurrency } }));
+      assert.ok(r.ok);
+      r.lease.finish({ tokens: null });
+    }
+  };
+
+  test('near the limit, C+1 at once across two instances admit exactly C', async () => {
+    const a = await instance();
+    const b = await instance();
+    const key = uid('k');
+    const C = 64;
+    const limits = { concurrency: C };
+    await warm(a.lim, key, C);
+    assert.ok(a.lim.slotBlocksHeld() > 0, 'far from its limit the instance holds a block');
+    // 40 in flight, one after another from both instances: some from a's block.
+    const held: Lease[] = [];
+    for (let i = 0; i < 40; i++) held.push(ok([await (i % 2 ? a : b).lim.admit(input(key, { limits }))])[0]!);
+    assert.equal(held.length, 40);
+    const n = C - 40;
+    const rs = await Promise.all(Array.from({ length: n + 1 }, (_, i) => (i % 2 ? a : b).lim.admit(input(key, { limits }))));
+    const burst = ok(rs);
+    assert.equal(burst.length, n, `${n} free, ${n + 1} sent`);
+    assert.equal(await inUse(a.client, key), C, 'Redis counts exactly C in use');
+    assert.ok(rs.filter((r) => !r.ok).every((r) => !r.ok && r.code === 'concurrency_exceeded'));
+    for (const l of [...held, ...burst]) l.finish({ tokens: null });
+    // Freed slots are usable again, from either instance.
+    await waitFor(async () => (await inUse(a.client, key)) <= 8, 5_000, 'the slots are freed');
+    const again = ok(await Promise.all(Array.from({ length: 20 }, (_, i) => (i % 2 ? a : b).lim.admit(input(key, { limits })))));
+    assert.equal(again.length, 20);
+    for (const l of again) l.finish({ tokens: null });
+  });
+
+  test('under load from three instances the sum in flight never exceeds C', async (t) => {
+    // Blocks are not given back during the run (sliceMs past it): they stay in use near the limit.
+    const all = await Promise.all([instance({ sliceMs: 10_000 }), instance({ sliceMs: 10_000 }), instance({ sliceMs: 10_000 })]);
+    const key = uid('k');
+    const C = 48;
+    const limits = { concurrency: C };
+    // Each instance first sees a few requests at once while the key is far from its limit,
+    // so it holds a full-size block when the load starts.
+    for (const { lim } of all) {
+      for (let round = 0; round < 4; round++) {
+        const rs = await Promise.all(Array.from({ length: 4 }, () => lim.admit(input(key, { limits }))));
+        for (const l of ok(rs)) l.finish({ tokens: null });
+      }
+    }
+    const weights = await all[0]!.client.hvals(`{${prefix}:k:${key}}:concw`);
+    assert.deepEqual(weights.map(Number), [3, 3, 3], 'three blocks of C/16 slots');
+    let inFlight = 0;
+    let maxInFlight = 0;
+    let admitted = 0;
+    let denials = 0;
+    let blocksSeen = 0;
+    let maxRedis = 0;
+    let stop = false;
+    const sampler = (async () => {
+      while (!stop) {
+        maxRedis = Math.max(maxRedis, await inUse(all[0]!.client, key));
+        await new Promise((r) => setImmediate(r));
+      }
+    })();
+    const started = performance.now();
+    await Promise.all(
+      all.flatMap(({ lim }) =>
+        Array.from({ length: 24 }, async () => {
+          while (performance.now() - started < 1_500) {
+            const r = await lim.admit(input(key, { limits }));
+            blocksSeen = Math.max(blocksSeen, all.reduce((n, i) => n + i.lim.slotBlocksHeld(), 0));
+            if (!r.ok) {
+              denials++;
+              await new Promise((res) => setImmediate(res));
+              continue;
+            }
+            admitted++;
+            maxInFlight = Math.max(maxInFlight, ++inFlight);
+            // The response takes a moment (a few ticks of I/O).
+            await new Promise((res) => setTimeout(res, 2 + Math.floor(Math.random() * 8)));
+            inFlight--;
+            r.lease.finish({ tokens: null });
+          }
+        }),
+      ),
+    );
+    stop = true;
+    await sampler;
+    t.diagnostic(`admitted ${admitted}, ${denials} denials, max in flight ${maxInFlight} (Redis ${maxRedis}), blocks seen ${blocksSeen}`);
+    assert.ok(blocksSeen > 0, 'instances admitted from blocks');
+    assert.ok(denials > 0, 'the limit was reached');
+    assert.ok(maxInFlight <= C, `max in flight ${maxInFlight} > ${C}`);
+    assert.ok(maxInFlight >= C / 2, `the load reached the limit (${maxInFlight})`);
+    assert.ok(maxRedis <= C, `Redis counted ${maxRedis} > ${C}`);
+  });
+
+  test("a dead instance's block comes back by expiry; a live one gives back unused slots", async () => {
+    const leaseMs = 600;
+    const dead = await instance({ leaseMs });
+    const live = await instance({ leaseMs, sliceMs: 200 });
+    const key = uid('k');
+    const C = 64;
+    await warm(dead.lim, key, C);
+    assert.equal(dead.lim.slotBlocksHeld(), 1);
+    const weight = await inUse(live.client, key);
+    assert.ok(weight >= 2, `the block counts its whole weight (${weight})`);
+    // One request in flight on the block, then the instance dies: no give-back, no close.
+    assert.ok((await dead.lim.admit(input(key, { limits: { concurrency: C } }))).ok);
+    dead.client.disconnect();
+    const diedAt = performance.now();
+    assert.equal(await inUse(live.client, key), weight, 'nothing gives the block back early');
+    await waitFor(async () => (await inUse(live.client, key)) === 0, 10_000, 'the dead block expires');
+    const waited = performance.now() - diedAt;
+    assert.ok(waited <= leaseMs + 1_000, `expired after ${Math.round(waited)} ms`);
+    // All C slots are there again.
+    const rs = ok(await Promise.all(Array.from({ length: C + 1 }, () => live.lim.admit(input(key, { limits: { concurrency: C } })))));
+    assert.equal(rs.length, C);
+    for (const l of rs) l.finish({ tokens: null });
+
+    // A live instance gives its unused slots back by itself once they stayed free a sliceMs.
+    const key2 = uid('k');
+    await warm(live.lim, key2, C);
+    assert.ok(live.lim.slotBlocksHeld() > 0);
+    assert.ok((await inUse(live.client, key2)) >= 2);
+    await waitFor(async () => live.lim.slotBlocksHeld() === 0 && (await inUse(live.client, key2)) === 0, 5_000, 'the live block is given back');
+  });
+
+  test('far from its limit a concurrency-limited request costs well under one Redis call', async (t) => {
+    const { lim, client } = await instance();
+    const watcher = new Redis(URL);
+    clients.push(watcher);
+    const monitor = await watcher.monitor();
+    let calls = 0;
+    const seen = new Set<string>();
+    monitor.on('monitor', (_time: string, args: string[]) => {
+      if (/^echo/i.test(args[0] ?? '')) seen.add(args[1] ?? '');
+      else if (/^eval/i.test(args[0] ?? '') && args.some((a) => a.includes(prefix))) calls++;
+    });
+    /** Everything the limiter sent before this point has been seen (one connection keeps order). */
+    const mark = async (): Promise<void> => {
+      const m = uid(`${prefix}-mark`);
+      await client.echo(m);
+      await waitFor(() => seen.has(m), 5_000, 'the marker');
+    };
+    // Concurrency alone, and concurrency with RPM and TPM.
+    const keys = [
+      { key: uid('k'), limits: { concurrency: 1_000 } },
+      { key: uid('k'), limits: { rpm: 1_000_000, tpm: 100_000_000, concurrency: 1_000 } },
+    ];
+    for (const k of keys) for (let i = 0; i < 3; i++) ok([await lim.admit(input(k.key, { limits: k.limits, tokens: 10 }))])[0]!.finish({ tokens: null });
+    await mark();
+    calls = 0;
+    const requests = 2_000;
+    let sent = 0;
+    let blocks = 0;
+    await Promise.all(
+      Array.from({ length: 16 }, async () => {
+        while (sent < requests) {
+          const k = keys[++sent % 2]!;
+          const r = await lim.admit(input(k.key, { limits: k.limits, tokens: 100 }));
+          assert.ok(r.ok);
+          blocks = Math.max(blocks, lim.slotBlocksHeld());
+          await new Promise((res) => setImmediate(res)); // in flight for a moment
+          r.lease.finish({ tokens: 60 });
+        }
+      }),
+    );
+    await lim.close(); // flushes the batch, gives slices and unused slots back
+    await mark();
+    monitor.disconnect();
+    const perRequest = calls / requests;
+    t.diagnostic(`${calls} Redis calls for ${requests} requests, ${blocks} blocks held`);
+    assert.equal(blocks, 2);
+    assert.ok(perRequest < 0.25, `${calls} Redis calls for ${requests} requests (${perRequest.toFixed(3)} per request)`);
+  });
+});

@@ -1,0 +1,110 @@
+import assert from 'node:assert/strict';
+import { test } from 'node:test';
+import { BLOCK_SHARE, type Block, BlockTable } from '../../src/limits/slot-blocks.js';
+
+interface Resize {
+  id: string;
+  weight: number;
+  dropped: boolean;
+}
+
+const table = (): { t: BlockTable; clock: { now: number }; resized: Resize[] } => {
+  const clock = { now: 0 };
+  const resized: Resize[] = [];
+  const t = new BlockTable({
+    sliceMs: 1000,
+    leaseMs: 3000,
+    now: () => clock.now,
+    resize: (_k, b, weight, dropped) => resized.push({ id: b.id, weight, dropped }),
+  });
+  return { t, clock, resized };
+};
+
+test('a block is the peak in flight plus one, at most 1/16 of C, never for a key seen once', () => {
+  const { t } = table();
+  t.note('k');
+  assert.equal(t.want('k', 1000), 0, 'one request is no demand');
+  t.note('k');
+  assert.equal(t.want('k', 1000), 1, 'nothing in flight: one slot');
+  for (let i = 0; i < 5; i++) t.started('k');
+  assert.equal(t.want('k', 1000), 6);
+  assert.equal(t.want('k', 48), Math.floor(48 * BLOCK_SHARE));
+  assert.equal(t.want('k', 15), 0, 'C under 16: no block');
+  t.stop();
+});
+
+test('takes free slots of a live block only; slots come back to the block when requests end', () => {
+  const { t, clock } = table();
+  t.note('k');
+  t.note('k');
+  const b = t.granted('k', 'b1', 64, 2, clock.now);
+  assert.equal(t.free('k', 32), null, 'another limit: not this block');
+  t.take('k', t.free('k', 64)!);
+  t.take('k', t.free('k', 64)!);
+  assert.equal(t.free('k', 64), null, 'both slots in use');
+  assert.equal(t.inUse(), 2);
+  t.ended('k', b);
+  assert.equal(t.free('k', 64), b);
+  assert.equal(t.want('k', 64), 3, 'peak 2: a bigger block is worth asking for');
+  clock.now = 3000;
+  assert.equal(t.free('k', 64), null, 'past leaseMs from the grant: Redis may have let it go');
+  t.stop();
+});
+
+test('a refresh that found every lease extends the block; one that missed any drops it', () => {
+  const { t, clock, resized } = table();
+  t.granted('k', 'b1', 64, 2, 0);
+  clock.now = 2000;
+  t.refreshed(['x', 'b1'], 1500, true);
+  clock.now = 4000;
+  assert.ok(t.free('k', 64), 'valid until 1500 + leaseMs');
+  t.refreshed(['b1'], 4000, false);
+  assert.equal(t.current('k'), null);
+  assert.deepEqual(resized, [{ id: 'b1', weight: 0, dropped: true }]);
+  t.stop();
+});
+
+test('slots left free a whole sliceMs go back; a block with none in use ends; close keeps only slots in use', () => {
+  const { t, clock, resized } = table();
+  const b: Block = t.granted('k', 'b1', 160, 4, 0);
+  t.take('k', b);
+  t.take('k', b);
+  clock.now = 500;
+  t.sweep();
+  assert.equal(resized.length, 0, 'not a whole sliceMs yet');
+  clock.now = 1000;
+  t.sweep();
+  assert.deepEqual(resized.pop(), { id: 'b1', weight: 2, dropped: false }, 'two slots stayed free');
+  t.ended('k', b);
+  t.ended('k', b);
+  clock.now = 2000;
+  t.sweep();
+  assert.equal(resized.length, 0, 'no slot was free at the start of that window');
+  clock.now = 3000;
+  t.sweep();
+  assert.deepEqual(resized.pop(), { id: 'b1', weight: 0, dropped: true });
+  assert.equal(t.held(), 0);
+
+  const c = t.granted('k', 'b2', 160, 4, clock.now);
+  t.take('k', c);
+  t.sweep(true);
+  assert.deepEqual(resized.pop(), { id: 'b2', weight: 1, dropped: true }, 'the slot in use stays counted until its request ends');
+  t.ended('k', c);
+  assert.deepEqual(resized.pop(), { id: 'b2', weight: 0, dropped: true }, 'then the block ends');
+  t.stop();
+});
+
+test('no resize while a grow is in flight', async () => {
+  const { t, clock, resized } = table();
+  t.granted('k', 'b1', 160, 4, 0);
+  let release!: () => void;
+  t.track('k', new Promise<void>((r) => (release = r)));
+  clock.now = 1500;
+  t.sweep();
+  assert.equal(resized.length, 0);
+  release();
+  await new Promise((r) => setImmediate(r));
+  t.sweep();
+  assert.deepEqual(resized.pop(), { id: 'b1', weight: 0, dropped: true });
+  t.stop();
+});
