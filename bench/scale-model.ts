@@ -18,7 +18,8 @@
  *   --variant NAME          limits | wallet | budgets (default: all three)
  *   --cpr N                 commands per request without leasing, overriding the measured figure
  *   --us-per-command N      Redis CPU µs per command, overriding the measured figures
- *   --from-lease FILE       redis-cost JSON measured with leasing on (default .bench/redis-cost-lease.json)
+ *   --from-lease FILE, --from-lease-cluster FILE   the same measured with leasing on
+ *                           (defaults .bench/redis-cost-lease.json, redis-cost-cluster-lease.json)
  *   --leased-cpr N          commands per request with leasing, overriding the measured figure
  *   --instances LIST        fleet sizes (default 10,100)
  *   --per-instance LIST     requests/s per instance (default 500,4350: a busy gateway, and one
@@ -39,6 +40,7 @@ const { values: opt } = parseArgs({
     cpr: { type: 'string' },
     'us-per-command': { type: 'string' },
     'from-lease': { type: 'string' },
+    'from-lease-cluster': { type: 'string' },
     'leased-cpr': { type: 'string' },
     instances: { type: 'string', default: '10,100' },
     'per-instance': { type: 'string', default: '500,4350' },
@@ -54,21 +56,31 @@ interface Cost {
 }
 
 /**
- * `npm run bench:redis` and `npm run bench:redis -- --cluster` on the 2-core development
- * machine (Redis 7.0; medians of three runs each): a single node, and a Cluster of three masters (summed
- * over the shards, so per request the fleet pays this on whichever shards its keys live on).
+ * `npm run bench:redis [-- --cluster] [-- --no-lease]` on the 2-core development machine
+ * (Redis 7.0, one run each, settlements batched per tick): a single node, and a Cluster of
+ * three masters (summed over the shards, so per request the fleet pays this on whichever
+ * shards its keys live on). With leasing, what is left per request is the spend hold of keys
+ * that draw on a wallet or budget; the slice and block calls are few but carry a batch each.
  */
 const MEASURED_NODE: Cost[] = [
-  { variant: 'limits', commandsPerRequest: 2, cpuUsPerCommand: 14.3 },
-  { variant: 'wallet', commandsPerRequest: 4, cpuUsPerCommand: 12.5 },
-  { variant: 'budgets', commandsPerRequest: 4, cpuUsPerCommand: 15.5 },
+  { variant: 'limits', commandsPerRequest: 1.063, cpuUsPerCommand: 25.6 },
+  { variant: 'wallet', commandsPerRequest: 2.063, cpuUsPerCommand: 23.3 },
+  { variant: 'budgets', commandsPerRequest: 2.063, cpuUsPerCommand: 29.1 },
 ];
-/** With leasing on (`npm run bench:redis`, default): filled in from the measurement below. */
-const MEASURED_LEASED: Cost[] = [];
 const MEASURED_SHARD: Cost[] = [
-  { variant: 'limits', commandsPerRequest: 2, cpuUsPerCommand: 26.5 },
-  { variant: 'wallet', commandsPerRequest: 4, cpuUsPerCommand: 23.3 },
-  { variant: 'budgets', commandsPerRequest: 4, cpuUsPerCommand: 27.2 },
+  { variant: 'limits', commandsPerRequest: 1.075, cpuUsPerCommand: 38.4 },
+  { variant: 'wallet', commandsPerRequest: 2.604, cpuUsPerCommand: 33.4 },
+  { variant: 'budgets', commandsPerRequest: 2.621, cpuUsPerCommand: 39.3 },
+];
+const MEASURED_LEASED: Cost[] = [
+  { variant: 'limits', commandsPerRequest: 0.038, cpuUsPerCommand: 239.1 },
+  { variant: 'wallet', commandsPerRequest: 1.066, cpuUsPerCommand: 28.3 },
+  { variant: 'budgets', commandsPerRequest: 1.064, cpuUsPerCommand: 39.7 },
+];
+const MEASURED_LEASED_SHARD: Cost[] = [
+  { variant: 'limits', commandsPerRequest: 0.037, cpuUsPerCommand: 265.9 },
+  { variant: 'wallet', commandsPerRequest: 1.134, cpuUsPerCommand: 37.6 },
+  { variant: 'budgets', commandsPerRequest: 1.168, cpuUsPerCommand: 45.8 },
 ];
 
 function loadCosts(file: string | undefined, fallback: string, builtIn: Cost[]): { costs: Cost[]; source: string } {
@@ -138,6 +150,7 @@ function main(): void {
   const shardCost = new Map(adjust(shard.costs).map((c) => [c.variant, c]));
   const lease = loadCosts(opt['from-lease'], 'redis-cost-lease.json', MEASURED_LEASED);
   const leaseCost = new Map(lease.costs.map((c) => [c.variant, c]));
+  const leaseShard = new Map(loadCosts(opt['from-lease-cluster'], 'redis-cost-cluster-lease.json', MEASURED_LEASED_SHARD).costs.map((c) => [c.variant, c]));
   console.log(`single node: ${node.source}\ncluster: ${shard.source}\nwith leasing: ${lease.source}\ntarget utilisation ${utilisation} of one core per node or shard\n`);
 
   const carries = (c: Cost, cpr = c.commandsPerRequest): number => (utilisation * CORE_US) / (cpr * c.cpuUsPerCommand);
@@ -159,15 +172,17 @@ function main(): void {
     for (const instances of list(opt.instances)) {
       for (const each of list(opt['per-instance'])) {
         const lc = leasedCost(c, leaseCost);
-        for (const [leasing, cpr, nc] of [['no', c.commandsPerRequest, c], ['yes', lc.commandsPerRequest, lc]] as const) {
+        const lsc = leasedCost(sc, leaseShard);
+        for (const [leasing, nc, shc] of [['no', c, sc], ['yes', lc, lsc]] as const) {
           const fleet = instances * each;
+          const cpr = nc.commandsPerRequest;
           // One node while it stays under the target; past it, shards at the Cluster's cost.
           const nodeCores = (fleet * cpr * nc.cpuUsPerCommand) / CORE_US;
           const oneNode = nodeCores <= utilisation;
-          const cost = oneNode ? nc : sc;
-          const cores = oneNode ? nodeCores : (fleet * cpr * sc.cpuUsPerCommand) / CORE_US;
+          const cost = oneNode ? nc : shc;
+          const cores = oneNode ? nodeCores : (fleet * shc.commandsPerRequest * shc.cpuUsPerCommand) / CORE_US;
           const shards = oneNode ? 1 : Math.ceil(cores / utilisation);
-          const q = simulateShard((fleet * cpr) / shards, cost.cpuUsPerCommand);
+          const q = simulateShard((fleet * cost.commandsPerRequest) / shards, cost.cpuUsPerCommand);
           const wait = q ? `${fmt(q.p50)} / ${fmt(q.p99)} µs` : 'overloaded';
           const needed = oneNode ? `one node (${(nodeCores * 100).toFixed(nodeCores < 0.01 ? 2 : 0)}% of a core)` : `${shards} shards`;
           console.log(`| ${c.variant} | ${instances} | ${fmt(each)} | ${fmt(fleet)} | ${leasing} | ${cores.toFixed(cores < 0.1 ? 4 : 2)} | ${needed} | ${wait} |`);
