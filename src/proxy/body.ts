@@ -85,49 +85,90 @@ export function hasBody(req: IncomingMessage): boolean {
   return req.headers['transfer-encoding'] !== undefined || (len !== undefined && len !== '0');
 }
 
+interface ReadResult {
+  chunks: Buffer[];
+  total: number;
+  ended: boolean;
+  overLimit: boolean;
+  cut?: boolean;
+}
+
+/** The read in progress on a request, found by the shared listeners below. */
+const READ = Symbol('keyward.bodyRead');
+type ReadingRequest = IncomingMessage & { [READ]?: BodyRead };
+
+/**
+ * One body read. Its listeners are shared by every request and find their read on the
+ * request they are called on, so a read allocates this object and its promise only.
+ */
+class BodyRead {
+  readonly chunks: Buffer[] = [];
+  total = 0;
+  resolve!: (r: ReadResult) => void;
+  reject!: (err: Error) => void;
+
+  constructor(
+    readonly limit: number,
+    readonly enough: (chunks: Buffer[], total: number) => boolean,
+  ) {}
+}
+
+function stopReading(req: ReadingRequest): BodyRead {
+  const read = req[READ]!;
+  req[READ] = undefined;
+  req.off('data', onReadData);
+  req.off('end', onReadEnd);
+  req.off('error', onReadError);
+  req.off('close', onReadClose);
+  return read;
+}
+
+function onReadData(this: ReadingRequest, chunk: Buffer): void {
+  const read = this[READ]!;
+  read.chunks.push(chunk);
+  read.total += chunk.length;
+  const enough = read.enough(read.chunks, read.total);
+  if (read.total > read.limit || enough) {
+    this.pause();
+    stopReading(this);
+    read.resolve({ chunks: read.chunks, total: read.total, ended: false, overLimit: read.total > read.limit });
+  }
+}
+
+function onReadEnd(this: ReadingRequest): void {
+  const read = stopReading(this);
+  read.resolve({ chunks: read.chunks, total: read.total, ended: true, overLimit: false });
+}
+
+function onReadError(this: ReadingRequest, err: Error): void {
+  stopReading(this).reject(err);
+}
+
+/** The client went away, or its stalled body was cut: nothing more will come. */
+function onReadClose(this: ReadingRequest): void {
+  if (this.complete) return;
+  const read = stopReading(this);
+  read.resolve({ chunks: read.chunks, total: read.total, ended: false, overLimit: false, cut: true });
+}
+
+const NOT_ENOUGH = (): boolean => false;
+
 /**
  * Reads chunks until `enough` says stop or the body ends. Resolves with the chunks and
  * whether the body ended; leaves `req` paused when it stopped early.
  */
-function readUntil(req: IncomingMessage, opts: { limit: number; enough: (chunks: Buffer[], total: number) => boolean }) {
-  return new Promise<{ chunks: Buffer[]; total: number; ended: boolean; overLimit: boolean; cut?: boolean }>((resolve, reject) => {
-    const chunks: Buffer[] = [];
-    let total = 0;
-    const cleanup = () => {
-      req.off('data', onData);
-      req.off('end', onEnd);
-      req.off('error', onError);
-      req.off('close', onClose);
-    };
-    const onData = (chunk: Buffer) => {
-      chunks.push(chunk);
-      total += chunk.length;
-      const enough = opts.enough(chunks, total);
-      if (total > opts.limit || enough) {
-        req.pause();
-        cleanup();
-        resolve({ chunks, total, ended: false, overLimit: total > opts.limit });
-      }
-    };
-    const onEnd = () => {
-      cleanup();
-      resolve({ chunks, total, ended: true, overLimit: false });
-    };
-    const onError = (err: Error) => {
-      cleanup();
-      reject(err);
-    };
-    // The client went away, or its stalled body was cut: nothing more will come.
-    const onClose = () => {
-      if (req.complete) return;
-      cleanup();
-      resolve({ chunks, total, ended: false, overLimit: false, cut: true });
-    };
-    req.on('data', onData);
-    req.on('end', onEnd);
-    req.on('error', onError);
-    req.on('close', onClose);
+function readUntil(req: IncomingMessage, opts: { limit: number; enough: (chunks: Buffer[], total: number) => boolean }): Promise<ReadResult> {
+  const read = new BodyRead(opts.limit, opts.enough);
+  const promise = new Promise<ReadResult>((resolve, reject) => {
+    read.resolve = resolve;
+    read.reject = reject;
   });
+  (req as ReadingRequest)[READ] = read;
+  req.on('data', onReadData);
+  req.on('end', onReadEnd);
+  req.on('error', onReadError);
+  req.on('close', onReadClose);
+  return promise;
 }
 
 /**
@@ -159,7 +200,7 @@ function replayStream(req: IncomingMessage, read: { chunks: Buffer[]; total: num
 }
 
 async function readJson(req: IncomingMessage, limit: number): Promise<BodyResult> {
-  const read = await readUntil(req, { limit, enough: () => false });
+  const read = await readUntil(req, { limit, enough: NOT_ENOUGH });
   if (read.cut) return cutShort();
   if (read.overLimit) return tooLarge(req, limit);
   const buf = read.chunks.length === 1 ? read.chunks[0]! : Buffer.concat(read.chunks);
