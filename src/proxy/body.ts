@@ -51,35 +51,6 @@ function tooLarge(req: IncomingMessage, limit: number): BodyResult {
 
 const cutShort = (): BodyResult => ({ ok: false, denial: deny('invalid_request', { variant: 'cut_short', status: 408 }), closeConnection: true });
 
-/**
- * Calls `onIdle` once when the request body has been incomplete, and not held back by
- * the sidecar itself (paused for backpressure or admission), with no byte arriving for
- * `idleMs`. Watches the socket's byte count, so the body stream is never touched.
- * Returns a stop function; stops by itself when the body ends.
- */
-export function watchBodyIdle(req: IncomingMessage, opts: { idleMs: number; onIdle: () => void; now?: () => number }): () => void {
-  if (opts.idleMs <= 0 || req.complete || !hasBody(req)) return () => {};
-  const now = opts.now ?? Date.now;
-  const socket = req.socket;
-  let lastBytes = socket.bytesRead;
-  let lastChange = now();
-  const timer = setInterval(() => {
-    if (req.complete || req.destroyed) return stop();
-    const bytes = socket.bytesRead;
-    if (bytes !== lastBytes || req.isPaused()) {
-      lastBytes = bytes;
-      lastChange = now();
-    } else if (now() - lastChange >= opts.idleMs) {
-      stop();
-      opts.onIdle();
-    }
-  }, Math.max(10, Math.floor(opts.idleMs / 4)));
-  timer.unref();
-  const stop = () => clearInterval(timer);
-  req.once('end', stop);
-  return stop;
-}
-
 export function hasBody(req: IncomingMessage): boolean {
   const len = req.headers['content-length'];
   return req.headers['transfer-encoding'] !== undefined || (len !== undefined && len !== '0');
