@@ -216,7 +216,11 @@ async function readMultipart(req: IncomingMessage, boundary: string, uploadLimit
   return { ok: true, body: { model: fields.get('model') ?? null, models, maxOutputTokens: null, estimateBytes, replay } };
 }
 
-const countHeader = (raw: string[], name: string) => raw.filter((v, i) => i % 2 === 0 && v.toLowerCase() === name).length;
+function countHeader(raw: string[], name: string): number {
+  let n = 0;
+  for (let i = 0; i < raw.length; i += 2) if (raw[i]!.length === name.length && raw[i]!.toLowerCase() === name) n++;
+  return n;
+}
 
 export interface ReadOptions {
   /** `server.maxJsonBodyBytes`: JSON bodies are read whole up to it */
@@ -234,9 +238,10 @@ export interface ReadOptions {
  */
 export async function readModelBody(req: IncomingMessage, opts: ReadOptions, proceed?: () => void): Promise<BodyResult> {
   if (queryNamesModel(req.url ?? '/')) return invalid('Name the model in the request body, not in the query string.');
+  const contentType = req.headers['content-type'];
+  const boundary = multipartBoundary(contentType);
   // Which limit a declared length answers to depends only on the body's kind.
-  const multipart = multipartBoundary(req.headers['content-type']) !== null;
-  const limit = multipart ? opts.uploadLimit : opts.limit;
+  const limit = boundary !== null ? opts.uploadLimit : opts.limit;
   if (declaredOver(req, limit)) return tooLarge(req, limit);
   if (!hasBody(req)) {
     if (opts.modelRequired && req.method === 'POST') return invalid('The request needs a JSON body that names "model".');
@@ -248,8 +253,6 @@ export async function readModelBody(req: IncomingMessage, opts: ReadOptions, pro
   }
   // Node keeps the first Content-Type line, an upstream may keep the last.
   if (countHeader(req.rawHeaders, 'content-type') > 1) return invalid('The request names its Content-Type more than once.');
-  const contentType = req.headers['content-type'];
-  const boundary = multipartBoundary(contentType);
   // Gateways read any "form" content type as a form: a JSON reading here would not be theirs.
   if (boundary === null && contentType !== undefined && /form/i.test(contentType)) {
     return invalid('Form-encoded bodies are not accepted here; send JSON, or multipart/form-data with one boundary of 1-70 characters.');
