@@ -34,6 +34,46 @@ interface Entry {
 const SWEEP_EVERY = 1024;
 const NOOP_HOLD: Hold = { settle: () => undefined };
 
+/** What a hold needs of its ledger to settle. */
+interface HoldOwner {
+  now(): number;
+  live(key: string, t: number): Entry | undefined;
+  release(id: string): void;
+}
+
+/** One hold: a small object with its settle method, no closures per hold. */
+class MemoryHold implements Hold {
+  private done = false;
+
+  constructor(
+    private readonly owner: HoldOwner,
+    private readonly id: string,
+    private readonly keys: string[],
+    private readonly amount: number,
+  ) {}
+
+  settle(actual: number): void {
+    if (this.done) return;
+    this.done = true;
+    const { owner, id, amount } = this;
+    owner.release(id);
+    const t2 = owner.now();
+    // An unreadable figure keeps what was held rather than charging nothing.
+    const cost = Number.isFinite(actual) ? toNano(Math.max(0, actual)) : amount;
+    for (const key of this.keys) {
+      const e = owner.live(key, t2);
+      if (!e) continue;
+      const h = e.holds.get(id);
+      if (h) {
+        e.holds.delete(id);
+        e.held -= h.amount;
+      }
+      e.settled += cost;
+      e.lastUse = t2;
+    }
+  }
+}
+
 export function createMemoryLedger(opts: MemoryLedgerOptions): MemoryLedger {
   const { now, leaseMs } = opts;
   const entries = new Map<string, Entry>();
@@ -82,22 +122,24 @@ export function createMemoryLedger(opts: MemoryLedgerOptions): MemoryLedger {
     const t = now();
     if (++holdsTaken % SWEEP_EVERY === 0) sweep(t);
     const amount = holdNano(input.amount);
-    const keys = input.holders.map((h) => keyOf(input.tag, h));
+    const keys: string[] = [];
     const states: Entry[] = [];
     let refused: LedgerHolder['code'] | null = null;
-    input.holders.forEach((holder, i) => {
-      let e = live(keys[i]!, t);
+    for (const holder of input.holders) {
+      const key = keyOf(input.tag, holder);
+      keys.push(key);
+      let e = live(key, t);
       const { restart, base } = effectiveBase(e, holder, toNano(holder.base));
       if (!e || restart) {
         // A first or newer epoch: the ledger starts again from the replica's figure.
         e = { epoch: holder.epoch, base0: base, settled: 0, held: 0, holds: new Map(), lastUse: t };
-        entries.set(keys[i]!, e);
+        entries.set(key, e);
       }
       e.lastUse = t;
       states.push(e);
       const limit = holder.limit === null ? null : toNano(holder.limit);
       if (refused === null && !holdFits(holder.kind, liveNano(holder.kind, base, e), amount, limit)) refused = holder.code;
-    });
+    }
     if (refused !== null) return { ok: false, code: refused };
 
     const id = newLeaseId();
@@ -106,32 +148,10 @@ export function createMemoryLedger(opts: MemoryLedgerOptions): MemoryLedger {
       e.held += amount;
     }
     keeper.add(id, keys);
-    let done = false;
-    return {
-      ok: true,
-      hold: {
-        settle(actual) {
-          if (done) return;
-          done = true;
-          keeper.remove(id);
-          const t2 = now();
-          // An unreadable figure keeps what was held rather than charging nothing.
-          const cost = Number.isFinite(actual) ? toNano(Math.max(0, actual)) : amount;
-          for (const key of keys) {
-            const e = live(key, t2);
-            if (!e) continue;
-            const h = e.holds.get(id);
-            if (h) {
-              e.holds.delete(id);
-              e.held -= h.amount;
-            }
-            e.settled += cost;
-            e.lastUse = t2;
-          }
-        },
-      },
-    };
+    return { ok: true, hold: new MemoryHold(owner, id, keys, amount) };
   };
+
+  const owner: HoldOwner = { now, live, release: (id) => keeper.remove(id) };
 
   const ledger = (input: LedgerInput): LedgerFigure[] => {
     const t = now();

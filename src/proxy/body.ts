@@ -51,83 +51,95 @@ function tooLarge(req: IncomingMessage, limit: number): BodyResult {
 
 const cutShort = (): BodyResult => ({ ok: false, denial: deny('invalid_request', { variant: 'cut_short', status: 408 }), closeConnection: true });
 
-/**
- * Calls `onIdle` once when the request body has been incomplete, and not held back by
- * the sidecar itself (paused for backpressure or admission), with no byte arriving for
- * `idleMs`. Watches the socket's byte count, so the body stream is never touched.
- * Returns a stop function; stops by itself when the body ends.
- */
-export function watchBodyIdle(req: IncomingMessage, opts: { idleMs: number; onIdle: () => void; now?: () => number }): () => void {
-  if (opts.idleMs <= 0 || req.complete || !hasBody(req)) return () => {};
-  const now = opts.now ?? Date.now;
-  const socket = req.socket;
-  let lastBytes = socket.bytesRead;
-  let lastChange = now();
-  const timer = setInterval(() => {
-    if (req.complete || req.destroyed) return stop();
-    const bytes = socket.bytesRead;
-    if (bytes !== lastBytes || req.isPaused()) {
-      lastBytes = bytes;
-      lastChange = now();
-    } else if (now() - lastChange >= opts.idleMs) {
-      stop();
-      opts.onIdle();
-    }
-  }, Math.max(10, Math.floor(opts.idleMs / 4)));
-  timer.unref();
-  const stop = () => clearInterval(timer);
-  req.once('end', stop);
-  return stop;
-}
-
 export function hasBody(req: IncomingMessage): boolean {
   const len = req.headers['content-length'];
   return req.headers['transfer-encoding'] !== undefined || (len !== undefined && len !== '0');
 }
 
+interface ReadResult {
+  chunks: Buffer[];
+  total: number;
+  ended: boolean;
+  overLimit: boolean;
+  cut?: boolean;
+}
+
+/** The read in progress on a request, found by the shared listeners below. */
+const READ = Symbol('keyward.bodyRead');
+type ReadingRequest = IncomingMessage & { [READ]?: BodyRead };
+
+/**
+ * One body read. Its listeners are shared by every request and find their read on the
+ * request they are called on, so a read allocates this object and its promise only.
+ */
+class BodyRead {
+  readonly chunks: Buffer[] = [];
+  total = 0;
+  resolve!: (r: ReadResult) => void;
+  reject!: (err: Error) => void;
+
+  constructor(
+    readonly limit: number,
+    readonly enough: (chunks: Buffer[], total: number) => boolean,
+  ) {}
+}
+
+function stopReading(req: ReadingRequest): BodyRead {
+  const read = req[READ]!;
+  req[READ] = undefined;
+  req.off('data', onReadData);
+  req.off('end', onReadEnd);
+  req.off('error', onReadError);
+  req.off('close', onReadClose);
+  return read;
+}
+
+function onReadData(this: ReadingRequest, chunk: Buffer): void {
+  const read = this[READ]!;
+  read.chunks.push(chunk);
+  read.total += chunk.length;
+  const enough = read.enough(read.chunks, read.total);
+  if (read.total > read.limit || enough) {
+    this.pause();
+    stopReading(this);
+    read.resolve({ chunks: read.chunks, total: read.total, ended: false, overLimit: read.total > read.limit });
+  }
+}
+
+function onReadEnd(this: ReadingRequest): void {
+  const read = stopReading(this);
+  read.resolve({ chunks: read.chunks, total: read.total, ended: true, overLimit: false });
+}
+
+function onReadError(this: ReadingRequest, err: Error): void {
+  stopReading(this).reject(err);
+}
+
+/** The client went away, or its stalled body was cut: nothing more will come. */
+function onReadClose(this: ReadingRequest): void {
+  if (this.complete) return;
+  const read = stopReading(this);
+  read.resolve({ chunks: read.chunks, total: read.total, ended: false, overLimit: false, cut: true });
+}
+
+const NOT_ENOUGH = (): boolean => false;
+
 /**
  * Reads chunks until `enough` says stop or the body ends. Resolves with the chunks and
  * whether the body ended; leaves `req` paused when it stopped early.
  */
-function readUntil(req: IncomingMessage, opts: { limit: number; enough: (chunks: Buffer[], total: number) => boolean }) {
-  return new Promise<{ chunks: Buffer[]; total: number; ended: boolean; overLimit: boolean; cut?: boolean }>((resolve, reject) => {
-    const chunks: Buffer[] = [];
-    let total = 0;
-    const cleanup = () => {
-      req.off('data', onData);
-      req.off('end', onEnd);
-      req.off('error', onError);
-      req.off('close', onClose);
-    };
-    const onData = (chunk: Buffer) => {
-      chunks.push(chunk);
-      total += chunk.length;
-      const enough = opts.enough(chunks, total);
-      if (total > opts.limit || enough) {
-        req.pause();
-        cleanup();
-        resolve({ chunks, total, ended: false, overLimit: total > opts.limit });
-      }
-    };
-    const onEnd = () => {
-      cleanup();
-      resolve({ chunks, total, ended: true, overLimit: false });
-    };
-    const onError = (err: Error) => {
-      cleanup();
-      reject(err);
-    };
-    // The client went away, or its stalled body was cut: nothing more will come.
-    const onClose = () => {
-      if (req.complete) return;
-      cleanup();
-      resolve({ chunks, total, ended: false, overLimit: false, cut: true });
-    };
-    req.on('data', onData);
-    req.on('end', onEnd);
-    req.on('error', onError);
-    req.on('close', onClose);
+function readUntil(req: IncomingMessage, opts: { limit: number; enough: (chunks: Buffer[], total: number) => boolean }): Promise<ReadResult> {
+  const read = new BodyRead(opts.limit, opts.enough);
+  const promise = new Promise<ReadResult>((resolve, reject) => {
+    read.resolve = resolve;
+    read.reject = reject;
   });
+  (req as ReadingRequest)[READ] = read;
+  req.on('data', onReadData);
+  req.on('end', onReadEnd);
+  req.on('error', onReadError);
+  req.on('close', onReadClose);
+  return promise;
 }
 
 /**
@@ -159,7 +171,7 @@ function replayStream(req: IncomingMessage, read: { chunks: Buffer[]; total: num
 }
 
 async function readJson(req: IncomingMessage, limit: number): Promise<BodyResult> {
-  const read = await readUntil(req, { limit, enough: () => false });
+  const read = await readUntil(req, { limit, enough: NOT_ENOUGH });
   if (read.cut) return cutShort();
   if (read.overLimit) return tooLarge(req, limit);
   const buf = read.chunks.length === 1 ? read.chunks[0]! : Buffer.concat(read.chunks);
@@ -204,7 +216,11 @@ async function readMultipart(req: IncomingMessage, boundary: string, uploadLimit
   return { ok: true, body: { model: fields.get('model') ?? null, models, maxOutputTokens: null, estimateBytes, replay } };
 }
 
-const countHeader = (raw: string[], name: string) => raw.filter((v, i) => i % 2 === 0 && v.toLowerCase() === name).length;
+function countHeader(raw: string[], name: string): number {
+  let n = 0;
+  for (let i = 0; i < raw.length; i += 2) if (raw[i]!.length === name.length && raw[i]!.toLowerCase() === name) n++;
+  return n;
+}
 
 export interface ReadOptions {
   /** `server.maxJsonBodyBytes`: JSON bodies are read whole up to it */
@@ -222,9 +238,10 @@ export interface ReadOptions {
  */
 export async function readModelBody(req: IncomingMessage, opts: ReadOptions, proceed?: () => void): Promise<BodyResult> {
   if (queryNamesModel(req.url ?? '/')) return invalid('Name the model in the request body, not in the query string.');
+  const contentType = req.headers['content-type'];
+  const boundary = multipartBoundary(contentType);
   // Which limit a declared length answers to depends only on the body's kind.
-  const multipart = multipartBoundary(req.headers['content-type']) !== null;
-  const limit = multipart ? opts.uploadLimit : opts.limit;
+  const limit = boundary !== null ? opts.uploadLimit : opts.limit;
   if (declaredOver(req, limit)) return tooLarge(req, limit);
   if (!hasBody(req)) {
     if (opts.modelRequired && req.method === 'POST') return invalid('The request needs a JSON body that names "model".');
@@ -236,8 +253,6 @@ export async function readModelBody(req: IncomingMessage, opts: ReadOptions, pro
   }
   // Node keeps the first Content-Type line, an upstream may keep the last.
   if (countHeader(req.rawHeaders, 'content-type') > 1) return invalid('The request names its Content-Type more than once.');
-  const contentType = req.headers['content-type'];
-  const boundary = multipartBoundary(contentType);
   // Gateways read any "form" content type as a form: a JSON reading here would not be theirs.
   if (boundary === null && contentType !== undefined && /form/i.test(contentType)) {
     return invalid('Form-encoded bodies are not accepted here; send JSON, or multipart/form-data with one boundary of 1-70 characters.');

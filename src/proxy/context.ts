@@ -10,6 +10,7 @@ import type { Price } from '../policy/pricing.js';
 import type { Route } from '../routes.js';
 import type { KeyFacts } from '../policy/facts.js';
 import type { Settled } from '../policy/estimate.js';
+import type { BodyWatch } from './body-idle.js';
 import type { Forwarding } from './forward.js';
 import type { UsageTap } from './usage.js';
 
@@ -50,8 +51,8 @@ export interface RequestContext {
   /** the spend hold and the price it is settled at */
   hold: Hold | null;
   price: Price | null;
-  /** stops watching the request body for a stall (null: nothing watched) */
-  stopBodyWatch: (() => void) | null;
+  /** the watch on the request body for a stall (null: nothing watched) */
+  bodyWatch: BodyWatch | null;
 }
 
 /** before admission nothing is estimated (shared: estimates are replaced, never written to) */
@@ -105,7 +106,7 @@ export function newContext(req: IncomingMessage, opts: { versionHeader: string; 
     quota: null,
     hold: null,
     price: null,
-    stopBodyWatch: null,
+    bodyWatch: null,
   };
 }
 

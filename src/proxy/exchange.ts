@@ -13,7 +13,8 @@ import type { AccessWriter } from '../obs/logger.js';
 import type { Metrics } from '../obs/metrics.js';
 import type { KeyFacts } from '../policy/facts.js';
 import type { UsageEvent } from '../protocol/usage.js';
-import { hasBody, watchBodyIdle } from './body.js';
+import { hasBody } from './body.js';
+import { watchBodyIdle } from './body-idle.js';
 import { Arrival, clientIpOf } from './arrival.js';
 import { answerParserRefusal } from './framing.js';
 import { accessLine, newContext, type RequestContext } from './context.js';
@@ -171,7 +172,7 @@ export function createExchanges(deps: ExchangeDeps): Exchanges {
   function onResponseClose(this: ContextResponse): void {
     const ctx = this[CONTEXT]!;
     finish(this, ctx);
-    ctx.stopBodyWatch?.();
+    ctx.bodyWatch?.stop();
   }
 
   // One set of hooks for every forwarded call: each finds its request's context on the response.
@@ -220,6 +221,9 @@ export function createExchanges(deps: ExchangeDeps): Exchanges {
     // Half-close so the client reads the answer, then let go of the socket.
     res.once('finish', () => setTimeout(() => req.socket.destroy(), 1000).unref());
   };
+
+  // The body watch's callback, one for every request: the response leads to the rest.
+  const cutStalledResponse = (res: ServerResponse) => cutStalledBody(res.req, res, (res as ContextResponse)[CONTEXT]!);
 
   const answerSelf = (res: ServerResponse, ctx: RequestContext, facts: KeyFacts) => {
     deps.describeKey(facts).then(
@@ -274,7 +278,7 @@ export function createExchanges(deps: ExchangeDeps): Exchanges {
       (req.socket as TrackedSocket)[CURRENT] = res;
       // Only a body still to come can stall (the same test watchBodyIdle makes; no closure otherwise).
       if (deps.bodyIdleTimeoutMs > 0 && !req.complete && hasBody(req)) {
-        ctx.stopBodyWatch = watchBodyIdle(req, { idleMs: deps.bodyIdleTimeoutMs, onIdle: () => cutStalledBody(req, res, ctx) });
+        ctx.bodyWatch = watchBodyIdle(req, { idleMs: deps.bodyIdleTimeoutMs, onIdle: cutStalledResponse, subject: res });
       }
       (res as ContextResponse)[CONTEXT] = ctx;
       res.once('close', onResponseClose);

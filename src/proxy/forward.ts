@@ -192,13 +192,16 @@ export function createForwarder(opts: ForwarderOptions): Forwarder {
   // unauthenticated request. Framing is the received framing, so the pass goes.
   const passes = proxy as unknown as { webPasses: { name: string }[] };
   passes.webPasses = passes.webPasses.filter((p) => p.name !== 'deleteLength');
-  const targets = new Map<string, { url: URL; agent: http.Agent }>();
+  // http-proxy-3 joins the target's path to each request's by parsing it as a URL again
+  // per request; for a target at the root that join is the request's path alone, which
+  // prependPath: false gives without the parse.
+  const targets = new Map<string, { url: URL; agent: http.Agent; prependPath: boolean }>();
   for (const [name, up] of Object.entries(opts.upstreams)) {
     const url = new URL(up.url);
     const agentOpts = { keepAlive: true, keepAliveMsecs: 1000, maxSockets: Infinity, maxFreeSockets: 256, scheduling: 'lifo' as const };
     const agent = url.protocol === 'https:' ? new https.Agent(agentOpts) : new http.Agent(agentOpts);
     guardIdleSockets(agent);
-    targets.set(name, { url, agent: timeoutAgent(agent, up.timeoutMs) });
+    targets.set(name, { url, agent: timeoutAgent(agent, up.timeoutMs), prependPath: !(url.pathname === '/' && url.search === '') });
   }
   proxy.on('proxyRes', (proxyRes, _req, res) => {
     proxyRes.headers = withoutHopByHop(proxyRes.headers);
@@ -226,7 +229,7 @@ export function createForwarder(opts: ForwarderOptions): Forwarder {
       (res as HookedResponse)[HOOKS] = hooks;
       req.headers = withoutHopByHop(req.headers);
       const tracked = new TrackedSource(req, body);
-      proxy.web(req, res, { target: target.url, agent: target.agent, buffer: tracked as unknown as Readable }, onProxyError);
+      proxy.web(req, res, { target: target.url, agent: target.agent, prependPath: target.prependPath, buffer: tracked as unknown as Readable }, onProxyError);
       return tracked;
     },
     close() {

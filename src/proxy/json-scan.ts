@@ -73,6 +73,8 @@ function surrogatesPaired(text: string, from: number, to: number): boolean {
 }
 
 const ARRAY = Symbol('array');
+/** Keys of one object kept in a list before a Set takes over. */
+const SMALL_OBJECT_KEYS = 8;
 const DUPLICATE = 'The request body names a key more than once in one object.';
 
 /**
@@ -80,22 +82,20 @@ const DUPLICATE = 'The request body names a key more than once in one object.';
  * are problems. Linear in the text.
  */
 export function strictProblem(text: string): string | null {
-  // Per open container: ARRAY, or an object's keys so far (none, one key, or a Set from
-  // the second key on, so the many small objects of a large body cost no Set each).
-  const stack: (typeof ARRAY | undefined | string | Set<string>)[] = [];
+  // Per open container: ARRAY, or an object's keys so far (none, one key, a short list,
+  // or a Set past SMALL_OBJECT_KEYS, so the many small objects of a body cost no Set each;
+  // a list that short keeps the walk linear).
+  const stack: (typeof ARRAY | undefined | string | string[] | Set<string>)[] = [];
   let expectKey = false;
+  // The next backslash at or after the current string, found by one forward search that
+  // only moves on once the scan has passed it: linear over the whole text.
+  let nextEscape = text.indexOf('\\');
   for (let i = 0; i < text.length; i++) {
     const c = text.charCodeAt(i);
     if (c === 34) {
       const end = stringEnd(text, i);
-      // Searched within the string only: a search to the end of the text would be quadratic.
-      let hasEscape = false;
-      for (let k = i + 1; k < end; k++) {
-        if (text.charCodeAt(k) === 92) {
-          hasEscape = true;
-          break;
-        }
-      }
+      if (nextEscape !== -1 && nextEscape <= i) nextEscape = text.indexOf('\\', i + 1);
+      const hasEscape = nextEscape !== -1 && nextEscape < end;
       if (hasEscape && !surrogatesPaired(text, i + 1, end)) return 'The request body contains an unpaired surrogate escape.';
       if (expectKey) {
         const key = hasEscape ? (JSON.parse(text.slice(i, end + 1)) as string) : text.slice(i + 1, end);
@@ -104,7 +104,11 @@ export function strictProblem(text: string): string | null {
         if (keys === undefined) stack[top] = key;
         else if (typeof keys === 'string') {
           if (keys === key) return DUPLICATE;
-          stack[top] = new Set([keys, key]);
+          stack[top] = [keys, key];
+        } else if (Array.isArray(keys)) {
+          if (keys.includes(key)) return DUPLICATE;
+          if (keys.length < SMALL_OBJECT_KEYS) keys.push(key);
+          else stack[top] = new Set([...keys, key]);
         } else if (keys instanceof Set) {
           if (keys.has(key)) return DUPLICATE;
           keys.add(key);
