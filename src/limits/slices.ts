@@ -16,6 +16,7 @@
  * is never used after Redis has let it go.
  */
 import { newLeaseId } from './leases.js';
+import { SweepTimer } from './sweep-timer.js';
 
 /** Largest slice, as a share of the bucket's capacity. */
 export const SLICE_SHARE = 1 / 16;
@@ -65,11 +66,12 @@ export interface Want {
 
 export class SliceTable {
   private readonly entries = new Map<string, Entry>();
-  private timer: NodeJS.Timeout | null = null;
+  private readonly timer: SweepTimer;
   private readonly now: () => number;
 
   constructor(private readonly opts: SliceTableOptions) {
     this.now = opts.now ?? (() => performance.now());
+    this.timer = new SweepTimer(() => this.sweep(), Math.max(5, Math.floor(opts.sliceMs / 4)));
   }
 
   private entry(keyId: string, t: number): Entry {
@@ -187,18 +189,11 @@ export class SliceTable {
   }
 
   private syncTimer(): void {
-    if (this.entries.size > 0 && !this.timer) {
-      this.timer = setInterval(() => this.sweep(), Math.max(5, Math.floor(this.opts.sliceMs / 4)));
-      this.timer.unref();
-    } else if (this.entries.size === 0 && this.timer) {
-      clearInterval(this.timer);
-      this.timer = null;
-    }
+    this.timer.sync(this.entries.size > 0);
   }
 
   stop(): void {
-    if (this.timer) clearInterval(this.timer);
-    this.timer = null;
+    this.timer.stop();
   }
 }
 

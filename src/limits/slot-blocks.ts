@@ -16,6 +16,7 @@
  * never admits on a block Redis has let go. Slots left unused for a whole sliceMs go back
  * (resize in the settlement batch); on close every unused slot goes back.
  */
+import { SweepTimer } from './sweep-timer.js';
 
 /** Largest block, as a share of the concurrency limit. */
 export const BLOCK_SHARE = 1 / 16;
@@ -61,13 +62,14 @@ export interface BlockTableOptions {
 export class BlockTable {
   private readonly entries = new Map<string, Entry>();
   private readonly byId = new Map<string, string>();
-  private timer: NodeJS.Timeout | null = null;
+  private readonly timer: SweepTimer;
   /** requests in flight on a slot of a block (held, or dropped while they ran) */
   private onBlocks = 0;
   private readonly now: () => number;
 
   constructor(private readonly opts: BlockTableOptions) {
     this.now = opts.now ?? (() => performance.now());
+    this.timer = new SweepTimer(() => this.sweep(), Math.max(5, Math.floor(opts.sliceMs / 4)));
   }
 
   private entry(keyId: string, t: number): Entry {
@@ -246,17 +248,10 @@ export class BlockTable {
   }
 
   private syncTimer(): void {
-    if (this.entries.size > 0 && !this.timer) {
-      this.timer = setInterval(() => this.sweep(), Math.max(5, Math.floor(this.opts.sliceMs / 4)));
-      this.timer.unref();
-    } else if (this.entries.size === 0 && this.timer) {
-      clearInterval(this.timer);
-      this.timer = null;
-    }
+    this.timer.sync(this.entries.size > 0);
   }
 
   stop(): void {
-    if (this.timer) clearInterval(this.timer);
-    this.timer = null;
+    this.timer.stop();
   }
 }
