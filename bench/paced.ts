@@ -31,6 +31,8 @@ export interface PacedResult {
   connections: number;
   /** latencies in ms, in completion order */
   latencies: number[];
+  /** each latency's scheduled send time, ms on performance.now()'s clock (same order) */
+  scheduled: number[];
 }
 
 interface Conn {
@@ -47,7 +49,7 @@ export function paced(opts: PacedOptions): Promise<PacedResult> {
   const conns: Conn[] = [];
   const idle: Conn[] = [];
   const backlog: number[] = [];
-  const result: PacedResult = { sent: 0, completed: 0, errors: 0, non2xx: 0, connections: 0, latencies: [] };
+  const result: PacedResult = { sent: 0, completed: 0, errors: 0, non2xx: 0, connections: 0, latencies: [], scheduled: [] };
   const now = () => performance.now();
   const start = now();
   const intervalMs = 1000 / opts.rate;
@@ -88,7 +90,10 @@ export function paced(opts: PacedOptions): Promise<PacedResult> {
       const status = Number(head.slice(9, 12));
       c.buf = c.buf.subarray(total);
       result.completed++;
-      if (status >= 200 && status < 300) result.latencies.push(now() - c.scheduledAt);
+      if (status >= 200 && status < 300) {
+        result.latencies.push(now() - c.scheduledAt);
+        result.scheduled.push(c.scheduledAt);
+      }
       else result.non2xx++;
       release(c);
     }

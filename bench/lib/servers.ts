@@ -33,7 +33,7 @@ export interface Started {
 
 /** Starts `bench/servers/<name>.ts` in its own node process; resolves with its port. */
 export function startServer(name: string, args: string[], opts: { cpu?: number; profile?: boolean } = {}): Promise<Started> {
-  const nodeArgs = ['--import', 'tsx'];
+  const nodeArgs = ['--import', 'tsx', ...(process.env.BENCH_NODE_ARGS ?? '').split(' ').filter(Boolean)];
   // One directory per server: node writes one profile per thread (tsx's loader has its own).
   if (opts.profile) nodeArgs.push('--cpu-prof', `--cpu-prof-dir=${join(root, '.bench', 'prof', [name, ...args.slice(1, 2)].join('-'))}`);
   const script = join(root, 'bench', 'servers', `${name}.ts`);
@@ -52,6 +52,8 @@ export function startServer(name: string, args: string[], opts: { cpu?: number; 
     const lines = createInterface({ input: child.stdout! });
     let started: Started | null = null;
     lines.on('line', (line) => {
+      // not ours (e.g. --trace-gc output from BENCH_NODE_ARGS): passed on to stderr
+      if (!line.startsWith('{')) return void process.stderr.write(`[${name} ${child.pid}] ${line}\n`);
       if (started) {
         try {
           started.later.push(JSON.parse(line) as Record<string, unknown>);

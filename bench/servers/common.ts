@@ -4,6 +4,7 @@
  * server outlives the run even when the parent dies.
  */
 import type { Server } from 'node:http';
+import { heapSampleOnSignal, recordStalls } from './stalls.js';
 
 export function ready(info: Record<string, unknown>): void {
   process.stdout.write(`${JSON.stringify({ ready: true, ...info })}\n`);
@@ -11,9 +12,12 @@ export function ready(info: Record<string, unknown>): void {
 
 export function exitWithParent(cleanup: () => Promise<void> | void = () => undefined): void {
   let stopping = false;
+  const stalls = recordStalls();
+  void heapSampleOnSignal();
   const stop = () => {
     if (stopping) return;
     stopping = true;
+    if (stalls) process.stdout.write(`${JSON.stringify({ stalls: stalls() })}\n`);
     const hard = setTimeout(() => process.exit(0), 3_000);
     hard.unref();
     Promise.resolve()

@@ -84,7 +84,7 @@ const records: SyncRecord[] =
 const replica = new ReplicaStore({ path: config.replica.path });
 replica.applySnapshot({ version: 1, records: records.map((record, i) => ({ line: i + 2, record })), source: 'bench' });
 // As in production, only to /dev/null.
-const logger = createLogger({ level: 'info', destination: logDestination('/dev/null') });
+const logger = createLogger({ level: process.env.KW_BENCH_LOG_LEVEL ?? 'info', destination: logDestination(process.env.KW_BENCH_LOG ? `${process.env.KW_BENCH_LOG}.${mode}` : '/dev/null') });
 let close: () => Promise<void>;
 if (workers > 1) {
   replica.close();
