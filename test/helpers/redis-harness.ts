@@ -48,7 +48,8 @@ export async function redisHarness(opts: { url: string; leaseMs?: number; lease?
   };
 }
 
-async function deleteByPrefix(client: Redis | Cluster, prefix: string): Promise<void> {
+/** Deletes every key under `prefix` (on every master of a Cluster). */
+export async function deleteByPrefix(client: Redis | Cluster, prefix: string): Promise<void> {
   const nodes = client.isCluster ? (client as Cluster).nodes('master') : [client as Redis];
   for (const node of nodes) {
     let cursor = '0';

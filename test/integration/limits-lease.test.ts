@@ -10,7 +10,7 @@ import { type Cluster, Redis } from 'ioredis';
 import { createRedisClient } from '../../src/limits/client.js';
 import type { AdmitResult } from '../../src/limits/limiter.js';
 import { type RedisLimiter, createRedisLimiter } from '../../src/limits/redis.js';
-import { redisHarness } from '../helpers/redis-harness.js';
+import { redisHarness, deleteByPrefix } from '../helpers/redis-harness.js';
 import { waitFor } from '../helpers/redis-server.js';
 import { input, runLimiterConformance, uid } from '../helpers/redis-limits-conformance.js';
 
@@ -37,13 +37,7 @@ describe('bucket slices', { timeout: 60_000 }, () => {
   };
   after(async () => {
     await Promise.allSettled(limiters.map((l) => l.close()));
-    const main = await connect();
-    let cursor = '0';
-    do {
-      const [next, keys] = await main.scan(cursor, 'MATCH', `{${prefix}:*`, 'COUNT', 500);
-      cursor = next;
-      if (keys.length > 0) await main.del(...keys);
-    } while (cursor !== '0');
+    await deleteByPrefix(await connect(), prefix);
     for (const c of clients) if (c.status !== 'end') c.disconnect();
   });
   const ok = (rs: AdmitResult[]): number => rs.filter((r) => r.ok).length;

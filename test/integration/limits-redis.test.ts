@@ -2,7 +2,7 @@ import assert from 'node:assert/strict';
 import { after, before, describe, test } from 'node:test';
 import { Redis } from 'ioredis';
 import { createRedisLimiter } from '../../src/limits/redis.js';
-import { redisHarness } from '../helpers/redis-harness.js';
+import { redisHarness, deleteByPrefix } from '../helpers/redis-harness.js';
 import { keyBudget, projectBudget, wallet } from '../helpers/limits-conformance-ledger.js';
 import { input, leaseOf, runLimiterConformance, uid } from '../helpers/redis-limits-conformance.js';
 
@@ -17,14 +17,7 @@ describe('redis limiter: key layout and expiry', () => {
     redis = new Redis(URL);
   });
   after(async () => {
-    const keys: string[] = [];
-    let cursor = '0';
-    do {
-      const [next, found] = await redis.scan(cursor, 'MATCH', `{${prefix}:*`, 'COUNT', 500);
-      cursor = next;
-      keys.push(...found);
-    } while (cursor !== '0');
-    if (keys.length > 0) await redis.del(...keys);
+    await deleteByPrefix(redis, prefix);
     redis.disconnect();
   });
 

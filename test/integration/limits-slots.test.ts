@@ -5,6 +5,7 @@
  * round trips a concurrency-limited request far from its limit costs. The conformance suite
  * runs with blocks on wherever `lease` is on (limits-lease, limits-cluster).
  */
+import { deleteByPrefix } from '../helpers/redis-harness.js';
 import assert from 'node:assert/strict';
 import { after, describe, test } from 'node:test';
 import { Redis } from 'ioredis';
@@ -34,13 +35,7 @@ describe('blocks of concurrency slots', { timeout: 60_000 }, () => {
   };
   after(async () => {
     await Promise.allSettled(limiters.map((l) => l.close()));
-    const main = await connect();
-    let cursor = '0';
-    do {
-      const [next, keys] = await main.scan(cursor, 'MATCH', `{${prefix}:*`, 'COUNT', 500);
-      cursor = next;
-      if (keys.length > 0) await main.del(...keys);
-    } while (cursor !== '0');
+    await deleteByPrefix(await connect(), prefix);
     for (const c of clients) if (c.status !== 'end') c.disconnect();
   });
   const ok = (rs: AdmitResult[]): Lease[] => rs.flatMap((r) => (r.ok ? [r.lease] : []));
