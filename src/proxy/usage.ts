@@ -8,13 +8,11 @@
  *    (every supported format puts usage at or near the end of the body).
  *  - SSE: processed line by line; only `data:` lines are kept, per event, under the same
  *    head/tail bounds, so an endless stream costs one event at most.
- *  - gzip, deflate, br: there is no synchronous streaming zlib API, and end() must answer
- *    synchronously, so the compressed bytes are kept up to MAX_COMPRESSED and inflated in
- *    one call at end() (output capped at MAX_INFLATED). A larger compressed response yields
- *    null, i.e. the reservation is kept. Other encodings: no tap.
+ *  - gzip, deflate, br: kept compressed up to a bound and inflated at end()
+ *    (usage-encoding.ts). Other encodings: no tap.
  */
-import * as zlib from 'node:zlib';
 import { bodyText, eventText } from './usage-text.js';
+import { compressedTap } from './usage-encoding.js';
 
 export interface Usage {
   input_tokens: number;
@@ -42,9 +40,6 @@ export interface UsageTapOptions {
 const HEAD_CAP = 1 << 20;
 const TAIL_CAP = 64 << 10;
 const PREFIX_CAP = 4 << 10;
-const MAX_COMPRESSED = 1 << 20;
-const MAX_INFLATED = 16 << 20;
-const INFLATED_SLICE = 64 << 10;
 
 /** Null when the response carries nothing readable (not JSON/SSE, or an unknown encoding). */
 export function createUsageTap(opts: UsageTapOptions): UsageTap | null {
@@ -56,8 +51,7 @@ export function createUsageTap(opts: UsageTapOptions): UsageTap | null {
 
   const encoding = (opts.contentEncoding ?? '').trim().toLowerCase();
   if (encoding === '' || encoding === 'identity') return make();
-  const inflate = inflaters[encoding];
-  return inflate ? createCompressedTap(make(), inflate) : null;
+  return compressedTap(encoding, make);
 }
 
 // ---- usage objects ----------------------------------------------------------------------
@@ -282,55 +276,6 @@ function createSseTap(): UsageTap {
       const d = delta as Obj;
       const input = 'input_tokens' in d ? (fromDelta?.input_tokens ?? 0) : (started?.input_tokens ?? 0);
       return { usage: { input_tokens: input, output_tokens: count(d.output_tokens) }, textChars };
-    },
-  };
-}
-
-// ---- content-encoding -------------------------------------------------------------------
-
-type Inflate = (b: Buffer) => Buffer;
-const zopts = { finishFlush: zlib.constants.Z_SYNC_FLUSH, maxOutputLength: MAX_INFLATED };
-const inflaters: Record<string, Inflate> = {
-  gzip: (b) => zlib.gunzipSync(b, zopts),
-  'x-gzip': (b) => zlib.gunzipSync(b, zopts),
-  // `deflate` is meant to be zlib-wrapped; some servers send it raw.
-  deflate: (b) => {
-    try {
-      return zlib.inflateSync(b, zopts);
-    } catch {
-      return zlib.inflateRawSync(b, zopts);
-    }
-  },
-  br: (b) =>
-    zlib.brotliDecompressSync(b, {
-      finishFlush: zlib.constants.BROTLI_OPERATION_FLUSH,
-      maxOutputLength: MAX_INFLATED,
-    }),
-};
-
-const UNREADABLE: Tapped = { usage: null, textChars: null };
-
-function createCompressedTap(inner: UsageTap, inflate: Inflate): UsageTap {
-  let chunks: Buffer[] | null = [];
-  let size = 0;
-  return {
-    push(chunk) {
-      if (!chunks) return;
-      size += chunk.length;
-      if (size > MAX_COMPRESSED) chunks = null; // too large to inflate at once: give up
-      else chunks.push(chunk);
-    },
-    end() {
-      if (!chunks) return UNREADABLE;
-      let plain: Buffer;
-      try {
-        plain = inflate(Buffer.concat(chunks));
-      } catch {
-        return UNREADABLE;
-      }
-      chunks = null;
-      for (let i = 0; i < plain.length; i += INFLATED_SLICE) inner.push(plain.subarray(i, i + INFLATED_SLICE));
-      return inner.end();
     },
   };
 }
