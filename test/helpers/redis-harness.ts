@@ -4,7 +4,7 @@
  */
 import type { Cluster, Redis } from 'ioredis';
 import { createRedisClient } from '../../src/limits/client.js';
-import { createRedisLimiter } from '../../src/limits/redis.js';
+import { type RedisLimiter, createRedisLimiter } from '../../src/limits/redis.js';
 import { type Harness, uid } from './redis-limits-conformance.js';
 
 export async function redisHarness(opts: { url: string; leaseMs?: number; lease?: { sliceMs: number } }): Promise<Harness & { prefix: string }> {
@@ -60,4 +60,35 @@ export async function deleteByPrefix(client: Redis | Cluster, prefix: string): P
       for (const k of keys) await node.del(k);
     } while (cursor !== '0');
   }
+}
+
+/**
+ * Limiter instances for the leasing tests, each on its own connection to one Redis and
+ * sharing `prefix`. `close()` closes them, deletes their keys and disconnects every client;
+ * `track` hands it a client the test opened itself.
+ */
+export function leasingInstances(url: string, prefix: string) {
+  const clients: Redis[] = [];
+  const limiters: RedisLimiter[] = [];
+  const connect = async (): Promise<Redis> => {
+    const c = createRedisClient({ url, timeoutMs: 2_000 }) as Redis;
+    clients.push(c);
+    if (c.status !== 'ready') await new Promise((r) => c.once('ready', r));
+    return c;
+  };
+  return {
+    connect,
+    track: (c: Redis) => void clients.push(c),
+    async instance(o: { sliceMs?: number; leaseMs?: number } = {}): Promise<{ lim: RedisLimiter; client: Redis }> {
+      const client = await connect();
+      const lim = createRedisLimiter({ redis: client, prefix, leaseMs: o.leaseMs ?? 30_000, lease: { sliceMs: o.sliceMs ?? 1000 } });
+      limiters.push(lim);
+      return { lim, client };
+    },
+    async close(): Promise<void> {
+      await Promise.allSettled(limiters.map((l) => l.close()));
+      await deleteByPrefix(await connect(), prefix);
+      for (const c of clients) if (c.status !== 'end') c.disconnect();
+    },
+  };
 }

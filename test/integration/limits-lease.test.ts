@@ -6,11 +6,9 @@
  */
 import assert from 'node:assert/strict';
 import { after, describe, test } from 'node:test';
-import { type Cluster, Redis } from 'ioredis';
-import { createRedisClient } from '../../src/limits/client.js';
+import { Redis } from 'ioredis';
 import type { AdmitResult } from '../../src/limits/limiter.js';
-import { type RedisLimiter, createRedisLimiter } from '../../src/limits/redis.js';
-import { redisHarness, deleteByPrefix } from '../helpers/redis-harness.js';
+import { leasingInstances, redisHarness } from '../helpers/redis-harness.js';
 import { waitFor } from '../helpers/redis-server.js';
 import { input, runLimiterConformance, uid } from '../helpers/redis-limits-conformance.js';
 
@@ -20,26 +18,10 @@ runLimiterConformance('redis (single node) with bucket slices', () => redisHarne
 
 describe('bucket slices', { timeout: 60_000 }, () => {
   const prefix = uid('kwtest');
-  const clients: (Redis | Cluster)[] = [];
-  const limiters: RedisLimiter[] = [];
-  const connect = async (): Promise<Redis> => {
-    const c = createRedisClient({ url: URL, timeoutMs: 2_000 }) as Redis;
-    clients.push(c);
-    if (c.status !== 'ready') await new Promise((r) => c.once('ready', r));
-    return c;
-  };
+  const fleet = leasingInstances(URL, prefix);
   /** An instance: its own connection, slices on. */
-  const instance = async (sliceMs: number): Promise<{ lim: RedisLimiter; client: Redis }> => {
-    const client = await connect();
-    const lim = createRedisLimiter({ redis: client, prefix, leaseMs: 30_000, lease: { sliceMs } });
-    limiters.push(lim);
-    return { lim, client };
-  };
-  after(async () => {
-    await Promise.allSettled(limiters.map((l) => l.close()));
-    await deleteByPrefix(await connect(), prefix);
-    for (const c of clients) if (c.status !== 'end') c.disconnect();
-  });
+  const instance = (sliceMs: number) => fleet.instance({ sliceMs });
+  after(() => fleet.close());
   const ok = (rs: AdmitResult[]): number => rs.filter((r) => r.ok).length;
   const leased = async (client: Redis, key: string, bucket: 'rpm' | 'tpm'): Promise<number> =>
     Number((await client.hget(`{${prefix}:k:${key}}:${bucket}`, 'l')) ?? 0);
@@ -152,7 +134,7 @@ describe('bucket slices', { timeout: 60_000 }, () => {
     const { lim } = await instance(1000);
     // A plain connection: MONITOR does not mix with the limiter client's pipelining options.
     const watcher = new Redis(URL);
-    clients.push(watcher);
+    fleet.track(watcher);
     const monitor = await watcher.monitor();
     let calls = 0;
     monitor.on('monitor', (_time: string, args: string[]) => {

@@ -5,13 +5,12 @@
  * round trips a concurrency-limited request far from its limit costs. The conformance suite
  * runs with blocks on wherever `lease` is on (limits-lease, limits-cluster).
  */
-import { deleteByPrefix } from '../helpers/redis-harness.js';
 import assert from 'node:assert/strict';
 import { after, describe, test } from 'node:test';
 import { Redis } from 'ioredis';
-import { createRedisClient } from '../../src/limits/client.js';
 import type { AdmitResult, Lease } from '../../src/limits/limiter.js';
-import { type RedisLimiter, createRedisLimiter } from '../../src/limits/redis.js';
+import type { RedisLimiter } from '../../src/limits/redis.js';
+import { leasingInstances } from '../helpers/redis-harness.js';
 import { waitFor } from '../helpers/redis-server.js';
 import { input, uid } from '../helpers/redis-limits-conformance.js';
 
@@ -19,25 +18,9 @@ const URL = process.env.KW_TEST_REDIS_URL ?? 'redis://127.0.0.1:6379';
 
 describe('blocks of concurrency slots', { timeout: 60_000 }, () => {
   const prefix = uid('kwtest');
-  const clients: Redis[] = [];
-  const limiters: RedisLimiter[] = [];
-  const connect = async (): Promise<Redis> => {
-    const c = createRedisClient({ url: URL, timeoutMs: 2_000 }) as Redis;
-    clients.push(c);
-    if (c.status !== 'ready') await new Promise((r) => c.once('ready', r));
-    return c;
-  };
-  const instance = async (o: { sliceMs?: number; leaseMs?: number } = {}): Promise<{ lim: RedisLimiter; client: Redis }> => {
-    const client = await connect();
-    const lim = createRedisLimiter({ redis: client, prefix, leaseMs: o.leaseMs ?? 30_000, lease: { sliceMs: o.sliceMs ?? 1000 } });
-    limiters.push(lim);
-    return { lim, client };
-  };
-  after(async () => {
-    await Promise.allSettled(limiters.map((l) => l.close()));
-    await deleteByPrefix(await connect(), prefix);
-    for (const c of clients) if (c.status !== 'end') c.disconnect();
-  });
+  const fleet = leasingInstances(URL, prefix);
+  const instance = (o: { sliceMs?: number; leaseMs?: number } = {}) => fleet.instance(o);
+  after(() => fleet.close());
   const ok = (rs: AdmitResult[]): Lease[] => rs.flatMap((r) => (r.ok ? [r.lease] : []));
   /** Slots Redis counts in use for the key now (live leases, a block's whole weight), read in one MULTI. */
   const inUse = async (client: Redis, key: string): Promise<number> => {
@@ -181,7 +164,7 @@ describe('blocks of concurrency slots', { timeout: 60_000 }, () => {
   test('far from its limit a concurrency-limited request costs well under one Redis call', async (t) => {
     const { lim, client } = await instance();
     const watcher = new Redis(URL);
-    clients.push(watcher);
+    fleet.track(watcher);
     const monitor = await watcher.monitor();
     let calls = 0;
     const seen = new Set<string>();
