@@ -13,10 +13,10 @@ import type { Logger } from '../obs/logger.js';
 import { createMetrics, type Metrics } from '../obs/metrics.js';
 import type { UsageEvent } from '../protocol/usage.js';
 import { ReplicaStore } from '../replica/store.js';
-import { replicaWriter } from '../replica/writer.js';
 import { parseRange } from '../policy/network.js';
 import { buildRules } from '../routes.js';
-import { createSyncClient, createUsagePusher, type SyncClient, type UsagePusher } from '../sync/client.js';
+import type { SyncClient, UsagePusher } from '../sync/client.js';
+import { consoleClients } from './console-clients.js';
 import { answerClientError, createExchanges } from './exchange.js';
 import { createForwarder } from './forward.js';
 import { describeKey } from './self.js';
@@ -33,9 +33,6 @@ export interface SidecarOptions {
   /** false in a cluster worker: the primary answers the admin port for every worker */
   admin?: boolean;
 }
-
-/** Usage events held for the console while it is away; what overflows is counted as dropped. */
-const USAGE_BUFFER = 100_000;
 
 export interface Sidecar {
   port: number;
@@ -82,15 +79,8 @@ export async function startSidecar(opts: SidecarOptions): Promise<Sidecar> {
       leaseMs: config.limits.leaseMs,
       log: (event, fields) => logger.warn(fields, event),
     });
-  const consoleCfg = config.console;
-  const sync = consoleCfg
-    ? createSyncClient({ url: consoleCfg.url, token: consoleCfg.token, waitMs: consoleCfg.waitMs, target: replicaWriter(replica), log: logger,
-        onConnected: () => usagePusher?.nudge() }) // the console is back: deliver buffered usage now
-    : null;
+  const { sync, usage: usagePusher } = consoleClients({ config, replica, logger, pushUsage: !opts.usageSink });
   const forwarder = createForwarder({ upstreams: config.upstreams });
-  const usagePusher = consoleCfg && !opts.usageSink
-    ? createUsagePusher({ url: consoleCfg.url, token: consoleCfg.token, maxBuffer: USAGE_BUFFER, batchSize: 500, flushMs: 1000, log: logger })
-    : null;
   const metrics: Metrics = createMetrics({
     replica: () => replica.status(),
     limiter: () => limiter.stats(),

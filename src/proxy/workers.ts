@@ -25,12 +25,9 @@ import { startAdmin, type AdminServer } from '../obs/admin.js';
 import type { Logger } from '../obs/logger.js';
 import { createMetrics } from '../obs/metrics.js';
 import { ReplicaStore } from '../replica/store.js';
-import { replicaWriter } from '../replica/writer.js';
-import { createSyncClient, createUsagePusher } from '../sync/client.js';
+import { consoleClients } from './console-clients.js';
 import { isMessage, type ToPrimary, type ToWorker } from './worker-messages.js';
 
-/** Usage events held for the console while it is away (as in a single-process sidecar). */
-const USAGE_BUFFER = 100_000;
 /** A worker that does not answer a scrape within this is left out of that scrape. */
 const SCRAPE_TIMEOUT_MS = 2_000;
 const RESTART_DELAY_MS = 1_000;
@@ -86,13 +83,7 @@ export async function startWorkers(opts: WorkersOptions): Promise<WorkerPool> {
   }
   // Opened before any worker starts, so the schema exists before N processes open the file at once.
   const replica = new ReplicaStore({ path: config.replica.path });
-  const consoleCfg = config.console;
-  const sync = consoleCfg
-    ? createSyncClient({ url: consoleCfg.url, token: consoleCfg.token, waitMs: consoleCfg.waitMs, target: replicaWriter(replica), log: logger })
-    : null;
-  const usage = consoleCfg
-    ? createUsagePusher({ url: consoleCfg.url, token: consoleCfg.token, maxBuffer: USAGE_BUFFER, batchSize: 500, flushMs: 1000, log: logger })
-    : null;
+  const { sync, usage } = consoleClients({ config, replica, logger, pushUsage: true });
 
   const live = new Map<number, Worker>();
   /** each worker's last reported replica readiness */
