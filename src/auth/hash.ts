@@ -2,7 +2,11 @@
  * Key hashing (DESIGN section 4). The hash is the only form of a key that is stored or
  * compared; the plain key never leaves the request that carried it.
  */
-import { createHmac, hash } from 'node:crypto';
+import * as crypto from 'node:crypto';
+
+// One-shot hashing (no Hash object per request) exists from Node 20.12; earlier 20.x
+// releases, which the project supports, take the Hash object.
+const oneShot = (crypto as { hash?: (algorithm: string, data: string, encoding: 'hex') => string }).hash;
 
 export type HashAlgorithm = 'sha256' | 'hmac-sha256';
 
@@ -18,8 +22,9 @@ export function makeKeyHasher(opts: HashOptions): KeyHasher {
   if (opts.hash === 'hmac-sha256') {
     const pepper = opts.pepper;
     if (!pepper) throw new Error('keys.hash hmac-sha256 needs keys.pepper');
-    return (key) => createHmac('sha256', pepper).update(key, 'utf8').digest('hex');
+    return (key) => crypto.createHmac('sha256', pepper).update(key, 'utf8').digest('hex');
   }
-  // one-shot: no Hash object per request (a string is hashed as UTF-8)
-  return (key) => hash('sha256', key, 'hex');
+  // a string is hashed as UTF-8 either way
+  if (oneShot) return (key) => oneShot('sha256', key, 'hex');
+  return (key) => crypto.createHash('sha256').update(key, 'utf8').digest('hex');
 }
