@@ -104,7 +104,9 @@ export function createLeasePath(o: LeasePathOptions): LeasePath {
     sliceMs: o.sliceMs,
     leaseMs: o.leaseMs,
     resize: (keyId, b, weight, dropped) => {
-      if (dropped) o.keeper.remove(b.id);
+      // A dropped block's slots still in use stay refreshed until the last of them ends
+      // (weight 0); otherwise Redis would forget them while their requests run.
+      if (dropped && weight === 0) o.keeper.remove(b.id);
       const k = keysOf(keyId);
       o.batch.add({ kind: 'w', tag: k.tag, set: k.conc, weights: k.concw, blockId: b.id, weight, owner: o.owner });
     },

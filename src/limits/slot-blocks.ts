@@ -65,6 +65,8 @@ export class BlockTable {
   private readonly timer: SweepTimer;
   /** requests in flight on a slot of a block (held, or dropped while they ran) */
   private onBlocks = 0;
+  /** dropped blocks with slots still in use: their lease is kept alive until the last one ends */
+  private lingering = 0;
   private readonly now: () => number;
 
   constructor(private readonly opts: BlockTableOptions) {
@@ -112,7 +114,10 @@ export class BlockTable {
       block.used--;
       this.onBlocks--;
       // Redis still counts a dropped block's slots in use (until its expiry): free them.
-      if (block.dropped && block.used === 0) this.opts.resize(keyId, block, 0, true);
+      if (block.dropped && block.used === 0) {
+        this.lingering--;
+        this.opts.resize(keyId, block, 0, true);
+      }
     }
   }
 
@@ -207,6 +212,7 @@ export class BlockTable {
     e.block = null;
     b.dropped = true;
     this.byId.delete(b.id);
+    if (b.used > 0) this.lingering++;
     this.opts.resize(keyId, b, b.used, true);
   }
 
@@ -241,8 +247,9 @@ export class BlockTable {
     return this.onBlocks;
   }
 
+  /** Blocks whose lease this instance keeps: held ones, and dropped ones with slots in use. */
   held(): number {
-    let n = 0;
+    let n = this.lingering;
     for (const e of this.entries.values()) if (e.block) n++;
     return n;
   }

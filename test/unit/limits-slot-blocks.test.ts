@@ -108,3 +108,19 @@ test('no resize while a grow is in flight', async () => {
   assert.deepEqual(resized.pop(), { id: 'b1', weight: 0, dropped: true });
   t.stop();
 });
+
+test('a block dropped with slots in use stays held (its lease refreshed) until the last of them ends', () => {
+  const { t, resized } = table();
+  t.note('k');
+  t.note('k');
+  const b = t.granted('k', 'b1', 64, 2, 0);
+  t.take('k', t.free('k', 64)!);
+  t.lost('k', 'b1');
+  assert.deepEqual(resized.at(-1), { id: 'b1', weight: 1, dropped: true }, 'shrunk to the slot in use, not ended');
+  assert.equal(t.held(), 1, 'its lease is still kept for the request on it');
+  assert.equal(t.free('k', 64), null, 'no new request takes a dropped block');
+  t.ended('k', b);
+  assert.deepEqual(resized.at(-1), { id: 'b1', weight: 0, dropped: true }, 'ended with its last request');
+  assert.equal(t.held(), 0);
+  t.stop();
+});
