@@ -44,7 +44,6 @@ export interface SettleBatch {
   add(op: SettleOp): void;
   /** Sends everything queued now. */
   flush(): void;
-  queued(): number;
   /** Flushes and waits for every call sent. */
   close(): Promise<void>;
 }
@@ -125,7 +124,6 @@ export function createSettleBatch(opts: SettleBatchOptions): SettleBatch {
       }
     },
     flush,
-    queued: () => queue.length,
     async close() {
       flush();
       await Promise.allSettled([...inFlight]);

@@ -15,7 +15,6 @@
  * using it sliceMs after it sent the request (its clock, which started earlier), so a slice
  * is never used after Redis has let it go.
  */
-import { newLeaseId } from './leases.js';
 import { SweepTimer } from './sweep-timer.js';
 
 /** Largest slice, as a share of the bucket's capacity. */
@@ -197,4 +196,3 @@ export class SliceTable {
   }
 }
 
-export const newSliceId = newLeaseId;
