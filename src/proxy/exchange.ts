@@ -135,14 +135,13 @@ const FAILURES: Record<ForwardFailure, (err: Error) => Denial> = {
 };
 
 export function createExchanges(deps: ExchangeDeps): Exchanges {
-  let inFlight = 0;
   let draining = false;
   let closeIdle: (() => void) | null = null;
   let onIdle: (() => void) | null = null;
+  /** responses not yet closed: what is in flight */
   const open = new Set<ServerResponse>();
 
   const finish = (res: ServerResponse, ctx: RequestContext) => {
-    inFlight--;
     open.delete(res);
     settle(ctx);
     // 499: the client went away before the response was complete (nginx's convention)
@@ -165,7 +164,7 @@ export function createExchanges(deps: ExchangeDeps): Exchanges {
     // A keep-alive connection whose answer began before the drain would otherwise stay
     // open, and in use by its client, until the drain ends and every connection is cut.
     if (draining) closeIdle?.();
-    if (inFlight === 0) onIdle?.();
+    if (open.size === 0) onIdle?.();
   };
 
   // One listener for every response: the request ends (finish), then its body watch stops.
@@ -273,19 +272,16 @@ export function createExchanges(deps: ExchangeDeps): Exchanges {
     handle(req, res, expectContinue) {
       const clientIp = clientIpOf(req, deps.trustedProxies);
       const ctx = newContext(req, { versionHeader: deps.versionHeader, now: performance.now(), clientIp });
-      inFlight++;
       open.add(res);
       (req.socket as TrackedSocket)[CURRENT] = res;
-      // Only a body still to come can stall (the same test watchBodyIdle makes; no closure otherwise).
-      if (deps.bodyIdleTimeoutMs > 0 && !req.complete && hasBody(req)) {
-        ctx.bodyWatch = watchBodyIdle(req, { idleMs: deps.bodyIdleTimeoutMs, onIdle: cutStalledResponse, subject: res });
-      }
+      // Only a body still to come can stall; watchBodyIdle watches nothing otherwise.
+      ctx.bodyWatch = watchBodyIdle(req, { idleMs: deps.bodyIdleTimeoutMs, onIdle: cutStalledResponse, subject: res });
       (res as ContextResponse)[CONTEXT] = ctx;
       res.once('close', onResponseClose);
       if (draining) res.setHeader('connection', 'close');
       void run(req, res, ctx, new Arrival({ req, res, expectContinue, clientIp, method: ctx.method }));
     },
-    inFlight: () => inFlight,
+    inFlight: () => open.size,
     startDraining(opts = {}) {
       draining = true;
       closeIdle = opts.closeIdle ?? null;
@@ -293,7 +289,7 @@ export function createExchanges(deps: ExchangeDeps): Exchanges {
       for (const res of open) if (!res.headersSent) res.setHeader('connection', 'close');
     },
     async drained(graceMs) {
-      if (inFlight === 0) return;
+      if (open.size === 0) return;
       await new Promise<void>((resolve) => {
         const timer = setTimeout(resolve, graceMs);
         onIdle = () => {
