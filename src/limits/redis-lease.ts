@@ -128,6 +128,8 @@ export function createLeasePath(o: LeasePathOptions): LeasePath {
       done = true;
       if (a.conc > 0) blocks.ended(a.keyId, held.block ?? null);
       if (held.slotId) o.keeper.remove(held.slotId);
+      // Nothing to give back or free (the usual finish from a slice): no operation to build.
+      if (!held.slotId && delta.rpm === 0 && delta.tpm === 0) return;
       o.batch.add(adjust(a.keyId, delta, caps, undefined, held.slotId));
     };
     return {
