@@ -94,20 +94,27 @@ class UpstreamTimeout extends Error {
 }
 
 /**
- * The idle timeout is set where every outgoing request passes (the agent), because
- * http-proxy-3 skips its proxyReq hook for requests that carry `Expect`. One listener per
- * agent, called with the request as `this`: nothing is allocated per request.
+ * The idle timeout lives on each upstream socket, set once when the agent creates it (its
+ * `timeout` option) rather than per request: a per-request timeout arms and disarms the
+ * socket's timer and adds and removes three listeners on every call. It also reaches
+ * requests that carry `Expect`, for which http-proxy-3 skips its proxyReq hook. The agent
+ * destroys a socket that times out while idle in its pool; one that times out while a
+ * request is on it is destroyed here with UpstreamTimeout, which the request reports as
+ * its error. One listener for every socket, with the socket as `this`.
  */
 function timeoutAgent<A extends http.Agent>(agent: A, timeoutMs: number): A {
-  const a = agent as A & { addRequest(req: http.ClientRequest, options: unknown): void };
-  const add = a.addRequest.bind(a);
+  if (timeoutMs <= 0) return agent;
+  const a = agent as A & { createConnection(...args: unknown[]): Socket; freeSockets: NodeJS.ReadOnlyDict<Socket[]> };
+  const create = a.createConnection.bind(a);
   const message = `no answer from upstream within ${timeoutMs} ms`;
-  function onTimeout(this: http.ClientRequest) {
-    this.destroy(new UpstreamTimeout(message));
+  function onSocketTimeout(this: Socket & { _httpMessage?: unknown }) {
+    // _httpMessage: the request the socket is serving (Node's own field; null while pooled)
+    if (this._httpMessage) this.destroy(new UpstreamTimeout(message));
   }
-  a.addRequest = (req, options) => {
-    if (timeoutMs > 0) req.setTimeout(timeoutMs, onTimeout);
-    add(req, options);
+  a.createConnection = (...args: unknown[]) => {
+    const socket = create(...args);
+    socket.on('timeout', onSocketTimeout);
+    return socket;
   };
   return a;
 }
@@ -198,7 +205,7 @@ export function createForwarder(opts: ForwarderOptions): Forwarder {
   const targets = new Map<string, { url: URL; agent: http.Agent; prependPath: boolean }>();
   for (const [name, up] of Object.entries(opts.upstreams)) {
     const url = new URL(up.url);
-    const agentOpts = { keepAlive: true, keepAliveMsecs: 1000, maxSockets: Infinity, maxFreeSockets: 256, scheduling: 'lifo' as const };
+    const agentOpts = { keepAlive: true, keepAliveMsecs: 1000, maxSockets: Infinity, maxFreeSockets: 256, scheduling: 'lifo' as const, ...(up.timeoutMs > 0 ? { timeout: up.timeoutMs } : {}) };
     const agent = url.protocol === 'https:' ? new https.Agent(agentOpts) : new http.Agent(agentOpts);
     guardIdleSockets(agent);
     targets.set(name, { url, agent: timeoutAgent(agent, up.timeoutMs), prependPath: !(url.pathname === '/' && url.search === '') });
