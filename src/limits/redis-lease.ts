@@ -65,8 +65,8 @@ export interface LeasePath {
   blocksHeld(): number;
   /** Requests in flight on slots of blocks. */
   onBlocks(): number;
-  /** The keeper refreshed these lease ids (sent at sentAt, this clock); `all`: every one was still recorded. */
-  refreshed(ids: string[], sentAt: number, all: boolean): void;
+  /** The keeper refreshed these lease ids (sent at sentAt, this clock); `missing`: those Redis no longer recorded. */
+  refreshed(ids: string[], sentAt: number, missing: readonly string[]): void;
   /** Gives every slice and every unused slot of a block back (queued in the batch). */
   close(): void;
 }
@@ -239,7 +239,7 @@ export function createLeasePath(o: LeasePathOptions): LeasePath {
     held: () => slices.held(),
     blocksHeld: () => blocks.held(),
     onBlocks: () => blocks.inUse(),
-    refreshed: (ids, sentAt, all) => blocks.refreshed(ids, sentAt, all),
+    refreshed: (ids, sentAt, missing) => blocks.refreshed(ids, sentAt, missing),
     close() {
       slices.sweep(true);
       slices.stop();

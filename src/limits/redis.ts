@@ -71,8 +71,8 @@ export function createRedisLimiter(opts: RedisLimiterOptions): RedisLimiter {
         const chunk = ids.slice(i, i + REFRESH_CHUNK);
         const sentAt = performance.now();
         // The set's block weights (slots.lua) live as long as the set.
-        const n = Number(await run('keywardRefresh', [setKey, `${setKey}w`], [leaseMs, ...chunk]));
-        sliced?.refreshed(chunk, sentAt, n === chunk.length);
+        const missing = (await run('keywardRefresh', [setKey, `${setKey}w`], [leaseMs, ...chunk])) as string[];
+        sliced?.refreshed(chunk, sentAt, missing);
       }
     },
     onError: (err) => failed('refresh', err),

@@ -194,15 +194,19 @@ export class BlockTable {
     this.entry(keyId, this.now()).quietUntil = this.now() + this.opts.sliceMs;
   }
 
-  /** The keeper refreshed these lease ids, sent at sentAt; `all`: every one was still recorded. */
-  refreshed(ids: string[], sentAt: number, all: boolean): void {
+  /**
+   * The keeper refreshed these lease ids, sent at sentAt; `missing`: those Redis no longer
+   * recorded. A block among them is given up (its slots may be someone else's by now);
+   * every other block is good for another leaseMs from sentAt.
+   */
+  refreshed(ids: string[], sentAt: number, missing: readonly string[]): void {
+    const gone = missing.length === 0 ? null : new Set(missing);
     for (const id of ids) {
       const keyId = this.byId.get(id);
       const e = keyId === undefined ? undefined : this.entries.get(keyId);
       if (!e?.block || e.block.id !== id) continue;
-      // Which lease was missing is unknown: give the block up rather than trust it.
-      if (all) e.block.validUntil = Math.max(e.block.validUntil, sentAt + this.opts.leaseMs);
-      else this.drop(keyId!, e);
+      if (gone?.has(id)) this.drop(keyId!, e);
+      else e.block.validUntil = Math.max(e.block.validUntil, sentAt + this.opts.leaseMs);
     }
   }
 

@@ -10,6 +10,7 @@ import { after, describe, test } from 'node:test';
 import { Redis } from 'ioredis';
 import type { AdmitResult, Lease } from '../../src/limits/limiter.js';
 import type { RedisLimiter } from '../../src/limits/redis.js';
+import { scriptRunner } from '../../src/limits/scripts.js';
 import { leasingInstances } from '../helpers/redis-harness.js';
 import { waitFor } from '../helpers/redis-server.js';
 import { input, uid } from '../helpers/redis-limits-conformance.js';
@@ -159,6 +160,25 @@ describe('blocks of concurrency slots', { timeout: 60_000 }, () => {
     assert.ok(live.lim.slotBlocksHeld() > 0);
     assert.ok((await inUse(live.client, key2)) >= 2);
     await waitFor(async () => live.lim.slotBlocksHeld() === 0 && (await inUse(live.client, key2)) === 0, 5_000, 'the live block is given back');
+  });
+
+  test('a refresh names the leases Redis no longer records and extends only the others', async () => {
+    const { client } = await instance();
+    const run = scriptRunner(client);
+    const set = `{${prefix}:k:${uid('k')}}:conc`;
+    const [sec] = await client.time();
+    const soon = Number(sec) * 1000 + 500;
+    await client.zadd(set, soon, 'block-1', soon, 'slot-1');
+    await client.hset(`${set}w`, 'block-1', 4);
+    // slot-2 expired and was purged (or was never there): it must not come back
+    const missing = await run('keywardRefresh', [set, `${set}w`], [60_000, 'block-1', 'slot-2', 'slot-1']);
+    assert.deepEqual(missing, ['slot-2']);
+    const scores = await client.zrange(set, 0, -1, 'WITHSCORES');
+    assert.deepEqual(scores.filter((_, i) => i % 2 === 0).sort(), ['block-1', 'slot-1'], 'slot-2 not re-added');
+    for (let i = 1; i < scores.length; i += 2) assert.ok(Number(scores[i]) > soon + 50_000, 'both present leases pushed a lease ahead');
+    assert.ok((await client.pttl(`${set}w`)) > 50_000, 'the block weights live as long as the set');
+    assert.deepEqual(await run('keywardRefresh', [set, `${set}w`], [60_000, 'block-1']), [], 'all found: nothing missing');
+    await client.del(set, `${set}w`);
   });
 
   test('far from its limit a concurrency-limited request costs well under one Redis call', async (t) => {

@@ -51,15 +51,18 @@ test('takes free slots of a live block only; slots come back to the block when r
   t.stop();
 });
 
-test('a refresh that found every lease extends the block; one that missed any drops it', () => {
+test('a refresh extends the blocks Redis still records; a block it missed is dropped, the others in its chunk are kept', () => {
   const { t, clock, resized } = table();
   t.granted('k', 'b1', 64, 2, 0);
+  t.granted('j', 'b2', 64, 2, 0);
   clock.now = 2000;
-  t.refreshed(['x', 'b1'], 1500, true);
+  t.refreshed(['x', 'b1', 'b2'], 1500, ['x']);
   clock.now = 4000;
-  assert.ok(t.free('k', 64), 'valid until 1500 + leaseMs');
-  t.refreshed(['b1'], 4000, false);
-  assert.equal(t.current('k'), null);
+  assert.ok(t.free('k', 64), 'b1: a per-request lease missing from the same chunk does not cost the block; valid until 1500 + leaseMs');
+  assert.ok(t.free('j', 64), 'b2 as well');
+  t.refreshed(['b1', 'b2'], 4000, ['b1']);
+  assert.equal(t.current('k'), null, 'b1 was missing: dropped');
+  assert.equal(t.current('j')?.id, 'b2', 'b2 was found: kept');
   assert.deepEqual(resized, [{ id: 'b1', weight: 0, dropped: true }]);
   t.stop();
 });
