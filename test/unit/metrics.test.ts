@@ -1,0 +1,71 @@
+/**
+ * The decision histogram is counted outside prom-client and folded into its per-label state
+ * at scrape time (src/obs/metrics.ts), which relies on prom-client's internal layout. These
+ * tests hold the exposition it produces to that of a plain prom-client Histogram fed the
+ * same observations, so a prom-client upgrade that changes the layout fails here, not in a
+ * dashboard.
+ */
+import assert from 'node:assert/strict';
+import { test } from 'node:test';
+import { Histogram, Registry } from 'prom-client';
+import { createMetrics } from '../../src/obs/metrics.js';
+
+const sources = {
+  replica: () => ({ version: 7, appliedAt: 1_000 }),
+  limiter: () => ({ redisErrors: 0, failOpenAdmissions: 0, slotsHeld: 0 }),
+  now: () => 2_000,
+};
+
+function reference(): { registry: Registry; hist: Histogram<'outcome'> } {
+  const registry = new Registry();
+  const hist = new Histogram({
+    name: 'keyward_decision_seconds',
+    help: 'Time from request arrival to the allow/deny decision',
+    labelNames: ['outcome'] as const,
+    buckets: [0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.1, 0.5],
+    registers: [registry],
+  });
+  return { registry, hist };
+}
+
+// On a bound, between bounds, under the first and past the last (+Inf only).
+const ROUND_1: ['allow' | 'deny', number][] = [
+  ['allow', 0.00005], ['allow', 0.0001], ['allow', 0.0003], ['allow', 0.0003], ['deny', 0.002], ['allow', 0.7], ['deny', 0.5],
+];
+const ROUND_2: ['allow' | 'deny', number][] = [['allow', 0.01], ['deny', 0.00002], ['allow', 3]];
+
+test('the decision histogram scrapes exactly as a prom-client histogram fed the same values, across scrapes', async () => {
+  const m = createMetrics(sources);
+  const ref = reference();
+  const scrape = async () => [
+    await m.registry.getSingleMetricAsString('keyward_decision_seconds'),
+    await ref.registry.getSingleMetricAsString('keyward_decision_seconds'),
+  ];
+  const [empty] = await scrape();
+  assert.doesNotMatch(empty!, /outcome=/, 'no label set before the first decision');
+  for (const round of [ROUND_1, ROUND_2]) {
+    for (const [outcome, s] of round) {
+      m.decision(outcome, s);
+      ref.hist.observe({ outcome }, s);
+    }
+    const [ours, theirs] = await scrape();
+    assert.equal(ours, theirs);
+  }
+  // A scrape with nothing new changes nothing (the folded counts are not added twice).
+  const [again, theirs] = await scrape();
+  assert.equal(again, theirs);
+  assert.match(again!, /keyward_decision_seconds_count\{outcome="allow"\} 7/);
+  assert.match(again!, /keyward_decision_seconds_bucket\{le="\+Inf",outcome="deny"\} 3/);
+});
+
+test('requests are counted by route, status and code', async () => {
+  const m = createMetrics(sources);
+  m.request('chat', 200, '');
+  m.request('chat', 200, '');
+  m.request('chat', 429, 'rpm_exceeded');
+  const text = await m.registry.getSingleMetricAsString('keyward_requests_total');
+  assert.match(text, /keyward_requests_total\{route="chat",status="200",code=""\} 2/);
+  assert.match(text, /keyward_requests_total\{route="chat",status="429",code="rpm_exceeded"\} 1/);
+  // scraped twice: the same totals, not doubled
+  assert.equal(await m.registry.getSingleMetricAsString('keyward_requests_total'), text);
+});
