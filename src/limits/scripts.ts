@@ -1,8 +1,8 @@
 /**
  * The one loader of the Lua scripts in lua/. A script may paste a shared prelude with a
- * line `-- #include <file>.lua` (bucket.lua: the token-bucket and slice rules). Each script
- * is defined once per client as a command: ioredis sends EVALSHA and falls back to EVAL on
- * NOSCRIPT (e.g. after a Redis restart).
+ * line `-- #include <file>.lua` (bucket.lua: the token-bucket, slice and admission rules).
+ * Each script is defined once per client as a command: ioredis sends EVALSHA and falls back
+ * to EVAL on NOSCRIPT (e.g. after a Redis restart).
  */
 import { readFileSync } from 'node:fs';
 import type { Cluster, Redis } from 'ioredis';

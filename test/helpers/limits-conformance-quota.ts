@@ -1,6 +1,8 @@
 /**
  * Conformance, part two: per-model limits and the quota figures admissions report
- * (DESIGN sections 6 and 11). Registered inside runLimiterConformance's suite.
+ * (DESIGN sections 6 and 11), and the TPM rule for an estimate above the capacity on the key
+ * bucket (admit.lua, or lease.lua with slices on) and a model bucket (admit.lua).
+ * Registered inside runLimiterConformance's suite.
  */
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
@@ -42,6 +44,22 @@ export function quotaConformance(get: () => Harness): void {
     leaseOf(await ask2(100)).finish({ tokens: 600 });
     denied(await ask2(450), 'tpm_exceeded');
     leaseOf(await ask2(390)).finish({ tokens: null });
+  });
+
+  test('TPM: an estimate above the capacity passes on a full bucket and then waits until full, not for the estimate', async () => {
+    const lim = get().limiter;
+    const huge = 5000; // against a capacity of 1000 per minute
+    const key = uid('k');
+    const ask = (tokens: number) => lim.admit(input(key, { limits: { tpm: 1000 }, tokens }));
+    const modelKey = uid('k');
+    const modelLimit = model({ tpm: 1000 });
+    const askModel = (tokens: number) => lim.admit({ ...input(modelKey, { tokens }), modelLimit });
+    for (const [bucket, admit] of [['key', ask], ['model', askModel]] as const) {
+      leaseOf(await admit(huge)).finish({ tokens: null }); // full: passes, the bucket at -4000
+      const wait = denied(await admit(huge), 'tpm_exceeded');
+      // From -4000 to full (1000) at 1000 per minute is 300 s; waiting to hold 5000 would be 540 s.
+      assert.ok(wait > 298_000 && wait <= 300_000, `${bucket} bucket: got ${wait}`);
+    }
   });
 
   test('model limits apply in addition to the key: either one denies; nothing is consumed on a denial', async () => {

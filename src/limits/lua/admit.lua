@@ -14,12 +14,15 @@
 --       that runs later (Redis was paused or the link stalled), so it must change nothing,
 --       12 model rpm, 13 model tpm (a limit <= 0 means unlimited)
 --
--- Buckets: see bucket.lua (slices leased from a key's buckets lower their ceiling). Lease
--- sets: see slots.lua (a block of slots leased to an instance counts its whole weight).
+-- Buckets: see bucket.lua (slices leased from a key's buckets lower their ceiling). Every
+-- RPM and TPM check (route, key, model) is bucket.lua's admit_wait, the rule and retry wait
+-- lease.lua applies too. Lease sets: see slots.lua (a block of slots leased to an instance
+-- counts its whole weight).
 --
 -- Returns {1, 0, 0, now, rpm remaining, rpm reset ms, tpm remaining, tpm reset ms} when
--- admitted (the key's own buckets after this admission; reset = until full again), else {0, code, retryAfterMs, now} with no limit
--- consumed (expired leases are purged either way), or {-1, 0, 0, now} past the deadline.
+-- admitted (the key's own buckets after this admission, bucket.lua's quota: reset = until
+-- full again), else {0, code, retryAfterMs, now} with no limit consumed (expired leases are
+-- purged either way), or {-1, 0, 0, now} past the deadline.
 -- code: 1 route_capacity_exceeded, 2 rpm_exceeded, 3 tpm_exceeded, 4 concurrency_exceeded;
 -- checks run route, key RPM, key TPM, concurrency, model RPM (2), model TPM (3); the first
 -- failing check names the code, retryAfterMs is the longest wait among failures.
@@ -44,11 +47,6 @@ if deadline > 0 and now > deadline then return {-1, 0, 0, now} end
 
 local function level(key, cap) return (bucket(key, cap)) end
 
-local function refill_wait(lvl, need, cap)
-  return math.max(1, math.ceil((need - lvl) * WINDOW / cap))
-end
-
-
 local i = 1
 local r_rpm_key, r_conc_key, k_rpm_key, k_tpm_key, k_conc_key, k_conc_w, m_rpm_key, m_tpm_key
 if has_route then
@@ -67,9 +65,10 @@ local function deny(c, w)
   if w > wait then wait = w end
 end
 
-local function tpm_denied(lvl, cap)
-  -- Admitted when the bucket holds the estimate or is full (one oversized request may pass).
-  return tokens > 0 and lvl < tokens and lvl < cap
+-- A bucket check (bucket.lua's admit_wait; `tpm_tokens` only for TPM) that denies with code c.
+local function check(c, lvl, cap, tpm_tokens)
+  local w = admit_wait(lvl, cap, tpm_tokens)
+  if w > 0 then deny(c, w) end
 end
 
 local r_rpm_level, k_rpm_level, k_tpm_level, m_rpm_level, m_tpm_level
@@ -77,30 +76,26 @@ if has_route then
   if route_conc > 0 and held_slots(r_conc_key, nil) >= route_conc then deny(1, conc_wait(r_conc_key)) end
   if route_rpm > 0 then
     r_rpm_level = level(r_rpm_key, route_rpm)
-    if r_rpm_level < 1 then deny(1, refill_wait(r_rpm_level, 1, route_rpm)) end
+    check(1, r_rpm_level, route_rpm)
   end
 end
 if has_key then
   if key_rpm > 0 then
     k_rpm_level = level(k_rpm_key, key_rpm)
-    if k_rpm_level < 1 then deny(2, refill_wait(k_rpm_level, 1, key_rpm)) end
+    check(2, k_rpm_level, key_rpm)
   end
   if key_tpm > 0 then
     k_tpm_level = level(k_tpm_key, key_tpm)
-    if tpm_denied(k_tpm_level, key_tpm) then
-      deny(3, refill_wait(k_tpm_level, math.min(tokens, key_tpm), key_tpm))
-    end
+    check(3, k_tpm_level, key_tpm, tokens)
   end
   if key_conc > 0 and held_slots(k_conc_key, k_conc_w) >= key_conc then deny(4, conc_wait(k_conc_key)) end
   if model_rpm > 0 then
     m_rpm_level = level(m_rpm_key, model_rpm)
-    if m_rpm_level < 1 then deny(2, refill_wait(m_rpm_level, 1, model_rpm)) end
+    check(2, m_rpm_level, model_rpm)
   end
   if model_tpm > 0 then
     m_tpm_level = level(m_tpm_key, model_tpm)
-    if tpm_denied(m_tpm_level, model_tpm) then
-      deny(3, refill_wait(m_tpm_level, math.min(tokens, model_tpm), model_tpm))
-    end
+    check(3, m_tpm_level, model_tpm, tokens)
   end
 end
 if code ~= 0 then return {0, code, wait, now} end
@@ -117,16 +112,11 @@ if has_key then
   if model_tpm > 0 and tokens > 0 then store(m_tpm_key, model_tpm, m_tpm_level - tokens) end
 end
 
--- Integers only: Redis truncates Lua numbers in replies.
-local function remaining(lvl) return math.max(0, math.floor(lvl)) end
 local q = {0, 0, 0, 0}
-if has_key and key_rpm > 0 then
-  local lvl = k_rpm_level - 1
-  q[1], q[2] = remaining(lvl), reset_ms(lvl, key_rpm)
-end
+if has_key and key_rpm > 0 then q[1], q[2] = quota(k_rpm_level - 1, key_rpm) end
 if has_key and key_tpm > 0 then
   local lvl = k_tpm_level
   if tokens > 0 then lvl = lvl - tokens end
-  q[3], q[4] = remaining(lvl), reset_ms(lvl, key_tpm)
+  q[3], q[4] = quota(lvl, key_tpm)
 end
 return {1, 0, 0, now, q[1], q[2], q[3], q[4]}

@@ -10,6 +10,10 @@
 -- The bucket's ceiling is N - l: while a slice is out, refill stops that much short of
 -- full. A slice that expires (its instance died or stalled) is dropped from the ceiling;
 -- its tokens are not given back, since the instance may have spent them. Time is Redis TIME.
+--
+-- It also holds the rules the scripts share on a bucket's level: the RPM/TPM admission
+-- check and its retry wait (admit_wait: admit.lua, lease.lua) and the quota figures
+-- (quota: admit.lua, lease.lua, peek.lua), all on one refill arithmetic (refill_ms).
 
 if redis.replicate_commands then pcall(redis.replicate_commands) end
 
@@ -54,6 +58,12 @@ local function bucket(key, cap)
   return math.min(ceiling, tonumber(v[1]) + elapsed * cap / WINDOW), ceiling
 end
 
+-- Milliseconds until a bucket at `lvl` has refilled to `need`: the one refill arithmetic,
+-- behind the retry wait (to what a request needs), the reset figure and the TTL (to full).
+local function refill_ms(lvl, need, cap)
+  return math.ceil((need - lvl) * WINDOW / cap)
+end
+
 -- Writes the level back. A bucket with no slice out is deleted once full (absent = full),
 -- else it expires once it would be full again, and not before its last slice expires.
 local function store(key, cap, lvl)
@@ -64,7 +74,7 @@ local function store(key, cap, lvl)
   end
   redis.call('HSET', key, 't', tostring(lvl), 'ts', tostring(now))
   local ttl = 1
-  if lvl < cap then ttl = math.ceil((cap - lvl) * WINDOW / cap) end
+  if lvl < cap then ttl = refill_ms(lvl, cap, cap) end
   if last - now > ttl then ttl = last - now end
   redis.call('PEXPIRE', key, math.max(1, ttl))
 end
@@ -97,5 +107,30 @@ end
 
 local function reset_ms(lvl, cap)
   if lvl >= cap then return 0 end
-  return math.ceil((cap - lvl) * WINDOW / cap)
+  return refill_ms(lvl, cap, cap)
+end
+
+-- A bucket's quota figures at `lvl`, as admissions and peek.lua report them: whole tokens
+-- left (never below 0; integers only, since Redis truncates Lua numbers in replies) and ms
+-- until full again (0 = full).
+local function quota(lvl, cap)
+  return math.max(0, math.floor(lvl)), reset_ms(lvl, cap)
+end
+
+-- The admission rule for one request on one bucket, made by admit.lua and lease.lua alike
+-- (bucket.ts's tpmAdmits, tpmNeed and refillWaitMs are the same rule in process). RPM (no
+-- `tokens`): the bucket must hold one token. TPM: it must hold the request's estimate
+-- `tokens`, or be full: the need is capped at the capacity, so that a request estimated
+-- above the whole capacity passes alone (taking the bucket into debt) rather than never. A
+-- request that reserves nothing always passes. Returns 0 when the request passes, else the
+-- retry wait: ms until the bucket holds what it needs, at least 1. It only reads the
+-- level: a caller consumes nothing until every one of its checks has passed.
+local function admit_wait(lvl, cap, tokens)
+  local need = 1
+  if tokens then
+    if tokens <= 0 then return 0 end
+    need = math.min(tokens, cap)
+  end
+  if lvl >= need then return 0 end
+  return math.max(1, refill_ms(lvl, need, cap))
 end

@@ -18,8 +18,11 @@
 --       block is set to that many slots only when, after the request, slots in use (this
 --       block's current weight included) - current weight + wanted <= ARGV[19].
 --
--- The request is checked as admit.lua checks it (RPM >= 1; TPM holds the estimate or is
--- full); nothing is consumed on a denial, though the previous slice is still given back.
+-- The request is checked as admit.lua checks it, by the same bucket.lua admit_wait (RPM
+-- holds 1; TPM holds the estimate or is full; the same retry wait), in admit.lua's order
+-- for the key's own limits: RPM, TPM, concurrency (the first failure names the code,
+-- retryAfterMs is the longest wait among failures); nothing is consumed on a denial,
+-- though the previous slice is still given back.
 -- A slice is all-or-nothing across the buckets asked of.
 -- Returns {1, 0, 0, now, granted (0/1), rpm remaining, rpm reset, tpm remaining, tpm reset,
 -- block granted (0/1), block weight now (0 = no block: never had one, or it expired)}
@@ -50,22 +53,18 @@ for i = 1, 2 do
 end
 
 local code, wait = 0, 0
-if rpm > 0 and lvl[1] < 1 then
-  code, wait = 2, math.max(1, math.ceil((1 - lvl[1]) * WINDOW / rpm))
-end
-if tpm > 0 and tokens > 0 and lvl[2] < tokens and lvl[2] < tpm then
-  local w = math.max(1, math.ceil((math.min(tokens, tpm) - lvl[2]) * WINDOW / tpm))
-  if code == 0 then code = 3 end
+-- w = 0: that check passed.
+local function deny(c, w)
+  if w <= 0 then return end
+  if code == 0 then code = c end
   if w > wait then wait = w end
 end
+if rpm > 0 then deny(2, admit_wait(lvl[1], rpm)) end
+if tpm > 0 then deny(3, admit_wait(lvl[2], tpm, tokens)) end
 local in_use = 0
 if conc > 0 then
   in_use = held_slots(KEYS[3], KEYS[4])
-  if in_use >= conc then
-    local w = conc_wait(KEYS[3])
-    if code == 0 then code = 4 end
-    if w > wait then wait = w end
-  end
+  if in_use >= conc then deny(4, conc_wait(KEYS[3])) end
 end
 if code ~= 0 then
   -- The previous slice's remainder is back in the bucket even though this request is not.
@@ -87,7 +86,7 @@ end
 local q = {0, 0, 0, 0}
 for i = 1, 2 do
   if caps[i] > 0 then
-    q[2 * i - 1], q[2 * i] = math.max(0, math.floor(lvl[i])), reset_ms(lvl[i], caps[i])
+    q[2 * i - 1], q[2 * i] = quota(lvl[i], caps[i])
     if grant and wants[i] > 0 then
       lvl[i] = lvl[i] - wants[i]
       add_slice(KEYS[i], new_id, wants[i], now + slice_ms)

@@ -3,7 +3,8 @@
 -- KEYS[1]  key RPM bucket, KEYS[2] key TPM bucket (see bucket.lua; absent = full)
 -- ARGV[1]  key rpm, ARGV[2] key tpm (<= 0: no such limit, figures 0)
 -- Returns {rpm remaining, rpm reset ms, tpm remaining, tpm reset ms}, as admit.lua reports
--- them: remaining = whole tokens in the bucket (never below 0), reset = until full again.
+-- them (bucket.lua's quota): remaining = whole tokens in the bucket (never below 0), reset =
+-- until full again.
 -- Expired slices may be dropped from a bucket's record (what any reader does); the level
 -- itself is not written.
 
@@ -11,8 +12,7 @@
 
 local function figures(key, cap)
   if cap <= 0 then return 0, 0 end
-  local lvl = bucket(key, cap)
-  return math.max(0, math.floor(lvl)), reset_ms(lvl, cap)
+  return quota((bucket(key, cap)), cap)
 end
 
 local rr, rs = figures(KEYS[1], tonumber(ARGV[1]))
