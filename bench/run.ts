@@ -5,15 +5,17 @@
  *   bare           a bare http-proxy-3 pass-through with keyward's agent settings
  *   keyward        keyward, cached key, in-process limiter, no limits on the key (personal
  *                  key, no price records: its wallet hold is 0 and stays in process)
- *   keyward-redis  keyward with Redis limits: every request admitted and settled in Redis
- *                  (personal key with high rpm/tpm/concurrency); the key draws on its user's
- *                  wallet but no price record exists, so the wallet hold is 0, yet still
- *                  taken and settled in Redis: 4 EVALSHA per request, no money moves
+ *   keyward-redis  keyward with Redis limits (personal key with high rpm/tpm/concurrency,
+ *                  enforced in Redis; with redis.lease on, the default, admissions come from
+ *                  leased slices and slot blocks); the key draws on its user's wallet but no
+ *                  price record exists, so the wallet hold is 0, yet still taken in Redis:
+ *                  about one EVALSHA per request (the hold), settlements batched per tick
  *   keyward-redis-budgets  keyward-redis plus spend holds that move money (DESIGN section 6):
  *                  a team key with a key budget in a project with a budget (both far from
  *                  exhausted) and a price record for the request's model, so every request
  *                  holds a non-zero cost estimate on both budgets at once and settles it to
- *                  the cost of the reported usage: 4 EVALSHA per request, two ledgers
+ *                  the cost of the reported usage: one hold call per request on two ledgers,
+ *                  settlements batched per tick
  *   keyward-redis-w2       keyward-redis as `serve --workers 2`: a cluster primary and two
  *                  workers on one port; its CPU is the sum over the three processes. On a
  *                  2-core machine the load generator and the upstream compete with the workers.

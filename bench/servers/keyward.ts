@@ -5,16 +5,17 @@
  * memory:        in-process limiter, personal key with no limits on its user's wallet and no
  *                price records: admission is a no-op, the wallet hold is 0 in process memory.
  * redis:         Redis limits with a unique prefix and a personal key with high rpm/tpm/
- *                concurrency, so nothing is denied but every request is admitted and settled
- *                in Redis. The key draws on its user's wallet; there is no price record, so
- *                the wallet hold is 0, but it is still taken and settled in Redis (hold.lua,
- *                settle-hold.lua): 4 EVALSHA per request, money always 0.
+ *                concurrency, so nothing is denied but every limit is enforced in Redis
+ *                (leased slices and slot blocks far from the limits, redis.lease's default).
+ *                The key draws on its user's wallet; there is no price record, so the wallet
+ *                hold is 0, but it is still taken in Redis (hold.lua) and settled in the
+ *                per-tick batch (settle.lua): about one EVALSHA per request, money always 0.
  * redis-budgets: Redis limits as above, and spend holds that move money: a team key with a
  *                key budget in a project with a budget (both far from exhausted) and a price
  *                record for the benchmark request's model, so every request holds a non-zero
  *                cost estimate on both budgets at once and settles it to the cost of the
- *                upstream's reported usage: 4 EVALSHA per request, the hold and its
- *                settlement on two ledgers.
+ *                upstream's reported usage: the hold (one EVALSHA per request) and its
+ *                batched settlement on two ledgers.
  * workers > 1 (redis modes only): `serve --workers N` as the CLI runs it, a cluster primary
  *                (startWorkers) and N workers (keyward-worker.ts) sharing the port.
  * On shutdown a single-process server writes one more JSON line on stdout, `{"stats":

@@ -103,6 +103,19 @@ function plain(v: string): boolean {
   return true;
 }
 
+/** Characters each client-chosen field of an over-long line keeps. */
+const CLIPPED_CHARS = 64;
+
+/**
+ * The line with its client-chosen text fields cut to CLIPPED_CHARS, for shared stdout:
+ * a line over PIPE_ATOMIC_BYTES could interleave with another worker's. Six such fields at
+ * worst 6 bytes a character in JSON (a \u escape) stay near 2.3 KB, with room for the rest.
+ */
+function clipped(l: AccessLine): AccessLine {
+  const cut = (v: string | null) => (v !== null && v.length > CLIPPED_CHARS ? v.slice(0, CLIPPED_CHARS) : v);
+  return { ...l, req_id: cut(l.req_id)!, path: cut(l.path)!, model: cut(l.model), app_name: cut(l.app_name), app_url: cut(l.app_url), api_version: cut(l.api_version) };
+}
+
 /**
  * Access lines, serialised by hand from the fixed field list (a few microseconds instead
  * of pino's generic path) and handed to the logger's stream in batches: one stream write
@@ -152,16 +165,22 @@ function accessWriter(opts: { stream: pino.DestinationStream; extra: string; chu
     flush();
     stream.flushSync?.();
   });
+  const format = (l: AccessLine): string =>
+    `{"level":"info","time":"${isoTime()}","service":"keyward"${extra},"req_id":${str(l.req_id)},"method":${str(l.method)},` +
+    `"path":${str(l.path)},"route":${str(l.route)},"status":${l.status},"code":${str(l.code)},"key_id":${str(l.key_id)},` +
+    `"key_kind":${str(l.key_kind)},"project_id":${str(l.project_id)},"user_id":${str(l.user_id)},"model":${str(l.model)},` +
+    `"routing":${str(l.routing)},"app_name":${str(l.app_name)},"app_url":${str(l.app_url)},"input_tokens":${l.input_tokens},` +
+    `"output_tokens":${l.output_tokens},"usage_estimated":${l.usage_estimated},` +
+    `"client_ip":${str(l.client_ip)},"api_version":${str(l.api_version)},"duration_ms":${l.duration_ms},"upstream_ms":${l.upstream_ms},"msg":"request"}\n`;
+  // A line only gets near chunkBytes when clients send long non-ASCII paths, models and
+  // attribution headers; a UTF-16 unit is at most 3 UTF-8 bytes, so the length test spares
+  // every other line the byte count.
+  const mayOverflow = opts.chunkBytes / 3;
   const write = ((l: AccessLine) => {
     if (!opts.enabled()) return;
-    held.push(
-      `{"level":"info","time":"${isoTime()}","service":"keyward"${extra},"req_id":${str(l.req_id)},"method":${str(l.method)},` +
-        `"path":${str(l.path)},"route":${str(l.route)},"status":${l.status},"code":${str(l.code)},"key_id":${str(l.key_id)},` +
-        `"key_kind":${str(l.key_kind)},"project_id":${str(l.project_id)},"user_id":${str(l.user_id)},"model":${str(l.model)},` +
-        `"routing":${str(l.routing)},"app_name":${str(l.app_name)},"app_url":${str(l.app_url)},"input_tokens":${l.input_tokens},` +
-        `"output_tokens":${l.output_tokens},"usage_estimated":${l.usage_estimated},` +
-        `"client_ip":${str(l.client_ip)},"api_version":${str(l.api_version)},"duration_ms":${l.duration_ms},"upstream_ms":${l.upstream_ms},"msg":"request"}\n`,
-    );
+    let line = format(l);
+    if (line.length > mayOverflow && Buffer.byteLength(line) > opts.chunkBytes) line = format(clipped(l));
+    held.push(line);
     if (held.length >= ACCESS_BATCH_LINES) flush();
     else if (timer === null) timer = setTimeout(flush, ACCESS_FLUSH_MS);
   }) as AccessWriter;

@@ -48,3 +48,32 @@ test('a single process keeps one write per batch and no worker field', () => {
   assert.equal(writes.length, 1);
   assert.equal((JSON.parse(writes[0]!.split('\n')[0]!) as Record<string, unknown>).worker, undefined);
 });
+
+test('shared stdout: a line over PIPE_ATOMIC_BYTES (long non-ASCII client fields) is clipped to fit one write; a single process keeps it whole', () => {
+  const long = (c: string, n: number) => c.repeat(n);
+  const big: AccessLine = {
+    ...line(7), path: `/v1/${long('€', 508)}`, model: long('€', 256), app_name: long('€', 256), app_url: long('\u0001', 256), api_version: long('€', 256),
+  };
+  const shared = capture();
+  const logger = createLogger({ level: 'info', destination: shared.destination, fields: { worker: 1 }, shared: true });
+  logger.access(line(1));
+  logger.access(big);
+  logger.access(line(2));
+  logger.access.flush();
+  for (const w of shared.writes) assert.ok(Buffer.byteLength(w) <= PIPE_ATOMIC_BYTES, `a write of ${Buffer.byteLength(w)} bytes`);
+  const lines = shared.writes.join('').split('\n').filter(Boolean).map((l) => JSON.parse(l) as Record<string, string>);
+  assert.deepEqual(lines.map((l) => l.req_id), ['req-1', 'req-7', 'req-2']);
+  const clippedLine = lines[1]!;
+  assert.equal(clippedLine.path, `/v1/${long('€', 60)}`, 'the path keeps its first 64 characters');
+  assert.equal(clippedLine.model, long('€', 64));
+  assert.equal(clippedLine.app_url, long('\u0001', 64));
+  assert.equal(clippedLine.key_id, 'k_1', 'the fields keyward sets are kept');
+  assert.equal(lines[0]!.app_name, 'é'.repeat(100), 'a line that fits is not clipped');
+
+  const single = capture();
+  const one = createLogger({ level: 'info', destination: single.destination });
+  one.access(big);
+  one.access.flush();
+  const whole = JSON.parse(single.writes.join('').trim()) as Record<string, string>;
+  assert.equal(whole.model, long('€', 256), 'nothing to interleave with: the line stays whole');
+});
