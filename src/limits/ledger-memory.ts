@@ -143,11 +143,15 @@ export function createMemoryLedger(opts: MemoryLedgerOptions): MemoryLedger {
     if (refused !== null) return { ok: false, code: refused };
 
     const id = newLeaseId();
-    for (const e of states) {
-      e.holds.set(id, { amount, expires: t + leaseMs });
-      e.held += amount;
+    // A zero hold (an unpriced model) adds nothing to what is held, so nothing records it
+    // or keeps it alive; its settlement still counts whatever cost the usage comes to.
+    if (amount > 0) {
+      for (const e of states) {
+        e.holds.set(id, { amount, expires: t + leaseMs });
+        e.held += amount;
+      }
+      keeper.add(id, keys);
     }
-    keeper.add(id, keys);
     return { ok: true, hold: new MemoryHold(owner, id, keys, amount) };
   };
 

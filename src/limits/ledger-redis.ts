@@ -98,8 +98,9 @@ export function createRedisLedger(opts: RedisLedgerOptions): RedisLedger {
     }
     if (v[0] !== 1) return { ok: false, code: input.holders[(v[1] ?? 1) - 1]!.code };
 
-    const sets = keys.filter((_, i) => i % 2 === 1);
-    keeper.add(id, sets);
+    // A zero hold (an unpriced model) is not recorded in Redis (hold.lua), so there is
+    // nothing to keep alive, and nothing to settle unless the usage comes to a cost.
+    if (amount > 0) keeper.add(id, keys.filter((_, i) => i % 2 === 1));
     let done = false;
     return {
       ok: true,
@@ -111,6 +112,7 @@ export function createRedisLedger(opts: RedisLedgerOptions): RedisLedger {
             keeper.remove(id);
             // An unreadable figure keeps what was held rather than charging nothing.
             const cost = Number.isFinite(actual) ? toNano(Math.max(0, actual)) : amount;
+            if (amount === 0 && cost === 0) return;
             opts.batch.add({ kind: 'h', tag: ledgerHashTag(opts.prefix, input.tag), holdId: id, cost, ttlMs: LEDGER_TTL_MS, keys, owner: settleFailed });
           } catch (err) {
             opts.onError('settle', err);

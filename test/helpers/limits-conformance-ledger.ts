@@ -175,6 +175,26 @@ export function ledgerConformance(get: () => Harness): void {
     assert.deepEqual(await lim.ledger({ tag: uid('tag'), holders: [] }), []);
   });
 
+  test('a zero hold (unpriced model) is checked, stores nothing to refresh or settle, and a cost it settles to still counts', async () => {
+    const lim = get().limiter;
+    const tag = uid('tag');
+    const w = wallet(uid('u'), { base: 1 });
+    const key = keyBudget(uid('k'), { base: 0, limit: 1 });
+    const held0 = lim.stats().holdsHeld;
+    const zero = held(await lim.hold(req(tag, [key, w], 0)));
+    assert.equal(lim.stats().holdsHeld, held0, 'nothing held to keep alive');
+    near(await live(lim, tag, w), 1, 'the balance is untouched while it is in flight');
+    zero.settle(0.25);
+    near(await live(lim, tag, w), 0.75, 'the cost it came to is counted on the wallet');
+    near(await live(lim, tag, key), 0.25, 'and on the budget');
+    zero.settle(0.5); // settle is idempotent
+    near(await live(lim, tag, w), 0.75, 'settled once');
+    held(await lim.hold(req(tag, [key, w], 0))).settle(0);
+    near(await live(lim, tag, w), 0.75, 'a zero settlement changes nothing');
+    held(await lim.hold(req(tag, [w], 0.75))).settle(0.75);
+    refused(await lim.hold(req(tag, [w], 0)), 'insufficient_balance');
+  });
+
   test('live holds are refreshed past their lease time', async () => {
     const h = get();
     const tag = uid('tag');

@@ -15,6 +15,7 @@
 -- A first or higher epoch restarts the holder's ledger from base (old holds forgotten); a
 -- lower epoch keeps the ledger and uses its b0 in place of the stale base. Live figure and
 -- fit: ledger-rules.lua (the rules of ledger.ts).
+-- A zero hold is checked like any other but not recorded.
 -- Returns {1, 0, now} when held on every holder, {0, j, now} for the first holder it does not
 -- fit (nothing held), or {-1, 0, now} past the deadline.
 
@@ -72,6 +73,9 @@ for j = 1, n do
   end
 end
 if refused ~= 0 then return {0, refused, now} end
+-- A zero hold (an unpriced model) adds nothing to h: it is not recorded, so nothing has to
+-- refresh, expire or settle it (a settlement that still comes to a cost only adds to s).
+if amount == 0 then return {1, 0, now} end
 
 for j = 1, n do
   local L, Z = KEYS[2 * j - 1], KEYS[2 * j]
