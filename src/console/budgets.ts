@@ -6,9 +6,22 @@
  */
 import type { SyncRecord } from '../protocol/records.js';
 import { periodStart, type BudgetPeriod } from '../policy/period.js';
-import { keyRecordOf, projectRecordOf, KEY_COLUMNS, type KeyRow, type KeyView, type ProjectRow, type ProjectView } from './db.js';
+import { keyRecordOf, projectRecordOf, KEY_COLUMNS, type DB, type KeyRow, type KeyView, type ProjectRow, type ProjectView } from './db.js';
 import { ApiError, invalid } from './errors.js';
-import type { ConsoleStore } from './store.js';
+
+/**
+ * What the budget operations use of the console store, stated here rather than imported:
+ * the store imports this module's rules, and the two would otherwise import each other.
+ */
+export interface BudgetStore {
+  readonly db: DB;
+  now(): number;
+  write<T>(fn: () => { result: T; records: SyncRecord[] }): T;
+  keyRow(id: string): KeyRow;
+  projectRow(id: string): ProjectRow;
+  getKey(id: string): KeyView;
+  getProject(id: string): ProjectView;
+}
 
 export const jsonOrNull = (v: unknown[] | null | undefined) => (v == null ? null : JSON.stringify(v));
 
@@ -40,7 +53,7 @@ export function budgetChange(opts: {
 }
 
 /** Sets a key's or project's `spent` back to 0 now (an operator's reset), bumping its epoch. */
-export function resetSpent(store: ConsoleStore, target: { type: 'key' | 'project'; id: string }): { key?: KeyView; project?: ProjectView } {
+export function resetSpent(store: BudgetStore, target: { type: 'key' | 'project'; id: string }): { key?: KeyView; project?: ProjectView } {
   return store.write((): { result: { key?: KeyView; project?: ProjectView }; records: SyncRecord[] } => {
     if (target.type === 'key') {
       const row = store.keyRow(target.id);
@@ -66,7 +79,7 @@ const DUE = `(period = 'day' AND period_start < @day) OR (period = 'week' AND pe
 
 const currentStarts = (now: number) => ({ day: periodStart('day', now), week: periodStart('week', now), month: periodStart('month', now) });
 
-export function rollDuePeriods(store: ConsoleStore): SyncRecord[] {
+export function rollDuePeriods(store: BudgetStore): SyncRecord[] {
   const starts = currentStarts(store.now());
   const due = DUE;
   const keys = store.db.prepare(`SELECT ${KEY_COLUMNS} FROM keys WHERE period IS NOT NULL AND status = 'active' AND (${due})`).all(starts) as KeyRow[];
@@ -87,7 +100,7 @@ export function rollDuePeriods(store: ConsoleStore): SyncRecord[] {
 }
 
 /** Restarts the budgets whose period has ended, in a write of its own; returns how many restarted. */
-export function rollPeriods(store: ConsoleStore): number {
+export function rollPeriods(store: BudgetStore): number {
   // Checked every second: a read on the partial indexes first, the write lock only when due.
   const starts = currentStarts(store.now());
   const any = store.db.prepare(`SELECT EXISTS (SELECT 1 FROM keys WHERE period IS NOT NULL AND status = 'active' AND (${DUE}))

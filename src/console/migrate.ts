@@ -4,7 +4,9 @@
  * estimated usage. Added with ALTER TABLE so a store created by an earlier version opens
  * with its data and takes the defaults (epoch 0, no period, no network policy).
  */
-import type { DB } from './db.js';
+import type Database from 'better-sqlite3';
+
+type DB = Database.Database;
 
 const ADDED_COLUMNS: Record<string, Record<string, string>> = {
   keys: {

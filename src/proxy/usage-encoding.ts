@@ -5,7 +5,12 @@
  * then fed to the tap of the plain body. A larger compressed response is unreadable.
  */
 import * as zlib from 'node:zlib';
-import type { Tapped, UsageTap } from './usage.js';
+
+/** A tap as usage.ts defines it, over what its end() reports (kept generic: no import back). */
+export interface Tap<R> {
+  push(chunk: Buffer): void;
+  end(): R;
+}
 
 const MAX_COMPRESSED = 1 << 20;
 const MAX_INFLATED = 16 << 20;
@@ -31,9 +36,7 @@ const inflaters: Record<string, Inflate> = {
     }),
 };
 
-const UNREADABLE: Tapped = { usage: null, textChars: null };
-
-function createCompressedTap(inner: UsageTap, inflate: Inflate): UsageTap {
+function createCompressedTap<R>(inner: Tap<R>, inflate: Inflate, unreadable: R): Tap<R> {
   let chunks: Buffer[] | null = [];
   let size = 0;
   return {
@@ -44,12 +47,12 @@ function createCompressedTap(inner: UsageTap, inflate: Inflate): UsageTap {
       else chunks.push(chunk);
     },
     end() {
-      if (!chunks) return UNREADABLE;
+      if (!chunks) return unreadable;
       let plain: Buffer;
       try {
         plain = inflate(Buffer.concat(chunks));
       } catch {
-        return UNREADABLE;
+        return unreadable;
       }
       chunks = null;
       for (let i = 0; i < plain.length; i += INFLATED_SLICE) inner.push(plain.subarray(i, i + INFLATED_SLICE));
@@ -58,8 +61,11 @@ function createCompressedTap(inner: UsageTap, inflate: Inflate): UsageTap {
   };
 }
 
-/** The tap for a response in `encoding` around the plain body's tap; null for an encoding it cannot read. */
-export function compressedTap(encoding: string, plain: () => UsageTap): UsageTap | null {
+/**
+ * The tap for a response in `encoding` around the plain body's tap; null for an encoding it
+ * cannot read. `unreadable`: what end() reports when the body cannot be inflated.
+ */
+export function compressedTap<R>(encoding: string, plain: () => Tap<R>, unreadable: R): Tap<R> | null {
   const inflate = inflaters[encoding];
-  return inflate ? createCompressedTap(plain(), inflate) : null;
+  return inflate ? createCompressedTap(plain(), inflate, unreadable) : null;
 }

@@ -32,6 +32,9 @@ export interface UsageTap {
   end(): Tapped;
 }
 
+/** A response whose body could not be read: no usage, no text seen. */
+const UNREADABLE: Tapped = { usage: null, textChars: null };
+
 export interface UsageTapOptions {
   contentType?: string;
   contentEncoding?: string;
@@ -51,7 +54,7 @@ export function createUsageTap(opts: UsageTapOptions): UsageTap | null {
 
   const encoding = (opts.contentEncoding ?? '').trim().toLowerCase();
   if (encoding === '' || encoding === 'identity') return make();
-  return compressedTap(encoding, make);
+  return compressedTap(encoding, make, UNREADABLE);
 }
 
 // ---- usage objects ----------------------------------------------------------------------
