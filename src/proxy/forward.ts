@@ -95,8 +95,8 @@ class UpstreamTimeout extends Error {
 
 /**
  * The idle timeout lives on each upstream socket, set once when the agent creates it (its
- * `timeout` option) rather than per request: a per-request timeout arms and disarms the
- * socket's timer and adds and removes three listeners on every call. It also reaches
+ * `timeout` option) rather than per request: a per-request timeout re-arms the socket's
+ * timer and adds and removes listeners on every call. It also reaches
  * requests that carry `Expect`, for which http-proxy-3 skips its proxyReq hook. The agent
  * destroys a socket that times out while idle in its pool; one that times out while a
  * request is on it is destroyed here with UpstreamTimeout, which the request reports as
@@ -104,7 +104,7 @@ class UpstreamTimeout extends Error {
  */
 function timeoutAgent<A extends http.Agent>(agent: A, timeoutMs: number): A {
   if (timeoutMs <= 0) return agent;
-  const a = agent as A & { createConnection(...args: unknown[]): Socket; freeSockets: NodeJS.ReadOnlyDict<Socket[]> };
+  const a = agent as A & { createConnection(...args: unknown[]): Socket };
   const create = a.createConnection.bind(a);
   const message = `no answer from upstream within ${timeoutMs} ms`;
   function onSocketTimeout(this: Socket & { _httpMessage?: unknown }) {
