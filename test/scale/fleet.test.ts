@@ -72,7 +72,12 @@ before(async () => {
   // One replica written here, copied to each instance: a replica file per instance, as deployed.
   const seed = join(dir, 'seed.sqlite');
   const hash = makeKeyHasher({ hash: 'sha256' });
-  const records: SyncRecord[] = [{ type: 'wallet', user: 'u_default', balance: 10 }];
+  // Priced (a tiny price: ~2,200 requests stay far inside the wallet), so that each request
+  // in flight holds its cost estimate in Redis; an unpriced model's zero hold is not recorded.
+  const records: SyncRecord[] = [
+    { type: 'wallet', user: 'u_default', balance: 10 },
+    { type: 'price', model: 'gpt-4o*', input: 1, output: 1, per: 1_000_000 },
+  ];
   for (const [id, spec] of Object.entries(specs)) {
     secrets[id] = generateKey();
     records.push(keyRecord(id, spec, hash(secrets[id])));

@@ -1,0 +1,57 @@
+/**
+ * Old against new: keyward's CPU per request from two source trees, run side by side on one
+ * upstream with the same request (`npm run bench`'s), in alternating rounds, so that a
+ * change is measured against what it replaced on the same machine at the same time.
+ *   git worktree add /tmp/kw-old <commit> && ln -s "$PWD/node_modules" /tmp/kw-old/
+ *   npx tsx bench/ab.ts /tmp/kw-old [memory|redis|redis-budgets]
+ * Environment: BENCH_AB_ROUNDS (7), BENCH_DURATION (5 s per round and tree).
+ * CPU per request (user + system of the sidecar process per 2xx response, from /proc) is
+ * steadier than req/s on a shared machine; the median over rounds is what to quote.
+ */
+import { resolve } from 'node:path';
+import { median, throughput } from './lib/measure.js';
+import { killChildren, startServer, stopServer, type Started } from './lib/servers.js';
+import { DURATION, log, root } from './lib/settings.js';
+
+const [otherArg, mode = 'memory'] = process.argv.slice(2);
+if (!otherArg || !['memory', 'redis', 'redis-budgets'].includes(mode)) {
+  log('usage: tsx bench/ab.ts <other tree> [memory|redis|redis-budgets]');
+  process.exit(2);
+}
+const other = resolve(otherArg);
+const rounds = Number(process.env.BENCH_AB_ROUNDS) > 0 ? Number(process.env.BENCH_AB_ROUNDS) : 7;
+
+async function main(): Promise<void> {
+  const upstream = await startServer('upstream', []);
+  const target = `http://127.0.0.1:${upstream.port}`;
+  const trees: { name: string; server: Started; cpu: number[]; rps: number[] }[] = [];
+  for (const [name, tree] of [['other', other], ['this', root]] as const) {
+    trees.push({ name: `${name} (${tree})`, server: await startServer('keyward', [target, mode], { tree }), cpu: [], rps: [] });
+  }
+  for (const t of trees) await throughput(t.server.port, 2, t.server.child.pid); // warm-up
+  for (let r = 0; r < rounds; r++) {
+    // Alternate who goes first, so neither tree always runs on a machine just warmed by the other.
+    for (const t of r % 2 ? [...trees].reverse() : trees) {
+      const m = await throughput(t.server.port, DURATION, t.server.child.pid);
+      if (m.non2xx || m.errors) throw new Error(`${t.name}: ${m.non2xx} non-2xx, ${m.errors} errors`);
+      t.cpu.push(m.cpuUsPerRequest);
+      t.rps.push(m.rps);
+      log(`round ${r + 1}/${rounds} ${t.name}: ${Math.round(m.cpuUsPerRequest)} µs CPU/request, ${Math.round(m.rps)} req/s`);
+    }
+  }
+  const [a, b] = trees.map((t) => ({ ...t, us: median(t.cpu), req: median(t.rps) }));
+  process.stdout.write(
+    `${mode}: median of ${rounds} rounds x ${DURATION} s, CPU per request\n` +
+      `  other ${Math.round(a!.us)} µs (${Math.round(a!.req)} req/s)\n` +
+      `  this  ${Math.round(b!.us)} µs (${Math.round(b!.req)} req/s)\n` +
+      `  this / other: ${(b!.us / a!.us).toFixed(3)}\n`,
+  );
+  for (const t of trees) await stopServer(t.server);
+  await stopServer(upstream);
+}
+
+main().catch((err: unknown) => {
+  log(String(err));
+  killChildren();
+  process.exit(1);
+});
