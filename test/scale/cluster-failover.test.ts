@@ -2,8 +2,9 @@
  * A master of a real 3-master/3-replica Redis Cluster killed under load, behind two sidecars
  * sharing it (`cluster-require-full-coverage no`). Measured: the slowest answer, the
  * admissions that went to the fallback, the time until limits are exact again. Shown: a key
- * on a healthy shard stays exact while the master is gone, and right after the promotion
- * the first burst on a key of the failed shard is exact, fresh or already partly spent.
+ * on a healthy shard stays exact while the master is gone, and once the sidecars follow the
+ * promotion (within DESIGN's node timeout plus 5 s) the first burst on a key of the failed
+ * shard is exact, fresh or already partly spent.
  */
 import assert from 'node:assert/strict';
 import http from 'node:http';
@@ -101,9 +102,14 @@ test('a master killed under load: answers stay fast, healthy shards stay exact, 
     const slot = keySlot(`{${prefix}:k:${fresh}}`);
     await waitFor(async () => (await cluster.masterOf(slot)) === replicaPort && (await cluster.healthy()), 20_000, 'the replica to be promoted', 20);
     const promotedAt = performance.now();
-    // At once: the first burst on a fresh key and on a partly spent key of the failed shard.
+    // DESIGN: exact again within the node timeout plus 5 s of the promotion. A sidecar follows
+    // once its slot map names the new master (re-read every 250 ms while a shard is down); then
+    // the load on the failed shard's keys stops falling back.
+    await waitFor(() => performance.now() - Math.max(fallbacks.last(), promotedAt) >= 300, NODE_TIMEOUT_MS + 5_000, 'the sidecars to use the promoted replica', 20);
+    const followedMs = Math.max(0, Math.round(fallbacks.last() - promotedAt));
+    // Then the first burst on a fresh key and on a partly spent key of the failed shard.
     const [freshAdmitted, spentAdmitted] = await Promise.all([burst(fresh, 6), burst(spent, 4)]);
-    printFigures(t, 'cluster failover', { freshKeyBurstAfterPromotion: `${freshAdmitted} of 6 (rpm 5)`, spentKeyBurstAfterPromotion: `${spentAdmitted} of 4 (2 left)` });
+    printFigures(t, 'cluster failover', { followedPromotionMs: followedMs, freshKeyBurstAfterPromotion: `${freshAdmitted} of 6 (rpm 5)`, spentKeyBurstAfterPromotion: `${spentAdmitted} of 4 (2 left)` });
     assert.equal(freshAdmitted, 5, 'the first burst after the promotion is exact');
     assert.equal(spentAdmitted, 2, 'the promoted replica carries what its master had counted');
 
@@ -117,8 +123,8 @@ test('a master killed under load: answers stay fast, healthy shards stay exact, 
     assert.deepEqual([...new Set(after.map((s) => s.status))], [200], 'every request answered 200');
     assert.ok(report.fallbackAdmissions > 0, 'the kill was felt');
     assert.ok(report.slowestMs < 1_000, `slowest answer ${report.slowestMs} ms`);
-    // DESIGN: exact again within the node timeout plus 5 s of the promotion; here at once.
-    assert.ok(report.exactAgainAfterPromotionMs < 1_000, `fallback admissions ${report.exactAgainAfterPromotionMs} ms after the promotion`);
+    // DESIGN: exact again within the node timeout plus 5 s of the promotion.
+    assert.ok(report.exactAgainAfterPromotionMs <= NODE_TIMEOUT_MS + 5_000, `fallback admissions ${report.exactAgainAfterPromotionMs} ms after the promotion`);
     assert.ok(healthyKeys.length > 0);
   } finally {
     fallbacks.stop();
