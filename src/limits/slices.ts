@@ -15,7 +15,7 @@
  * using it sliceMs after it sent the request (its clock, which started earlier), so a slice
  * is never used after Redis has let it go.
  */
-import { SweepTimer } from './sweep-timer.js';
+import { DemandTable, type DemandEntry } from './demand-table.js';
 
 /** Largest slice, as a share of the bucket's capacity. */
 export const SLICE_SHARE = 1 / 16;
@@ -35,18 +35,11 @@ export interface Slice {
   until: number;
 }
 
-interface Entry {
+interface Entry extends DemandEntry {
   slice: Slice | null;
-  /** a lease call that asks for a slice, while it is in flight */
-  asking: Promise<void> | null;
-  /** no slice is asked for before this (Redis just refused one: the key is near its limit) */
-  quietUntil: number;
-  win: number;
-  count: number;
+  /** tokens reserved in the current window and in the one before */
   tokens: number;
-  prevCount: number;
   prevTokens: number;
-  lastUse: number;
 }
 
 export interface SliceTableOptions {
@@ -63,41 +56,23 @@ export interface Want {
   keepTpm: number;
 }
 
-export class SliceTable {
-  private readonly entries = new Map<string, Entry>();
-  private readonly timer: SweepTimer;
-  private readonly now: () => number;
-
+export class SliceTable extends DemandTable<Entry> {
   constructor(private readonly opts: SliceTableOptions) {
-    this.now = opts.now ?? (() => performance.now());
-    this.timer = new SweepTimer(() => this.sweep(), Math.max(5, Math.floor(opts.sliceMs / 4)));
+    super(opts.sliceMs, opts.now);
   }
 
-  private entry(keyId: string, t: number): Entry {
-    let e = this.entries.get(keyId);
-    if (!e) {
-      e = { slice: null, asking: null, quietUntil: 0, win: t, count: 0, tokens: 0, prevCount: 0, prevTokens: 0, lastUse: t };
-      this.entries.set(keyId, e);
-      this.syncTimer();
-    }
-    return e;
+  protected fresh(): Omit<Entry, keyof DemandEntry> {
+    return { slice: null, tokens: 0, prevTokens: 0 };
+  }
+
+  protected rolled(e: Entry, gap: boolean): void {
+    e.prevTokens = gap ? 0 : e.tokens;
+    e.tokens = 0;
   }
 
   /** Counts one request of the key toward its demand. */
   note(keyId: string, tokens: number): void {
-    const t = this.now();
-    const e = this.entry(keyId, t);
-    if (t - e.win >= this.opts.sliceMs) {
-      const gap = t - e.win >= 2 * this.opts.sliceMs;
-      e.prevCount = gap ? 0 : e.count;
-      e.prevTokens = gap ? 0 : e.tokens;
-      e.count = 0;
-      e.tokens = 0;
-      e.win = t;
-    }
-    e.count++;
-    e.tokens += tokens;
-    e.lastUse = t;
+    this.counted(keyId).tokens += tokens;
   }
 
   /** Admits from the key's live slice when it covers the request; null when it does not. */
@@ -111,17 +86,11 @@ export class SliceTable {
     return s;
   }
 
-  /** A lease call that asks for a slice is in flight for the key. */
-  asking(keyId: string): Promise<void> | null {
-    return this.entries.get(keyId)?.asking ?? null;
-  }
-
   /** The slice worth asking for now, or null. */
   want(keyId: string, rpmCap: number, tpmCap: number): Want | null {
     const e = this.entries.get(keyId);
-    if (!e || e.asking || this.now() < e.quietUntil) return null;
+    if (!this.mayAsk(e)) return null;
     const count = Math.max(e.count, e.prevCount);
-    if (count < 2) return null;
     const rpm = rpmCap > 0 ? Math.min(Math.floor(rpmCap * SLICE_SHARE), count) : 0;
     if (rpmCap > 0 && rpm < 2) return null;
     let tpm = 0;
@@ -142,30 +111,12 @@ export class SliceTable {
     return s;
   }
 
-  /** Marks a slice request in flight until `done` settles. */
-  track(keyId: string, done: Promise<unknown>): void {
-    const e = this.entry(keyId, this.now());
-    const p = done.then(
-      () => undefined,
-      () => undefined,
-    );
-    e.asking = p;
-    void p.then(() => {
-      if (e.asking === p) e.asking = null;
-    });
-  }
-
   /** Installs a granted slice; sentAt is when its lease call was sent (this clock). */
   install(keyId: string, s: Omit<Slice, 'until' | 'left' | 'id'> & { id: string }, sentAt: number): void {
     const e = this.entry(keyId, this.now());
     const old = e.slice;
     e.slice = { ...s, left: { ...s.granted }, until: sentAt + this.opts.sliceMs };
     if (old) this.opts.giveBack(keyId, old);
-  }
-
-  /** Redis refused a slice: the key is near its limit; ask again after one sliceMs. */
-  refused(keyId: string): void {
-    this.entry(keyId, this.now()).quietUntil = this.now() + this.opts.sliceMs;
   }
 
   /** Gives back every slice that is over (all of them with `all`), forgets idle keys. */
@@ -185,14 +136,6 @@ export class SliceTable {
     let n = 0;
     for (const e of this.entries.values()) if (e.slice) n++;
     return n;
-  }
-
-  private syncTimer(): void {
-    this.timer.sync(this.entries.size > 0);
-  }
-
-  stop(): void {
-    this.timer.stop();
   }
 }
 

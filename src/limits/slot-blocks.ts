@@ -16,7 +16,7 @@
  * never admits on a block Redis has let go. Slots left unused for a whole sliceMs go back
  * (resize in the settlement batch); on close every unused slot goes back.
  */
-import { SweepTimer } from './sweep-timer.js';
+import { DemandTable, type DemandEntry } from './demand-table.js';
 
 /** Largest block, as a share of the concurrency limit. */
 export const BLOCK_SHARE = 1 / 16;
@@ -38,17 +38,12 @@ export interface Block {
   dropped?: boolean;
 }
 
-interface Entry {
+interface Entry extends DemandEntry {
   block: Block | null;
-  asking: Promise<void> | null;
-  quietUntil: number;
-  win: number;
-  count: number;
-  prevCount: number;
+  /** requests of the key in flight on this instance, and the most at once in each window */
   inFlight: number;
   peak: number;
   prevPeak: number;
-  lastUse: number;
 }
 
 export interface BlockTableOptions {
@@ -59,45 +54,29 @@ export interface BlockTableOptions {
   now?: () => number;
 }
 
-export class BlockTable {
-  private readonly entries = new Map<string, Entry>();
+export class BlockTable extends DemandTable<Entry> {
   private readonly byId = new Map<string, string>();
-  private readonly timer: SweepTimer;
   /** requests in flight on a slot of a block (held, or dropped while they ran) */
   private onBlocks = 0;
   /** dropped blocks with slots still in use: their lease is kept alive until the last one ends */
   private lingering = 0;
-  private readonly now: () => number;
 
   constructor(private readonly opts: BlockTableOptions) {
-    this.now = opts.now ?? (() => performance.now());
-    this.timer = new SweepTimer(() => this.sweep(), Math.max(5, Math.floor(opts.sliceMs / 4)));
+    super(opts.sliceMs, opts.now);
   }
 
-  private entry(keyId: string, t: number): Entry {
-    let e = this.entries.get(keyId);
-    if (!e) {
-      e = { block: null, asking: null, quietUntil: 0, win: t, count: 0, prevCount: 0, inFlight: 0, peak: 0, prevPeak: 0, lastUse: t };
-      this.entries.set(keyId, e);
-      this.syncTimer();
-    }
-    return e;
+  protected fresh(): Omit<Entry, keyof DemandEntry> {
+    return { block: null, inFlight: 0, peak: 0, prevPeak: 0 };
+  }
+
+  protected rolled(e: Entry, gap: boolean): void {
+    e.prevPeak = gap ? 0 : e.peak;
+    e.peak = e.inFlight;
   }
 
   /** Counts one request of the key toward its demand. */
   note(keyId: string): void {
-    const t = this.now();
-    const e = this.entry(keyId, t);
-    if (t - e.win >= this.opts.sliceMs) {
-      const gap = t - e.win >= 2 * this.opts.sliceMs;
-      e.prevCount = gap ? 0 : e.count;
-      e.prevPeak = gap ? 0 : e.peak;
-      e.count = 0;
-      e.peak = e.inFlight;
-      e.win = t;
-    }
-    e.count++;
-    e.lastUse = t;
+    this.counted(keyId);
   }
 
   /** A request of the key is in flight on this instance (from a block or not) until `ended`. */
@@ -139,30 +118,13 @@ export class BlockTable {
     return this.entries.get(keyId)?.block ?? null;
   }
 
-  asking(keyId: string): Promise<void> | null {
-    return this.entries.get(keyId)?.asking ?? null;
-  }
-
   /** The block weight worth asking for now, or 0. */
   want(keyId: string, cap: number): number {
     const e = this.entries.get(keyId);
-    if (!e || e.asking || this.now() < e.quietUntil) return 0;
-    if (Math.max(e.count, e.prevCount) < 2) return 0;
+    if (!this.mayAsk(e)) return 0;
     const w = Math.min(Math.floor(cap * BLOCK_SHARE), Math.max(e.peak, e.prevPeak) + 1);
     const have = e.block && e.block.cap === cap ? e.block.weight : 0;
     return w > have ? w : 0;
-  }
-
-  track(keyId: string, done: Promise<unknown>): void {
-    const e = this.entry(keyId, this.now());
-    const p = done.then(
-      () => undefined,
-      () => undefined,
-    );
-    e.asking = p;
-    void p.then(() => {
-      if (e.asking === p) e.asking = null;
-    });
   }
 
   /** Redis set the key's block to `weight` (grant); sentAt is when that call was sent (this clock). */
@@ -188,10 +150,6 @@ export class BlockTable {
   lost(keyId: string, id: string): void {
     const e = this.entries.get(keyId);
     if (e?.block?.id === id) this.drop(keyId, e);
-  }
-
-  refused(keyId: string): void {
-    this.entry(keyId, this.now()).quietUntil = this.now() + this.opts.sliceMs;
   }
 
   /**
@@ -256,13 +214,5 @@ export class BlockTable {
     let n = this.lingering;
     for (const e of this.entries.values()) if (e.block) n++;
     return n;
-  }
-
-  private syncTimer(): void {
-    this.timer.sync(this.entries.size > 0);
-  }
-
-  stop(): void {
-    this.timer.stop();
   }
 }
