@@ -163,13 +163,18 @@ describe('maxUploadBytes', () => {
     });
   }
 
-  test('a chunked files body that passes the limit mid-stream is cut with 413; the upstream request is aborted and the slot comes back', { timeout: 20_000 }, async () => {
+  /** A chunked files upload under way: its first 256 KiB piece sent and its request at the upstream. */
+  const startChunkedUpload = async () => {
     const c = await openSlowClient(h.sidecar.port);
     const arrival = nextArrival();
     await c.write(fileHead(`Authorization: Bearer ${h.keys.k_files}`, 'Content-Type: application/octet-stream\r\nTransfer-Encoding: chunked\r\n'));
     const piece = randomBytes(256 * 1024);
     await c.chunk(piece);
-    const a = await arrival;
+    return { c, piece, a: await arrival };
+  };
+
+  test('a chunked files body that passes the limit mid-stream is cut with 413; the upstream request is aborted and the slot comes back', { timeout: 20_000 }, async () => {
+    const { c, piece, a } = await startChunkedUpload();
     const answered = c.response();
     // Five pieces are 1.25 MiB: the limit is passed during the fifth.
     for (let i = 1; i < 5; i++) await c.chunk(piece);
@@ -223,12 +228,7 @@ describe('maxUploadBytes', () => {
   });
 
   test('a body that passes the limit after the upstream began its answer: the upstream request is aborted and the response cut', { timeout: 20_000 }, async () => {
-    const c = await openSlowClient(h.sidecar.port);
-    const arrival = nextArrival();
-    await c.write(fileHead(`Authorization: Bearer ${h.keys.k_files}`, 'Content-Type: application/octet-stream\r\nTransfer-Encoding: chunked\r\n'));
-    const piece = randomBytes(256 * 1024);
-    await c.chunk(piece);
-    const a = await arrival;
+    const { c, piece, a } = await startChunkedUpload();
     // The upstream answers before the body has ended, as some upload endpoints do.
     a.res.writeHead(200, { 'content-type': 'text/plain', 'transfer-encoding': 'chunked' });
     a.res.write('accepting');
