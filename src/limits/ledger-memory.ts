@@ -166,7 +166,7 @@ export function createMemoryLedger(opts: MemoryLedgerOptions): MemoryLedger {
       if (!fresh || restart) return { id: holder.id, live: fromNano(base) };
       let held = 0;
       for (const h of fresh.holds.values()) if (h.expires > t) held += h.amount;
-      return { id: holder.id, live: fromNano(liveNano(holder.kind, base, { ...fresh, held })) };
+      return { id: holder.id, live: fromNano(liveNano(holder.kind, base, { epoch: fresh.epoch, base0: fresh.base0, settled: fresh.settled, held })) };
     });
   };
 

@@ -73,7 +73,9 @@ function sendDenial(req: IncomingMessage, res: ServerResponse, ctx: RequestConte
     return;
   }
   const out = renderError(denial, style);
-  const headers: Record<string, string> = { ...out.headers, 'x-request-id': ctx.reqId };
+  // Copied, then added to: a spread followed by a new property would build a hidden class per call.
+  const headers: Record<string, string> = Object.assign({}, out.headers);
+  headers['x-request-id'] = ctx.reqId;
   if (leavesLargeBodyUnread(req)) headers.connection = 'close';
   res.writeHead(out.status, headers);
   res.end(out.body);

@@ -8,7 +8,7 @@ import https from 'node:https';
 import type { Socket } from 'node:net';
 import type { Readable, Writable } from 'node:stream';
 import type { BodySource } from './body.js';
-import { createProxyServer } from 'http-proxy-3';
+import { createProxyServer, type ProxyServer } from 'http-proxy-3';
 import { framingProblem } from './framing.js';
 
 export interface UpstreamTarget {
@@ -185,6 +185,19 @@ function cutClientIfIncomplete(this: ClientResponse): void {
   if (!this.complete) this[CLIENT]?.destroy();
 }
 
+/** What a call gives http-proxy-3's passes: its target and agent, and what to pipe. */
+interface CallOptions {
+  target: URL;
+  agent: http.Agent;
+  prependPath: boolean;
+  buffer: Readable;
+  xfwd: false;
+  changeOrigin: false;
+}
+
+/** One of http-proxy-3's web passes (`webPasses`): a truthy return ends the request's passes. */
+type WebPass = ((req: IncomingMessage, res: ServerResponse, options: CallOptions, head: undefined, server: ProxyServer, cb: typeof onProxyError) => unknown) & { name: string };
+
 /** http-proxy-3's error callback: one function for every call, the hooks ride on the response. */
 function onProxyError(err: Error & { code?: string }, _req: IncomingMessage, res: ServerResponse | Socket): void {
   if (err.code === 'KW_BODY_STALLED') return;
@@ -197,8 +210,7 @@ export function createForwarder(opts: ForwarderOptions): Forwarder {
   // http-proxy-3's deleteLength pass turns a chunked DELETE/OPTIONS into `content-length: 0`
   // and still pipes the body after it: the upstream would read that body as a second,
   // unauthenticated request. Framing is the received framing, so the pass goes.
-  const passes = proxy as unknown as { webPasses: { name: string }[] };
-  passes.webPasses = passes.webPasses.filter((p) => p.name !== 'deleteLength');
+  const passes = (proxy as unknown as { webPasses: WebPass[] }).webPasses.filter((p) => p.name !== 'deleteLength');
   // http-proxy-3 joins the target's path to each request's by parsing it as a URL again
   // per request; for a target at the root that join is the request's path alone, which
   // prependPath: false gives without the parse.
@@ -236,7 +248,12 @@ export function createForwarder(opts: ForwarderOptions): Forwarder {
       (res as HookedResponse)[HOOKS] = hooks;
       req.headers = withoutHopByHop(req.headers);
       const tracked = new TrackedSource(req, body);
-      proxy.web(req, res, { target: target.url, agent: target.agent, prependPath: target.prependPath, buffer: tracked as unknown as Readable }, onProxyError);
+      // The same passes proxy.web runs, run here with one options object of a fixed shape:
+      // proxy.web merges the proxy's options and the call's with `{ ...a, ...b }`, which on
+      // Node 20's V8 builds a new hidden class per call (about 4 µs, and garbage for the
+      // old generation), and every property read after it goes megamorphic.
+      const options: CallOptions = { target: target.url, agent: target.agent, prependPath: target.prependPath, buffer: tracked as unknown as Readable, xfwd: false, changeOrigin: false };
+      for (const pass of passes) if (pass(req, res, options, undefined, proxy, onProxyError)) break;
       return tracked;
     },
     close() {
