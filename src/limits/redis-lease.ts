@@ -117,10 +117,11 @@ export function createLeasePath(o: LeasePathOptions): LeasePath {
   });
 
   /**
-   * The lease of an admitted request: settlement and undo go into the batch. Its slot is
-   * either one of this instance's block (given back to the block) or its own (slotId).
+   * The lease of an admitted request: settlement and undo go into the slice it was admitted
+   * from while that slice is live, else into the batch. Its slot is either one of this
+   * instance's block (given back to the block) or its own (slotId).
    */
-  const leaseOf = (a: LeasedAdmission, held: { block?: Block; slotId?: string }): { finish(u: { tokens: number | null }): void; cancel(): void } => {
+  const leaseOf = (a: LeasedAdmission, held: { block?: Block; slice?: Slice; slotId?: string }): { finish(u: { tokens: number | null }): void; cancel(): void } => {
     let done = false;
     const caps = { rpm: a.rpm, tpm: a.tpm };
     const close = (delta: { rpm: number; tpm: number }): void => {
@@ -128,8 +129,9 @@ export function createLeasePath(o: LeasePathOptions): LeasePath {
       done = true;
       if (a.conc > 0) blocks.ended(a.keyId, held.block ?? null);
       if (held.slotId) o.keeper.remove(held.slotId);
-      // Nothing to give back or free (the usual finish from a slice): no operation to build.
+      // Nothing to give back or free, or all of it settled in the slice: no operation to build.
       if (!held.slotId && delta.rpm === 0 && delta.tpm === 0) return;
+      if (!held.slotId && held.slice && slices.settle(a.keyId, held.slice, delta)) return;
       o.batch.add(adjust(a.keyId, delta, caps, undefined, held.slotId));
     };
     return {
@@ -146,7 +148,7 @@ export function createLeasePath(o: LeasePathOptions): LeasePath {
   const buckets = (a: LeasedAdmission): boolean => a.rpm > 0 || a.tpm > 0;
   const local = (a: LeasedAdmission, s: Slice | null, block: Block | undefined): AdmitResult => ({
     ok: true,
-    lease: leaseOf(a, { block }),
+    lease: leaseOf(a, { block, slice: s ?? undefined }),
     quota: {
       requests: s && figures(a.rpm, s.seen.rpm - (s.granted.rpm - s.left.rpm)),
       tokens: s && figures(a.tpm, s.seen.tpm - (s.granted.tpm - s.left.tpm)),

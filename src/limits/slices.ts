@@ -86,6 +86,21 @@ export class SliceTable extends DemandTable<Entry> {
     return s;
   }
 
+  /**
+   * Settles a request admitted from slice `s` into that slice while it is still the key's
+   * live one: what the request gives back (positive) returns to what is left, what it owes
+   * (negative) comes out of it when it can. Exact either way: the slice's tokens were taken
+   * from Redis when it was granted, and whatever is left goes back with it. False when the
+   * settlement has to go to Redis instead.
+   */
+  settle(keyId: string, s: Slice, delta: { rpm: number; tpm: number }): boolean {
+    if (this.entries.get(keyId)?.slice !== s || this.now() >= s.until) return false;
+    if (s.left.rpm + delta.rpm < 0 || s.left.tpm + delta.tpm < 0) return false;
+    if (s.rpmCap > 0) s.left.rpm += delta.rpm;
+    if (s.tpmCap > 0) s.left.tpm += delta.tpm;
+    return true;
+  }
+
   /** The slice worth asking for now, or null. */
   want(keyId: string, rpmCap: number, tpmCap: number): Want | null {
     const e = this.entries.get(keyId);

@@ -166,4 +166,48 @@ describe('bucket slices', { timeout: 60_000 }, () => {
     t.diagnostic(`${calls} Redis calls for ${requests} requests`);
     assert.ok(perRequest < 0.25, `${calls} Redis calls for ${requests} requests (${perRequest.toFixed(3)} per request)`);
   });
+
+  test('a request admitted from a slice settles into it: no settlement call while the slice is live', async () => {
+    const { lim, client } = await instance(5_000);
+    const watcher = new Redis(URL);
+    fleet.track(watcher);
+    const monitor = await watcher.monitor();
+    let calls = 0;
+    monitor.on('monitor', (_time: string, args: string[]) => {
+      if (/^eval/i.test(args[0] ?? '') && args.some((a) => a.includes(prefix))) calls++;
+    });
+    const key = uid('k');
+    const limits = { tpm: 100_000_000 };
+    // Demand first: the slice is sized by what the key used in the last window (here 4,000
+    // tokens), and the last of these requests leaves a slice of about that size.
+    for (let i = 0; i < 40; i++) {
+      const r = await lim.admit(input(key, { limits, tokens: 100 }));
+      assert.ok(r.ok);
+      r.lease.finish({ tokens: 100 });
+    }
+    assert.equal(lim.slicesHeld(), 1, 'a slice is held');
+    await new Promise((r) => setTimeout(r, 100));
+    calls = 0;
+    const a = await lim.admit(input(key, { limits, tokens: 100 }));
+    assert.ok(a.ok);
+    a.lease.finish({ tokens: 40 }); // 60 of the 100 reserved come back
+    const b = await lim.admit(input(key, { limits, tokens: 100 }));
+    assert.ok(b.ok);
+    b.lease.finish({ tokens: 130 }); // 30 more than reserved
+    const c = await lim.admit(input(key, { limits, tokens: 100 }));
+    assert.ok(c.ok);
+    assert.equal(b.quota.tokens!.remaining, a.quota.tokens!.remaining - 40, "b's 100 less a's refund of 60");
+    assert.equal(c.quota.tokens!.remaining, b.quota.tokens!.remaining - 130, "c's 100 and b's charge of 30");
+    c.lease.cancel();
+    // The batch would have left within a tick; MONITOR reports asynchronously.
+    await new Promise((r) => setTimeout(r, 200));
+    assert.equal(calls, 0, 'no Redis call for three settlements from a live slice');
+    const leasedOut = await leased(client, key, 'tpm');
+    assert.ok(leasedOut > 0);
+    await lim.close(); // gives back what is left of the slice, settlements included
+    await new Promise((r) => setTimeout(r, 200));
+    monitor.disconnect();
+    assert.equal(await leased(client, key, 'tpm'), 0, 'the slice, with what was settled into it, is back');
+  });
 });
+

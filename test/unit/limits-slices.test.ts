@@ -62,3 +62,25 @@ test('after Redis refuses a slice the key asks again only after one sliceMs', ()
   assert.ok(t.want('k', 1000, 0));
   t.stop();
 });
+
+test('a request admitted from a slice settles into it while it is live; otherwise the settlement goes to Redis', () => {
+  const given: Slice[] = [];
+  const { t, clock } = table(given);
+  for (let i = 0; i < 4; i++) t.note('k', 100);
+  t.install('k', { id: 's1', rpmCap: 1000, tpmCap: 100_000, granted: { rpm: 4, tpm: 400 }, seen: { rpm: 900, tpm: 90_000 } }, clock.now);
+  const s = t.take('k', 1000, 100_000, 100)!;
+  const s2 = t.take('k', 1000, 100_000, 100)!;
+  assert.deepEqual(s.left, { rpm: 2, tpm: 200 });
+  assert.equal(t.settle('k', s, { rpm: 0, tpm: 60 }), true, 'a refund of 60 (100 reserved, 40 used)');
+  assert.deepEqual(s.left, { rpm: 2, tpm: 260 });
+  assert.equal(t.settle('k', s2, { rpm: 0, tpm: -300 }), false, 'a charge of 300 does not fit the 260 left: Redis charges it');
+  assert.equal(t.settle('k', s2, { rpm: 0, tpm: -60 }), true, 'a charge of 60 does');
+  assert.equal(t.settle('k', s2, { rpm: 1, tpm: 100 }), true, 'an undo gives the request and its tokens back');
+  assert.deepEqual(s.left, { rpm: 3, tpm: 300 });
+  clock.now = 1000;
+  assert.equal(t.settle('k', s, { rpm: 0, tpm: 10 }), false, 'a slice whose time is over takes nothing more');
+  t.sweep();
+  assert.deepEqual(given.map((g) => [g.id, g.left]), [['s1', { rpm: 3, tpm: 300 }]], 'what was settled into it goes back with it');
+  assert.equal(t.settle('k', s, { rpm: 0, tpm: 10 }), false, 'nor one given back');
+  t.stop();
+});
