@@ -12,6 +12,8 @@ declare module 'autocannon' {
       pipelining?: number;
       /** seconds */
       duration?: number;
+      /** requests in all, instead of a duration */
+      amount?: number;
       overallRate?: number;
       connectionRate?: number;
       timeout?: number;

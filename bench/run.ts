@@ -9,7 +9,8 @@
  *                  enforced in Redis; with redis.lease on, the default, admissions come from
  *                  leased slices and slot blocks); the key draws on its user's wallet but no
  *                  price record exists, so the wallet hold is 0, yet still taken in Redis:
- *                  about one EVALSHA per request (the hold), settlements batched per tick
+ *                  about one EVALSHA per request (the hold); a request admitted from a
+ *                  slice settles its tokens into that slice
  *   keyward-redis-budgets  keyward-redis plus spend holds that move money (DESIGN section 6):
  *                  a team key with a key budget in a project with a budget (both far from
  *                  exhausted) and a price record for the request's model, so every request

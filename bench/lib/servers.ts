@@ -32,17 +32,20 @@ export interface Started {
 }
 
 /** Starts `bench/servers/<name>.ts` in its own node process; resolves with its port. */
-export function startServer(name: string, args: string[], opts: { cpu?: number; profile?: boolean; tree?: string } = {}): Promise<Started> {
+export function startServer(name: string, args: string[], opts: { cpu?: number; profile?: boolean; tree?: string; wrap?: string[] } = {}): Promise<Started> {
   // `tree`: another checkout's copy of the server (bench/ab.ts compares two trees)
   const base = opts.tree ?? root;
   const nodeArgs = ['--import', 'tsx', ...(process.env.BENCH_NODE_ARGS ?? '').split(' ').filter(Boolean)];
   // One directory per server: node writes one profile per thread (tsx's loader has its own).
   if (opts.profile) nodeArgs.push('--cpu-prof', `--cpu-prof-dir=${join(root, '.bench', 'prof', [name, ...args.slice(1, 2)].join('-'))}`);
   const script = join(base, 'bench', 'servers', `${name}.ts`);
-  const [cmd, argv] = PIN && opts.cpu !== undefined
-    ? ['taskset', ['-c', String(opts.cpu), process.execPath, ...nodeArgs, script, ...args]]
-    : [process.execPath, [...nodeArgs, script, ...args]];
-  const child = spawn(cmd as string, argv as string[], {
+  // `wrap`: a command the node process runs under (bench/instructions.ts: valgrind)
+  const [cmd, ...argv] = [
+    ...(PIN && opts.cpu !== undefined ? ['taskset', '-c', String(opts.cpu)] : []),
+    ...(opts.wrap ?? []),
+    process.execPath, ...nodeArgs, script, ...args,
+  ];
+  const child = spawn(cmd!, argv, {
     cwd: base,
     stdio: ['pipe', 'pipe', 'inherit'],
     env: { ...process.env, KW_BENCH_KEY: KEY },

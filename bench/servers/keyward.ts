@@ -8,8 +8,9 @@
  *                concurrency, so nothing is denied but every limit is enforced in Redis
  *                (leased slices and slot blocks far from the limits, redis.lease's default).
  *                The key draws on its user's wallet; there is no price record, so the wallet
- *                hold is 0, but it is still taken in Redis (hold.lua) and settled in the
- *                per-tick batch (settle.lua): about one EVALSHA per request, money always 0.
+ *                hold is 0, but it is still checked in Redis (hold.lua; not recorded), and a
+ *                request admitted from a slice settles its tokens into that slice: about one
+ *                EVALSHA per request (the hold), money always 0.
  * redis-budgets: Redis limits as above, and spend holds that move money: a team key with a
  *                key budget in a project with a budget (both far from exhausted) and a price
  *                record for the benchmark request's model, so every request holds a non-zero
