@@ -14,7 +14,7 @@
  * Results: a table on stdout; callgrind's files in .bench/callgrind (callgrind_annotate).
  */
 import { spawnSync } from 'node:child_process';
-import { mkdirSync, readFileSync, readdirSync } from 'node:fs';
+import { mkdirSync, readFileSync, readdirSync, rmSync } from 'node:fs';
 import { join } from 'node:path';
 import autocannon from 'autocannon';
 import { killChildren, redisAvailable, startServer, stopServer } from './lib/servers.js';
@@ -72,7 +72,7 @@ async function main(): Promise<void> {
   const withRedis = await redisAvailable(REDIS_URL);
   const dir = join(root, '.bench', 'callgrind');
   mkdirSync(dir, { recursive: true });
-  for (const f of readdirSync(dir)) if (f.includes('.out')) spawnSync('rm', ['-f', join(dir, f)]);
+  for (const f of readdirSync(dir)) if (f.includes('.out')) rmSync(join(dir, f), { force: true });
   const upstream = await startServer('upstream', []);
   const url = `http://127.0.0.1:${upstream.port}`;
   const rows: [string, number][] = [];

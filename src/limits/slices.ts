@@ -95,9 +95,12 @@ export class SliceTable extends DemandTable<Entry> {
    */
   settle(keyId: string, s: Slice, delta: { rpm: number; tpm: number }): boolean {
     if (this.entries.get(keyId)?.slice !== s || this.now() >= s.until) return false;
-    if (s.left.rpm + delta.rpm < 0 || s.left.tpm + delta.tpm < 0) return false;
-    if (s.rpmCap > 0) s.left.rpm += delta.rpm;
-    if (s.tpmCap > 0) s.left.tpm += delta.tpm;
+    // A bucket the key has no limit for is not in the slice: nothing to settle there.
+    const rpm = s.rpmCap > 0 ? delta.rpm : 0;
+    const tpm = s.tpmCap > 0 ? delta.tpm : 0;
+    if (s.left.rpm + rpm < 0 || s.left.tpm + tpm < 0) return false;
+    s.left.rpm += rpm;
+    s.left.tpm += tpm;
     return true;
   }
 

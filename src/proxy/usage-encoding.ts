@@ -6,7 +6,7 @@
  */
 import * as zlib from 'node:zlib';
 
-/** A tap as usage.ts defines it, over what its end() reports (kept generic: no import back). */
+/** A body tap over what its end() reports (usage.ts: UsageTap = Tap<Tapped>; generic so this module imports nothing back). */
 export interface Tap<R> {
   push(chunk: Buffer): void;
   end(): R;

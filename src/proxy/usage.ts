@@ -12,7 +12,7 @@
  *    (usage-encoding.ts). Other encodings: no tap.
  */
 import { bodyText, eventText } from './usage-text.js';
-import { compressedTap } from './usage-encoding.js';
+import { compressedTap, type Tap } from './usage-encoding.js';
 
 export interface Usage {
   input_tokens: number;
@@ -27,10 +27,8 @@ export interface Tapped {
   textChars: number | null;
 }
 
-export interface UsageTap {
-  push(chunk: Buffer): void;
-  end(): Tapped;
-}
+/** Fed the response body chunk by chunk; end() reports what it showed. */
+export type UsageTap = Tap<Tapped>;
 
 /** A response whose body could not be read: no usage, no text seen. */
 const UNREADABLE: Tapped = { usage: null, textChars: null };

@@ -84,3 +84,13 @@ test('a request admitted from a slice settles into it while it is live; otherwis
   assert.equal(t.settle('k', s, { rpm: 0, tpm: 10 }), false, 'nor one given back');
   t.stop();
 });
+
+test('a slice settles only the buckets it holds: a TPM charge on a key limited by RPM alone costs nothing', () => {
+  const { t } = table();
+  for (let i = 0; i < 4; i++) t.note('k', 100);
+  t.install('k', { id: 's1', rpmCap: 1000, tpmCap: 0, granted: { rpm: 3, tpm: 0 }, seen: { rpm: 900, tpm: 0 } }, 0);
+  const s = t.take('k', 1000, 0, 100)!;
+  assert.equal(t.settle('k', s, { rpm: 0, tpm: -40 }), true);
+  assert.deepEqual(s.left, { rpm: 2, tpm: 0 });
+  t.stop();
+});
