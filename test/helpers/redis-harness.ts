@@ -92,3 +92,29 @@ export function leasingInstances(url: string, prefix: string) {
     },
   };
 }
+
+/**
+ * Counts the writes each connection's real socket makes from now on (calls of its
+ * `_write` and `_writev`, each one syscall or less): how many writes a set of commands took.
+ */
+export function countWrites(client: Redis | Cluster): { counts(): number[]; restore(): void } {
+  type Sock = { _write: (...a: unknown[]) => void; _writev?: (...a: unknown[]) => void };
+  const nodes = client.isCluster ? (client as Cluster).nodes('master') : [client as Redis];
+  const socks = nodes.map((n) => n.stream as unknown as Sock);
+  const counts = socks.map(() => 0);
+  socks.forEach((s, i) => {
+    for (const m of ['_write', '_writev'] as const) {
+      const orig = s[m];
+      if (!orig) continue;
+      // An own property over the prototype's method; deleting it restores the prototype's.
+      s[m] = function (this: unknown, ...a: unknown[]) {
+        counts[i]!++;
+        return orig.apply(this, a);
+      };
+    }
+  });
+  return {
+    counts: () => [...counts],
+    restore: () => socks.forEach((s) => ['_write', '_writev'].forEach((m) => delete (s as Record<string, unknown>)[m])),
+  };
+}

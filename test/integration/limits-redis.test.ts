@@ -2,7 +2,7 @@ import assert from 'node:assert/strict';
 import { after, before, describe, test } from 'node:test';
 import { Redis } from 'ioredis';
 import { createRedisLimiter } from '../../src/limits/redis.js';
-import { redisHarness, deleteByPrefix } from '../helpers/redis-harness.js';
+import { countWrites, redisHarness, deleteByPrefix } from '../helpers/redis-harness.js';
 import { keyBudget, projectBudget, wallet } from '../helpers/limits-conformance-ledger.js';
 import { input, leaseOf, runLimiterConformance, uid } from '../helpers/redis-limits-conformance.js';
 
@@ -39,6 +39,22 @@ describe('redis limiter: key layout and expiry', () => {
     assert.equal(await redis.exists(`${tag}:tpm`), 0, 'a full TPM bucket is deleted');
     assert.equal(await redis.zcard(`${tag}:conc`), 0);
     assert.equal(await redis.zcard(`${rtag}:conc`), 0);
+  });
+
+  test('the calls of one event-loop turn leave in one write, and the socket is not left corked', async () => {
+    const lim = createRedisLimiter({ redis, prefix, leaseMs: 5_000 });
+    await lim.admit(input(uid('k'), { limits: { rpm: 10 } })); // scripts loaded, connection up
+    const writes = countWrites(redis);
+    try {
+      const rs = await Promise.all(Array.from({ length: 20 }, () => lim.admit(input(uid('k'), { limits: { rpm: 10, concurrency: 2 } }))));
+      assert.ok(rs.every((r) => r.ok), 'each call got its own answer');
+      assert.deepEqual(writes.counts(), [1], '20 admissions, one write');
+      assert.equal(redis.stream.writableCorked, 0);
+      for (const r of rs) leaseOf(r).finish({ tokens: null });
+    } finally {
+      writes.restore();
+      await lim.close();
+    }
   });
 
   test('per-model buckets live under the key hash tag and expire once full again', async () => {
