@@ -3,7 +3,7 @@
  * load generator in the parent never shares an event loop with the server under test.
  * Children are killed when the parent exits, and exit by themselves when it dies.
  */
-import { spawn, type ChildProcess } from 'node:child_process';
+import { spawn, spawnSync, type ChildProcess } from 'node:child_process';
 import { join } from 'node:path';
 import { createInterface } from 'node:readline';
 import { Redis } from 'ioredis';
@@ -31,11 +31,29 @@ export interface Started {
   later: Record<string, unknown>[];
 }
 
+const builds = new Map<string, string>();
+/**
+ * The compiled build of a source tree (`scripts/build.mjs --out <tree>/.bench/dist`), made
+ * once per run: what production runs, so what the benchmark measures. BENCH_TSX=1 runs src/
+ * through tsx instead (a tree from before bench/servers/build.ts always does).
+ */
+function buildOf(tree: string): string | undefined {
+  if (process.env.BENCH_TSX === '1') return undefined;
+  let out = builds.get(tree);
+  if (!out) {
+    out = join(tree, '.bench', 'dist');
+    const r = spawnSync(process.execPath, [join(tree, 'scripts', 'build.mjs'), '--out', out], { cwd: tree, stdio: ['ignore', 'ignore', 'inherit'] });
+    if (r.status !== 0) throw new Error(`building ${tree} failed`);
+    builds.set(tree, out);
+  }
+  return out;
+}
+
 /** Starts `bench/servers/<name>.ts` in its own node process; resolves with its port. */
-export function startServer(name: string, args: string[], opts: { cpu?: number; profile?: boolean; tree?: string; wrap?: string[] } = {}): Promise<Started> {
+export function startServer(name: string, args: string[], opts: { cpu?: number; profile?: boolean; tree?: string; wrap?: string[]; nodeArgs?: string[]; onLine?: (line: string) => void } = {}): Promise<Started> {
   // `tree`: another checkout's copy of the server (bench/ab.ts compares two trees)
   const base = opts.tree ?? root;
-  const nodeArgs = ['--import', 'tsx', ...(process.env.BENCH_NODE_ARGS ?? '').split(' ').filter(Boolean)];
+  const nodeArgs = ['--import', 'tsx', ...(process.env.BENCH_NODE_ARGS ?? '').split(' ').filter(Boolean), ...(opts.nodeArgs ?? [])];
   // One directory per server: node writes one profile per thread (tsx's loader has its own).
   if (opts.profile) nodeArgs.push('--cpu-prof', `--cpu-prof-dir=${join(root, '.bench', 'prof', [name, ...args.slice(1, 2)].join('-'))}`);
   const script = join(base, 'bench', 'servers', `${name}.ts`);
@@ -48,7 +66,7 @@ export function startServer(name: string, args: string[], opts: { cpu?: number; 
   const child = spawn(cmd!, argv, {
     cwd: base,
     stdio: ['pipe', 'pipe', 'inherit'],
-    env: { ...process.env, KW_BENCH_KEY: KEY },
+    env: { ...process.env, KW_BENCH_KEY: KEY, ...(name.startsWith('keyward') ? { KW_BENCH_BUILD: buildOf(base) } : {}) },
   });
   children.add(child);
   return new Promise((resolve, reject) => {
@@ -57,8 +75,8 @@ export function startServer(name: string, args: string[], opts: { cpu?: number; 
     const lines = createInterface({ input: child.stdout! });
     let started: Started | null = null;
     lines.on('line', (line) => {
-      // not ours (e.g. --trace-gc output from BENCH_NODE_ARGS): passed on to stderr
-      if (!line.startsWith('{')) return void process.stderr.write(`[${name} ${child.pid}] ${line}\n`);
+      // not ours (e.g. --trace-gc output from BENCH_NODE_ARGS): to `onLine`, else on to stderr
+      if (!line.startsWith('{')) return void (opts.onLine ? opts.onLine(line) : process.stderr.write(`[${name} ${child.pid}] ${line}\n`));
       if (started) {
         try {
           started.later.push(JSON.parse(line) as Record<string, unknown>);

@@ -5,8 +5,12 @@
  */
 import cluster from 'node:cluster';
 import type { Config } from '../../src/config/schema.js';
-import { createLogger, logDestination } from '../../src/obs/logger.js';
-import { runWorker } from '../../src/proxy/worker.js';
+import { load } from './build.js';
+
+const [{ createLogger, logDestination }, { runWorker }] = await Promise.all([
+  load<typeof import('../../src/obs/logger.js')>('obs/logger.js'),
+  load<typeof import('../../src/proxy/worker.js')>('proxy/worker.js'),
+]);
 
 const config = JSON.parse(process.env.KW_BENCH_CONFIG!) as Config;
 const logger = createLogger({ level: 'info', destination: logDestination('/dev/null', { shared: true }), fields: { worker: cluster.worker!.id }, shared: true });

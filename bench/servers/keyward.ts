@@ -1,6 +1,7 @@
 /**
  * keyward as the benchmark runs it: a real sidecar (startSidecar) with a replica holding
- * the benchmark key, its access log formatted as in production but written to /dev/null.
+ * the benchmark key, its access log formatted as in production but written to /dev/null;
+ * the compiled build when bench/lib/servers.ts made one (build.ts).
  *   node --import tsx bench/servers/keyward.ts <upstream url> memory|redis|redis-budgets [redis url] [workers]
  * memory:        in-process limiter, personal key with no limits on its user's wallet and no
  *                price records: admission is a no-op, the wallet hold is 0 in process memory.
@@ -27,15 +28,19 @@ import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { Redis } from 'ioredis';
-import { makeKeyHasher } from '../../src/auth/hash.js';
-import { generateKey } from '../../src/auth/keyformat.js';
-import { configSchema } from '../../src/config/schema.js';
-import { createLogger, logDestination } from '../../src/obs/logger.js';
-import { startSidecar } from '../../src/proxy/server.js';
-import { startWorkers } from '../../src/proxy/workers.js';
-import { ReplicaStore } from '../../src/replica/store.js';
 import type { SyncRecord } from '../../src/protocol/records.js';
+import { load } from './build.js';
 import { exitWithParent, ready } from './common.js';
+
+const [{ makeKeyHasher }, { generateKey }, { configSchema }, { createLogger, logDestination }, { startSidecar }, { startWorkers }, { ReplicaStore }] = await Promise.all([
+  load<typeof import('../../src/auth/hash.js')>('auth/hash.js'),
+  load<typeof import('../../src/auth/keyformat.js')>('auth/keyformat.js'),
+  load<typeof import('../../src/config/schema.js')>('config/schema.js'),
+  load<typeof import('../../src/obs/logger.js')>('obs/logger.js'),
+  load<typeof import('../../src/proxy/server.js')>('proxy/server.js'),
+  load<typeof import('../../src/proxy/workers.js')>('proxy/workers.js'),
+  load<typeof import('../../src/replica/store.js')>('replica/store.js'),
+]);
 
 const upstream = process.argv[2] ?? 'http://127.0.0.1:4000';
 const MODES = ['memory', 'redis', 'redis-budgets'] as const;

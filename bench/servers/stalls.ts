@@ -51,7 +51,8 @@ export function recordStalls(): (() => Record<string, unknown>) | null {
 }
 
 /**
- * BENCH_HEAP_SAMPLE=<file>: the first SIGUSR2 starts V8's sampling heap profiler, the
+ * BENCH_HEAP_SAMPLE=<file>: the first SIGUSR2 starts V8's sampling heap profiler (one sample
+ * per BENCH_HEAP_INTERVAL bytes allocated, 4096 unless set), the
  * second writes what of the sampled allocations is not yet collected to <file>: taken
  * under load with no major GC between, that is what outlived young-generation GCs.
  */
@@ -66,7 +67,7 @@ export async function heapSampleOnSignal(): Promise<void> {
   process.on('SIGUSR2', () => {
     if (!on) {
       on = true;
-      void s.post('HeapProfiler.startSampling', { samplingInterval: 4096 });
+      void s.post('HeapProfiler.startSampling', { samplingInterval: Number(process.env.BENCH_HEAP_INTERVAL ?? 4096) });
       return;
     }
     // With --expose-gc: a young-generation GC first, so what is left outlived one.
