@@ -91,4 +91,4 @@ for (const [l, t] of sorted(fnSelf).slice(0, top)) console.log(`${pct(t)}  ${l}`
 console.log(`\nself time by file:`);
 for (const [l, t] of sorted(fileSelf).slice(0, 25)) console.log(`${pct(t)}  ${l}`);
 console.log(`\ninclusive time, keyward and http-proxy-3 frames:`);
-for (const [l, t] of sorted(inclusive).filter(([l]) => /\b(src\/|http-proxy-3|pino|prom-client|ioredis)/.test(l)).slice(0, top)) console.log(`${pct(t)}  ${l}`);
+for (const [l, t] of sorted(inclusive).filter(([l]) => /(\bsrc\/|\.bench\/dist\/|http-proxy-3|pino|prom-client|ioredis)/.test(l)).slice(0, top)) console.log(`${pct(t)}  ${l}`);

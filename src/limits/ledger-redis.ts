@@ -7,7 +7,9 @@
  *   `{<prefix>:t:<tag>}:lh:<holder>`  hold set (ZSET, score = expiry)
  * Both expire a day after their last use (LEDGER_TTL_MS).
  *
- * Round trips: a hold is one EVALSHA (hold.lua), exact per request; its settlement is queued
+ * Round trips: the holds requested in one event-loop turn leave together at its end, one
+ * hold.lua call per hash slot (one in all on a single node), each hold exact and taken in
+ * order, as if each were a call of its own; a hold's settlement is queued
  * in the limiter's settlement batch (settle-batch.ts: one settle.lua call per tick and hash
  * slot for all of them). Until it leaves, the hold still counts in full, which only ever
  * refuses more, and this instance flushes the batch before its next call, so a cost it
@@ -21,6 +23,7 @@ import type { Hold, HoldInput, HoldResult, LedgerFigure, LedgerHolder, LedgerInp
 import type { RedisClock } from './redis-clock.js';
 import type { RunScript } from './scripts.js';
 import type { SettleBatch } from './settle-batch.js';
+import { keySlot } from './slot.js';
 
 export interface RedisLedgerOptions {
   /** the limiter's script runner (it flushes the settlement batch before each call) */
@@ -37,6 +40,10 @@ export interface RedisLedgerOptions {
    * after `deadline()` (0 = none) changes nothing, since the caller has given up on it.
    */
   clock?: RedisClock;
+  /** Runs a function at the end of this event-loop turn, before the turn's calls are written (scripts.ts). */
+  atTurnEnd: (fn: () => void) => void;
+  /** Cluster: holds are grouped by hash slot, one call each. */
+  cluster: boolean;
 }
 
 export class StaleHoldError extends Error {}
@@ -54,6 +61,16 @@ export interface RedisLedger {
 const NOOP_HOLD: Hold = { settle: () => undefined };
 /** Lua's unpack is bounded by the C stack; refresh long lists in chunks. */
 const REFRESH_CHUNK = 1000;
+/** Holds per call: a bound on the script's run time (Redis serves nothing else meanwhile). */
+const MAX_HOLDS = 128;
+
+/** A hold waiting for the end of the turn: its keys and its part of hold.lua's ARGV. */
+interface Pending {
+  slot: number;
+  keys: string[];
+  args: (string | number)[];
+  done: (v: { r: number; j: number } | Error) => void;
+}
 
 /** The Cluster hash tag all ledgers of one request share. */
 export const ledgerHashTag = (prefix: string, tag: string): string => `{${prefix}:t:${encodeURIComponent(tag)}}`;
@@ -77,26 +94,67 @@ export function createRedisLedger(opts: RedisLedgerOptions): RedisLedger {
     return holders.flatMap((h) => [`${t}:l:${encodeURIComponent(h.id)}`, `${t}:lh:${encodeURIComponent(h.id)}`]);
   };
 
+  let pending: Pending[] = [];
+  /** One hold.lua call for holds of one slot. */
+  const sendGroup = (group: Pending[]): void => {
+    const keys: string[] = [];
+    const args: (string | number)[] = [LEDGER_TTL_MS, opts.leaseMs, group.length];
+    for (const p of group) {
+      keys.push(...p.keys);
+      args.push(...p.args);
+    }
+    const failed = (err: unknown): void => {
+      for (const p of group) p.done(err instanceof Error ? err : new Error(String(err)));
+    };
+    let reply: Promise<unknown>;
+    try {
+      reply = run('keywardHold', keys, args);
+    } catch (err) {
+      return failed(err);
+    }
+    reply.then((r) => {
+      const v = r as number[];
+      opts.clock?.learn(Number(v[0]));
+      group.forEach((p, i) => p.done({ r: Number(v[1 + 2 * i]), j: Number(v[2 + 2 * i]) }));
+    }, failed);
+  };
+  const sendPending = (): void => {
+    const all = pending;
+    pending = [];
+    const groups = new Map<number, Pending[]>();
+    for (const p of all) {
+      let g = groups.get(p.slot);
+      if (!g) groups.set(p.slot, (g = []));
+      g.push(p);
+    }
+    for (const g of groups.values()) for (let i = 0; i < g.length; i += MAX_HOLDS) sendGroup(g.slice(i, i + MAX_HOLDS));
+  };
+  /** Queues one hold for the end of the turn. */
+  const queue = (tag: string, keys: string[], args: (string | number)[]): Promise<{ r: number; j: number }> =>
+    new Promise((resolve, reject) => {
+      if (pending.length === 0) opts.atTurnEnd(sendPending);
+      pending.push({ slot: opts.cluster ? keySlot(ledgerHashTag(opts.prefix, tag)) : 0, keys, args, done: (v) => (v instanceof Error ? reject(v) : resolve(v)) });
+    });
+
   const hold = async (input: HoldInput): Promise<HoldResult> => {
     // No budget on anything the key draws on: no round trip at all.
     if (input.holders.length === 0) return { ok: true, hold: NOOP_HOLD };
     const keys = keysOf(input.tag, input.holders);
     const amount = holdNano(input.amount);
     const id = newLeaseId();
-    const args: (string | number)[] = [id, amount, opts.leaseMs, LEDGER_TTL_MS, opts.clock?.deadline() ?? 0];
+    const args: (string | number)[] = [id, amount, opts.clock?.deadline() ?? 0, input.holders.length];
     for (const h of input.holders) {
       args.push(h.kind, toNano(h.base), h.limit === null ? '' : toNano(h.limit), Math.max(0, Math.floor(h.epoch)));
     }
-    let v: number[];
+    let v: { r: number; j: number };
     try {
-      v = (await run('keywardHold', keys, args)) as number[];
-      opts.clock?.learn(v[2]);
-      if (v[0] === -1) throw new StaleHoldError('hold reached Redis after its deadline');
+      v = await queue(input.tag, keys, args);
+      if (v.r === -1) throw new StaleHoldError('hold reached Redis after its deadline');
     } catch (err) {
       opts.onError('hold', err);
       throw err;
     }
-    if (v[0] !== 1) return { ok: false, code: input.holders[(v[1] ?? 1) - 1]!.code };
+    if (v.r !== 1) return { ok: false, code: input.holders[(v.j || 1) - 1]!.code };
 
     // A zero hold (an unpriced model) is not recorded in Redis (hold.lua), so there is
     // nothing to keep alive, and nothing to settle unless the usage comes to a cost.

@@ -31,7 +31,7 @@ import { type AdmitInput, type AdmitResult, NO_QUOTA, hasAnyLimit, isLimited } f
 import { createRedisClock } from './redis-clock.js';
 import { StaleAdmissionError, createLeasePath, leasable } from './redis-lease.js';
 import { type RedisLease, type RedisLimiter, type RedisLimiterOptions, errorTags, failedHashTags, hashTag } from './redis-api.js';
-import { scriptRunner } from './scripts.js';
+import { atTurnEnd, scriptRunner } from './scripts.js';
 import { type SettleOp, settleBatchOf } from './settle-batch.js';
 
 export { StaleAdmissionError, failedHashTags, hashTag };
@@ -96,6 +96,8 @@ export function createRedisLimiter(opts: RedisLimiterOptions): RedisLimiter {
     refreshEveryMs: opts.refreshEveryMs ?? Math.floor(leaseMs / 3),
     onError: (op, err) => failed(op, err),
     clock,
+    atTurnEnd: (fn) => atTurnEnd(client, fn),
+    cluster,
   });
 
   const sliced = opts.lease

@@ -38,20 +38,32 @@ export function scriptRunner(client: Redis | Cluster): RunScript {
     defined.add(client);
   }
   const fns = client as unknown as Record<ScriptName, ScriptFn>;
-  const coalesce = coalescerOf(client);
+  const turn = turnOf(client);
   return (name, keys, args) => {
-    coalesce();
+    turn.cork();
     return fns[name].call(client, keys.length, ...keys, ...args);
   };
 }
 
+/**
+ * Runs `fn` at the end of this event-loop turn, before the turn's calls are written: what
+ * it sends (a batch of what the turn's requests asked for) leaves in the same write.
+ */
+export function atTurnEnd(client: Redis | Cluster, fn: () => void): void {
+  turnOf(client).atEnd(fn);
+}
+
 type Corkable = { cork(): void; uncork(): void };
-/** One per client: every limiter on a connection corks it once per turn. */
-const coalescers = new WeakMap<object, () => void>();
-const coalescerOf = (client: Redis | Cluster): (() => void) => {
-  let c = coalescers.get(client);
-  if (!c) coalescers.set(client, (c = coalescer(client)));
-  return c;
+interface Turn {
+  cork(): void;
+  atEnd(fn: () => void): void;
+}
+/** One per client: every limiter on a connection shares its turn. */
+const turns = new WeakMap<object, Turn>();
+const turnOf = (client: Redis | Cluster): Turn => {
+  let t = turns.get(client);
+  if (!t) turns.set(client, (t = coalescer(client)));
+  return t;
 };
 
 /**
@@ -62,20 +74,43 @@ const coalescerOf = (client: Redis | Cluster): (() => void) => {
  * extra promise per command, which cost more client CPU than the syscalls they save.
  * Order on the connection is unchanged.
  */
-function coalescer(client: Redis | Cluster): () => void {
+function coalescer(client: Redis | Cluster): Turn {
   let corked: Corkable[] | null = null;
-  const uncork = (): void => {
-    const streams = corked!;
-    corked = null;
-    for (const s of streams) s.uncork();
-  };
+  let due: (() => void)[] = [];
+  let scheduled = false;
   // A Cluster's connections change with failovers and resharding: asked for at each turn.
   const streams = (): Corkable[] =>
     (client.isCluster ? (client as Cluster).nodes('master') : [client as Redis]).flatMap((n) => (n.stream ? [n.stream as Corkable] : []));
-  return () => {
-    if (corked) return;
-    corked = streams();
-    for (const s of corked) s.cork();
-    setImmediate(uncork);
+  const end = (): void => {
+    try {
+      // Still `scheduled`: what these send joins this turn's write instead of the next.
+      while (due.length > 0) {
+        const fns = due;
+        due = [];
+        for (const fn of fns) fn();
+      }
+    } finally {
+      scheduled = false;
+      const s = corked;
+      corked = null;
+      if (s) for (const x of s) x.uncork();
+    }
+  };
+  const schedule = (): void => {
+    if (scheduled) return;
+    scheduled = true;
+    setImmediate(end);
+  };
+  return {
+    cork() {
+      if (corked) return;
+      corked = streams();
+      for (const x of corked) x.cork();
+      schedule();
+    },
+    atEnd(fn) {
+      due.push(fn);
+      schedule();
+    },
   };
 }

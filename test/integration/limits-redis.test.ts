@@ -97,4 +97,34 @@ describe('redis limiter: key layout and expiry', () => {
       assert.equal(await redis.zcard(`${tag}:lh:${id}`), 0);
     }
   });
+
+  test('the holds of one event-loop turn are one script call, taken in the order they were asked for', async () => {
+    const lim = createRedisLimiter({ redis, prefix, leaseMs: 5_000 });
+    const user = uid('u');
+    const purse = wallet(user, { base: 1 });
+    await lim.hold({ requestId: uid('req'), tag: user, holders: [purse], amount: 0 }); // scripts loaded
+    // Every command the limiter sends passes here on its way to Redis.
+    const sent: string[] = [];
+    const sendCommand = redis.sendCommand.bind(redis);
+    redis.sendCommand = ((cmd: { name: string }, ...rest: unknown[]) => {
+      sent.push(cmd.name);
+      return (sendCommand as (...a: unknown[]) => unknown)(cmd, ...rest);
+    }) as typeof redis.sendCommand;
+    try {
+      const others = Array.from({ length: 3 }, () => uid('u'));
+      const rs = await Promise.all([
+        ...Array.from({ length: 5 }, () => lim.hold({ requestId: uid('req'), tag: user, holders: [purse], amount: 0.3 })),
+        ...others.map((u) => lim.hold({ requestId: uid('req'), tag: u, holders: [wallet(u, { base: 1 })], amount: 0.5 })),
+      ]);
+      assert.deepEqual(sent, ['evalsha'], 'eight holds, one call');
+      // 0.3 each on a balance of 1: the first three fit, in the order asked, the fourth does not.
+      assert.deepEqual(rs.map((r) => r.ok), [true, true, true, false, false, true, true, true]);
+      assert.deepEqual(rs.slice(3, 5).map((r) => !r.ok && r.code), ['insufficient_balance', 'insufficient_balance']);
+      assert.equal(await redis.hget(`{${prefix}:t:${user}}:l:wallet%3A${user}`, 'h'), '900000000');
+      for (const r of rs) if (r.ok) r.hold.settle(0);
+    } finally {
+      delete (redis as { sendCommand?: unknown }).sendCommand;
+      await lim.close();
+    }
+  });
 });
