@@ -9,14 +9,14 @@
  *                  enforced in Redis; with redis.lease on, the default, admissions come from
  *                  leased slices and slot blocks); the key draws on its user's wallet but no
  *                  price record exists, so the wallet hold is 0, yet still taken in Redis:
- *                  about one EVALSHA per request (the hold); a request admitted from a
- *                  slice settles its tokens into that slice
+ *                  one hold per request, the holds of one event-loop turn in one EVALSHA;
+ *                  a request admitted from a slice settles its tokens into that slice
  *   keyward-redis-budgets  keyward-redis plus spend holds that move money (DESIGN section 6):
  *                  a team key with a key budget in a project with a budget (both far from
  *                  exhausted) and a price record for the request's model, so every request
  *                  holds a non-zero cost estimate on both budgets at once and settles it to
- *                  the cost of the reported usage: one hold call per request on two ledgers,
- *                  settlements batched per tick
+ *                  the cost of the reported usage: one hold per request on two ledgers (the
+ *                  holds of one turn in one call), settlements batched per tick
  *   keyward-redis-w2       keyward-redis as `serve --workers 2`: a cluster primary and two
  *                  workers on one port; its CPU is the sum over the three processes. On a
  *                  2-core machine the load generator and the upstream compete with the workers.

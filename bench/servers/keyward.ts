@@ -10,14 +10,14 @@
  *                (leased slices and slot blocks far from the limits, redis.lease's default).
  *                The key draws on its user's wallet; there is no price record, so the wallet
  *                hold is 0, but it is still checked in Redis (hold.lua; not recorded), and a
- *                request admitted from a slice settles its tokens into that slice: about one
- *                EVALSHA per request (the hold), money always 0.
+ *                request admitted from a slice settles its tokens into that slice: one hold
+ *                per request (the holds of one event-loop turn in one EVALSHA), money always 0.
  * redis-budgets: Redis limits as above, and spend holds that move money: a team key with a
  *                key budget in a project with a budget (both far from exhausted) and a price
  *                record for the benchmark request's model, so every request holds a non-zero
  *                cost estimate on both budgets at once and settles it to the cost of the
- *                upstream's reported usage: the hold (one EVALSHA per request) and its
- *                batched settlement on two ledgers.
+ *                upstream's reported usage: the hold (the holds of one turn in one EVALSHA)
+ *                and its batched settlement on two ledgers.
  * workers > 1 (redis modes only): `serve --workers N` as the CLI runs it, a cluster primary
  *                (startWorkers) and N workers (keyward-worker.ts) sharing the port.
  * On shutdown a single-process server writes one more JSON line on stdout, `{"stats":
