@@ -14,9 +14,8 @@ import autocannon from 'autocannon';
 import { paced, percentile } from './paced.js';
 import { recordStalls } from './servers/stalls.js';
 import { redisAvailable, startServer, stopServer, type Started } from './lib/servers.js';
-import { BODY, HEADERS, PATH, REDIS_URL, log } from './lib/settings.js';
+import { BODY, HEADERS, PATH, RAW_REQUEST, REDIS_URL, env as num, log } from './lib/settings.js';
 
-const num = (name: string, def: number) => (Number.isFinite(Number(process.env[name])) && Number(process.env[name]) > 0 ? Number(process.env[name]) : def);
 const RATE = num('TAIL_RATE', 2253);
 const DURATION = num('TAIL_DURATION', 3);
 const ROUNDS = num('TAIL_ROUNDS', 3);
@@ -27,10 +26,6 @@ process.env.BENCH_STALLS = '1';
 // the load generator's own loop, recorded the same way
 const own = recordStalls()!;
 
-const REQUEST = Buffer.from(
-  `POST ${PATH} HTTP/1.1\r\nhost: 127.0.0.1\r\nauthorization: ${HEADERS.authorization}\r\ncontent-type: application/json\r\n` +
-    `content-length: ${Buffer.byteLength(BODY)}\r\nconnection: keep-alive\r\n\r\n${BODY}`,
-);
 
 interface Gc { kind: string; at: number; ms: number }
 /** CPU seconds a process has used so far (user + system), from /proc; NaN without it. */
@@ -58,14 +53,14 @@ if (LOAD > 0) {
     await autocannon({ url: `http://127.0.0.1:${servers[v]!.port}${PATH}`, method: 'POST', headers: HEADERS, body: BODY, connections: 32, duration: LOAD });
   }
 }
-for (const v of names) await paced({ host: '127.0.0.1', port: servers[v]!.port, request: REQUEST, rate: RATE, durationMs: 1000 });
+for (const v of names) await paced({ host: '127.0.0.1', port: servers[v]!.port, request: RAW_REQUEST, rate: RATE, durationMs: 1000 });
 
 const slow: Record<string, Episode[]> = Object.fromEntries(names.map((v) => [v, []]));
 const windows: Record<string, [number, number][]> = Object.fromEntries(names.map((v) => [v, []]));
 for (let round = 0; round < ROUNDS; round++) {
   for (const v of names.map((_, i) => names[(i + round) % names.length]!)) {
     const cpu0 = cpuOf(servers[v]!.child.pid);
-    const r = await paced({ host: '127.0.0.1', port: servers[v]!.port, request: REQUEST, rate: RATE, durationMs: DURATION * 1000 });
+    const r = await paced({ host: '127.0.0.1', port: servers[v]!.port, request: RAW_REQUEST, rate: RATE, durationMs: DURATION * 1000 });
     // the server's share of one core at this rate: the higher, the longer a stall's queue takes to drain
     const busy = (cpuOf(servers[v]!.child.pid) - cpu0) / DURATION;
     const at = r.scheduled.map((t) => performance.timeOrigin + t);

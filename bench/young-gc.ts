@@ -13,16 +13,11 @@
 import { paced } from './paced.js';
 import { median } from './lib/measure.js';
 import { redisAvailable, startServer, stopServer } from './lib/servers.js';
-import { BODY, HEADERS, PATH, REDIS_URL, log } from './lib/settings.js';
+import { RAW_REQUEST, REDIS_URL, env as num, log } from './lib/settings.js';
 
-const num = (name: string, def: number) => (Number(process.env[name]) > 0 ? Number(process.env[name]) : def);
 const RATE = num('GC_RATE', 2000);
 const DURATION = num('GC_DURATION', 4);
 const want = (process.env.BENCH_VARIANTS ?? 'bare,keyward,keyward-redis,keyward-redis-budgets').split(',');
-const REQUEST = Buffer.from(
-  `POST ${PATH} HTTP/1.1\r\nhost: 127.0.0.1\r\nauthorization: ${HEADERS.authorization}\r\ncontent-type: application/json\r\n` +
-    `content-length: ${Buffer.byteLength(BODY)}\r\nconnection: keep-alive\r\n\r\n${BODY}`,
-);
 
 const upstream = await startServer('upstream', []);
 const url = `http://127.0.0.1:${upstream.port}`;
@@ -42,9 +37,9 @@ for (const v of want) {
   const lines: string[] = [];
   let measuring = false;
   const s = await startServer(spec[0], spec[1], { nodeArgs: ['--trace-gc-nvp'], onLine: (l) => void (measuring && l.includes(' gc=s ') && lines.push(l)) });
-  await paced({ host: '127.0.0.1', port: s.port, request: REQUEST, rate: RATE, durationMs: 2000 });
+  await paced({ host: '127.0.0.1', port: s.port, request: RAW_REQUEST, rate: RATE, durationMs: 2000 });
   measuring = true;
-  const r = await paced({ host: '127.0.0.1', port: s.port, request: REQUEST, rate: RATE, durationMs: DURATION * 1000 });
+  const r = await paced({ host: '127.0.0.1', port: s.port, request: RAW_REQUEST, rate: RATE, durationMs: DURATION * 1000 });
   measuring = false;
   await stopServer(s);
   const rows = lines.map((l) => Object.fromEntries(l.split(' ').map((kv) => kv.split('=')).filter((kv) => kv.length === 2).map(([k, x]) => [k, Number.parseFloat(x!)])));

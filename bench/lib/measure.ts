@@ -6,7 +6,7 @@ import { spawnSync } from 'node:child_process';
 import { readdirSync, readFileSync } from 'node:fs';
 import autocannon from 'autocannon';
 import { paced, percentile } from '../paced.js';
-import { BODY, CONNECTIONS, HEADERS, PATH, RATE_CONNECTIONS } from './settings.js';
+import { BODY, CONNECTIONS, HEADERS, PATH, RATE_CONNECTIONS, RAW_REQUEST } from './settings.js';
 
 export interface Throughput {
   rps: number;
@@ -115,13 +115,9 @@ export async function latencyCannon(port: number, rate: number, duration: number
   return { rate, achieved: r['2xx'] / r.duration, p50: percentile(samples, 50), p99: percentile(samples, 99), samples: samples.length, non2xx: r.non2xx, errors: r.errors + r.timeouts };
 }
 
-const REQUEST = Buffer.from(
-  `POST ${PATH} HTTP/1.1\r\nhost: 127.0.0.1\r\nauthorization: ${HEADERS.authorization}\r\ncontent-type: application/json\r\n` +
-    `content-length: ${Buffer.byteLength(BODY)}\r\nconnection: keep-alive\r\n\r\n${BODY}`,
-);
 
 export async function latencyPaced(port: number, rate: number, duration: number): Promise<Latency> {
-  const r = await paced({ host: '127.0.0.1', port, request: REQUEST, rate, durationMs: duration * 1000 });
+  const r = await paced({ host: '127.0.0.1', port, request: RAW_REQUEST, rate, durationMs: duration * 1000 });
   const s = r.latencies.sort((a, b) => a - b);
   return { rate, achieved: r.latencies.length / duration, p50: percentile(s, 50), p99: percentile(s, 99), samples: s.length, non2xx: r.non2xx, errors: r.errors };
 }

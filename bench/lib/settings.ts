@@ -9,7 +9,8 @@ import { fileURLToPath } from 'node:url';
 import { generateKey } from '../../src/auth/keyformat.js';
 
 export const root = join(dirname(fileURLToPath(import.meta.url)), '..', '..');
-const env = (name: string, def: number) => {
+/** A positive number from the environment, else `def`. */
+export const env = (name: string, def: number) => {
   const v = Number(process.env[name]);
   return Number.isFinite(v) && v > 0 ? v : def;
 };
@@ -30,6 +31,11 @@ export const PATH = '/v1/chat/completions';
 export const KEY = generateKey();
 export const BODY = JSON.stringify({ model: 'gpt-4o-mini', messages: [{ role: 'user', content: 'Hello, how are you today?' }], max_tokens: 16 });
 export const HEADERS = { authorization: `Bearer ${KEY}`, 'content-type': 'application/json' };
+/** The same request as bytes on the wire, for the paced generator (paced.ts). */
+export const RAW_REQUEST = Buffer.from(
+  `POST ${PATH} HTTP/1.1\r\nhost: 127.0.0.1\r\nauthorization: ${HEADERS.authorization}\r\ncontent-type: application/json\r\n` +
+    `content-length: ${Buffer.byteLength(BODY)}\r\nconnection: keep-alive\r\n\r\n${BODY}`,
+);
 
 export type Variant = 'direct' | 'bare' | 'keyward' | 'keyward-redis' | 'keyward-redis-budgets' | 'keyward-redis-w2';
 export const VARIANTS: Variant[] = ['direct', 'bare', 'keyward', 'keyward-redis', 'keyward-redis-budgets', 'keyward-redis-w2'];

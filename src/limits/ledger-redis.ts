@@ -23,7 +23,7 @@ import type { Hold, HoldInput, HoldResult, LedgerFigure, LedgerHolder, LedgerInp
 import type { RedisClock } from './redis-clock.js';
 import type { RunScript } from './scripts.js';
 import type { SettleBatch } from './settle-batch.js';
-import { keySlot } from './slot.js';
+import { callsBySlot } from './slot.js';
 
 export interface RedisLedgerOptions {
   /** the limiter's script runner (it flushes the settlement batch before each call) */
@@ -66,10 +66,12 @@ const MAX_HOLDS = 128;
 
 /** A hold waiting for the end of the turn: its keys and its part of hold.lua's ARGV. */
 interface Pending {
-  slot: number;
+  /** the request's hash tag */
+  tag: string;
   keys: string[];
   args: (string | number)[];
-  done: (v: { r: number; j: number } | Error) => void;
+  resolve: (v: { r: number; j: number }) => void;
+  reject: (err: unknown) => void;
 }
 
 /** The Cluster hash tag all ledgers of one request share. */
@@ -89,10 +91,9 @@ export function createRedisLedger(opts: RedisLedgerOptions): RedisLedger {
     onError: (err) => opts.onError('refresh', err),
   });
 
-  const keysOf = (tag: string, holders: LedgerHolder[]): string[] => {
-    const t = ledgerHashTag(opts.prefix, tag);
-    return holders.flatMap((h) => [`${t}:l:${encodeURIComponent(h.id)}`, `${t}:lh:${encodeURIComponent(h.id)}`]);
-  };
+  /** `t`: the request's hash tag (ledgerHashTag) */
+  const keysOf = (t: string, holders: LedgerHolder[]): string[] =>
+    holders.flatMap((h) => [`${t}:l:${encodeURIComponent(h.id)}`, `${t}:lh:${encodeURIComponent(h.id)}`]);
 
   let pending: Pending[] = [];
   /** One hold.lua call for holds of one slot. */
@@ -104,7 +105,7 @@ export function createRedisLedger(opts: RedisLedgerOptions): RedisLedger {
       args.push(...p.args);
     }
     const failed = (err: unknown): void => {
-      for (const p of group) p.done(err instanceof Error ? err : new Error(String(err)));
+      for (const p of group) p.reject(err);
     };
     let reply: Promise<unknown>;
     try {
@@ -115,31 +116,26 @@ export function createRedisLedger(opts: RedisLedgerOptions): RedisLedger {
     reply.then((r) => {
       const v = r as number[];
       opts.clock?.learn(Number(v[0]));
-      group.forEach((p, i) => p.done({ r: Number(v[1 + 2 * i]), j: Number(v[2 + 2 * i]) }));
+      group.forEach((p, i) => p.resolve({ r: Number(v[1 + 2 * i]), j: Number(v[2 + 2 * i]) }));
     }, failed);
   };
   const sendPending = (): void => {
     const all = pending;
     pending = [];
-    const groups = new Map<number, Pending[]>();
-    for (const p of all) {
-      let g = groups.get(p.slot);
-      if (!g) groups.set(p.slot, (g = []));
-      g.push(p);
-    }
-    for (const g of groups.values()) for (let i = 0; i < g.length; i += MAX_HOLDS) sendGroup(g.slice(i, i + MAX_HOLDS));
+    for (const call of callsBySlot(all, { cluster: opts.cluster, tagOf: (p) => p.tag, max: MAX_HOLDS })) sendGroup(call);
   };
   /** Queues one hold for the end of the turn. */
   const queue = (tag: string, keys: string[], args: (string | number)[]): Promise<{ r: number; j: number }> =>
     new Promise((resolve, reject) => {
       if (pending.length === 0) opts.atTurnEnd(sendPending);
-      pending.push({ slot: opts.cluster ? keySlot(ledgerHashTag(opts.prefix, tag)) : 0, keys, args, done: (v) => (v instanceof Error ? reject(v) : resolve(v)) });
+      pending.push({ tag, keys, args, resolve, reject });
     });
 
   const hold = async (input: HoldInput): Promise<HoldResult> => {
     // No budget on anything the key draws on: no round trip at all.
     if (input.holders.length === 0) return { ok: true, hold: NOOP_HOLD };
-    const keys = keysOf(input.tag, input.holders);
+    const tag = ledgerHashTag(opts.prefix, input.tag);
+    const keys = keysOf(tag, input.holders);
     const amount = holdNano(input.amount);
     const id = newLeaseId();
     const args: (string | number)[] = [id, amount, opts.clock?.deadline() ?? 0, input.holders.length];
@@ -148,7 +144,7 @@ export function createRedisLedger(opts: RedisLedgerOptions): RedisLedger {
     }
     let v: { r: number; j: number };
     try {
-      v = await queue(input.tag, keys, args);
+      v = await queue(tag, keys, args);
       if (v.r === -1) throw new StaleHoldError('hold reached Redis after its deadline');
     } catch (err) {
       opts.onError('hold', err);
@@ -171,7 +167,7 @@ export function createRedisLedger(opts: RedisLedgerOptions): RedisLedger {
             // An unreadable figure keeps what was held rather than charging nothing.
             const cost = Number.isFinite(actual) ? toNano(Math.max(0, actual)) : amount;
             if (amount === 0 && cost === 0) return;
-            opts.batch.add({ kind: 'h', tag: ledgerHashTag(opts.prefix, input.tag), holdId: id, cost, ttlMs: LEDGER_TTL_MS, keys, owner: settleFailed });
+            opts.batch.add({ kind: 'h', tag, holdId: id, cost, ttlMs: LEDGER_TTL_MS, keys, owner: settleFailed });
           } catch (err) {
             opts.onError('settle', err);
           }
@@ -183,7 +179,7 @@ export function createRedisLedger(opts: RedisLedgerOptions): RedisLedger {
   const ledger = async (input: LedgerInput): Promise<LedgerFigure[]> => {
     if (input.holders.length === 0) return [];
     const args = input.holders.flatMap((h) => [h.kind, toNano(h.base), Math.max(0, Math.floor(h.epoch))]);
-    const v = (await run('keywardLedger', keysOf(input.tag, input.holders), args)) as number[];
+    const v = (await run('keywardLedger', keysOf(ledgerHashTag(opts.prefix, input.tag), input.holders), args)) as number[];
     return input.holders.map((h, i) => ({ id: h.id, live: fromNano(Number(v[i] ?? 0)) }));
   };
 

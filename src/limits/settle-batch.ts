@@ -10,7 +10,7 @@
  * first (`flush()`): the queued settlements are written before that call, on the same
  * connection, and Redis runs them in order. Close flushes and waits.
  */
-import { keySlot } from './slot.js';
+import { callsBySlot } from './slot.js';
 import type { RunScript } from './scripts.js';
 
 /** Told when the call that carried the operation failed (the limiter that queued it counts it). */
@@ -102,16 +102,7 @@ export function createSettleBatch(opts: SettleBatchOptions): SettleBatch {
     if (queue.length === 0) return;
     const ops = queue;
     queue = [];
-    const groups = new Map<number, SettleOp[]>();
-    for (const op of ops) {
-      const g = opts.cluster ? keySlot(op.tag) : 0;
-      let list = groups.get(g);
-      if (!list) groups.set(g, (list = []));
-      list.push(op);
-    }
-    for (const list of groups.values()) {
-      for (let i = 0; i < list.length; i += MAX_OPS) send(list.slice(i, i + MAX_OPS));
-    }
+    for (const call of callsBySlot(ops, { cluster: opts.cluster, tagOf: (op) => op.tag, max: MAX_OPS })) send(call);
   };
 
   return {

@@ -20,3 +20,21 @@ export function keySlot(key: string): number {
   for (const byte of Buffer.from(key, 'utf8')) crc = ((crc << 8) & 0xffff) ^ TABLE[((crc >> 8) ^ byte) & 0xff]!;
   return crc & 16383;
 }
+
+/**
+ * Items grouped by the hash slot `slotOf` names (one group in all when `cluster` is false),
+ * each group cut into calls of at most `max`: one script call may only touch one slot, and
+ * Redis serves nothing else while a script runs.
+ */
+export function callsBySlot<T>(items: T[], o: { cluster: boolean; tagOf: (item: T) => string; max: number }): T[][] {
+  const groups = new Map<number, T[]>();
+  for (const item of items) {
+    const slot = o.cluster ? keySlot(o.tagOf(item)) : 0;
+    let list = groups.get(slot);
+    if (!list) groups.set(slot, (list = []));
+    list.push(item);
+  }
+  const calls: T[][] = [];
+  for (const list of groups.values()) for (let i = 0; i < list.length; i += o.max) calls.push(list.slice(i, i + o.max));
+  return calls;
+}
