@@ -13,6 +13,7 @@
  */
 import { bodyText, eventText } from './usage-text.js';
 import { compressedTap, type Tap } from './usage-encoding.js';
+import { lastUsageObject, topLevelSpans } from './usage-scan.js';
 
 export interface Usage {
   input_tokens: number;
@@ -23,7 +24,10 @@ export interface Usage {
 export interface Tapped {
   /** the usage it reported, or null */
   usage: Usage | null;
-  /** characters of generated text seen; null when the response could not be read (too large, cut JSON) */
+  /**
+   * characters of generated text seen; null when the response could not be read (too large,
+   * cut JSON), and for a whole JSON body that reported its usage (billed by that instead)
+   */
   textChars: number | null;
 }
 
@@ -110,12 +114,17 @@ class Window {
     this.overflowed = true;
   }
 
+  /** The whole body, when it was kept whole (most arrive in one chunk: no copy then). */
+  whole(): Buffer | null {
+    if (this.overflowed) return null;
+    return this.head.length === 1 ? this.head[0]! : Buffer.concat(this.head);
+  }
+
   /** The parsed value when complete, else a stand-in built from the prefix and the tail. */
   value(): unknown {
-    if (!this.overflowed) {
+    const whole = this.whole();
+    if (whole !== null) {
       try {
-        // Most responses arrive in one chunk: read it in place rather than copy it first.
-        const whole = this.head.length === 1 ? this.head[0]! : Buffer.concat(this.head);
         return JSON.parse(whole.toString('utf8'));
       } catch {
         return undefined; // cut short or not JSON
@@ -130,43 +139,21 @@ class Window {
   }
 }
 
-/** The last `"usage": {...}` object in `text` that parses, or undefined. */
-export function lastUsageObject(text: string): unknown {
-  for (let i = text.lastIndexOf('"usage"'); i >= 0; i = i > 0 ? text.lastIndexOf('"usage"', i - 1) : -1) {
-    if (text[i - 1] === '\\') continue; // inside a string, escaped
-    let j = i + 7;
-    while (/\s/.test(text[j] ?? '')) j++;
-    if (text[j] !== ':') continue;
-    j++;
-    while (/\s/.test(text[j] ?? '')) j++;
-    if (text[j] !== '{') continue;
-    const end = closingBrace(text, j);
-    if (end < 0) continue;
-    try {
-      return JSON.parse(text.slice(j, end + 1));
-    } catch {
-      // not a real object; try an earlier occurrence
-    }
-  }
-  return undefined;
-}
-
-function closingBrace(text: string, open: number): number {
-  let depth = 0;
-  let inString = false;
-  for (let k = open; k < text.length; k++) {
-    const c = text[k];
-    if (inString) {
-      if (c === '\\') k++;
-      else if (c === '"') inString = false;
-    } else if (c === '"') inString = true;
-    else if (c === '{') depth++;
-    else if (c === '}' && --depth === 0) return k;
-  }
-  return -1;
-}
-
 // ---- JSON -------------------------------------------------------------------------------
+
+/** The usage a whole JSON body reports at its top level (or in `response`), read without parsing the rest; null: parse it whole. */
+function reportedUsage(whole: Buffer): Usage | null {
+  const spans = topLevelSpans(whole);
+  if (spans === null) return null;
+  const span = spans.usage ?? spans.response;
+  if (span === null) return null;
+  try {
+    const v: unknown = JSON.parse(whole.toString('utf8', span[0], span[1]));
+    return normalize(spans.usage !== null ? v : isObj(v) ? v.usage : undefined);
+  } catch {
+    return null; // not JSON after all: the whole parse says what it is
+  }
+}
 
 /** A JSON response: its bytes in a Window, read once at the end. */
 class JsonTap implements UsageTap {
@@ -178,6 +165,10 @@ class JsonTap implements UsageTap {
 
   end(): Tapped {
     const body = this.body;
+    const whole = body.whole();
+    const reported = whole === null ? null : reportedUsage(whole);
+    // Reported usage is what is billed: the generated text is counted only without it.
+    if (reported !== null) return { usage: reported, textChars: null };
     const v = body.value();
     const usage = isObj(v) ? normalize(isObj(v.response) && !('usage' in v) ? v.response.usage : v.usage) : null;
     // Past the window only the usage survives; a body that does not parse was cut or is not JSON.

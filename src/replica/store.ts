@@ -83,12 +83,14 @@ export function openDatabase(path: string): Database.Database {
 
 export class ReplicaStore {
   readonly db: Database.Database;
-  private readonly cache = new Map<string, KeyFacts | null>();
+  private cache = new Map<string, KeyFacts | null>();
+  private oldCache = new Map<string, KeyFacts | null>();
   /** the price table (small: one row per priced glob), read once per replica change */
   private prices: PriceEntry[] | null = null;
   private readonly priceCache = new Map<string, Price | null>();
   private readonly allPrices: Database.Statement;
-  private readonly cacheSize: number;
+  /** entries the young generation takes before it becomes the old one: half of cacheSize */
+  private readonly youngMax: number;
   private readonly byHash: Database.Statement;
   private readonly metaStmt: Database.Statement;
   private readonly dataVersion: Database.Statement;
@@ -99,7 +101,7 @@ export class ReplicaStore {
 
   constructor(opts: ReplicaOptions) {
     this.db = openDatabase(opts.path);
-    this.cacheSize = opts.cacheSize ?? 50_000;
+    this.youngMax = Math.max(1, Math.floor((opts.cacheSize ?? 50_000) / 2));
     this.byHash = this.db.prepare(`SELECT k.*, p.id AS p_id, p.status AS p_status, p.budget AS p_budget, p.spent AS p_spent,
         p.epoch AS p_epoch, p.period AS p_period, w.balance AS w_balance, w.epoch AS w_epoch
       FROM keys k LEFT JOIN projects p ON p.id = k.project_id LEFT JOIN wallets w ON w.user_id = k.user_id
@@ -113,18 +115,25 @@ export class ReplicaStore {
     this.timer.unref();
   }
 
-  /** Facts for a key hash, or null when no key has that hash. */
+  /**
+   * Facts for a key hash, or null when no key has that hash. Cached in two generations
+   * rather than a strict LRU: a hit in the young one costs a lookup alone (a strict LRU
+   * moves the entry on every hit, a delete and a set per request); a hit in the old one
+   * moves it to the young one; when the young one is full it becomes the old one, and the
+   * old one is let go. Hot keys stay cached, and at most cacheSize entries are kept.
+   */
   lookup(hash: string): KeyFacts | null {
-    const hit = this.cache.get(hash);
-    if (hit !== undefined) {
-      // refresh recency: Map keeps insertion order, so re-inserting makes this the newest
-      this.cache.delete(hash);
-      this.cache.set(hash, hit);
-      return hit;
+    const young = this.cache.get(hash);
+    if (young !== undefined) return young;
+    let facts = this.oldCache.get(hash);
+    if (facts === undefined) {
+      const row = this.byHash.get(hash) as Row | undefined;
+      facts = row ? toFacts(row) : null;
     }
-    const row = this.byHash.get(hash) as Row | undefined;
-    const facts = row ? toFacts(row) : null;
-    if (this.cache.size >= this.cacheSize) this.cache.delete(this.cache.keys().next().value!);
+    if (this.cache.size >= this.youngMax) {
+      this.oldCache = this.cache;
+      this.cache = new Map();
+    }
     this.cache.set(hash, facts);
     return facts;
   }
@@ -181,6 +190,7 @@ export class ReplicaStore {
 
   private changed(): void {
     this.cache.clear();
+    this.oldCache.clear();
     this.prices = null;
     this.priceCache.clear();
     this.statusCache = this.readStatus();

@@ -157,3 +157,22 @@ test('a bad CIDR in a snapshot rejects it whole and the old replica stays', asyn
   assert.equal(replica.lookup(sha256('k_b')), null);
   replica.close();
 });
+
+test('lookup cache: a key in use stays cached, a cold one is read again, at most cacheSize entries', () => {
+  const path = join(dir, 'cache.sqlite');
+  // watchMs: the change of another connection below is not noticed, so a cached answer shows itself as stale
+  const replica = new ReplicaStore({ path, cacheSize: 4, watchMs: 3_600_000 });
+  const ids = ['k_hot', 'k_a', 'k_b', 'k_c', 'k_d', 'k_e'];
+  replica.applySnapshot({ ...parseSnapshotText(lines(1, ids.map((id) => key(id, { rpm: 1 })))), source: 'test' });
+  const rpm = (id: string) => replica.lookup(sha256(id))!.key.rpm;
+  for (const id of [...ids, 'k_hot']) assert.equal(rpm(id), 1);
+  const other = new Database(path);
+  other.prepare('UPDATE keys SET rpm = 2').run();
+  other.close();
+  // k_hot is asked for between every other key: it stays cached (still rpm 1) while the
+  // others pass through a cache of four; k_a, last asked for five lookups ago, is read again.
+  for (const id of ['k_b', 'k_hot', 'k_c', 'k_hot', 'k_d', 'k_hot', 'k_e', 'k_hot']) rpm(id);
+  assert.equal(rpm('k_hot'), 1, 'a key in use is answered from the cache');
+  assert.equal(rpm('k_a'), 2, 'a key that went cold is read from the replica again');
+  replica.close();
+});

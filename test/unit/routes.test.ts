@@ -280,3 +280,28 @@ test('buildRules: operator routes still get the path checks', () => {
     assert.equal(!c.ok && c.code, 'invalid_path', t);
   }
 });
+
+test('classify remembers per rule table: a repeat is the same answer, another table answers for itself', () => {
+  const first = classify(DEFAULT_RULES, 'POST', '/v1/messages');
+  assert.equal(classify(DEFAULT_RULES, 'POST', '/v1/messages'), first, 'the remembered answer');
+  assert.ok(Object.isFrozen(first), 'shared answers cannot be changed by one request');
+  const rules = buildRules([custom('/v1/messages', { credentials: 'bearer', style: 'openai', methods: ['POST'] })]);
+  const own = classify(rules, 'POST', '/v1/messages');
+  assert.ok(own.ok && own.route.name === 'custom:/v1/messages');
+  assert.ok(first.ok && first.route.name === 'messages');
+  // the method is part of what is remembered
+  const get = classify(DEFAULT_RULES, 'GET', '/v1/messages');
+  assert.equal(!get.ok && get.code, 'not_found');
+});
+
+test('classify stays right past its memory bound (endless distinct paths)', () => {
+  const rules = buildRules([]);
+  const chat = classify(rules, 'POST', '/v1/chat/completions');
+  for (let i = 0; i < 3000; i++) {
+    const c = classify(rules, 'GET', `/v1/files/file-${i}`);
+    assert.ok(c.ok && c.route.class === 'files');
+  }
+  assert.deepEqual(classify(rules, 'POST', '/v1/chat/completions'), chat);
+  const bad = classify(rules, 'GET', '/v1/%2e%2e/models');
+  assert.equal(!bad.ok && bad.code, 'invalid_path');
+});

@@ -1,0 +1,136 @@
+/**
+ * Finds a whole JSON response's top-level `usage` and `response` values without parsing
+ * the rest of it. A JSON tap used to JSON.parse every response body to read one small
+ * object at its end: the parse built every choice, message and string only to drop them
+ * (about 5 µs of a 250-byte chat completion, a tenth of the sidecar's own work per
+ * request). This walks the bytes once, tracking strings and nesting, and hands back where
+ * the two values lie, so only they are parsed. Pure.
+ *
+ * It answers only for a body that is one object with balanced, matching brackets and
+ * nothing but whitespace after it, whose top-level keys have no escapes; anything else
+ * returns null and the caller parses the body whole, as before.
+ */
+
+/** Where a value lies in the body: [start, end), whitespace around it included. */
+export type Span = readonly [number, number];
+
+export interface TopLevelSpans {
+  /** the last top-level `usage` value (JSON.parse keeps the last of duplicate keys) */
+  usage: Span | null;
+  /** the last top-level `response` value (the responses API nests its usage there) */
+  response: Span | null;
+}
+
+const QUOTE = 0x22;
+const BACKSLASH = 0x5c;
+const USAGE = Buffer.from('usage');
+const RESPONSE = Buffer.from('response');
+
+const isSpace = (c: number): boolean => c === 0x20 || c === 0x0a || c === 0x0d || c === 0x09;
+
+/** Index of the quote that closes the string opened at `open`, or -1. */
+function stringEnd(buf: Buffer, open: number): number {
+  for (let j = buf.indexOf(QUOTE, open + 1); j !== -1; j = buf.indexOf(QUOTE, j + 1)) {
+    let slashes = 0;
+    while (buf[j - 1 - slashes] === BACKSLASH) slashes++;
+    if (slashes % 2 === 0) return j;
+  }
+  return -1;
+}
+
+/** Which of the two wanted keys the string buf[from, to) is: 1 usage, 2 response, 0 neither, -1 escaped. */
+function keyOf(buf: Buffer, from: number, to: number): number {
+  const len = to - from;
+  if (len === USAGE.length && buf.compare(USAGE, 0, len, from, to) === 0) return 1;
+  if (len === RESPONSE.length && buf.compare(RESPONSE, 0, len, from, to) === 0) return 2;
+  // an escaped key could spell either one: the caller parses the body whole instead
+  const slash = buf.indexOf(BACKSLASH, from);
+  return slash !== -1 && slash < to ? -1 : 0;
+}
+
+export function topLevelSpans(buf: Buffer): TopLevelSpans | null {
+  let i = 0;
+  while (i < buf.length && isSpace(buf[i]!)) i++;
+  if (buf[i] !== 0x7b) return null; // not an object
+  // The open brackets, innermost last: `{` or `[` as their byte values.
+  const open: number[] = [];
+  let usage: Span | null = null;
+  let response: Span | null = null;
+  let expectKey = false;
+  /** the wanted key whose value is being read (0: none), and where that value began */
+  let pending = 0;
+  let valueStart = -1;
+  const close = (end: number) => {
+    if (pending === 1) usage = [valueStart, end];
+    else if (pending === 2) response = [valueStart, end];
+    pending = 0;
+  };
+  for (; i < buf.length; i++) {
+    const c = buf[i]!;
+    if (c === QUOTE) {
+      const end = stringEnd(buf, i);
+      if (end === -1) return null;
+      if (expectKey && open.length === 1) {
+        const key = keyOf(buf, i + 1, end);
+        if (key === -1) return null;
+        pending = key;
+      }
+      expectKey = false;
+      i = end;
+    } else if (c === 0x7b || c === 0x5b) {
+      open.push(c);
+      expectKey = c === 0x7b;
+    } else if (c === 0x7d || c === 0x5d) {
+      if (open.pop() !== c - 2) return null; // `}` closes `{`, `]` closes `[` (each two above)
+      if (open.length === 0) {
+        close(i);
+        for (i++; i < buf.length; i++) if (!isSpace(buf[i]!)) return null;
+        return { usage, response };
+      }
+    } else if (c === 0x2c) {
+      if (open.length === 1) close(i);
+      expectKey = open[open.length - 1] === 0x7b;
+    } else if (c === 0x3a && open.length === 1) {
+      valueStart = i + 1;
+    }
+  }
+  return null; // cut short
+}
+
+// ---- a window cut from a larger body -----------------------------------------------------
+
+/** The last `"usage": {...}` object in `text` that parses, or undefined. */
+export function lastUsageObject(text: string): unknown {
+  for (let i = text.lastIndexOf('"usage"'); i >= 0; i = i > 0 ? text.lastIndexOf('"usage"', i - 1) : -1) {
+    if (text[i - 1] === '\\') continue; // inside a string, escaped
+    let j = i + 7;
+    while (/\s/.test(text[j] ?? '')) j++;
+    if (text[j] !== ':') continue;
+    j++;
+    while (/\s/.test(text[j] ?? '')) j++;
+    if (text[j] !== '{') continue;
+    const end = closingBrace(text, j);
+    if (end < 0) continue;
+    try {
+      return JSON.parse(text.slice(j, end + 1));
+    } catch {
+      // not a real object; try an earlier occurrence
+    }
+  }
+  return undefined;
+}
+
+function closingBrace(text: string, open: number): number {
+  let depth = 0;
+  let inString = false;
+  for (let k = open; k < text.length; k++) {
+    const c = text[k];
+    if (inString) {
+      if (c === '\\') k++;
+      else if (c === '"') inString = false;
+    } else if (c === '"') inString = true;
+    else if (c === '{') depth++;
+    else if (c === '}' && --depth === 0) return k;
+  }
+  return -1;
+}
