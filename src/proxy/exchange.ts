@@ -21,10 +21,10 @@ import { accessLine, newContext, type RequestContext } from './context.js';
 import type { ForwardFailure, Forwarder, ForwardHooks } from './forward.js';
 import { settleUsage } from '../policy/estimate.js';
 import { costOf } from '../policy/pricing.js';
-import { applyQuotaHeaders } from './quota-headers.js';
+import { addQuotaHeaders } from './quota-headers.js';
 import type { Cidr } from '../policy/network.js';
 import { decide, type Allow, type Decision, type PipelineDeps } from './pipeline.js';
-import { createUsageTap, type UsageTap } from './usage.js';
+import { createUsageTap } from './usage.js';
 
 export interface ExchangeDeps {
   pipeline: PipelineDeps;
@@ -88,14 +88,6 @@ type TrackedSocket = Duplex & { [CURRENT]?: ServerResponse };
 /** The request's context on its response, for the shared 'close' listener. */
 const CONTEXT = Symbol('keyward.context');
 type ContextResponse = ServerResponse & { [CONTEXT]?: RequestContext };
-
-/** The usage tap of a response, read by the one shared 'data' listener. */
-const TAP = Symbol('keyward.usageTap');
-type TappedResponse = IncomingMessage & { [TAP]?: UsageTap };
-
-function tapChunk(this: TappedResponse, chunk: Buffer): void {
-  this[TAP]!.push(chunk);
-}
 
 /** A request Node could not parse as HTTP: answered on the socket, which then closes. */
 export function answerClientError(err: NodeJS.ErrnoException, socket: Duplex): void {
@@ -178,19 +170,16 @@ export function createExchanges(deps: ExchangeDeps): Exchanges {
 
   // One set of hooks for every forwarded call: each finds its request's context on the response.
   const hooks: ForwardHooks = {
-    onResponse(res, proxyRes) {
+    onResponse(res, proxyRes, head) {
       const ctx = (res as ContextResponse)[CONTEXT]!;
       ctx.upstreamMs = performance.now() - ctx.upstreamStart!;
       ctx.upstreamStatus = proxyRes.statusCode ?? null;
       // The client can quote the id its access-log line carries, unless the upstream names its own.
-      if (proxyRes.headers['x-request-id'] === undefined) proxyRes.headers['x-request-id'] = ctx.reqId;
-      if (ctx.quota) applyQuotaHeaders(proxyRes.headers, ctx.quota);
-      if (!ctx.metered) return;
-      const tap = createUsageTap({ contentType: proxyRes.headers['content-type'], contentEncoding: proxyRes.headers['content-encoding'] });
-      if (!tap) return;
-      ctx.tap = tap;
-      (proxyRes as TappedResponse)[TAP] = tap;
-      proxyRes.on('data', tapChunk);
+      if (head.get('x-request-id') === undefined) head.add('x-request-id', ctx.reqId);
+      if (ctx.quota) addQuotaHeaders(head, ctx.quota);
+      if (!ctx.metered) return null;
+      ctx.tap = createUsageTap({ contentType: head.get('content-type'), contentEncoding: head.get('content-encoding') });
+      return ctx.tap;
     },
     onFailure(res, kind, err) {
       const ctx = (res as ContextResponse)[CONTEXT]!;
@@ -280,15 +269,16 @@ export function createExchanges(deps: ExchangeDeps): Exchanges {
       ctx.bodyWatch = watchBodyIdle(req, { idleMs: deps.bodyIdleTimeoutMs, onIdle: cutStalledResponse, subject: res });
       (res as ContextResponse)[CONTEXT] = ctx;
       res.once('close', onResponseClose);
-      if (draining) res.setHeader('connection', 'close');
+      // Not a header: headers set ahead would make the forwarder's one-shot head merge into them.
+      if (draining) res.shouldKeepAlive = false;
       void run(req, res, ctx, new Arrival({ req, res, expectContinue, clientIp, method: ctx.method }));
     },
     inFlight: () => open.size,
     startDraining(opts = {}) {
       draining = true;
       closeIdle = opts.closeIdle ?? null;
-      // The forwarder takes the client's side of keep-alive from this header.
-      for (const res of open) if (!res.headersSent) res.setHeader('connection', 'close');
+      // Node answers `Connection: close` and closes after the response; the forwarder follows it too.
+      for (const res of open) if (!res.headersSent) res.shouldKeepAlive = false;
     },
     async drained(graceMs) {
       if (open.size === 0) return;

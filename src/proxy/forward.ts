@@ -10,6 +10,7 @@ import type { Readable, Writable } from 'node:stream';
 import type { BodySource } from './body.js';
 import { createProxyServer, type ProxyServer } from 'http-proxy-3';
 import { framingProblem } from './framing.js';
+import { relay, ResponseHead, type BodyWatcher } from './relay.js';
 
 export interface UpstreamTarget {
   url: string;
@@ -21,6 +22,8 @@ export type ForwardFailure = 'timeout' | 'unavailable' | 'rejected';
 
 export interface ForwarderOptions {
   upstreams: Record<string, UpstreamTarget>;
+  /** response headers the sidecar always writes itself: the upstream's are dropped (the key's rate-limit figures) */
+  replacedResponseHeaders?: readonly string[];
 }
 
 /**
@@ -28,8 +31,11 @@ export interface ForwarderOptions {
  * response, so one hooks object can serve every call.
  */
 export interface ForwardHooks {
-  /** once, before the response's headers are written to the client */
-  onResponse(res: ServerResponse, proxyRes: IncomingMessage): void;
+  /**
+   * Once, before the response's head is written to the client: reads and adds to `head`,
+   * and returns what should see the body as it passes (null: nothing).
+   */
+  onResponse(res: ServerResponse, proxyRes: IncomingMessage, head: ResponseHead): BodyWatcher | null;
   /** the upstream could not be reached, went quiet for longer than its timeout, or the body refused itself */
   onFailure(res: ServerResponse, kind: ForwardFailure, err: Error): void;
 }
@@ -177,14 +183,6 @@ function guardIdleSockets(agent: http.Agent): void {
   };
 }
 
-/** The client's response, on the upstream response that feeds it. */
-const CLIENT = Symbol('keyward.clientResponse');
-type ClientResponse = IncomingMessage & { [CLIENT]?: ServerResponse };
-
-function cutClientIfIncomplete(this: ClientResponse): void {
-  if (!this.complete) this[CLIENT]?.destroy();
-}
-
 /** What a call gives http-proxy-3's passes: its target and agent, and what to pipe. */
 interface CallOptions {
   target: URL;
@@ -193,6 +191,8 @@ interface CallOptions {
   buffer: Readable;
   xfwd: false;
   changeOrigin: false;
+  /** the response is written here (relay.ts), not by http-proxy-3's response passes and pipe */
+  selfHandleResponse: true;
 }
 
 /** One of http-proxy-3's web passes (`webPasses`): a truthy return ends the request's passes. */
@@ -222,17 +222,15 @@ export function createForwarder(opts: ForwarderOptions): Forwarder {
     guardIdleSockets(agent);
     targets.set(name, { url, agent: timeoutAgent(agent, up.timeoutMs), prependPath: !(url.pathname === '/' && url.search === '') });
   }
-  proxy.on('proxyRes', (proxyRes, _req, res) => {
-    proxyRes.headers = withoutHopByHop(proxyRes.headers);
-    // The client's own connection decides keep-alive (http-proxy-3 would otherwise answer
-    // `keep-alive` to a client that sent `Connection: close`, its header being dropped above).
+  const replaced = new Set(opts.replacedResponseHeaders ?? []);
+  proxy.on('proxyRes', (proxyRes, req, res) => {
     const server = res as ServerResponse;
-    proxyRes.headers.connection = String(server.getHeader('connection') ?? (server.shouldKeepAlive ? 'keep-alive' : 'close'));
-    // An upstream that dies mid-response must not leave the client waiting on an open,
-    // seemingly healthy stream: cut the client's response too.
-    (proxyRes as ClientResponse)[CLIENT] = server;
-    proxyRes.once('close', cutClientIfIncomplete);
-    (res as HookedResponse)[HOOKS]?.onResponse(server, proxyRes);
+    const head = new ResponseHead(proxyRes, replaced);
+    // The client's own connection decides keep-alive (the upstream's Connection is its
+    // own); an HTTP/1.0 client is answered `close`, as http-proxy-3 answers it.
+    head.add('connection', req.httpVersion === '1.0' || !server.shouldKeepAlive ? 'close' : 'keep-alive');
+    const watcher = (res as HookedResponse)[HOOKS]?.onResponse(server, proxyRes, head) ?? null;
+    relay(proxyRes, server, { head, watcher });
   });
   // A client that went away mid-request: http-proxy-3 already destroyed the upstream request.
   proxy.on('econnreset', () => {});
@@ -252,7 +250,7 @@ export function createForwarder(opts: ForwarderOptions): Forwarder {
       // proxy.web merges the proxy's options and the call's with `{ ...a, ...b }`, which on
       // Node 20's V8 builds a new hidden class per call (about 4 µs, and garbage for the
       // old generation), and every property read after it goes megamorphic.
-      const options: CallOptions = { target: target.url, agent: target.agent, prependPath: target.prependPath, buffer: tracked as unknown as Readable, xfwd: false, changeOrigin: false };
+      const options: CallOptions = { target: target.url, agent: target.agent, prependPath: target.prependPath, buffer: tracked as unknown as Readable, xfwd: false, changeOrigin: false, selfHandleResponse: true };
       for (const pass of passes) if (pass(req, res, options, undefined, proxy, onProxyError)) break;
       return tracked;
     },

@@ -4,8 +4,12 @@
  * (the upstream's describe the gateway's provider account, not this key). A key without
  * a limit gets no header for it.
  */
-import type { IncomingHttpHeaders } from 'node:http';
 import type { Quota, QuotaFigures } from '../limits/limiter.js';
+
+/** What the figures are added to (the forwarder's response head). */
+export interface HeadLines {
+  add(name: string, value: string): void;
+}
 
 /** A duration as OpenAI writes it: `20ms`, `1s`, `1.5s`, `6m0s`, `1h0m0s`. */
 export function formatReset(ms: number): string {
@@ -25,19 +29,19 @@ const NAMES = {
   tokens: ['x-ratelimit-limit-tokens', 'x-ratelimit-remaining-tokens', 'x-ratelimit-reset-tokens'],
 } as const;
 
-function put(headers: IncomingHttpHeaders, names: readonly [string, string, string], figures: QuotaFigures | null): void {
+/** Every name written here: the forwarder drops the upstream's headers of these names. */
+export const QUOTA_HEADER_NAMES: readonly string[] = [...NAMES.requests, ...NAMES.tokens];
+
+function put(head: HeadLines, names: readonly [string, string, string], figures: QuotaFigures | null): void {
+  if (figures === null) return;
   const [limit, remaining, reset] = names;
-  if (figures === null) {
-    for (const n of names) if (headers[n] !== undefined) delete headers[n];
-    return;
-  }
-  headers[limit] = String(figures.limit);
-  headers[remaining] = String(Math.max(0, Math.floor(figures.remaining)));
-  headers[reset] = formatReset(figures.resetMs);
+  head.add(limit, String(figures.limit));
+  head.add(remaining, String(Math.max(0, Math.floor(figures.remaining))));
+  head.add(reset, formatReset(figures.resetMs));
 }
 
-/** Writes the key's figures into a response's headers before they go to the client. */
-export function applyQuotaHeaders(headers: IncomingHttpHeaders, quota: Quota): void {
-  put(headers, NAMES.requests, quota.requests);
-  put(headers, NAMES.tokens, quota.tokens);
+/** Adds the key's figures to a forwarded response's head (the upstream's of these names were dropped). */
+export function addQuotaHeaders(head: HeadLines, quota: Quota): void {
+  put(head, NAMES.requests, quota.requests);
+  put(head, NAMES.tokens, quota.tokens);
 }

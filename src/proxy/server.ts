@@ -19,6 +19,7 @@ import type { SyncClient, UsagePusher } from '../sync/client.js';
 import { consoleClients } from './console-clients.js';
 import { answerClientError, createExchanges } from './exchange.js';
 import { createForwarder } from './forward.js';
+import { QUOTA_HEADER_NAMES } from './quota-headers.js';
 import { describeKey } from './self.js';
 
 export interface SidecarOptions {
@@ -80,7 +81,7 @@ export async function startSidecar(opts: SidecarOptions): Promise<Sidecar> {
       log: (event, fields) => logger.warn(fields, event),
     });
   const { sync, usage: usagePusher } = consoleClients({ config, replica, logger, pushUsage: !opts.usageSink });
-  const forwarder = createForwarder({ upstreams: config.upstreams });
+  const forwarder = createForwarder({ upstreams: config.upstreams, replacedResponseHeaders: QUOTA_HEADER_NAMES });
   const metrics: Metrics = createMetrics({
     replica: () => replica.status(),
     limiter: () => limiter.stats(),

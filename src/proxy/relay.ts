@@ -1,0 +1,135 @@
+/**
+ * The upstream's response on its way to the client: its head written once, its body
+ * relayed chunk by chunk. http-proxy-3's own response passes copy the upstream's headers
+ * into the client's response one setHeader call at a time (each validated, then walked
+ * again when the head is written), after Node has built a header object from the raw
+ * lines for them, and then pipe the body, which adds and later removes seven listeners
+ * per response. Here the raw lines are read once into the list that writeHead takes,
+ * and one 'data' listener shared by every response feeds the client and the usage tap.
+ */
+import type { IncomingMessage, ServerResponse } from 'node:http';
+
+/** Fed the response body as it passes (the usage tap). */
+export interface BodyWatcher {
+  push(chunk: Buffer): void;
+}
+
+/**
+ * Headers that belong to one connection (RFC 9110 section 7.6.1) and are never forwarded.
+ * Transfer-Encoding too: the client's framing is Node's to choose for its own connection.
+ */
+const HOP_BY_HOP = new Set(['connection', 'keep-alive', 'te', 'trailer', 'upgrade', 'proxy-authorization', 'proxy-connection', 'transfer-encoding']);
+
+/** The response head to send: the upstream's lines less what is dropped, then the sidecar's own. */
+export class ResponseHead {
+  /** name, value, name, value, ... with names in lower case: what writeHead takes */
+  readonly lines: string[] = [];
+
+  /**
+   * `replaced`: names the sidecar always writes itself on a forwarded response (the key's
+   * own rate-limit figures), so the upstream's are dropped.
+   */
+  constructor(proxyRes: IncomingMessage, replaced: ReadonlySet<string>) {
+    const raw = proxyRes.rawHeaders;
+    let named: string[] | null = null;
+    for (let i = 0; i < raw.length; i += 2) {
+      const name = raw[i]!.toLowerCase();
+      if (name === 'connection') named = connectionTokens(raw[i + 1]!, named);
+      if (HOP_BY_HOP.has(name) || replaced.has(name)) continue;
+      this.lines.push(name, raw[i + 1]!);
+    }
+    if (named !== null) this.drop(named);
+  }
+
+  /** The upstream's first value of a header (name in lower case), or undefined. */
+  get(name: string): string | undefined {
+    const lines = this.lines;
+    for (let i = 0; i < lines.length; i += 2) if (lines[i] === name) return lines[i + 1];
+    return undefined;
+  }
+
+  /** A header sent after the upstream's. */
+  add(name: string, value: string): void {
+    this.lines.push(name, value);
+  }
+
+  /** Removes every line whose name is listed (headers the upstream's Connection named). */
+  private drop(names: readonly string[]): void {
+    const lines = this.lines;
+    let kept = 0;
+    for (let i = 0; i < lines.length; i += 2) {
+      if (names.includes(lines[i]!)) continue;
+      lines[kept++] = lines[i]!;
+      lines[kept++] = lines[i + 1]!;
+    }
+    lines.length = kept;
+  }
+}
+
+/** The header names a Connection value lists, added to `into`; framing and Host are never among them. */
+function connectionTokens(value: string, into: string[] | null): string[] | null {
+  for (const token of value.split(',')) {
+    const name = token.trim().toLowerCase();
+    // Connection may not remove the framing of this response, nor keep-alive's own words.
+    if (name && name !== 'content-length' && name !== 'close' && name !== 'keep-alive') (into ??= []).push(name);
+  }
+  return into;
+}
+
+/** The client's response and the watcher, on the upstream response that feeds them. */
+const CLIENT = Symbol('keyward.clientResponse');
+const WATCHER = Symbol('keyward.bodyWatcher');
+/** The upstream response a paused relay waits to resume, on the client's response. */
+const SOURCE = Symbol('keyward.relaySource');
+type Source = IncomingMessage & { [CLIENT]?: ServerResponse; [WATCHER]?: BodyWatcher | null };
+type Sink = ServerResponse & { [SOURCE]?: Source };
+
+function relayChunk(this: Source, chunk: Buffer): void {
+  this[WATCHER]?.push(chunk);
+  const res = this[CLIENT]!;
+  if (!res.write(chunk) && !res.destroyed) {
+    // The client reads slower than the upstream sends: wait for it.
+    this.pause();
+    (res as Sink)[SOURCE] = this;
+    res.once('drain', resumeSource);
+  }
+}
+
+function resumeSource(this: Sink): void {
+  this[SOURCE]?.resume();
+}
+
+function relayEnd(this: Source): void {
+  this[CLIENT]!.end();
+}
+
+/** An upstream that dies mid-response must not leave the client on an open, seemingly healthy stream. */
+function cutClientIfIncomplete(this: Source): void {
+  if (!this.complete) this[CLIENT]?.destroy();
+}
+
+/**
+ * Writes the head (unless the client was answered already) and relays the body; `watcher`
+ * sees every chunk before the client is given it. A head Node refuses to write (an
+ * invalid header from the upstream) cuts both sides instead of throwing out of the socket.
+ */
+export function relay(proxyRes: IncomingMessage, res: ServerResponse, opts: { head: ResponseHead; watcher: BodyWatcher | null }): void {
+  const source = proxyRes as Source;
+  source[CLIENT] = res;
+  source[WATCHER] = opts.watcher;
+  proxyRes.once('close', cutClientIfIncomplete);
+  if (!res.headersSent) {
+    try {
+      const reason = proxyRes.statusMessage;
+      if (reason) res.writeHead(proxyRes.statusCode!, reason, opts.head.lines);
+      else res.writeHead(proxyRes.statusCode!, opts.head.lines);
+    } catch {
+      res.destroy();
+      proxyRes.destroy();
+      return;
+    }
+  }
+  if (res.writableEnded) return;
+  proxyRes.on('data', relayChunk);
+  proxyRes.once('end', relayEnd);
+}

@@ -1,0 +1,106 @@
+/**
+ * The upstream's response reaches the client as it was sent, less what belongs to the
+ * upstream's own connection: status line and reason, every header line (repeated ones
+ * such as Set-Cookie included), hop-by-hop headers and those the upstream's Connection
+ * names dropped, the client's own keep-alive, and a body larger than the socket buffers
+ * relayed whole to a client that reads slowly.
+ */
+import { after, before, describe, test } from 'node:test';
+import assert from 'node:assert/strict';
+import net from 'node:net';
+import { once } from 'node:events';
+import { createHash, randomBytes } from 'node:crypto';
+import { startFakeUpstream, type FakeUpstream } from '../helpers/upstream.js';
+import { startHarness, type Harness } from '../helpers/sidecar.js';
+import { rawExchange } from '../helpers/raw.js';
+
+let up: FakeUpstream;
+let h: Harness;
+const BIG = randomBytes(8 << 20);
+
+before(async () => {
+  up = await startFakeUpstream((req, res) => {
+    if (req.url === '/v1/models/big') {
+      res.writeHead(200, { 'content-type': 'application/octet-stream', 'content-length': BIG.length });
+      return void res.end(BIG);
+    }
+    res.writeHead(203, 'Fine By Me', [
+      'Content-Type', 'application/json',
+      'Set-Cookie', 'a=1; Path=/',
+      'Set-Cookie', 'b=2; Path=/',
+      'Connection', 'keep-alive, X-Upstream-Private',
+      'X-Upstream-Private', 'secret',
+      'Keep-Alive', 'timeout=5',
+      'X-Upstream', 'kept',
+      'x-ratelimit-limit-requests', '999999',
+      'Transfer-Encoding', 'chunked',
+    ]);
+    res.end('{"object":"list","data":[]}');
+  });
+  h = await startHarness({ upstream: up.url, keys: { k_ok: {}, k_limited: { rpm: 10 } } });
+});
+after(async () => {
+  await h.close();
+  await up.close();
+});
+
+const request = (key: string, path: string, version = '1.1') => `GET ${path} HTTP/${version}\r\nhost: x\r\nauthorization: Bearer ${key}\r\n\r\n`;
+
+/** The header lines of the first response, as sent. */
+const headLines = (bytes: Buffer) => bytes.toString('latin1', 0, bytes.indexOf('\r\n\r\n')).split('\r\n');
+
+describe('response relay', () => {
+  test('status line, reason and every header line as the upstream sent them, less its own connection', async () => {
+    const ex = await rawExchange(h.sidecar.port, [request(h.keys.k_limited!, '/v1/models')], { expect: 1 });
+    const lines = headLines(ex.bytes);
+    assert.equal(lines[0], 'HTTP/1.1 203 Fine By Me');
+    const named = (n: string) => lines.filter((l) => l.toLowerCase().startsWith(`${n}:`)).map((l) => l.slice(n.length + 1).trim());
+    assert.deepEqual(named('set-cookie'), ['a=1; Path=/', 'b=2; Path=/'], 'repeated lines stay apart');
+    assert.deepEqual(named('x-upstream'), ['kept']);
+    assert.deepEqual(named('x-upstream-private'), [], 'named by the upstream\'s Connection');
+    assert.deepEqual(named('keep-alive'), []);
+    assert.deepEqual(named('connection'), ['keep-alive'], 'the client\'s own connection');
+    // the upstream's figures describe its provider account, never this key (a listing admits no figures of its own)
+    assert.deepEqual(named('x-ratelimit-limit-requests'), []);
+    assert.equal(named('x-request-id').length, 1);
+    assert.deepEqual(named('transfer-encoding'), ['chunked'], 'framed by the sidecar for its own connection');
+    assert.equal(ex.responses[0]!.body.toString(), '{"object":"list","data":[]}');
+  });
+
+  test('an HTTP/1.0 client is answered close, its body delimited by the close', async () => {
+    const ex = await rawExchange(h.sidecar.port, [request(h.keys.k_ok!, '/v1/models', '1.0')]);
+    const lines = headLines(ex.bytes);
+    assert.ok(lines.includes('connection: close'), lines.join(' | '));
+    assert.ok(!lines.some((l) => l.toLowerCase().startsWith('transfer-encoding')), 'no chunked framing for 1.0');
+    assert.ok(ex.bytes.toString('latin1').endsWith('{"object":"list","data":[]}'));
+    assert.ok(ex.closed);
+  });
+
+  test('a body larger than the socket buffers reaches a client that reads slowly, whole', async () => {
+    const socket = net.connect(h.sidecar.port, '127.0.0.1');
+    await once(socket, 'connect');
+    socket.write(request(h.keys.k_ok!, '/v1/models/big'));
+    const chunks: Buffer[] = [];
+    let got = 0;
+    let paused = 0;
+    socket.on('data', (c: Buffer) => {
+      chunks.push(c);
+      got += c.length;
+      // read in bursts: the sidecar's writes back up, and its relay must wait and resume
+      if (paused < 20 && got > (paused + 1) * 256 * 1024) {
+        paused++;
+        socket.pause();
+        setImmediate(() => socket.resume());
+      }
+    });
+    const whole = () => {
+      const buf = Buffer.concat(chunks);
+      const at = buf.indexOf('\r\n\r\n');
+      return at !== -1 && buf.length - at - 4 >= BIG.length ? buf.subarray(at + 4) : null;
+    };
+    while (whole() === null) await once(socket, 'data');
+    socket.destroy();
+    assert.ok(paused > 0, 'the client paused');
+    assert.equal(createHash('sha256').update(whole()!).digest('hex'), createHash('sha256').update(BIG).digest('hex'));
+  });
+});
