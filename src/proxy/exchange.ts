@@ -166,6 +166,10 @@ export function createExchanges(deps: ExchangeDeps): Exchanges {
     const ctx = this[CONTEXT]!;
     finish(this, ctx);
     ctx.bodyWatch?.stop();
+    // A keep-alive connection would otherwise hold this exchange's whole graph (request,
+    // context, body, tap) until its next request, however long that connection idles.
+    const socket = this.req.socket as TrackedSocket | null;
+    if (socket?.[CURRENT] === this) socket[CURRENT] = undefined;
   }
 
   // One set of hooks for every forwarded call: each finds its request's context on the response.
