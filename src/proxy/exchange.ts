@@ -168,8 +168,10 @@ export function createExchanges(deps: ExchangeDeps): Exchanges {
     ctx.bodyWatch?.stop();
     // A keep-alive connection would otherwise hold this exchange's whole graph (request,
     // context, body, tap) until its next request, however long that connection idles.
+    // Kept while the request's body is still arriving: a parser refusal later in it must
+    // know that this answer has begun (answerClientError).
     const socket = this.req.socket as TrackedSocket | null;
-    if (socket?.[CURRENT] === this) socket[CURRENT] = undefined;
+    if (socket?.[CURRENT] === this && this.req.complete) socket[CURRENT] = undefined;
   }
 
   // One set of hooks for every forwarded call: each finds its request's context on the response.
