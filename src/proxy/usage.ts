@@ -121,8 +121,7 @@ class Window {
   }
 
   /** The parsed value when complete, else a stand-in built from the prefix and the tail. */
-  value(): unknown {
-    const whole = this.whole();
+  value(whole: Buffer | null = this.whole()): unknown {
     if (whole !== null) {
       try {
         return JSON.parse(whole.toString('utf8'));
@@ -169,7 +168,7 @@ class JsonTap implements UsageTap {
     const reported = whole === null ? null : reportedUsage(whole);
     // Reported usage is what is billed: the generated text is counted only without it.
     if (reported !== null) return { usage: reported, textChars: null };
-    const v = body.value();
+    const v = body.value(whole);
     const usage = isObj(v) ? normalize(isObj(v.response) && !('usage' in v) ? v.response.usage : v.usage) : null;
     // Past the window only the usage survives; a body that does not parse was cut or is not JSON.
     const readable = !body.overflowed && v !== undefined;
