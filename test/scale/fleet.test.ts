@@ -210,15 +210,26 @@ test(`${STREAMS} streams cut mid-response by their clients leave no slot or hold
   const upstreamSaw = await Promise.all(forwarded.map((r) => r.closed));
 
   // Afterwards the key that carried them all admits its full concurrency at once, and no more.
-  const check = await Promise.all(Array.from({ length: STREAM_CONC + 1 }, (_, i) => openStream(instance(i).url, secrets.streams!)));
-  const admittedAfter = check.filter((s) => s.status === 200).length;
-  for (const s of check) s.req.destroy();
-  await waitFor(async () => (await liveLeases()) === 0, 10_000, 'the check streams released', 20);
+  // A slot that leaked would be missing from every burst; one burst in about ten, before
+  // and after this check was written, admits one short of it with nothing leaked (a race
+  // among the slot-block calls of the burst itself, never an admission over the limit), so
+  // a short burst is tried once more before it counts as a leak.
+  const burst = async (): Promise<number> => {
+    const check = await Promise.all(Array.from({ length: STREAM_CONC + 1 }, (_, i) => openStream(instance(i).url, secrets.streams!)));
+    const admitted = check.filter((s) => s.status === 200).length;
+    for (const s of check) s.req.destroy();
+    await waitFor(async () => (await liveLeases()) === 0, 10_000, 'the check streams released', 20);
+    assert.ok(admitted <= STREAM_CONC, `never over the limit (${admitted})`);
+    return admitted;
+  };
+  const bursts = [await burst()];
+  if (bursts[0]! < STREAM_CONC) bursts.push(await burst());
+  const admittedAfter = bursts.at(-1)!;
 
   printFigures(t, 'fleet streams', {
     upstreamSawCut: upstreamSaw.filter((c) => c === 'aborted').length,
     leasesEmptyAfterLastCutMs: Math.round(cleanAfterMs),
-    admittedAfter: `${admittedAfter} of ${STREAM_CONC + 1} (concurrency ${STREAM_CONC})`,
+    admittedAfter: `${bursts.join(', then ')} of ${STREAM_CONC + 1} (concurrency ${STREAM_CONC})`,
   });
   assert.deepEqual(Object.fromEntries(statuses), { 200: STREAMS }, `${IN_FLIGHT} in flight never reach concurrency ${STREAM_CONC}`);
   assert.equal(forwarded.length, STREAMS);
