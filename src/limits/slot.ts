@@ -22,7 +22,7 @@ export function keySlot(key: string): number {
 }
 
 /**
- * Items grouped by the hash slot `slotOf` names (one group in all when `cluster` is false),
+ * Items grouped by the hash slot of the tag `tagOf` names (one group in all when `cluster` is false),
  * each group cut into calls of at most `max`: one script call may only touch one slot, and
  * Redis serves nothing else while a script runs.
  */

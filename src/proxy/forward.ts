@@ -10,7 +10,7 @@ import type { Readable, Writable } from 'node:stream';
 import type { BodySource } from './body.js';
 import { createProxyServer, type ProxyServer } from 'http-proxy-3';
 import { framingProblem } from './framing.js';
-import { relay, ResponseHead, type BodyWatcher } from './relay.js';
+import { connectionTokens, HOP_BY_HOP, relay, ResponseHead, type BodyWatcher } from './relay.js';
 
 export interface UpstreamTarget {
   url: string;
@@ -65,8 +65,6 @@ export interface Forwarder {
 const HOOKS = Symbol('keyward.forwardHooks');
 type HookedResponse = ServerResponse & { [HOOKS]?: ForwardHooks };
 
-const FIXED_HOP_BY_HOP = ['connection', 'keep-alive', 'te', 'trailer', 'upgrade', 'proxy-authorization', 'proxy-connection'];
-
 /**
  * The header object without its hop-by-hop headers, including any named in Connection.
  * Returns the same object when there is none (the common case apart from `connection`);
@@ -79,17 +77,11 @@ export function withoutHopByHop<T extends Record<string, unknown>>(headers: T): 
     && headers.upgrade === undefined && headers['proxy-authorization'] === undefined && headers['proxy-connection'] === undefined) {
     return headers;
   }
-  let named: string[] | null = null;
-  if (typeof connection === 'string') {
-    for (const token of connection.split(',')) {
-      const name = token.trim().toLowerCase();
-      // Connection may not remove the framing of this request.
-      if (name && name !== 'content-length' && name !== 'transfer-encoding' && name !== 'host' && headers[name] !== undefined) (named ??= []).push(name);
-    }
-  }
+  // Connection may not remove the framing of this request.
+  const named = typeof connection === 'string' ? connectionTokens(connection) : [];
   const out: Record<string, unknown> = {};
   for (const name in headers) {
-    if (FIXED_HOP_BY_HOP.includes(name) || (named !== null && named.includes(name))) continue;
+    if (HOP_BY_HOP.includes(name) || named.includes(name)) continue;
     out[name] = headers[name];
   }
   return out as T;

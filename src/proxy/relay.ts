@@ -14,11 +14,21 @@ export interface BodyWatcher {
   push(chunk: Buffer): void;
 }
 
-/**
- * Headers that belong to one connection (RFC 9110 section 7.6.1) and are never forwarded.
- * Transfer-Encoding too: the client's framing is Node's to choose for its own connection.
- */
-const HOP_BY_HOP = new Set(['connection', 'keep-alive', 'te', 'trailer', 'upgrade', 'proxy-authorization', 'proxy-connection', 'transfer-encoding']);
+/** Headers that belong to one connection (RFC 9110 section 7.6.1), never forwarded either way. */
+export const HOP_BY_HOP = ['connection', 'keep-alive', 'te', 'trailer', 'upgrade', 'proxy-authorization', 'proxy-connection'];
+
+/** On a response, Transfer-Encoding too: the client's framing is Node's to choose for its own connection. */
+const RESPONSE_DROPS = new Set([...HOP_BY_HOP, 'transfer-encoding']);
+
+/** The header names a Connection value lists (lower case); never the message's framing or Host. */
+export function connectionTokens(value: string): string[] {
+  const out: string[] = [];
+  for (const token of value.split(',')) {
+    const name = token.trim().toLowerCase();
+    if (name && name !== 'content-length' && name !== 'transfer-encoding' && name !== 'host') out.push(name);
+  }
+  return out;
+}
 
 /** The response head to send: the upstream's lines less what is dropped, then the sidecar's own. */
 export class ResponseHead {
@@ -34,8 +44,8 @@ export class ResponseHead {
     let named: string[] | null = null;
     for (let i = 0; i < raw.length; i += 2) {
       const name = raw[i]!.toLowerCase();
-      if (name === 'connection') named = connectionTokens(raw[i + 1]!, named);
-      if (HOP_BY_HOP.has(name) || replaced.has(name)) continue;
+      if (name === 'connection') (named ??= []).push(...connectionTokens(raw[i + 1]!));
+      if (RESPONSE_DROPS.has(name) || replaced.has(name)) continue;
       this.lines.push(name, raw[i + 1]!);
     }
     if (named !== null) this.drop(named);
@@ -64,16 +74,6 @@ export class ResponseHead {
     }
     lines.length = kept;
   }
-}
-
-/** The header names a Connection value lists, added to `into`; framing and Host are never among them. */
-function connectionTokens(value: string, into: string[] | null): string[] | null {
-  for (const token of value.split(',')) {
-    const name = token.trim().toLowerCase();
-    // Connection may not remove the framing of this response, nor keep-alive's own words.
-    if (name && name !== 'content-length' && name !== 'close' && name !== 'keep-alive') (into ??= []).push(name);
-  }
-  return into;
 }
 
 /** The client's response and the watcher, on the upstream response that feeds them. */

@@ -32,6 +32,8 @@ before(async () => {
       'X-Upstream-Private', 'secret',
       'Keep-Alive', 'timeout=5',
       'X-Upstream', 'kept',
+      'X-Repeated', 'one',
+      'X-Repeated', 'two',
       'x-ratelimit-limit-requests', '999999',
       'Transfer-Encoding', 'chunked',
     ]);
@@ -57,6 +59,8 @@ describe('response relay', () => {
     const named = (n: string) => lines.filter((l) => l.toLowerCase().startsWith(`${n}:`)).map((l) => l.slice(n.length + 1).trim());
     assert.deepEqual(named('set-cookie'), ['a=1; Path=/', 'b=2; Path=/'], 'repeated lines stay apart');
     assert.deepEqual(named('x-upstream'), ['kept']);
+    // as the raw lines came, not joined into one as Node's header object would have them
+    assert.deepEqual(named('x-repeated'), ['one', 'two']);
     assert.deepEqual(named('x-upstream-private'), [], 'named by the upstream\'s Connection');
     assert.deepEqual(named('keep-alive'), []);
     assert.deepEqual(named('connection'), ['keep-alive'], 'the client\'s own connection');
