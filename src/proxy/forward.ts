@@ -9,6 +9,7 @@ import type { Socket } from 'node:net';
 import type { Readable, Writable } from 'node:stream';
 import type { BodySource } from './body.js';
 import { createProxyServer, type ProxyServer } from 'http-proxy-3';
+import { leanAgent } from './agent.js';
 import { framingProblem } from './framing.js';
 import { connectionTokens, HOP_BY_HOP, relay, ResponseHead, type BodyWatcher } from './relay.js';
 
@@ -210,7 +211,8 @@ export function createForwarder(opts: ForwarderOptions): Forwarder {
   for (const [name, up] of Object.entries(opts.upstreams)) {
     const url = new URL(up.url);
     const agentOpts = { keepAlive: true, keepAliveMsecs: 1000, maxSockets: Infinity, maxFreeSockets: 256, scheduling: 'lifo' as const, ...(up.timeoutMs > 0 ? { timeout: up.timeoutMs } : {}) };
-    const agent = url.protocol === 'https:' ? new https.Agent(agentOpts) : new http.Agent(agentOpts);
+    const tls = url.protocol === 'https:';
+    const agent = leanAgent(tls ? new https.Agent(agentOpts) : new http.Agent(agentOpts), { tls });
     guardIdleSockets(agent);
     targets.set(name, { url, agent: timeoutAgent(agent, up.timeoutMs), prependPath: !(url.pathname === '/' && url.search === '') });
   }

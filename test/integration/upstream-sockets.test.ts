@@ -48,7 +48,7 @@ async function rawUpstream(): Promise<RawUpstream> {
   return up;
 }
 
-const response = (body: string) => `HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\ncontent-length: ${body.length}\r\n\r\n${body}`;
+const response = (body: string, extra = '') => `HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\n${extra}content-length: ${body.length}\r\n\r\n${body}`;
 
 let up: RawUpstream;
 let h: Harness;
@@ -87,6 +87,66 @@ describe('upstream socket hygiene', () => {
     const r2 = await send(h.url, { path: '/v1/models', headers: bearer(h.keys.k_ok!) });
     assert.equal(r2.body.toString(), 'fresh');
     assert.ok(up.sockets.length > count);
+  });
+});
+
+describe('upstream socket pool', () => {
+  const models = () => send(h.url, { path: '/v1/models', headers: bearer(h.keys.k_ok!) });
+
+  test('requests one after another all go over one pooled socket', { timeout: 10_000 }, async () => {
+    const seen: net.Socket[] = [];
+    up.onRequest = (s, n) => {
+      seen.push(s);
+      s.write(response(`r${n}`));
+    };
+    const bodies: string[] = [];
+    for (let i = 0; i < 5; i++) bodies.push((await models()).body.toString());
+    assert.equal(new Set(seen).size, 1);
+    // the socket's own request count goes up by one per request: each was sent once
+    const first = Number(bodies[0]!.slice(1));
+    assert.deepEqual(bodies, [0, 1, 2, 3, 4].map((i) => `r${first + i}`));
+  });
+
+  test('a wave of concurrent requests opens one socket each, and the next wave reuses them all', { timeout: 10_000 }, async () => {
+    const wave = async () => {
+      // answer only when all four have arrived, so none can wait for another's socket
+      const waiting: net.Socket[] = [];
+      up.onRequest = (s) => {
+        waiting.push(s);
+        if (waiting.length === 4) for (const w of waiting) w.write(response('ok'));
+      };
+      const rs = await Promise.all([models(), models(), models(), models()]);
+      assert.deepEqual(rs.map((r) => r.body.toString()), ['ok', 'ok', 'ok', 'ok']);
+      return new Set(waiting);
+    };
+    const a = await wave();
+    const opened = up.sockets.length;
+    const b = await wave();
+    assert.equal(a.size, 4);
+    assert.deepEqual([...b].sort((x, y) => up.sockets.indexOf(x) - up.sockets.indexOf(y)), [...a].sort((x, y) => up.sockets.indexOf(x) - up.sockets.indexOf(y)));
+    assert.equal(up.sockets.length, opened);
+  });
+
+  test('a socket whose Keep-Alive timeout is too short to reuse is closed, not pooled', { timeout: 10_000 }, async () => {
+    // Node's pool keeps a one-second margin before the server's announced timeout: 1 s leaves none
+    let socket: net.Socket | null = null;
+    up.onRequest = (s) => {
+      socket = s;
+      s.write(response('short', 'Keep-Alive: timeout=1\r\n'));
+    };
+    const r1 = await models();
+    assert.equal(r1.body.toString(), 'short');
+    const used = socket as net.Socket | null;
+    assert.ok(used);
+    // kept in the pool, it would stay open until the agent's own idle timeout (minutes)
+    if (!used.destroyed) await once(used, 'close');
+    let next: net.Socket | null = null;
+    up.onRequest = (s) => {
+      next = s;
+      s.write(response('next'));
+    };
+    assert.equal((await models()).body.toString(), 'next');
+    assert.notEqual(next, used);
   });
 });
 
