@@ -61,9 +61,30 @@ export function keepAliveHint(raw: readonly string[]): number | null {
 /** Node's own margin: the pool lets a socket go this long before the server's announced timeout. */
 const KEEP_ALIVE_TIMEOUT_BUFFER_MS = 1000;
 
+/** What Node's getName reads of a call's options (a plain HTTP agent's). */
+interface NameFields {
+  host?: string;
+  port?: number | string;
+  localAddress?: string;
+  family?: number;
+  socketPath?: string;
+}
+
+/**
+ * The pool's name for a call's options, kept from the last call with the same fields: every
+ * call to one upstream has the same name, and a name built anew is a new string to hash
+ * for each lookup in the pool.
+ */
+function poolName(agent: AgentInternals, last: { fields: NameFields | null; name: string }, o: NameFields): string {
+  const f = last.fields;
+  if (f !== null && f.host === o.host && f.port === o.port && f.localAddress === o.localAddress && f.family === o.family && f.socketPath === o.socketPath) return last.name;
+  last.fields = { host: o.host, port: o.port, localAddress: o.localAddress, family: o.family, socketPath: o.socketPath };
+  last.name = agent.getName(o);
+  return last.name;
+}
+
 /** Takes a pooled socket for `req` the way Node's addRequest does; false when there is none to take. */
-function takePooled(agent: AgentInternals, req: http.ClientRequest, options: unknown, asyncId: symbol): boolean {
-  const name = agent.getName(options);
+function takePooled(agent: AgentInternals, req: http.ClientRequest, name: string, asyncId: symbol): boolean {
   const free = agent.freeSockets[name];
   if (free === undefined) return false;
   let socket: Pooled | undefined;
@@ -110,8 +131,9 @@ export function leanAgent<A extends http.Agent>(agent: A, opts: { tls: boolean }
   if (opts.tls || ASYNC_ID === undefined) return agent;
   const asyncId = ASYNC_ID;
   const nodeAddRequest = a.addRequest.bind(a);
+  const last = { fields: null as NameFields | null, name: '' };
   a.addRequest = (req, options) => {
-    if (!takePooled(a, req, options, asyncId)) nodeAddRequest(req, options);
+    if (!takePooled(a, req, poolName(a, last, options as NameFields), asyncId)) nodeAddRequest(req, options);
   };
   return agent;
 }

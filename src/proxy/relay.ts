@@ -20,8 +20,16 @@ export const HOP_BY_HOP = ['connection', 'keep-alive', 'te', 'trailer', 'upgrade
 /** On a response, Transfer-Encoding too: the client's framing is Node's to choose for its own connection. */
 const RESPONSE_DROPS = new Set([...HOP_BY_HOP, 'transfer-encoding']);
 
-/** The header names a Connection value lists (lower case); never the message's framing or Host. */
+/**
+ * The header names a Connection value lists (lower case), for removal; never the message's
+ * framing or Host. A name that is hop-by-hop anyway may be left out.
+ */
 export function connectionTokens(value: string): string[] {
+  // The values nearly every message carries name no header that is not dropped anyway.
+  if (value.length <= 10) {
+    const v = value.toLowerCase();
+    if (v === 'keep-alive' || v === 'close') return [];
+  }
   const out: string[] = [];
   for (const token of value.split(',')) {
     const name = token.trim().toLowerCase();
@@ -44,7 +52,10 @@ export class ResponseHead {
     let named: string[] | null = null;
     for (let i = 0; i < raw.length; i += 2) {
       const name = raw[i]!.toLowerCase();
-      if (name === 'connection') (named ??= []).push(...connectionTokens(raw[i + 1]!));
+      if (name === 'connection') {
+        const tokens = connectionTokens(raw[i + 1]!);
+        if (tokens.length > 0) (named ??= []).push(...tokens);
+      }
       if (RESPONSE_DROPS.has(name) || replaced.has(name)) continue;
       this.lines.push(name, raw[i + 1]!);
     }

@@ -18,7 +18,7 @@ let port: number;
 before(async () => {
   server = http.createServer((req, res) => {
     req.resume();
-    req.on('end', () => res.end('ok'));
+    req.on('end', () => res.end(`port ${port}`));
   });
   server.listen(0, '127.0.0.1');
   await once(server, 'listening');
@@ -29,15 +29,17 @@ after(() => {
   server.close();
 });
 
-function get(agent: http.Agent): Promise<{ socket: import('node:net').Socket; asyncId: number; reused: boolean }> {
+function get(agent: http.Agent, to = port): Promise<{ socket: import('node:net').Socket; asyncId: number; reused: boolean; body: string }> {
   return new Promise((resolve, reject) => {
-    const req = http.request({ host: '127.0.0.1', port, path: '/', agent }, (res) => {
+    const req = http.request({ host: '127.0.0.1', port: to, path: '/', agent }, (res) => {
       const socket = req.socket!;
       // Node's own id field, set for the request the socket carries now
       const sym = Object.getOwnPropertySymbols(socket).find((s) => s.description === 'async_id_symbol')!;
       const asyncId = (socket as unknown as Record<symbol, number>)[sym]!;
-      res.resume();
-      res.on('end', () => resolve({ socket, asyncId, reused: (req as { reusedSocket?: boolean }).reusedSocket === true }));
+      let body = '';
+      res.setEncoding('latin1');
+      res.on('data', (c: string) => (body += c));
+      res.on('end', () => resolve({ socket, asyncId, reused: (req as { reusedSocket?: boolean }).reusedSocket === true, body }));
     });
     req.on('error', reject);
     req.end();
@@ -97,6 +99,28 @@ describe('lean upstream agent', () => {
     assert.notEqual(b.socket, a.socket);
     assert.equal(b.reused, false);
     agent.destroy();
+  });
+
+  test('one agent calling two origins keeps a pool per origin, each request on its own origin', async () => {
+    const other = http.createServer((req, res) => {
+      req.resume();
+      req.on('end', () => res.end(`port ${otherPort}`));
+    });
+    other.listen(0, '127.0.0.1');
+    await once(other, 'listening');
+    const otherPort = (other.address() as AddressInfo).port;
+    const agent = leanAgent(new http.Agent({ keepAlive: true }), { tls: false }) as Pool;
+    const bodies: string[] = [];
+    for (const to of [port, otherPort, port, otherPort, port]) {
+      bodies.push((await get(agent, to)).body);
+      await settled();
+    }
+    assert.deepEqual(bodies, [port, otherPort, port, otherPort, port].map((p) => `port ${p}`));
+    assert.deepEqual(Object.keys(agent.freeSockets).sort(), [`127.0.0.1:${otherPort}:`, `127.0.0.1:${port}:`].sort());
+    assert.equal(agent.totalSocketCount, 2);
+    agent.destroy();
+    other.closeAllConnections();
+    other.close();
   });
 
   test('keepAliveHint reads the first Keep-Alive line, any case, as Node reads its header object', () => {
