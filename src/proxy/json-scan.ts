@@ -211,7 +211,7 @@ export function inspectJson(buf: Buffer): JsonInspection {
       if (folded === 'model' || selectsModels(folded)) collectModels(v, models);
     }
   }
-    if (models.length > MAX_EXTRA_MODELS) return { ok: false, message: 'The request body names too many models.' };
+  if (models.length > MAX_EXTRA_MODELS) return { ok: false, message: 'The request body names too many models.' };
   if (models.some((m) => m.length > MAX_MODEL_LENGTH)) return { ok: false, message: `Model names are at most ${MAX_MODEL_LENGTH} characters.` };
   const cap = outputCap(body);
   if (!cap.ok) return cap;

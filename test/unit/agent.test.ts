@@ -11,7 +11,7 @@ import { once } from 'node:events';
 import type { AddressInfo } from 'node:net';
 import { keepAliveHint, leanAgent } from '../../src/proxy/agent.js';
 
-type Pool = http.Agent & { freeSockets: Record<string, unknown[]>; sockets: Record<string, unknown[]>; totalSocketCount: number };
+type Pool = http.Agent & { freeSockets: Record<string, unknown[]>; sockets: Record<string, unknown[]>; requests: Record<string, unknown[]>; totalSocketCount: number };
 
 let server: http.Server;
 let port: number;
@@ -121,6 +121,33 @@ describe('lean upstream agent', () => {
     agent.destroy();
     other.closeAllConnections();
     other.close();
+  });
+
+  test('an idle pooled socket that fails leaves the pool, and no error goes unhandled', async () => {
+    const agent = leanAgent(new http.Agent({ keepAlive: true }), { tls: false }) as Pool;
+    const name = `127.0.0.1:${port}:`;
+    const a = await get(agent);
+    await settled();
+    assert.equal(agent.freeSockets[name]?.length, 1);
+    const closed = new Promise((r) => a.socket.once('close', r));
+    // without the pool's listener on the idle socket this error would be thrown out of the process
+    a.socket.destroy(new Error('reset while idle'));
+    await closed;
+    assert.equal(name in agent.freeSockets, false);
+    assert.equal(agent.totalSocketCount, 0);
+    agent.destroy();
+  });
+
+  test('with a request queued for a socket, the freed socket goes to it and the pool ends with one free socket', async () => {
+    const agent = leanAgent(new http.Agent({ keepAlive: true, maxSockets: 1 }), { tls: false }) as Pool;
+    const name = `127.0.0.1:${port}:`;
+    const [a, b] = await Promise.all([get(agent), get(agent)]);
+    assert.equal(b.socket, a.socket);
+    await settled();
+    assert.equal(agent.totalSocketCount, 1);
+    assert.equal(agent.freeSockets[name]?.length, 1);
+    assert.equal(name in agent.requests, false);
+    agent.destroy();
   });
 
   test('keepAliveHint reads the first Keep-Alive line, any case, as Node reads its header object', () => {
