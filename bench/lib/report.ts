@@ -65,7 +65,8 @@ export function report(r: RunResults): void {
   out.push('');
   out.push(`${pad('variant', 23)}${lpad('req/s (median)', 15)}${lpad('rounds', 26)}${lpad('vs bare', 10)}${lpad('target', 9)}${lpad('', 8)}${lpad('server CPU µs/req', 19)}`);
   for (const v of VARIANTS.filter((x) => variants.includes(x))) {
-    const rounds = tp[v]!.map((x) => f(x.rps)).join(' / ');
+    // a space before the list: with five or more rounds it is wider than its column
+    const rounds = ` ${tp[v]!.map((x) => f(x.rps)).join(' / ')}`;
     const target = v.startsWith('keyward') ? targets.overBare : null;
     const name = fellBack(limiterTrouble[v]) ? `${v} !` : v;
     out.push(
