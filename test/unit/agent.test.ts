@@ -49,12 +49,17 @@ function get(agent: http.Agent, to = port): Promise<{ socket: import('node:net')
 /** The 'free' event runs on the tick after a response ends. */
 const settled = () => new Promise((r) => setImmediate(r));
 
+/** A lean agent that has served one request, its socket back in the pool by now. */
+async function servedOnce(opts: http.AgentOptions = { keepAlive: true }) {
+  const agent = leanAgent(new http.Agent(opts), { tls: false }) as Pool;
+  const first = await get(agent);
+  await settled();
+  return { agent, name: `127.0.0.1:${port}:`, first };
+}
+
 describe('lean upstream agent', () => {
   test('sequential requests reuse one socket, with a new async id each time, and the pool counts it right', async () => {
-    const agent = leanAgent(new http.Agent({ keepAlive: true, scheduling: 'lifo' }), { tls: false }) as Pool;
-    const name = `127.0.0.1:${port}:`;
-    const a = await get(agent);
-    await settled();
+    const { agent, name, first: a } = await servedOnce({ keepAlive: true, scheduling: 'lifo' });
     const b = await get(agent);
     await settled();
     assert.equal(b.socket, a.socket);
@@ -68,10 +73,7 @@ describe('lean upstream agent', () => {
   });
 
   test('a socket in use is counted in use; the free list entry goes while it is empty', async () => {
-    const agent = leanAgent(new http.Agent({ keepAlive: true, scheduling: 'lifo' }), { tls: false }) as Pool;
-    const name = `127.0.0.1:${port}:`;
-    await get(agent);
-    await settled();
+    const { agent, name } = await servedOnce({ keepAlive: true, scheduling: 'lifo' });
     const req = http.request({ host: '127.0.0.1', port, path: '/', agent });
     const responded = once(req, 'response');
     req.end();
@@ -88,10 +90,7 @@ describe('lean upstream agent', () => {
   });
 
   test('a destroyed socket left in the free list is passed over for a new one', async () => {
-    const agent = leanAgent(new http.Agent({ keepAlive: true }), { tls: false }) as Pool;
-    const name = `127.0.0.1:${port}:`;
-    const a = await get(agent);
-    await settled();
+    const { agent, name, first: a } = await servedOnce();
     // destroyed but not yet removed: its 'close' runs later
     a.socket.destroy();
     assert.equal(agent.freeSockets[name]?.length, 1);
@@ -124,10 +123,7 @@ describe('lean upstream agent', () => {
   });
 
   test('an idle pooled socket that fails leaves the pool, and no error goes unhandled', async () => {
-    const agent = leanAgent(new http.Agent({ keepAlive: true }), { tls: false }) as Pool;
-    const name = `127.0.0.1:${port}:`;
-    const a = await get(agent);
-    await settled();
+    const { agent, name, first: a } = await servedOnce();
     assert.equal(agent.freeSockets[name]?.length, 1);
     const closed = new Promise((r) => a.socket.once('close', r));
     // without the pool's listener on the idle socket this error would be thrown out of the process
