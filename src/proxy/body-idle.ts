@@ -8,6 +8,7 @@
 import type { IncomingMessage } from 'node:http';
 import type { Socket } from 'node:net';
 import { hasBody } from './body.js';
+import { SlotSet } from './slot-set.js';
 
 export interface BodyWatch {
   stop(): void;
@@ -17,21 +18,24 @@ const NOT_WATCHED: BodyWatch = { stop() {} };
 
 /** Every watch of one idle time, checked together every quarter of it. */
 class Sweep {
-  readonly watches = new Set<IdleWatch<unknown>>();
+  /** not a Set: slot-set.ts says why */
+  readonly watches = new SlotSet<IdleWatch<unknown>>();
   private timer: NodeJS.Timeout | null = null;
 
   constructor(private readonly everyMs: number) {}
 
-  add(w: IdleWatch<unknown>): void {
-    this.watches.add(w);
+  /** Returns the watch's slot, which `delete` takes. */
+  add(w: IdleWatch<unknown>): number {
+    const slot = this.watches.add(w);
     if (this.timer === null) {
       this.timer = setInterval(sweep, this.everyMs, this);
       this.timer.unref();
     }
+    return slot;
   }
 
-  delete(w: IdleWatch<unknown>): void {
-    this.watches.delete(w);
+  delete(slot: number): void {
+    this.watches.delete(slot);
     if (this.watches.size === 0 && this.timer !== null) {
       clearInterval(this.timer);
       this.timer = null;
@@ -43,6 +47,8 @@ class IdleWatch<T> implements BodyWatch {
   readonly socket: Socket;
   lastBytes: number;
   lastChange: number;
+  /** its slot in the sweep (-1: stopped) */
+  private slot: number;
 
   constructor(
     readonly req: IncomingMessage,
@@ -55,11 +61,13 @@ class IdleWatch<T> implements BodyWatch {
     this.socket = req.socket;
     this.lastBytes = this.socket.bytesRead;
     this.lastChange = now();
-    sweep.add(this as IdleWatch<unknown>);
+    this.slot = sweep.add(this as IdleWatch<unknown>);
   }
 
   stop(): void {
-    this.sweep.delete(this as IdleWatch<unknown>);
+    if (this.slot === -1) return;
+    this.sweep.delete(this.slot);
+    this.slot = -1;
   }
 
   /** One look: the body ended, moved, is held back by the sidecar, or has stalled for idleMs. */
@@ -78,8 +86,8 @@ class IdleWatch<T> implements BodyWatch {
 }
 
 function sweep(s: Sweep): void {
-  // A watch that stops during the loop leaves the set; a Set's iteration allows that.
-  for (const w of s.watches) w.check();
+  // A watch that stops during the loop leaves its slot; the walk passes over it.
+  s.watches.forEach((w) => w.check());
 }
 
 /** One sweep per idle time in use (in practice one: `server.bodyIdleTimeoutMs`). */

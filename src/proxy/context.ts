@@ -53,6 +53,8 @@ export interface RequestContext {
   price: Price | null;
   /** the watch on the request body for a stall (null: nothing watched) */
   bodyWatch: BodyWatch | null;
+  /** its response's slot among those in flight (-1: not in flight) */
+  slot: number;
 }
 
 /** before admission nothing is estimated (shared: estimates are replaced, never written to) */
@@ -107,6 +109,7 @@ export function newContext(req: IncomingMessage, opts: { versionHeader: string; 
     hold: null,
     price: null,
     bodyWatch: null,
+    slot: -1,
   };
 }
 

@@ -25,6 +25,7 @@ import { addQuotaHeaders } from './quota-headers.js';
 import type { Cidr } from '../policy/network.js';
 import { decide, type Allow, type Decision, type PipelineDeps } from './pipeline.js';
 import { createUsageTap } from './usage.js';
+import { SlotSet } from './slot-set.js';
 
 export interface ExchangeDeps {
   pipeline: PipelineDeps;
@@ -132,11 +133,12 @@ export function createExchanges(deps: ExchangeDeps): Exchanges {
   let draining = false;
   let closeIdle: (() => void) | null = null;
   let onIdle: (() => void) | null = null;
-  /** responses not yet closed: what is in flight */
-  const open = new Set<ServerResponse>();
+  /** responses not yet closed: what is in flight (not a Set: slot-set.ts says why) */
+  const open = new SlotSet<ServerResponse>();
 
   const finish = (res: ServerResponse, ctx: RequestContext) => {
-    open.delete(res);
+    open.delete(ctx.slot);
+    ctx.slot = -1;
     settle(ctx);
     // 499: the client went away before the response was complete (nginx's convention)
     const status = res.writableFinished ? res.statusCode : 499;
@@ -269,7 +271,7 @@ export function createExchanges(deps: ExchangeDeps): Exchanges {
     handle(req, res, expectContinue) {
       const clientIp = clientIpOf(req, deps.trustedProxies);
       const ctx = newContext(req, { versionHeader: deps.versionHeader, now: performance.now(), clientIp });
-      open.add(res);
+      ctx.slot = open.add(res);
       (req.socket as TrackedSocket)[CURRENT] = res;
       // Only a body still to come can stall; watchBodyIdle watches nothing otherwise.
       ctx.bodyWatch = watchBodyIdle(req, { idleMs: deps.bodyIdleTimeoutMs, onIdle: cutStalledResponse, subject: res });
@@ -284,7 +286,9 @@ export function createExchanges(deps: ExchangeDeps): Exchanges {
       draining = true;
       closeIdle = opts.closeIdle ?? null;
       // Node answers `Connection: close` and closes after the response; the forwarder follows it too.
-      for (const res of open) if (!res.headersSent) res.shouldKeepAlive = false;
+      open.forEach((res) => {
+        if (!res.headersSent) res.shouldKeepAlive = false;
+      });
     },
     async drained(graceMs) {
       if (open.size === 0) return;

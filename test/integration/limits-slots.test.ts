@@ -145,7 +145,10 @@ describe('blocks of concurrency slots', { timeout: 60_000 }, () => {
     assert.ok((await dead.lim.admit(input(key, { limits: { concurrency: C } }))).ok);
     dead.client.disconnect();
     const diedAt = performance.now();
-    assert.equal(await inUse(live.client, key), weight, 'nothing gives the block back early');
+    // At least the block: the admission may have asked for more (its demand window can roll
+    // between the warm-up and here), which is not a give-back.
+    const held = await inUse(live.client, key);
+    assert.ok(held >= weight, `nothing gives the block back early (${held} < ${weight})`);
     await waitFor(async () => (await inUse(live.client, key)) === 0, 10_000, 'the dead block expires');
     const waited = performance.now() - diedAt;
     assert.ok(waited <= leaseMs + 1_000, `expired after ${Math.round(waited)} ms`);
