@@ -66,7 +66,12 @@ export function settleBatchOf(client: object, opts: SettleBatchOptions): SettleB
 export function createSettleBatch(opts: SettleBatchOptions): SettleBatch {
   let queue: SettleOp[] = [];
   let timer: NodeJS.Timeout | null = null;
-  const inFlight = new Set<Promise<unknown>>();
+  // Calls sent and not yet answered, counted rather than kept in a Set: a Set with an add
+  // and a delete per batch keeps replacing its hash table, and a replaced table that has
+  // been promoted holds on to its successor and its promises (and through them the batch's
+  // operations), so each young-generation GC would promote them (see proxy/slot-set.ts).
+  let inFlight = 0;
+  let onIdle: (() => void)[] = [];
 
   const send = (ops: SettleOp[]): void => {
     const keys: string[] = [];
@@ -90,8 +95,13 @@ export function createSettleBatch(opts: SettleBatchOptions): SettleBatch {
     const p = opts.run('keywardSettle', keys, args).catch((err: unknown) => {
       for (const owner of new Set(ops.map((op) => op.owner))) owner?.(err);
     });
-    inFlight.add(p);
-    void p.finally(() => inFlight.delete(p));
+    inFlight++;
+    void p.finally(() => {
+      if (--inFlight > 0) return;
+      const waiting = onIdle;
+      onIdle = [];
+      for (const resolve of waiting) resolve();
+    });
   };
 
   const flush = (): void => {
@@ -117,7 +127,7 @@ export function createSettleBatch(opts: SettleBatchOptions): SettleBatch {
     flush,
     async close() {
       flush();
-      await Promise.allSettled([...inFlight]);
+      if (inFlight > 0) await new Promise<void>((resolve) => onIdle.push(resolve));
     },
   };
 }
