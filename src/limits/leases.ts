@@ -1,4 +1,5 @@
 import { randomBytes } from 'node:crypto';
+import { SlotSet } from '../slot-set.js';
 
 /**
  * Keeps the concurrency leases this instance holds alive. Each lease sits in one or two
@@ -13,9 +14,13 @@ export interface LeaseKeeperOptions {
   onError: (err: unknown) => void;
 }
 
+/** What `add` hands back and `remove` takes (-1: nothing was kept). */
+export type LeaseTicket = number;
+
 export interface LeaseKeeper {
-  add(leaseId: string, setKeys: string[]): void;
-  remove(leaseId: string): void;
+  /** Keeps `leaseId` alive in each of `setKeys` until `remove` is given the ticket. */
+  add(leaseId: string, setKeys: string[]): LeaseTicket;
+  remove(ticket: LeaseTicket): void;
   /** Live leases that hold at least one slot. */
   count(): number;
   refreshNow(): Promise<void>;
@@ -36,8 +41,10 @@ export function newLeaseId(): string {
 }
 
 export function createLeaseKeeper(opts: LeaseKeeperOptions): LeaseKeeper {
-  const leases = new Map<string, string[]>();
-  const bySet = new Map<string, Set<string>>();
+  // One add and one remove per request: array slots, not Maps keyed by lease id (a Map with
+  // that churn keeps replacing its hash table, and replaced tables that were promoted hold
+  // on to their successors and entries: src/slot-set.ts). Grouped by set only to refresh.
+  const leases = new SlotSet<{ id: string; setKeys: string[] }>();
   let timer: NodeJS.Timeout | null = null;
   let running: Promise<void> | null = null;
   let stopped = false;
@@ -45,9 +52,16 @@ export function createLeaseKeeper(opts: LeaseKeeperOptions): LeaseKeeper {
   const refreshNow = (): Promise<void> => {
     // A slow Redis must not stack refresh rounds on top of each other.
     if (running) return running;
-    const batches = [...bySet].map(([setKey, ids]) => ({ setKey, ids: [...ids] }));
+    const bySet = new Map<string, string[]>();
+    leases.forEach((l) => {
+      for (const k of l.setKeys) {
+        const ids = bySet.get(k);
+        if (ids) ids.push(l.id);
+        else bySet.set(k, [l.id]);
+      }
+    });
     running = Promise.all(
-      batches.map((b) => opts.refresh(b.setKey, b.ids).catch((err: unknown) => opts.onError(err))),
+      [...bySet].map(([setKey, ids]) => opts.refresh(setKey, ids).catch((err: unknown) => opts.onError(err))),
     ).then(
       () => undefined,
       () => undefined,
@@ -69,24 +83,14 @@ export function createLeaseKeeper(opts: LeaseKeeperOptions): LeaseKeeper {
 
   return {
     add(leaseId, setKeys) {
-      if (setKeys.length === 0) return;
-      leases.set(leaseId, setKeys);
-      for (const k of setKeys) {
-        let ids = bySet.get(k);
-        if (!ids) bySet.set(k, (ids = new Set()));
-        ids.add(leaseId);
-      }
+      if (setKeys.length === 0) return -1;
+      const ticket = leases.add({ id: leaseId, setKeys });
       syncTimer();
+      return ticket;
     },
-    remove(leaseId) {
-      const setKeys = leases.get(leaseId);
-      if (!setKeys) return;
-      leases.delete(leaseId);
-      for (const k of setKeys) {
-        const ids = bySet.get(k);
-        ids?.delete(leaseId);
-        if (ids && ids.size === 0) bySet.delete(k);
-      }
+    remove(ticket) {
+      if (ticket < 0) return;
+      leases.delete(ticket);
       syncTimer();
     },
     count: () => leases.size,

@@ -3,7 +3,7 @@
  * the fail-open fallback. Holds are leases: they expire `leaseMs` after they were taken or
  * last refreshed, so a hold whose request never settles comes back by itself.
  */
-import { createLeaseKeeper, newLeaseId } from './leases.js';
+import { createLeaseKeeper, newLeaseId, type LeaseTicket } from './leases.js';
 import { LEDGER_TTL_MS, effectiveBase, fromNano, holdFits, holdNano, liveNano, toNano } from './ledger.js';
 import type { Hold, HoldInput, HoldResult, LedgerFigure, LedgerHolder, LedgerInput } from './limiter.js';
 
@@ -38,7 +38,8 @@ const NOOP_HOLD: Hold = { settle: () => undefined };
 interface HoldOwner {
   now(): number;
   live(key: string, t: number): Entry | undefined;
-  release(id: string): void;
+  /** stops keeping the hold alive (its keeper's ticket) */
+  release(kept: LeaseTicket): void;
 }
 
 /** One hold: a small object with its settle method, no closures per hold. */
@@ -50,13 +51,14 @@ class MemoryHold implements Hold {
     private readonly id: string,
     private readonly keys: string[],
     private readonly amount: number,
+    private readonly kept: LeaseTicket,
   ) {}
 
   settle(actual: number): void {
     if (this.done) return;
     this.done = true;
     const { owner, id, amount } = this;
-    owner.release(id);
+    owner.release(this.kept);
     const t2 = owner.now();
     // An unreadable figure keeps what was held rather than charging nothing.
     const cost = Number.isFinite(actual) ? toNano(Math.max(0, actual)) : amount;
@@ -145,17 +147,18 @@ export function createMemoryLedger(opts: MemoryLedgerOptions): MemoryLedger {
     const id = newLeaseId();
     // A zero hold (an unpriced model) adds nothing to what is held, so nothing records it
     // or keeps it alive; its settlement still counts whatever cost the usage comes to.
+    let kept: LeaseTicket = -1;
     if (amount > 0) {
       for (const e of states) {
         e.holds.set(id, { amount, expires: t + leaseMs });
         e.held += amount;
       }
-      keeper.add(id, keys);
+      kept = keeper.add(id, keys);
     }
-    return { ok: true, hold: new MemoryHold(owner, id, keys, amount) };
+    return { ok: true, hold: new MemoryHold(owner, id, keys, amount, kept) };
   };
 
-  const owner: HoldOwner = { now, live, release: (id) => keeper.remove(id) };
+  const owner: HoldOwner = { now, live, release: (kept) => keeper.remove(kept) };
 
   const ledger = (input: LedgerInput): LedgerFigure[] => {
     const t = now();

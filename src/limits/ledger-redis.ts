@@ -160,7 +160,7 @@ export function createRedisLedger(opts: RedisLedgerOptions): RedisLedger {
 
     // A zero hold (an unpriced model) is not recorded in Redis (hold.lua), so there is
     // nothing to keep alive, and nothing to settle unless the usage comes to a cost.
-    if (amount > 0) keeper.add(id, keys.filter((_, i) => i % 2 === 1));
+    const kept = amount > 0 ? keeper.add(id, keys.filter((_, i) => i % 2 === 1)) : -1;
     let done = false;
     return {
       ok: true,
@@ -169,7 +169,7 @@ export function createRedisLedger(opts: RedisLedgerOptions): RedisLedger {
           if (done) return;
           done = true;
           try {
-            keeper.remove(id);
+            keeper.remove(kept);
             // An unreadable figure keeps what was held rather than charging nothing.
             const cost = Number.isFinite(actual) ? toNano(Math.max(0, actual)) : amount;
             if (amount === 0 && cost === 0) return;

@@ -152,7 +152,7 @@ export function createMemoryLimiter(opts: MemoryLimiterOptions = {}): MemoryLimi
       if (!set) sets.set(sk, (set = new Map()));
       set.set(leaseId, t + leaseMs);
     }
-    keeper.add(leaseId, setKeys);
+    const kept = keeper.add(leaseId, setKeys);
 
     let done = false;
     return {
@@ -162,7 +162,7 @@ export function createMemoryLimiter(opts: MemoryLimiterOptions = {}): MemoryLimi
         finish(usage) {
           if (done) return;
           done = true;
-          keeper.remove(leaseId);
+          keeper.remove(kept);
           for (const sk of setKeys) {
             const set = sets.get(sk);
             set?.delete(leaseId);

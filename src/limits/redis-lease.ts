@@ -7,7 +7,7 @@
  * limit or a limited route take the per-request path (redis.ts).
  */
 import { CODES, WINDOW_MS } from './bucket.js';
-import { type LeaseKeeper, newLeaseId } from './leases.js';
+import { type LeaseKeeper, type LeaseTicket, newLeaseId } from './leases.js';
 import { type AdmitInput, type AdmitResult, type QuotaFigures, isLimited } from './limiter.js';
 import type { RedisClock } from './redis-clock.js';
 import type { RunScript } from './scripts.js';
@@ -100,13 +100,18 @@ export function createLeasePath(o: LeasePathOptions): LeasePath {
       owner: o.owner,
     };
   };
+  /** the keeper's ticket of each block this instance keeps alive (few: one a key at most) */
+  const blockTickets = new Map<string, LeaseTicket>();
   const blocks = new BlockTable({
     sliceMs: o.sliceMs,
     leaseMs: o.leaseMs,
     resize: (keyId, b, weight, dropped) => {
       // A dropped block's slots still in use stay refreshed until the last of them ends
       // (weight 0); otherwise Redis would forget them while their requests run.
-      if (dropped && weight === 0) o.keeper.remove(b.id);
+      if (dropped && weight === 0) {
+        o.keeper.remove(blockTickets.get(b.id) ?? -1);
+        blockTickets.delete(b.id);
+      }
       const k = keysOf(keyId);
       o.batch.add({ kind: 'w', tag: k.tag, set: k.conc, weights: k.concw, blockId: b.id, weight, owner: o.owner });
     },
@@ -121,14 +126,14 @@ export function createLeasePath(o: LeasePathOptions): LeasePath {
    * from while that slice is live, else into the batch. Its slot is either one of this
    * instance's block (given back to the block) or its own (slotId).
    */
-  const leaseOf = (a: LeasedAdmission, held: { block?: Block; slice?: Slice; slotId?: string }): { finish(u: { tokens: number | null }): void; cancel(): void } => {
+  const leaseOf = (a: LeasedAdmission, held: { block?: Block; slice?: Slice; slotId?: string; kept?: LeaseTicket }): { finish(u: { tokens: number | null }): void; cancel(): void } => {
     let done = false;
     const caps = { rpm: a.rpm, tpm: a.tpm };
     const close = (delta: { rpm: number; tpm: number }): void => {
       if (done) return;
       done = true;
       if (a.conc > 0) blocks.ended(a.keyId, held.block ?? null);
-      if (held.slotId) o.keeper.remove(held.slotId);
+      if (held.slotId) o.keeper.remove(held.kept ?? -1);
       // Nothing to give back or free, or all of it settled in the slice: no operation to build.
       if (!held.slotId && delta.rpm === 0 && delta.tpm === 0) return;
       if (!held.slotId && held.slice && slices.settle(a.keyId, held.slice, delta)) return;
@@ -212,8 +217,9 @@ export function createLeasePath(o: LeasePathOptions): LeasePath {
     if (want && v[4] === 1) {
       slices.install(a.keyId, { id, rpmCap: a.rpm, tpmCap: a.tpm, granted: { rpm: want.rpm, tpm: want.tpm }, seen }, sentAt);
     }
+    let kept: LeaseTicket = -1;
     if (a.conc > 0) {
-      o.keeper.add(slotId, [k.conc]);
+      kept = o.keeper.add(slotId, [k.conc]);
       blocks.started(a.keyId);
       const now = blocks.current(a.keyId);
       if (wantBlock > 0 && v[9] === 1) {
@@ -221,7 +227,7 @@ export function createLeasePath(o: LeasePathOptions): LeasePath {
         // up with the smaller weight, so the grant must not be used.
         if (!had || now === had) {
           blocks.granted(a.keyId, blockId, a.conc, wantBlock, sentAt);
-          if (!had) o.keeper.add(blockId, [k.conc]);
+          if (!had) blockTickets.set(blockId, o.keeper.add(blockId, [k.conc]));
         }
       } else if (blockId !== '' && Number(v[10] ?? 0) === 0) {
         blocks.lost(a.keyId, blockId);
@@ -229,7 +235,7 @@ export function createLeasePath(o: LeasePathOptions): LeasePath {
     }
     return {
       ok: true,
-      lease: leaseOf(a, { slotId: slotId || undefined }),
+      lease: leaseOf(a, { slotId: slotId || undefined, kept }),
       quota: { requests: a.rpm > 0 ? { limit: a.rpm, remaining: seen.rpm, resetMs: Number(v[6] ?? 0) } : null,
         tokens: a.tpm > 0 ? { limit: a.tpm, remaining: seen.tpm, resetMs: Number(v[8] ?? 0) } : null },
     };

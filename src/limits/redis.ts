@@ -214,12 +214,12 @@ export function createRedisLimiter(opts: RedisLimiterOptions): RedisLimiter {
     }
 
     const slotSets = [...routeUndo.sets, ...keyUndo.sets];
-    keeper.add(leaseId, slotSets);
+    const kept = keeper.add(leaseId, slotSets);
     let done = false;
     const close = (parts: Part[]): void => {
       if (done) return;
       done = true;
-      keeper.remove(leaseId);
+      keeper.remove(kept);
       settle(leaseId, parts);
     };
     const lease: RedisLease = {

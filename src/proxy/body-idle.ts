@@ -8,7 +8,7 @@
 import type { IncomingMessage } from 'node:http';
 import type { Socket } from 'node:net';
 import { hasBody } from './body.js';
-import { SlotSet } from './slot-set.js';
+import { SlotSet } from '../slot-set.js';
 
 export interface BodyWatch {
   stop(): void;
@@ -18,7 +18,7 @@ const NOT_WATCHED: BodyWatch = { stop() {} };
 
 /** Every watch of one idle time, checked together every quarter of it. */
 class Sweep {
-  /** not a Set: slot-set.ts says why */
+  /** not a Set: src/slot-set.ts says why */
   readonly watches = new SlotSet<IdleWatch<unknown>>();
   private timer: NodeJS.Timeout | null = null;
 

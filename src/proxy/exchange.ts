@@ -25,7 +25,7 @@ import { addQuotaHeaders } from './quota-headers.js';
 import type { Cidr } from '../policy/network.js';
 import { decide, type Allow, type Decision, type PipelineDeps } from './pipeline.js';
 import { createUsageTap } from './usage.js';
-import { SlotSet } from './slot-set.js';
+import { SlotSet } from '../slot-set.js';
 
 export interface ExchangeDeps {
   pipeline: PipelineDeps;
@@ -133,7 +133,7 @@ export function createExchanges(deps: ExchangeDeps): Exchanges {
   let draining = false;
   let closeIdle: (() => void) | null = null;
   let onIdle: (() => void) | null = null;
-  /** responses not yet closed: what is in flight (not a Set: slot-set.ts says why) */
+  /** responses not yet closed: what is in flight (not a Set: src/slot-set.ts says why) */
   const open = new SlotSet<ServerResponse>();
 
   const finish = (res: ServerResponse, ctx: RequestContext) => {

@@ -4,7 +4,7 @@
  */
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { SlotSet } from '../../src/proxy/slot-set.js';
+import { SlotSet } from '../../src/slot-set.js';
 
 const walk = <T>(s: SlotSet<T>): T[] => {
   const out: T[] = [];

@@ -33,7 +33,10 @@ export class SlotSet<T> {
     return slot;
   }
 
-  /** Empties `slot` (a slot already empty stays so). */
+  /**
+   * Empties `slot` (a slot already empty stays so). Once emptied, the slot may go to the
+   * next `add`: its holder gives it back once and forgets it.
+   */
   delete(slot: number): void {
     if (slot < 0 || slot >= this.slots.length || this.slots[slot] === undefined) return;
     this.slots[slot] = undefined;
