@@ -46,41 +46,46 @@ export function createMoneyFailover(o: MoneyFailoverOptions): MoneyFailover {
   let guardTimeouts = 0;
 
   /** Runs one Redis call under the breaker and the deadline; `late` undoes what arrives too late. */
-  const guarded = async <T>(tag: string, call: () => Promise<T>, fallback: () => Promise<T>, late?: (v: T) => void): Promise<T> => {
+  const guarded = <T>(tag: string, call: () => Promise<T>, fallback: () => Promise<T>, late?: (v: T) => void): Promise<T> => {
     if (o.gate.skip(tag)) return fallback();
     const waiting = o.gate.ready();
-    if (waiting) await waiting;
-    let timer: NodeJS.Timeout | undefined;
-    let gaveUp = false;
-    const started = performance.now();
-    const p = call();
-    const guard = new Promise<never>((_, reject) => {
-      timer = setTimeout(() => {
+    return waiting ? waiting.then(() => underDeadline(tag, call, fallback, late)) : underDeadline(tag, call, fallback, late);
+  };
+
+  /**
+   * The call's answer, or the fallback's once the call fails or outlives the deadline. One
+   * promise and one timer per call: every request's hold comes through here, and a race
+   * against a guard promise cost two more promises and their reactions.
+   */
+  const underDeadline = <T>(tag: string, call: () => Promise<T>, fallback: () => Promise<T>, late?: (v: T) => void): Promise<T> =>
+    new Promise<T>((resolve) => {
+      const p = call();
+      let gaveUp = false;
+      const started = performance.now();
+      const fail = (err: unknown): void => {
+        o.gate.failed(tag, err, performance.now() - started >= o.timeoutMs * 0.9);
+        resolve(fallback());
+      };
+      const timer = setTimeout(() => {
         gaveUp = true;
         guardTimeouts++;
-        reject(new RedisTimeout(`redis did not answer within ${o.timeoutMs} ms`));
+        fail(new RedisTimeout(`redis did not answer within ${o.timeoutMs} ms`));
       }, o.timeoutMs + GUARD_SLACK_MS);
+      p.then(
+        (v) => {
+          if (gaveUp) return late?.(v);
+          clearTimeout(timer);
+          o.gate.succeeded(tag);
+          resolve(v);
+        },
+        (err: unknown) => {
+          // After the deadline the Redis side counted this failure itself; do not count it twice.
+          if (gaveUp) return void guardTimeouts--;
+          clearTimeout(timer);
+          fail(err);
+        },
+      );
     });
-    void p.then(
-      (v) => {
-        if (gaveUp) late?.(v);
-      },
-      () => {
-        // The Redis side counted this failure itself; do not count it twice.
-        if (gaveUp) guardTimeouts--;
-      },
-    );
-    try {
-      const v = await Promise.race([p, guard]);
-      o.gate.succeeded(tag);
-      return v;
-    } catch (err) {
-      o.gate.failed(tag, err, performance.now() - started >= o.timeoutMs * 0.9);
-      return fallback();
-    } finally {
-      clearTimeout(timer);
-    }
-  };
 
   const degradeHold = (input: HoldInput): Promise<HoldResult> => {
     if (o.onError === 'closed') {

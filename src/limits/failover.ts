@@ -62,6 +62,8 @@ const GUARD_SLACK_MS = 25;
 const SINGLE = 'redis';
 /** retryAfterMs of a limits_unavailable answer. */
 const UNAVAILABLE_RETRY_MS = 1_000;
+/** Ledger hash tags remembered (cleared when full: a bound against endless made-up tags). */
+const LEDGER_TAG_MEMO = 10_000;
 
 class RedisTimeout extends Error {}
 
@@ -175,13 +177,24 @@ export function createLimiter(opts: CreateLimiterOptions = {}): Limiter {
     return Promise.race([p, guard]).finally(() => clearTimeout(timer));
   };
 
+  // Every hold asks for its ledger's hash tag (for the breaker): the same few tags over and over.
+  const ledgerTags = new Map<string, string>();
+  const ledgerTagOf = (tag: string): string => {
+    let t = ledgerTags.get(tag);
+    if (t === undefined) {
+      if (ledgerTags.size >= LEDGER_TAG_MEMO) ledgerTags.clear();
+      ledgerTags.set(tag, (t = ledgerHashTag(prefix, tag)));
+    }
+    return t;
+  };
+
   // Quota reads and spend holds follow the same breaker and onError rules (failover-money.ts).
   const money = createMoneyFailover({
     shared,
     local,
     timeoutMs,
     onError,
-    tags: { key: (keyId) => hashTag(prefix, 'k', keyId), ledger: (tag) => ledgerHashTag(prefix, tag) },
+    tags: { key: (keyId) => hashTag(prefix, 'k', keyId), ledger: ledgerTagOf },
     gate: {
       skip: (tag) => shardState(shardOf(tag)).skipUntil > performance.now(),
       ready: () => (connecting ? firstConnection() : undefined),

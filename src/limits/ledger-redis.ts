@@ -101,6 +101,20 @@ export function createRedisLedger(opts: RedisLedgerOptions): RedisLedger {
     return keys;
   };
 
+  /**
+   * The hash tag and ledger keys of a holder list, built once per list: the pipeline passes
+   * the same list for every request of a key (holdersOf keeps one per facts object).
+   */
+  const keyMemo = new WeakMap<readonly LedgerHolder[], { tag: string; hashTag: string; keys: string[] }>();
+  const ledgerKeys = (tag: string, holders: LedgerHolder[]): { hashTag: string; keys: string[] } => {
+    let m = keyMemo.get(holders);
+    if (m === undefined || m.tag !== tag) {
+      const hashTag = ledgerHashTag(opts.prefix, tag);
+      keyMemo.set(holders, (m = { tag, hashTag, keys: keysOf(hashTag, holders) }));
+    }
+    return m;
+  };
+
   let pending: Pending[] = [];
   /** One hold.lua call for holds of one slot. */
   const sendGroup = (group: Pending[]): void => {
@@ -140,8 +154,7 @@ export function createRedisLedger(opts: RedisLedgerOptions): RedisLedger {
   const hold = async (input: HoldInput): Promise<HoldResult> => {
     // No budget on anything the key draws on: no round trip at all.
     if (input.holders.length === 0) return { ok: true, hold: NOOP_HOLD };
-    const tag = ledgerHashTag(opts.prefix, input.tag);
-    const keys = keysOf(tag, input.holders);
+    const { hashTag: tag, keys } = ledgerKeys(input.tag, input.holders);
     const amount = holdNano(input.amount);
     const id = newLeaseId();
     const args: (string | number)[] = [id, amount, opts.clock?.deadline() ?? 0, input.holders.length];

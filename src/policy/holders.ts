@@ -20,7 +20,20 @@ export interface Holders {
   holders: Holder[];
 }
 
+/**
+ * One answer per facts object: the replica hands out the same facts for a key until that
+ * key's records change (then new facts), so every request of a key would otherwise build the
+ * same ids, tag and holders again, and the ledger's keys from them. Callers only read it.
+ */
+const memo = new WeakMap<KeyFacts, Holders>();
+
 export function holdersOf(facts: KeyFacts): Holders {
+  let h = memo.get(facts);
+  if (h === undefined) memo.set(facts, (h = build(facts)));
+  return h;
+}
+
+function build(facts: KeyFacts): Holders {
   const { key, project } = facts;
   const holders: Holder[] = [];
   if (key.budget !== null) {
