@@ -22,7 +22,12 @@ const MAX_EXTRA_MODELS = 1000;
 
 /** How Go's case-insensitive key matching sees a key. */
 export function foldKey(key: string): string {
-  return key.replace(/\u017f/g, 's').toLowerCase();
+  // Most keys are lower-case ASCII already, and fold to themselves: no new string for them.
+  for (let i = 0; i < key.length; i++) {
+    const c = key.charCodeAt(i);
+    if (c > 0x7f || (c >= 0x41 && c <= 0x5a)) return key.replace(/\u017f/g, 's').toLowerCase();
+  }
+  return key;
 }
 
 /** Top-level fields that select a model or set the output cap: read exactly, never case-folded. */
@@ -192,14 +197,23 @@ export function inspectJson(buf: Buffer): JsonInspection {
   if (problem) return { ok: false, message: problem };
   const body = parsed as Record<string, unknown>;
   const models: string[] = [];
-  const seen = new Set<string>();
-  for (const key of Object.keys(body)) {
+  // Two keys that fold alike are one key to a case-insensitive decoder. A key that folds to
+  // itself (most do) cannot clash with another such key (JSON.parse keeps one of each, and
+  // strictProblem refused duplicates), so only keys that fold to something else are looked
+  // up, among all keys and the other folds: no Set at all for a body of lower-case keys.
+  const keys = Object.keys(body);
+  let all: Set<string> | null = null;
+  let folds: Set<string> | null = null;
+  for (const key of keys) {
     const folded = foldKey(key);
-    if (seen.has(folded) || (folded !== key && isSensitiveField(folded))) {
-      const what = isSensitiveField(folded) ? `"${folded}"` : 'a key';
-      return { ok: false, message: `The request body names ${what} in another letter case or more than once; send it once, in lower case.` };
+    if (folded !== key) {
+      all ??= new Set(keys);
+      if (isSensitiveField(folded) || all.has(folded) || folds?.has(folded)) {
+        const what = isSensitiveField(folded) ? `"${folded}"` : 'a key';
+        return { ok: false, message: `The request body names ${what} in another letter case or more than once; send it once, in lower case.` };
+      }
+      (folds ??= new Set()).add(folded);
     }
-    seen.add(folded);
     if (selectsModels(key)) collectModels(body[key], models);
   }
   // Gateways that call providers through an OpenAI SDK merge `extra_body` into the

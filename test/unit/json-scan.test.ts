@@ -81,6 +81,8 @@ const ROWS: [name: string, body: string, want: Want][] = [
   ['long s folds to s for Go', '{"model":"a","model\u017f":["b"]}', { error: /letter case/ }],
   ['case twins of any key are refused', '{"model":"a","Stream":true,"stream":false}', { error: /letter case/ }],
   ['a case variant of another field alone is fine', '{"model":"a","Stream":true}', { model: 'a' }],
+  ['two case variants, neither in lower case', '{"model":"a","STREAM":true,"Stream":false}', { error: /letter case/ }],
+  ['lower-case twin after its variant', '{"Stream":true,"model":"a","stream":false}', { error: /letter case/ }],
   ['model of 256 characters', `{"model":"${'m'.repeat(256)}"}`, { model: 'm'.repeat(256) }],
   ['model over 256 characters', `{"model":"${'m'.repeat(257)}"}`, { error: /256/ }],
   ['models list', '{"model":"a","models":["b","c"]}', { model: 'a', models: ['b', 'c'] }],
