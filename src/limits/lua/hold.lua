@@ -49,30 +49,54 @@ local function purge(L, Z)
   return true
 end
 
+-- The figures of each ledger this call has read, kept up to date by its own writes: the
+-- holds of one call are mostly one key's requests on the same ledgers, and time stands
+-- still inside a script, so each ledger is read, purged and given its TTL once per call
+-- rather than once per hold. Fields: e, b0, s, h, and z (the hold set has its TTL).
+local seen = {}
+
+local function restart(L, Z, epoch, base)
+  redis.call('DEL', L, Z)
+  redis.call('HSET', L, 'e', int(epoch), 'b0', int(base), 's', '0', 'h', '0')
+  redis.call('PEXPIRE', L, ttl)
+  local f = {e = epoch, b0 = base, s = 0, h = 0, z = false}
+  seen[L] = f
+  return f
+end
+
+-- A ledger's figures for a hold at `epoch`: a first or higher epoch restarts it from base.
+local function figures(L, Z, epoch, base)
+  local f = seen[L]
+  if f then
+    if epoch > f.e then return restart(L, Z, epoch, base) end
+    return f
+  end
+  local v = redis.call('HMGET', L, 'e', 'b0', 's', 'h')
+  if not v[1] or epoch > tonumber(v[1]) then return restart(L, Z, epoch, base) end
+  -- Only a purge changes the figures just read.
+  if purge(L, Z) then v = redis.call('HMGET', L, 'e', 'b0', 's', 'h') end
+  redis.call('PEXPIRE', L, ttl)
+  f = {e = tonumber(v[1]), b0 = tonumber(v[2]), s = tonumber(v[3]) or 0, h = tonumber(v[4]) or 0, z = false}
+  seen[L] = f
+  return f
+end
+
 -- One request's hold: its holders' keys from KEYS[k + 1], its arguments from ARGV[o + 1].
 local function hold(k, o)
   local hold_id, amount, deadline, n = ARGV[o + 1], tonumber(ARGV[o + 2]), tonumber(ARGV[o + 3]) or 0, tonumber(ARGV[o + 4])
   if deadline > 0 and now > deadline then return -1, 0 end
   local refused = 0
+  local held = {}
   for j = 1, n do
     local L, Z = KEYS[k + 2 * j - 1], KEYS[k + 2 * j]
     local p = o + 4 + 4 * (j - 1)
     local kind, base, limit, epoch = ARGV[p + 1], tonumber(ARGV[p + 2]), tonumber(ARGV[p + 3]), tonumber(ARGV[p + 4])
-    local v = redis.call('HMGET', L, 'e', 'b0', 's', 'h')
-    local e, b0, s, h
-    if not v[1] or epoch > tonumber(v[1]) then
-      redis.call('DEL', L, Z)
-      redis.call('HSET', L, 'e', int(epoch), 'b0', int(base), 's', '0', 'h', '0')
-      e, b0, s, h = epoch, base, 0, 0
-    else
-      -- Only a purge changes the figures just read.
-      if purge(L, Z) then v = redis.call('HMGET', L, 'e', 'b0', 's', 'h') end
-      e, b0, s, h = tonumber(v[1]), tonumber(v[2]), tonumber(v[3]) or 0, tonumber(v[4]) or 0
-      if epoch < e then base = b0 end
-    end
-    redis.call('PEXPIRE', L, ttl)
+    local f = figures(L, Z, epoch, base)
+    held[j] = f
+    -- A lower epoch keeps the ledger and uses its b0 in place of the stale base.
+    if epoch < f.e then base = f.b0 end
     if refused == 0 then
-      if not hold_fits(kind, live_of(kind, base, b0, s, h), amount, limit) then refused = j end
+      if not hold_fits(kind, live_of(kind, base, f.b0, f.s, f.h), amount, limit) then refused = j end
     end
   end
   if refused ~= 0 then return 0, refused end
@@ -81,10 +105,15 @@ local function hold(k, o)
   if amount == 0 then return 1, 0 end
   for j = 1, n do
     local L, Z = KEYS[k + 2 * j - 1], KEYS[k + 2 * j]
+    local f = held[j]
     redis.call('ZADD', Z, now + hold_ms, hold_id)
     redis.call('HSET', L, 'a:' .. hold_id, int(amount))
     redis.call('HINCRBY', L, 'h', int(amount))
-    redis.call('PEXPIRE', Z, ttl)
+    f.h = f.h + amount
+    if not f.z then
+      redis.call('PEXPIRE', Z, ttl)
+      f.z = true
+    end
   end
   return 1, 0
 end

@@ -59,6 +59,11 @@ local function settle_block(set, weights, id, w)
   end
 end
 
+-- Whether each ledger this call has looked at exists: time stands still in a script and no
+-- settlement creates or deletes a ledger, so each is looked up, and its TTL renewed, once
+-- per call rather than once per settled hold.
+local ledger_there = {}
+
 local function settle_hold(hold_id, actual, ttl, ledgers)
   for _, l in ipairs(ledgers) do
     local L, Z = l[1], l[2]
@@ -69,10 +74,13 @@ local function settle_hold(hold_id, actual, ttl, ledgers)
       -- A zero hold (unpriced model) changes nothing; '-0' is no integer to Redis.
       if tonumber(held) ~= 0 then redis.call('HINCRBY', L, 'h', string.format('%.0f', -tonumber(held))) end
     end
-    if redis.call('HEXISTS', L, 'e') == 1 then
-      redis.call('HINCRBY', L, 's', actual)
-      redis.call('PEXPIRE', L, ttl)
+    local there = ledger_there[L]
+    if there == nil then
+      there = redis.call('HEXISTS', L, 'e') == 1
+      ledger_there[L] = there
+      if there then redis.call('PEXPIRE', L, ttl) end
     end
+    if there then redis.call('HINCRBY', L, 's', actual) end
   end
 end
 
