@@ -93,6 +93,9 @@ export function scriptRunner(client: Redis | Cluster): RunScript {
     // Sent again, as EVAL, when this connection's Redis no longer has the script.
     return send(Cmd, argv).catch((err: Error) => {
       if (!err.message.includes('NOSCRIPT')) throw err;
+      // The first command may have written the source in place of the SHA (an EVAL on a
+      // node it was redirected from); the new one starts as EVALSHA, as the first did.
+      argv[0] = sha;
       return send(Cmd, argv);
     });
   };
