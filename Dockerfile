@@ -1,9 +1,7 @@
 # syntax=docker/dockerfile:1
-# Build stage: compiles TypeScript to dist/ and better-sqlite3's native addon for this Node.
-FROM node:20-bookworm-slim AS build
-RUN apt-get update \
- && apt-get install -y --no-install-recommends python3 make g++ \
- && rm -rf /var/lib/apt/lists/*
+# Build stage: compiles TypeScript to dist/. better-sqlite3 13 ships N-API prebuilds for
+# linux x64 and arm64 (glibc and musl), so no compiler toolchain is needed.
+FROM node:24-bookworm-slim AS build
 WORKDIR /app
 COPY package.json package-lock.json ./
 RUN npm ci --no-audit --no-fund
@@ -16,7 +14,7 @@ RUN npm run build \
 # Runtime stage: compiled JavaScript and production dependencies only (no tsx, no
 # compiler), a non-root user, health from the admin listener. Runs with a read-only root
 # filesystem given a writable volume for the replica (/app/data by default).
-FROM node:20-bookworm-slim
+FROM node:24-bookworm-slim
 ENV NODE_ENV=production KEYWARD_HOST=0.0.0.0
 WORKDIR /app
 COPY --from=build --chown=node:node /app/package.json ./

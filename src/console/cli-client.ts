@@ -39,7 +39,7 @@ export function adminClient(opts: AdminClientOptions): AdminCall {
       throw new CliError(`cannot reach the console at ${base}${cause ? ` (${cause})` : ''}`);
     }
     const text = await res.text();
-    let json: any = null;
+    let json: any;
     try {
       json = text ? JSON.parse(text) : null;
     } catch {

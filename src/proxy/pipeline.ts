@@ -178,7 +178,7 @@ export async function decide(input: RequestInput, deps: PipelineDeps, requestId:
 
   let estimate: { prompt: number; output: number } = NONE;
   let metered = false;
-  let body: BodySource | null = null;
+  let body: BodySource | null;
   const bodyRead = route.class === 'model';
   if (route.class === 'model') {
     const read = await input.readBody({ limit: deps.maxJsonBodyBytes, uploadLimit: deps.maxUploadBytes, modelRequired: route.modelRequired });

@@ -85,7 +85,7 @@ describe('redis limiter: key layout and expiry', () => {
       }
       assert.equal(await redis.hget(ledger, 'h'), '300000000');
       assert.equal(await redis.zcard(holds), 1);
-      const [, score] = await redis.zrange(holds, 0, 0, 'WITHSCORES');
+      const [, score] = await redis.zrange(holds, '0', '0', 'WITHSCORES');
       const [sec] = await redis.time();
       const inMs = Number(score) - Number(sec) * 1000;
       assert.ok(inMs > 3_000 && inMs <= 6_000, `a hold expires after the lease time unless refreshed (${inMs})`);

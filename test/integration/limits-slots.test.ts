@@ -26,7 +26,7 @@ describe('blocks of concurrency slots', { timeout: 60_000 }, () => {
   /** Slots Redis counts in use for the key now (live leases, a block's whole weight), read in one MULTI. */
   const inUse = async (client: Redis, key: string): Promise<number> => {
     const set = `{${prefix}:k:${key}}:conc`;
-    const res = (await client.multi().time().zrange(set, 0, -1, 'WITHSCORES').hgetall(`${set}w`).exec())!;
+    const res = (await client.multi().time().zrange(set, '0', '-1', 'WITHSCORES').hgetall(`${set}w`).exec())!;
     const [sec, usec] = res[0]![1] as [string, string];
     const now = Number(sec) * 1000 + Math.floor(Number(usec) / 1000);
     const members = res[1]![1] as string[];
@@ -176,7 +176,7 @@ describe('blocks of concurrency slots', { timeout: 60_000 }, () => {
     // slot-2 expired and was purged (or was never there): it must not come back
     const missing = await run('keywardRefresh', [set, `${set}w`], [60_000, 'block-1', 'slot-2', 'slot-1']);
     assert.deepEqual(missing, ['slot-2']);
-    const scores = await client.zrange(set, 0, -1, 'WITHSCORES');
+    const scores = await client.zrange(set, '0', '-1', 'WITHSCORES');
     assert.deepEqual(scores.filter((_, i) => i % 2 === 0).sort(), ['block-1', 'slot-1'], 'slot-2 not re-added');
     for (let i = 1; i < scores.length; i += 2) assert.ok(Number(scores[i]) > soon + 50_000, 'both present leases pushed a lease ahead');
     assert.ok((await client.pttl(`${set}w`)) > 50_000, 'the block weights live as long as the set');
