@@ -4,6 +4,20 @@
 import js from '@eslint/js';
 import tseslint from 'typescript-eslint';
 
+// DESIGN section 1, "Public interfaces only": src/ uses Node and its dependencies through
+// what they document. These catch the usual ways of reaching inside them
+// (test/unit/public-interfaces.test.ts shows each one firing).
+export const publicInterfacesOnly = [
+  { selector: 'MemberExpression[computed=false][property.name=/^_/]', message: 'A `_` field is private to its owner: use a documented interface (DESIGN section 1).' },
+  { selector: 'CallExpression[callee.property.name="getOwnPropertySymbols"]', message: "Finding another module's symbols reaches into its internals (DESIGN section 1)." },
+  { selector: 'BinaryExpression > MemberExpression[property.name="description"]', message: 'A symbol found by its description is a private member (DESIGN section 1).' },
+  { selector: 'AssignmentExpression > MemberExpression.left[object.property.name="prototype"]', message: 'Replacing a prototype method changes code keyward does not own (DESIGN section 1).' },
+  {
+    selector: 'MemberExpression[property.name=/^(webPasses|wsPasses|hashMap|freeSockets|toWritable|addRequest|async_id_symbol)$/]',
+    message: 'An internal of Node or of a dependency: use its documented interface (DESIGN section 1).',
+  },
+];
+
 export default tseslint.config(
   { ignores: ['dist/**', 'node_modules/**', 'coverage/**', '.bench/**'] },
   js.configs.recommended,
@@ -23,6 +37,12 @@ export default tseslint.config(
       '@typescript-eslint/no-unused-vars': ['error', { argsIgnorePattern: '^_', varsIgnorePattern: '^_', caughtErrors: 'none' }],
       '@typescript-eslint/no-non-null-assertion': 'off',
       '@typescript-eslint/no-empty-function': 'off',
+    },
+  },
+  {
+    files: ['src/**/*.ts'],
+    rules: {
+      'no-restricted-syntax': ['error', ...publicInterfacesOnly],
     },
   },
   {

@@ -3,8 +3,8 @@
  * small and a large chat body, and the multipart reader on a 100 MB file part, in one
  * process, no I/O. Median of 5 runs.
  */
-import { inspectJson } from '../src/proxy/json-scan.js';
-import { MultipartReader } from '../src/proxy/multipart.js';
+import { inspectJson } from '../src/proxy/body/json-scan.js';
+import { MultipartReader } from '../src/proxy/body/multipart.js';
 
 function median(xs: number[]): number {
   const s = [...xs].sort((a, b) => a - b);

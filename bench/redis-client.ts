@@ -10,7 +10,7 @@
  *   npx tsx bench/redis-client.ts [commands per turn, comma list: 1,4,16]
  */
 import { Redis } from 'ioredis';
-import { scriptRunner } from '../src/limits/scripts.js';
+import { scriptRunner } from '../src/limits/redis/scripts.js';
 import { REDIS_URL, log } from './lib/settings.js';
 
 const N = 40_000;

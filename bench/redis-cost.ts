@@ -31,7 +31,7 @@ import { makeKeyHasher } from '../src/auth/hash.js';
 import { generateKey } from '../src/auth/keyformat.js';
 import { configSchema } from '../src/config/schema.js';
 import { createLogger } from '../src/obs/logger.js';
-import { startSidecar } from '../src/proxy/server.js';
+import { startSidecar } from '../src/app/sidecar.js';
 import { ReplicaStore } from '../src/replica/store.js';
 import type { SyncRecord } from '../src/protocol/records.js';
 import { startRedisCluster } from '../test/helpers/redis-cluster.js';

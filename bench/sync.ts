@@ -18,7 +18,7 @@ import { monitorEventLoopDelay } from 'node:perf_hooks';
 import { createInterface } from 'node:readline';
 import { openConsoleDb } from '../src/console/db.js';
 import { consoleConfigSchema } from '../src/console/config.js';
-import { startConsole } from '../src/console/server.js';
+import { startConsole } from '../src/app/console.js';
 import { ReplicaStore } from '../src/replica/store.js';
 import { createSyncClient } from '../src/sync/client.js';
 import { replicaWriter } from '../src/replica/writer.js';

@@ -7,11 +7,11 @@ import { Command, Option } from 'commander';
 import { ConfigError, loadConfigFile } from './config/load.js';
 import { configSchema, type Config } from './config/schema.js';
 import { createLogger } from './obs/logger.js';
-import { startSidecar } from './proxy/server.js';
-import { runWorker } from './proxy/worker.js';
-import { parseWorkers, startWorkers } from './proxy/workers.js';
-import { importSnapshotFile, ImportError } from './proxy/import.js';
-import { runDemo } from './demo/run.js';
+import { startSidecar } from './app/sidecar.js';
+import { runWorker } from './app/worker.js';
+import { parseWorkers, startWorkers } from './app/workers.js';
+import { importSnapshotFile, ImportError } from './app/import.js';
+import { runDemo } from './app/demo.js';
 import { registerConsoleCommands } from './console/cli.js';
 
 function loadConfig(file: string): Config {

@@ -15,7 +15,7 @@ import { keyDetails, keysTable, lastUsed, projectsTable, walletsTable } from './
 import { loadConsoleConfig } from './config.js';
 import { MasterKeyError } from './crypto.js';
 import type { KeyView } from './db.js';
-import { startConsole } from './server.js';
+import { startConsole } from '../app/console.js';
 
 export interface CliIO {
   stdout: (text: string) => void;

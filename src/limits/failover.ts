@@ -17,15 +17,15 @@
  * While the first connection is being made, an admission waits for it (at most timeoutMs)
  * rather than failing at once, so a freshly started instance does not fail open.
  */
-import { closeRedisClient, createRedisClient } from './client.js';
+import { closeRedisClient, createRedisClient, whenServing } from './redis/client.js';
 import { DEFAULT_LEASE_MS } from './bucket.js';
 import type { Cluster } from 'ioredis';
 import { createMoneyFailover } from './failover-money.js';
-import { ledgerHashTag } from './ledger-redis.js';
+import { ledgerHashTag } from './redis/ledger.js';
 import { type AdmitInput, type AdmitResult, type Limiter, hasAnyLimit, isLimited } from './limiter.js';
 import { createMemoryLimiter } from './memory.js';
-import { type RedisLease, createRedisLimiter, failedHashTags, hashTag } from './redis.js';
-import { keySlot } from './slot.js';
+import { type RedisLease, createRedisLimiter, failedHashTags, hashTag } from './redis/limiter.js';
+import { hashSlot } from './redis/hash-slot.js';
 
 export interface RedisLimitsConfig {
   /** See client.ts for the URL forms (single node, unix socket, redis+cluster://). */
@@ -112,7 +112,7 @@ export function createLimiter(opts: CreateLimiterOptions = {}): Limiter {
    */
   const shardOf = (tag: string): string => {
     if (!client.isCluster) return SINGLE;
-    const slot = keySlot(tag);
+    const slot = hashSlot(tag);
     return (client as Cluster).slots[slot]?.[0] ?? `slot ${slot}`;
   };
   const tagsOf = (input: AdmitInput): string[] => {
@@ -140,7 +140,8 @@ export function createLimiter(opts: CreateLimiterOptions = {}): Limiter {
       connecting = false;
       resolve();
     };
-    for (const event of ['ready', 'error', 'close', 'end']) client.once(event, settled);
+    whenServing(client).then(settled, settled);
+    for (const event of ['error', 'close', 'end']) client.once(event, settled);
   });
   const firstConnection = (): Promise<void> => {
     let timer: NodeJS.Timeout | undefined;

@@ -1,5 +1,5 @@
 import { randomBytes } from 'node:crypto';
-import { SlotSet } from '../slot-set.js';
+import { DenseSet } from '../dense-set.js';
 
 /**
  * Keeps the concurrency leases this instance holds alive. Each lease sits in one or two
@@ -41,10 +41,9 @@ export function newLeaseId(): string {
 }
 
 export function createLeaseKeeper(opts: LeaseKeeperOptions): LeaseKeeper {
-  // One add and one remove per request: array slots, not Maps keyed by lease id (a Map with
-  // that churn keeps replacing its hash table, and replaced tables that were promoted hold
-  // on to their successors and entries: src/slot-set.ts). Grouped by set only to refresh.
-  const leases = new SlotSet<{ id: string; setKeys: string[] }>();
+  // One add and one remove per request: array cells, not Maps keyed by lease id (a Map with
+  // that churn keeps replacing its hash table: src/dense-set.ts). Grouped by set only to refresh.
+  const leases = new DenseSet<{ id: string; setKeys: string[] }>();
   let timer: NodeJS.Timeout | null = null;
   let running: Promise<void> | null = null;
   let stopped = false;

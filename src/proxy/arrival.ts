@@ -5,8 +5,8 @@
 import type { IncomingMessage, ServerResponse } from 'node:http';
 import type { Socket } from 'node:net';
 import { clientAddress, type Cidr } from '../policy/network.js';
-import { readModelBody, type BodyResult, type ReadOptions } from './body.js';
-import { openUpload, type UploadResult } from './upload.js';
+import { readModelBody, type BodyResult, type ReadOptions } from './body/read.js';
+import { openUpload, type UploadResult } from './body/upload.js';
 import type { RequestInput } from './pipeline.js';
 
 /** Every X-Forwarded-For line, in order (Node joins them, but only for headers it knows to join). */

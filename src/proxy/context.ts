@@ -10,9 +10,9 @@ import type { Price } from '../policy/pricing.js';
 import type { Route } from '../routes.js';
 import type { KeyFacts } from '../policy/facts.js';
 import type { Settled } from '../policy/estimate.js';
-import type { BodyWatch } from './body-idle.js';
-import type { Forwarding } from './forward.js';
-import type { UsageTap } from './usage.js';
+import type { BodyWatch } from './body/idle.js';
+import type { Forwarding } from './upstream/forward.js';
+import type { UsageTap } from './usage/tap.js';
 
 export interface RequestContext {
   reqId: string;
@@ -53,8 +53,8 @@ export interface RequestContext {
   price: Price | null;
   /** the watch on the request body for a stall (null: nothing watched) */
   bodyWatch: BodyWatch | null;
-  /** its response's slot among those in flight (-1: not in flight) */
-  slot: number;
+  /** its response's index among those in flight (-1: not in flight) */
+  openIndex: number;
 }
 
 /** before admission nothing is estimated (shared: estimates are replaced, never written to) */
@@ -109,7 +109,7 @@ export function newContext(req: IncomingMessage, opts: { versionHeader: string; 
     hold: null,
     price: null,
     bodyWatch: null,
-    slot: -1,
+    openIndex: -1,
   };
 }
 

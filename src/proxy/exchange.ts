@@ -13,19 +13,19 @@ import type { AccessWriter } from '../obs/logger.js';
 import type { Metrics } from '../obs/metrics.js';
 import type { KeyFacts } from '../policy/facts.js';
 import type { UsageEvent } from '../protocol/usage.js';
-import { hasBody } from './body.js';
-import { watchBodyIdle } from './body-idle.js';
+import { hasBody } from './body/read.js';
+import { watchBodyIdle } from './body/idle.js';
 import { Arrival, clientIpOf } from './arrival.js';
-import { answerParserRefusal } from './framing.js';
+import { answerParserRefusal } from './upstream/framing.js';
 import { accessLine, newContext, type RequestContext } from './context.js';
-import type { ForwardFailure, Forwarder, ForwardHooks } from './forward.js';
+import type { ForwardFailure, Forwarder, ForwardHooks } from './upstream/forward.js';
 import { settleUsage } from '../policy/estimate.js';
 import { costOf } from '../policy/pricing.js';
 import { addQuotaHeaders } from './quota-headers.js';
 import type { Cidr } from '../policy/network.js';
 import { decide, type Allow, type Decision, type PipelineDeps } from './pipeline.js';
-import { createUsageTap } from './usage.js';
-import { SlotSet } from '../slot-set.js';
+import { createUsageTap } from './usage/tap.js';
+import { DenseSet } from '../dense-set.js';
 
 export interface ExchangeDeps {
   pipeline: PipelineDeps;
@@ -133,12 +133,12 @@ export function createExchanges(deps: ExchangeDeps): Exchanges {
   let draining = false;
   let closeIdle: (() => void) | null = null;
   let onIdle: (() => void) | null = null;
-  /** responses not yet closed: what is in flight (not a Set: src/slot-set.ts says why) */
-  const open = new SlotSet<ServerResponse>();
+  /** responses not yet closed: what is in flight (not a Set: src/dense-set.ts says why) */
+  const open = new DenseSet<ServerResponse>();
 
   const finish = (res: ServerResponse, ctx: RequestContext) => {
-    open.delete(ctx.slot);
-    ctx.slot = -1;
+    open.delete(ctx.openIndex);
+    ctx.openIndex = -1;
     settle(ctx);
     // 499: the client went away before the response was complete (nginx's convention)
     const status = res.writableFinished ? res.statusCode : 499;
@@ -271,7 +271,7 @@ export function createExchanges(deps: ExchangeDeps): Exchanges {
     handle(req, res, expectContinue) {
       const clientIp = clientIpOf(req, deps.trustedProxies);
       const ctx = newContext(req, { versionHeader: deps.versionHeader, now: performance.now(), clientIp });
-      ctx.slot = open.add(res);
+      ctx.openIndex = open.add(res);
       (req.socket as TrackedSocket)[CURRENT] = res;
       // Only a body still to come can stall; watchBodyIdle watches nothing otherwise.
       ctx.bodyWatch = watchBodyIdle(req, { idleMs: deps.bodyIdleTimeoutMs, onIdle: cutStalledResponse, subject: res });

@@ -17,8 +17,8 @@ import { checkNetwork, looksLikeBrowser } from '../policy/network.js';
 import { promptTokens } from '../policy/estimate.js';
 import type { KeyFacts } from '../policy/facts.js';
 import { classify, type Route, type RouteRule } from '../routes.js';
-import type { BodyResult, BodySource, ReadOptions } from './body.js';
-import type { UploadResult } from './upload.js';
+import type { BodyResult, BodySource, ReadOptions } from './body/read.js';
+import type { UploadResult } from './body/upload.js';
 
 export interface PipelineDeps {
   rules: readonly RouteRule[];

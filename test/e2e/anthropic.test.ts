@@ -10,7 +10,7 @@ import assert from 'node:assert/strict';
 import Anthropic, { APIError } from '@anthropic-ai/sdk';
 import { startFakeUpstream, type FakeUpstream, type Handler } from '../helpers/upstream.js';
 import { startHarness, waitForLine, type Harness } from '../helpers/sidecar.js';
-import { startDemoUpstream } from '../../src/demo/upstream.js';
+import { startDemoUpstream } from '../../src/app/demo-upstream.js';
 
 const VERSION = '2023-06-01';
 

@@ -13,7 +13,7 @@ import { Writable } from 'node:stream';
 import { chromium, type Browser, type Page } from 'playwright-core';
 import { configSchema } from '../../src/config/schema.js';
 import { createLogger } from '../../src/obs/logger.js';
-import { startSidecar, type Sidecar } from '../../src/proxy/server.js';
+import { startSidecar, type Sidecar } from '../../src/app/sidecar.js';
 import { ReplicaStore } from '../../src/replica/store.js';
 import { startConsoleFixture, type ConsoleFixture } from '../helpers/console-fixture.js';
 import { lookupSecret, whenReplica } from '../helpers/console-replica.js';

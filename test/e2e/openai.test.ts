@@ -10,7 +10,7 @@ import { randomBytes } from 'node:crypto';
 import OpenAI, { APIError, toFile } from 'openai';
 import { startFakeUpstream, sha256, type FakeUpstream, type Handler } from '../helpers/upstream.js';
 import { startHarness, waitForLine, type Harness } from '../helpers/sidecar.js';
-import { startDemoUpstream } from '../../src/demo/upstream.js';
+import { startDemoUpstream } from '../../src/app/demo-upstream.js';
 
 /** Answers the way the OpenAI API does, from the body the fake upstream already read. */
 const openaiLike: Handler = (req, res, rec) => {

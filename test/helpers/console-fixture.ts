@@ -7,7 +7,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { randomBytes } from 'node:crypto';
 import { consoleConfigSchema, type ConsoleConfig, type ConsoleConfigInput } from '../../src/console/config.js';
-import { startConsole, type RunningConsole } from '../../src/console/server.js';
+import { startConsole, type RunningConsole } from '../../src/app/console.js';
 
 export interface ConsoleFixture {
   dir: string;

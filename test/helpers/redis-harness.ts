@@ -3,8 +3,8 @@
  * real time, peers with their own connection, and cleanup of every key it wrote.
  */
 import type { Cluster, Redis } from 'ioredis';
-import { createRedisClient } from '../../src/limits/client.js';
-import { type RedisLimiter, createRedisLimiter } from '../../src/limits/redis.js';
+import { createRedisClient, whenServing } from '../../src/limits/redis/client.js';
+import { type RedisLimiter, createRedisLimiter } from '../../src/limits/redis/limiter.js';
 import { type Harness, uid } from './redis-limits-conformance.js';
 
 export async function redisHarness(opts: { url: string; leaseMs?: number; lease?: { sliceMs: number } }): Promise<Harness & { prefix: string }> {
@@ -16,7 +16,7 @@ export async function redisHarness(opts: { url: string; leaseMs?: number; lease?
   const connect = async (): Promise<Redis | Cluster> => {
     const client = createRedisClient({ url: opts.url, timeoutMs: 2_000 });
     clients.push(client);
-    if (client.status !== 'ready') await new Promise((resolve) => client.once('ready', resolve));
+    await whenServing(client);
     return client;
   };
   const main = await connect();

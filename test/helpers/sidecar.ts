@@ -12,7 +12,7 @@ import { makeKeyHasher } from '../../src/auth/hash.js';
 import { configSchema, type Config } from '../../src/config/schema.js';
 import type { Limiter } from '../../src/limits/limiter.js';
 import { createLogger } from '../../src/obs/logger.js';
-import { startSidecar, type Sidecar } from '../../src/proxy/server.js';
+import { startSidecar, type Sidecar } from '../../src/app/sidecar.js';
 import { ReplicaStore } from '../../src/replica/store.js';
 import type { KeyRecord, SyncRecord } from '../../src/protocol/records.js';
 import type { UsageEvent } from '../../src/protocol/usage.js';

@@ -39,7 +39,7 @@ test('npm run build emits JavaScript, the Lua scripts and the web page', () => {
   const r = node([join(ROOT, 'scripts/build.mjs'), '--out', join(base, 'dist')]);
   assert.equal(r.status, 0, r.stderr + r.stdout);
   const dist = join(base, 'dist');
-  for (const f of ['cli.js', 'limits/lua/admit.lua', 'limits/lua/settle.lua', 'limits/lua/refresh.lua', 'replica/worker.js',
+  for (const f of ['cli.js', 'limits/redis/lua/admit.lua', 'limits/redis/lua/settle.lua', 'limits/redis/lua/refresh.lua', 'replica/worker.js',
     'console/web/index.html', 'console/web/app.js', 'console/web/style.css']) {
     assert.ok(existsSync(join(dist, f)), f);
   }

@@ -4,7 +4,7 @@ import { readFileSync, existsSync } from 'node:fs';
 import { randomBytes } from 'node:crypto';
 import { makeKeyHasher } from '../../src/auth/hash.js';
 import { isWellFormedKey } from '../../src/auth/keyformat.js';
-import { startConsole } from '../../src/console/server.js';
+import { startConsole } from '../../src/app/console.js';
 import { MasterKeyError } from '../../src/console/crypto.js';
 import { parseSnapshotText } from '../../src/protocol/ndjson.js';
 import { startConsoleFixture, syncGet, type ConsoleFixture } from '../helpers/console-fixture.js';

@@ -6,7 +6,7 @@ import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { parseChangeBatch, type Change } from '../../src/protocol/records.js';
-import { startConsole, type RunningConsole } from '../../src/console/server.js';
+import { startConsole, type RunningConsole } from '../../src/app/console.js';
 import { rollPeriods } from '../../src/console/budgets.js';
 import { openConsoleDb } from '../../src/console/db.js';
 import { makeConsoleConfig, tok } from '../helpers/console-fixture.js';

@@ -7,7 +7,7 @@ import { ReplicaStore } from '../../src/replica/store.js';
 import { replicaWriter } from '../../src/replica/writer.js';
 import { createSyncClient, type SyncClient } from '../../src/sync/client.js';
 import { runConsoleCli } from '../../src/console/cli.js';
-import { startConsole } from '../../src/console/server.js';
+import { startConsole } from '../../src/app/console.js';
 import { parseSnapshotText } from '../../src/protocol/ndjson.js';
 import { startConsoleFixture, syncGet, type ConsoleFixture } from '../helpers/console-fixture.js';
 import { lookupSecret, whenReplica } from '../helpers/console-replica.js';

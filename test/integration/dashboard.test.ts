@@ -11,7 +11,7 @@ import { join } from 'node:path';
 import { Writable } from 'node:stream';
 import { configSchema } from '../../src/config/schema.js';
 import { createLogger } from '../../src/obs/logger.js';
-import { startSidecar, type Sidecar } from '../../src/proxy/server.js';
+import { startSidecar, type Sidecar } from '../../src/app/sidecar.js';
 import { ReplicaStore } from '../../src/replica/store.js';
 import { startConsoleFixture, type ConsoleFixture } from '../helpers/console-fixture.js';
 import { lookupSecret, whenReplica } from '../helpers/console-replica.js';

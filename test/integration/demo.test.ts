@@ -1,7 +1,7 @@
 /** `npm start`: the demo's printed curl lines answer what they promise. */
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { runDemo } from '../../src/demo/run.js';
+import { runDemo } from '../../src/app/demo.js';
 import { send } from '../helpers/http.js';
 
 test('the demo shows a 200, a 401, a 402 and a 403, with keys made through the console', async () => {

@@ -7,7 +7,7 @@ import { join } from 'node:path';
 import { after, before, describe, test } from 'node:test';
 import { Redis } from 'ioredis';
 import { createLimiter } from '../../src/limits/failover.js';
-import { createRedisLimiter } from '../../src/limits/redis.js';
+import { createRedisLimiter } from '../../src/limits/redis/limiter.js';
 import type { HoldInput, HoldResult, LedgerHolder, Limiter } from '../../src/limits/limiter.js';
 import { keyBudget, projectBudget, wallet } from '../helpers/limits-conformance-ledger.js';
 import { input, leaseOf, uid } from '../helpers/redis-limits-conformance.js';

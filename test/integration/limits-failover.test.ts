@@ -8,7 +8,7 @@ import { after, before, describe, test } from 'node:test';
 import { Redis } from 'ioredis';
 import { createLimiter } from '../../src/limits/failover.js';
 import type { AdmitInput, AdmitResult, Limiter } from '../../src/limits/limiter.js';
-import { createRedisLimiter } from '../../src/limits/redis.js';
+import { createRedisLimiter } from '../../src/limits/redis/limiter.js';
 import { denied, input, leaseOf, uid } from '../helpers/redis-limits-conformance.js';
 import { type RedisProcess, makeTmpDir, spawnRedis, waitFor } from '../helpers/redis-server.js';
 

@@ -6,7 +6,7 @@ import { join } from 'node:path';
 import { ReplicaStore } from '../../src/replica/store.js';
 import { createSyncClient, type SyncClient } from '../../src/sync/client.js';
 import { replicaWriter } from '../../src/replica/writer.js';
-import { startConsole } from '../../src/console/server.js';
+import { startConsole } from '../../src/app/console.js';
 import { startConsoleFixture, type ConsoleFixture } from '../helpers/console-fixture.js';
 import { lookupSecret, until, whenReplica } from '../helpers/console-replica.js';
 

@@ -12,7 +12,7 @@ import { Writable } from 'node:stream';
 import { configSchema } from '../../src/config/schema.js';
 import { runConsoleCli } from '../../src/console/cli.js';
 import { createLogger } from '../../src/obs/logger.js';
-import { startSidecar, type Sidecar } from '../../src/proxy/server.js';
+import { startSidecar, type Sidecar } from '../../src/app/sidecar.js';
 import { ReplicaStore } from '../../src/replica/store.js';
 import { createSyncClient, createUsagePusher, type SyncClient, type UsagePusher } from '../../src/sync/client.js';
 import { replicaWriter } from '../../src/replica/writer.js';

@@ -10,7 +10,7 @@ import assert from 'node:assert/strict';
 import http from 'node:http';
 import { randomBytes } from 'node:crypto';
 import { after, before, test } from 'node:test';
-import { keySlot } from '../../src/limits/slot.js';
+import { hashSlot } from '../../src/limits/redis/hash-slot.js';
 import { type Sample, chatRequest, percentile, printFigures, startLoad, trackLastChange } from '../helpers/load.js';
 import { type LocalCluster, startRedisCluster } from '../helpers/redis-cluster.js';
 import { waitFor } from '../helpers/redis-server.js';
@@ -40,7 +40,7 @@ before(async () => {
   });
   for (let i = 0; byMaster.size < 3 || [...byMaster.values()].some((ks) => ks.length < 12); i++) {
     const id = `k${i}`;
-    const port = await cluster.masterOf(keySlot(`{${prefix}:k:${id}}`));
+    const port = await cluster.masterOf(hashSlot(`{${prefix}:k:${id}}`));
     assert.ok(port, 'every slot has a master');
     const list = byMaster.get(port) ?? [];
     byMaster.set(port, list);
@@ -94,12 +94,12 @@ test('a master killed under load: answers stay fast, healthy shards stay exact, 
 
     // While the master is gone: 6 at once on a healthy shard's rpm-5 key admit 5, across both sidecars.
     const healthyAdmitted = await burst(onHealthy, 6);
-    const ranBeforePromotion = (await cluster.masterOf(keySlot(`{${prefix}:k:${fresh}}`))) !== replicaPort;
+    const ranBeforePromotion = (await cluster.masterOf(hashSlot(`{${prefix}:k:${fresh}}`))) !== replicaPort;
     printFigures(t, 'cluster failover', { healthyShardBurst: `${healthyAdmitted} of 6 (rpm 5)`, healthyBurstBeforePromotion: ranBeforePromotion });
     assert.equal(healthyAdmitted, 5, 'a key on a healthy shard keeps its shared limit');
     assert.ok(ranBeforePromotion, 'the burst ran before the promotion');
 
-    const slot = keySlot(`{${prefix}:k:${fresh}}`);
+    const slot = hashSlot(`{${prefix}:k:${fresh}}`);
     await waitFor(async () => (await cluster.masterOf(slot)) === replicaPort && (await cluster.healthy()), 20_000, 'the replica to be promoted', 20);
     const promotedAt = performance.now();
     // DESIGN: exact again within the node timeout plus 5 s of the promotion. A sidecar follows

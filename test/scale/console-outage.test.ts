@@ -13,7 +13,7 @@ import { Writable } from 'node:stream';
 import { after, before, test } from 'node:test';
 import { configSchema } from '../../src/config/schema.js';
 import { createLogger } from '../../src/obs/logger.js';
-import { type Sidecar, startSidecar } from '../../src/proxy/server.js';
+import { type Sidecar, startSidecar } from '../../src/app/sidecar.js';
 import { ReplicaStore } from '../../src/replica/store.js';
 import { createUsagePusher } from '../../src/sync/client.js';
 import type { UsageEvent } from '../../src/protocol/usage.js';

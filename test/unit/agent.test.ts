@@ -1,23 +1,25 @@
 /**
- * The upstream agent's trimmed steps keep Node's pool bookkeeping exact: a reused socket
- * is counted in use while it serves and back in the free list after, the free list's
- * entry goes when it empties, a reused socket reports a new async id, and the Keep-Alive
- * hint is read from the raw lines as Node reads it from the header object.
+ * The upstream agent is Node's own with three documented hooks: sockets go back to the
+ * pool and come out of it as Node counts them, a busy socket that goes quiet fails its
+ * request with UpstreamTimeout, an idle one is closed quietly, and a socket whose idle
+ * timer a short Keep-Alive hint shortened gets the upstream's timeout back when reused.
  */
 import { after, before, describe, test } from 'node:test';
 import assert from 'node:assert/strict';
 import http from 'node:http';
+import https from 'node:https';
 import { once } from 'node:events';
-import type { AddressInfo } from 'node:net';
-import { keepAliveHint, leanAgent } from '../../src/proxy/agent.js';
-
-type Pool = http.Agent & { freeSockets: Record<string, unknown[]>; sockets: Record<string, unknown[]>; requests: Record<string, unknown[]>; totalSocketCount: number };
+import type { AddressInfo, Socket } from 'node:net';
+import { createUpstreamAgent } from '../../src/proxy/upstream/agent.js';
 
 let server: http.Server;
 let port: number;
+/** requests to /hang are never answered; /hint answers with a Keep-Alive hint of 2 s */
 before(async () => {
   server = http.createServer((req, res) => {
     req.resume();
+    if (req.url === '/hang') return;
+    if (req.url === '/hint') res.setHeader('keep-alive', 'timeout=2');
     req.on('end', () => res.end(`port ${port}`));
   });
   server.listen(0, '127.0.0.1');
@@ -29,74 +31,76 @@ after(() => {
   server.close();
 });
 
-function get(agent: http.Agent, to = port): Promise<{ socket: import('node:net').Socket; asyncId: number; reused: boolean; body: string }> {
+function get(agent: http.Agent, o: { to?: number; path?: string } = {}): Promise<{ socket: Socket; reused: boolean; body: string }> {
   return new Promise((resolve, reject) => {
-    const req = http.request({ host: '127.0.0.1', port: to, path: '/', agent }, (res) => {
-      const socket = req.socket!;
-      // Node's own id field, set for the request the socket carries now
-      const sym = Object.getOwnPropertySymbols(socket).find((s) => s.description === 'async_id_symbol')!;
-      const asyncId = (socket as unknown as Record<symbol, number>)[sym]!;
+    const req = http.request({ host: '127.0.0.1', port: o.to ?? port, path: o.path ?? '/', agent }, (res) => {
+      const socket = req.socket as Socket;
       let body = '';
       res.setEncoding('latin1');
       res.on('data', (c: string) => (body += c));
-      res.on('end', () => resolve({ socket, asyncId, reused: (req as { reusedSocket?: boolean }).reusedSocket === true, body }));
+      res.on('end', () => resolve({ socket, reused: req.reusedSocket, body }));
     });
     req.on('error', reject);
     req.end();
   });
 }
 
-/** The 'free' event runs on the tick after a response ends. */
+/** The socket goes back to the pool on the tick after a response ends. */
 const settled = () => new Promise((r) => setImmediate(r));
 
-/** A lean agent that has served one request, its socket back in the pool by now. */
-async function servedOnce(opts: http.AgentOptions = { keepAlive: true }) {
-  const agent = leanAgent(new http.Agent(opts), { tls: false }) as Pool;
-  const first = await get(agent);
-  await settled();
-  return { agent, name: `127.0.0.1:${port}:`, first };
-}
-
-describe('lean upstream agent', () => {
-  test('sequential requests reuse one socket, with a new async id each time, and the pool counts it right', async () => {
-    const { agent, name, first: a } = await servedOnce({ keepAlive: true, scheduling: 'lifo' });
+describe('upstream agent', () => {
+  test('sequential requests reuse one socket, and the pool counts it right', async () => {
+    const agent = createUpstreamAgent({ tls: false, timeoutMs: 60_000 });
+    const name = `127.0.0.1:${port}:`;
+    const a = await get(agent);
+    await settled();
     const b = await get(agent);
     await settled();
     assert.equal(b.socket, a.socket);
     assert.equal(b.reused, true);
-    assert.notEqual(b.asyncId, a.asyncId);
-    assert.ok(b.asyncId > 0);
-    assert.equal(agent.totalSocketCount, 1);
     assert.equal(agent.sockets[name], undefined, 'nothing in use');
     assert.equal(agent.freeSockets[name]?.length, 1);
     agent.destroy();
   });
 
-  test('a socket in use is counted in use; the free list entry goes while it is empty', async () => {
-    const { agent, name } = await servedOnce({ keepAlive: true, scheduling: 'lifo' });
-    const req = http.request({ host: '127.0.0.1', port, path: '/', agent });
-    const responded = once(req, 'response');
-    req.end();
-    // handed the pooled socket at once, inside request()
-    assert.equal(agent.sockets[name]?.length, 1);
-    assert.equal(name in agent.freeSockets, false);
-    const [res] = (await responded) as [http.IncomingMessage];
-    res.resume();
-    await once(res, 'end');
-    await settled();
-    assert.equal(agent.freeSockets[name]?.length, 1);
-    assert.equal(agent.totalSocketCount, 1);
+  test('a busy socket quiet for longer than the timeout fails its request with UpstreamTimeout', async () => {
+    const agent = createUpstreamAgent({ tls: false, timeoutMs: 150 });
+    const err = await get(agent, { path: '/hang' }).then(
+      () => assert.fail('a request that is never answered must fail'),
+      (e: Error & { code?: string }) => e,
+    );
+    assert.equal(err.code, 'UPSTREAM_TIMEOUT');
+    assert.match(err.message, /within 150 ms/);
     agent.destroy();
   });
 
-  test('a destroyed socket left in the free list is passed over for a new one', async () => {
-    const { agent, name, first: a } = await servedOnce();
-    // destroyed but not yet removed: its 'close' runs later
-    a.socket.destroy();
+  test('an idle pooled socket past the timeout is closed quietly and leaves the pool', async () => {
+    const agent = createUpstreamAgent({ tls: false, timeoutMs: 150 });
+    const name = `127.0.0.1:${port}:`;
+    const a = await get(agent);
+    await settled();
     assert.equal(agent.freeSockets[name]?.length, 1);
-    const b = await get(agent);
-    assert.notEqual(b.socket, a.socket);
-    assert.equal(b.reused, false);
+    let failed: Error | null = null;
+    a.socket.on('error', (e) => (failed = e));
+    await once(a.socket, 'close');
+    assert.equal(failed, null, 'no error on an idle socket');
+    assert.equal(name in agent.freeSockets, false);
+    agent.destroy();
+  });
+
+  test("a socket a short Keep-Alive hint shortened gets the upstream's timeout back when reused", async () => {
+    const agent = createUpstreamAgent({ tls: false, timeoutMs: 60_000 });
+    const a = await get(agent, { path: '/hint' });
+    await settled();
+    // Node's keepSocketAlive: the hint less a second of margin
+    assert.equal(a.socket.timeout, 1_000);
+    const req = http.request({ host: '127.0.0.1', port, path: '/hang', agent });
+    req.on('error', () => undefined);
+    req.end();
+    const [socket] = (await once(req, 'socket')) as [Socket];
+    assert.equal(socket, a.socket);
+    assert.equal(socket.timeout, 60_000);
+    req.destroy();
     agent.destroy();
   });
 
@@ -108,49 +112,23 @@ describe('lean upstream agent', () => {
     other.listen(0, '127.0.0.1');
     await once(other, 'listening');
     const otherPort = (other.address() as AddressInfo).port;
-    const agent = leanAgent(new http.Agent({ keepAlive: true }), { tls: false }) as Pool;
+    const agent = createUpstreamAgent({ tls: false, timeoutMs: 60_000 });
     const bodies: string[] = [];
     for (const to of [port, otherPort, port, otherPort, port]) {
-      bodies.push((await get(agent, to)).body);
+      bodies.push((await get(agent, { to })).body);
       await settled();
     }
     assert.deepEqual(bodies, [port, otherPort, port, otherPort, port].map((p) => `port ${p}`));
     assert.deepEqual(Object.keys(agent.freeSockets).sort(), [`127.0.0.1:${otherPort}:`, `127.0.0.1:${port}:`].sort());
-    assert.equal(agent.totalSocketCount, 2);
     agent.destroy();
     other.closeAllConnections();
     other.close();
   });
 
-  test('an idle pooled socket that fails leaves the pool, and no error goes unhandled', async () => {
-    const { agent, name, first: a } = await servedOnce();
-    assert.equal(agent.freeSockets[name]?.length, 1);
-    const closed = new Promise((r) => a.socket.once('close', r));
-    // without the pool's listener on the idle socket this error would be thrown out of the process
-    a.socket.destroy(new Error('reset while idle'));
-    await closed;
-    assert.equal(name in agent.freeSockets, false);
-    assert.equal(agent.totalSocketCount, 0);
+  test('an https upstream gets an https.Agent with the same hooks', () => {
+    const agent = createUpstreamAgent({ tls: true, timeoutMs: 1_000 });
+    assert.ok(agent instanceof https.Agent);
+    assert.ok(Object.hasOwn(Object.getPrototypeOf(agent), 'reuseSocket'));
     agent.destroy();
-  });
-
-  test('with a request queued for a socket, the freed socket goes to it and the pool ends with one free socket', async () => {
-    const agent = leanAgent(new http.Agent({ keepAlive: true, maxSockets: 1 }), { tls: false }) as Pool;
-    const name = `127.0.0.1:${port}:`;
-    const [a, b] = await Promise.all([get(agent), get(agent)]);
-    assert.equal(b.socket, a.socket);
-    await settled();
-    assert.equal(agent.totalSocketCount, 1);
-    assert.equal(agent.freeSockets[name]?.length, 1);
-    assert.equal(name in agent.requests, false);
-    agent.destroy();
-  });
-
-  test('keepAliveHint reads the first Keep-Alive line, any case, as Node reads its header object', () => {
-    assert.equal(keepAliveHint(['Content-Type', 'text/plain', 'Keep-Alive', 'timeout=5, max=100']), 5);
-    assert.equal(keepAliveHint(['keep-alive', 'timeout=7', 'KEEP-ALIVE', 'timeout=1']), 7);
-    assert.equal(keepAliveHint(['Keep-Alive', 'max=100, timeout=5']), null);
-    assert.equal(keepAliveHint(['Content-Length', '2']), null);
-    assert.equal(keepAliveHint([]), null);
   });
 });

@@ -2,7 +2,7 @@ import assert from 'node:assert/strict';
 import { EventEmitter, once } from 'node:events';
 import type { IncomingMessage } from 'node:http';
 import { test } from 'node:test';
-import { watchBodyIdle } from '../../src/proxy/body-idle.js';
+import { watchBodyIdle } from '../../src/proxy/body/idle.js';
 
 /** What the watch reads of a request: its socket's byte count, its state and its 'end'. */
 function fakeRequest(): IncomingMessage & { socket: { bytesRead: number } } {

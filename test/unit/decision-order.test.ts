@@ -10,7 +10,7 @@ import { makeKeyHasher } from '../../src/auth/hash.js';
 import { deny, STATUS, type Denial } from '../../src/errors.js';
 import { createMemoryLimiter } from '../../src/limits/memory.js';
 import type { FactsKey, FactsProject, KeyFacts } from '../../src/policy/facts.js';
-import type { BodyResult } from '../../src/proxy/body.js';
+import type { BodyResult } from '../../src/proxy/body/read.js';
 import { decide, type PipelineDeps } from '../../src/proxy/pipeline.js';
 import { buildRules } from '../../src/routes.js';
 

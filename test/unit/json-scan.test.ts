@@ -1,6 +1,6 @@
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { inspectJson, queryNamesModel } from '../../src/proxy/json-scan.js';
+import { inspectJson, queryNamesModel } from '../../src/proxy/body/json-scan.js';
 
 type Want = { model: string | null; cap?: number | null; models?: string[] } | { error: RegExp };
 

@@ -1,6 +1,6 @@
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
-import { parseRedisUrl, reconnectDelayMs } from '../../src/limits/client.js';
+import { parseRedisUrl, reconnectDelayMs } from '../../src/limits/redis/client.js';
 
 test('redis.url forms: single node, TLS, unix socket, cluster seeds', () => {
   assert.deepEqual(parseRedisUrl('redis://127.0.0.1:6379/2'), { kind: 'single', url: 'redis://127.0.0.1:6379/2' });

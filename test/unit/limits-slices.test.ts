@@ -1,6 +1,6 @@
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
-import { KEEP_SHARE, SLICE_SHARE, type Slice, SliceTable } from '../../src/limits/slices.js';
+import { KEEP_SHARE, SLICE_SHARE, type Slice, SliceTable } from '../../src/limits/redis/slices.js';
 
 const table = (given: Slice[] = []): { t: SliceTable; clock: { now: number } } => {
   const clock = { now: 0 };

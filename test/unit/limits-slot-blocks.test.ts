@@ -1,6 +1,6 @@
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
-import { BLOCK_SHARE, type Block, BlockTable } from '../../src/limits/slot-blocks.js';
+import { BLOCK_SHARE, type Block, BlockTable } from '../../src/limits/redis/slot-blocks.js';
 
 interface Resize {
   id: string;

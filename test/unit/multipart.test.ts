@@ -1,6 +1,6 @@
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { createMultipartGuard, multipartBoundary, MultipartReader } from '../../src/proxy/multipart.js';
+import { createMultipartGuard, multipartBoundary, MultipartReader } from '../../src/proxy/body/multipart.js';
 
 const BOUNDARIES: [string | undefined, string | null][] = [
   ['multipart/form-data; boundary=abc123', 'abc123'],

@@ -1,7 +1,7 @@
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
-import { topLevelSpans } from '../../src/proxy/usage-scan.js';
-import { createUsageTap, type Usage } from '../../src/proxy/usage.js';
+import { topLevelSpans } from '../../src/proxy/usage/scan.js';
+import { createUsageTap, type Usage } from '../../src/proxy/usage/tap.js';
 
 const spanText = (body: string, which: 'usage' | 'response'): string | null => {
   const spans = topLevelSpans(Buffer.from(body));

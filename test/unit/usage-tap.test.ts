@@ -2,8 +2,8 @@ import assert from 'node:assert/strict';
 import { describe, test } from 'node:test';
 import * as zlib from 'node:zlib';
 import { estimateTokens } from '../../src/policy/estimate.js';
-import { type Tapped, type Usage, createUsageTap } from '../../src/proxy/usage.js';
-import { lastUsageObject } from '../../src/proxy/usage-scan.js';
+import { type Tapped, type Usage, createUsageTap } from '../../src/proxy/usage/tap.js';
+import { lastUsageObject } from '../../src/proxy/usage/scan.js';
 
 const JSON_CT = 'application/json';
 const SSE_CT = 'text/event-stream; charset=utf-8';

@@ -1,7 +1,7 @@
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { availableParallelism } from 'node:os';
-import { parseWorkers } from '../../src/proxy/workers.js';
+import { parseWorkers } from '../../src/app/workers.js';
 
 test('--workers: a positive integer, or auto for one per core', () => {
   assert.equal(parseWorkers('1'), 1);

@@ -9,7 +9,7 @@
 import type { Config } from '../config/schema.js';
 import type { Logger } from '../obs/logger.js';
 import type { UsageEvent } from '../protocol/usage.js';
-import { startSidecar, type Sidecar } from './server.js';
+import { startSidecar, type Sidecar } from './sidecar.js';
 import { isMessage, type ToPrimary, type ToWorker } from './worker-messages.js';
 
 /** Usage events ride to the primary in batches: one IPC message per request would cost more than the request. */

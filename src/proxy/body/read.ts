@@ -6,7 +6,7 @@
  */
 import type { IncomingMessage } from 'node:http';
 import { PassThrough } from 'node:stream';
-import { deny, type Denial } from '../errors.js';
+import { deny, type Denial } from '../../errors.js';
 import { inspectJson, MAX_MODEL_LENGTH, modelsOfField, queryNamesModel, selectsModels } from './json-scan.js';
 import { createMultipartGuard, multipartBoundary, MultipartReader } from './multipart.js';
 import { bodyTooLarge, byteLimit, declaredOver, dropRest, needsCounting } from './upload.js';

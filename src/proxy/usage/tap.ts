@@ -11,9 +11,9 @@
  *  - gzip, deflate, br: kept compressed up to a bound and inflated at end()
  *    (usage-encoding.ts). Other encodings: no tap.
  */
-import { bodyText, eventText } from './usage-text.js';
-import { compressedTap, type Tap } from './usage-encoding.js';
-import { lastUsageObject, topLevelSpans } from './usage-scan.js';
+import { bodyText, eventText } from './text.js';
+import { compressedTap, type Tap } from './encoding.js';
+import { lastUsageObject, topLevelSpans } from './scan.js';
 
 export interface Usage {
   input_tokens: number;

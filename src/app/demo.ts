@@ -11,10 +11,10 @@ import { join } from 'node:path';
 import { configSchema } from '../config/schema.js';
 import { adminClient } from '../console/cli-client.js';
 import { consoleConfigSchema } from '../console/config.js';
-import { startConsole } from '../console/server.js';
+import { startConsole } from './console.js';
 import { createLogger } from '../obs/logger.js';
-import { startSidecar } from '../proxy/server.js';
-import { startDemoUpstream } from './upstream.js';
+import { startSidecar } from './sidecar.js';
+import { startDemoUpstream } from './demo-upstream.js';
 
 async function listenWithFallback<T>(start: (port: number) => Promise<T>, port: number): Promise<T> {
   try {

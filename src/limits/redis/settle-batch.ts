@@ -10,7 +10,7 @@
  * first (`flush()`): the queued settlements are written before that call, on the same
  * connection, and Redis runs them in order. Close flushes and waits.
  */
-import { callsBySlot } from './slot.js';
+import { callsBySlot } from './hash-slot.js';
 import type { RunScript } from './scripts.js';
 
 /** Told when the call that carried the operation failed (the limiter that queued it counts it). */
@@ -69,7 +69,7 @@ export function createSettleBatch(opts: SettleBatchOptions): SettleBatch {
   // Calls sent and not yet answered, counted rather than kept in a Set: a Set with an add
   // and a delete per batch keeps replacing its hash table, and a replaced table that has
   // been promoted holds on to its successor and its promises (and through them the batch's
-  // operations), so each young-generation GC would promote them (see src/slot-set.ts).
+  // operations), so each young-generation GC would promote them (see src/dense-set.ts).
   let inFlight = 0;
   let onIdle: (() => void)[] = [];
 

@@ -17,13 +17,13 @@
  * forward every refreshEveryMs (one call per hold set for all of this instance's holds), so
  * a crashed instance's holds come back after leaseMs. Time is Redis TIME in every script.
  */
-import { createLeaseKeeper, newLeaseId } from './leases.js';
-import { LEDGER_TTL_MS, fromNano, holdNano, toNano } from './ledger.js';
-import type { Hold, HoldInput, HoldResult, LedgerFigure, LedgerHolder, LedgerInput } from './limiter.js';
-import type { RedisClock } from './redis-clock.js';
+import { createLeaseKeeper, newLeaseId } from '../leases.js';
+import { LEDGER_TTL_MS, fromNano, holdNano, toNano } from '../ledger.js';
+import type { Hold, HoldInput, HoldResult, LedgerFigure, LedgerHolder, LedgerInput } from '../limiter.js';
+import type { RedisClock } from './clock.js';
 import type { RunScript } from './scripts.js';
 import type { SettleBatch } from './settle-batch.js';
-import { callsBySlot } from './slot.js';
+import { callsBySlot } from './hash-slot.js';
 
 export interface RedisLedgerOptions {
   /** the limiter's script runner (it flushes the settlement batch before each call) */

@@ -4,7 +4,7 @@
  */
 import type { IncomingMessage, ServerResponse } from 'node:http';
 import type { Duplex } from 'node:stream';
-import { deny, renderError } from '../errors.js';
+import { deny, renderError } from '../../errors.js';
 
 /**
  * Why the request's framing cannot be forwarded as received, or null. Node accepts a

@@ -6,10 +6,10 @@
  * and, far from the limits, leases a new slice and a bigger block. Keys with a per-model
  * limit or a limited route take the per-request path (redis.ts).
  */
-import { CODES, WINDOW_MS } from './bucket.js';
-import { type LeaseKeeper, type LeaseTicket, newLeaseId } from './leases.js';
-import { type AdmitInput, type AdmitResult, type QuotaFigures, isLimited } from './limiter.js';
-import type { RedisClock } from './redis-clock.js';
+import { CODES, WINDOW_MS } from '../bucket.js';
+import { type LeaseKeeper, type LeaseTicket, newLeaseId } from '../leases.js';
+import { type AdmitInput, type AdmitResult, type QuotaFigures, isLimited } from '../limiter.js';
+import type { RedisClock } from './clock.js';
 import type { RunScript } from './scripts.js';
 import type { SettleBatch, SettleOp } from './settle-batch.js';
 import { BLOCK_SHARE, type Block, BlockTable, KEEP_SHARE } from './slot-blocks.js';

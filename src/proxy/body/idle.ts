@@ -7,8 +7,8 @@
  */
 import type { IncomingMessage } from 'node:http';
 import type { Socket } from 'node:net';
-import { hasBody } from './body.js';
-import { SlotSet } from '../slot-set.js';
+import { hasBody } from './read.js';
+import { DenseSet } from '../../dense-set.js';
 
 export interface BodyWatch {
   stop(): void;
@@ -18,24 +18,24 @@ const NOT_WATCHED: BodyWatch = { stop() {} };
 
 /** Every watch of one idle time, checked together every quarter of it. */
 class Sweep {
-  /** not a Set: src/slot-set.ts says why */
-  readonly watches = new SlotSet<IdleWatch<unknown>>();
+  /** not a Set: src/dense-set.ts says why */
+  readonly watches = new DenseSet<IdleWatch<unknown>>();
   private timer: NodeJS.Timeout | null = null;
 
   constructor(private readonly everyMs: number) {}
 
-  /** Returns the watch's slot, which `delete` takes. */
+  /** Returns the watch's index, which `delete` takes. */
   add(w: IdleWatch<unknown>): number {
-    const slot = this.watches.add(w);
+    const index = this.watches.add(w);
     if (this.timer === null) {
       this.timer = setInterval(sweep, this.everyMs, this);
       this.timer.unref();
     }
-    return slot;
+    return index;
   }
 
-  delete(slot: number): void {
-    this.watches.delete(slot);
+  delete(index: number): void {
+    this.watches.delete(index);
     if (this.watches.size === 0 && this.timer !== null) {
       clearInterval(this.timer);
       this.timer = null;
@@ -48,7 +48,7 @@ class IdleWatch<T> implements BodyWatch {
   lastBytes: number;
   lastChange: number;
   /** its slot in the sweep (-1: stopped) */
-  private slot: number;
+  private index: number;
 
   constructor(
     readonly req: IncomingMessage,
@@ -61,13 +61,13 @@ class IdleWatch<T> implements BodyWatch {
     this.socket = req.socket;
     this.lastBytes = this.socket.bytesRead;
     this.lastChange = now();
-    this.slot = sweep.add(this as IdleWatch<unknown>);
+    this.index = sweep.add(this as IdleWatch<unknown>);
   }
 
   stop(): void {
-    if (this.slot === -1) return;
-    this.sweep.delete(this.slot);
-    this.slot = -1;
+    if (this.index === -1) return;
+    this.sweep.delete(this.index);
+    this.index = -1;
   }
 
   /** One look: the body ended, moved, is held back by the sidecar, or has stalled for idleMs. */

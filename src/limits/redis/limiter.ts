@@ -24,13 +24,13 @@
  *    may see one slot or token fewer than they would have. When only the route or only the
  *    key is limited (the common case) there is a single call and no such window.
  */
-import { CODES, DEFAULT_LEASE_MS, quotaOf } from './bucket.js';
-import { createLeaseKeeper, newLeaseId } from './leases.js';
-import { createRedisLedger } from './ledger-redis.js';
-import { type AdmitInput, type AdmitResult, NO_QUOTA, hasAnyLimit, isLimited } from './limiter.js';
-import { createRedisClock } from './redis-clock.js';
-import { StaleAdmissionError, createLeasePath, leasable } from './redis-lease.js';
-import { type RedisLease, type RedisLimiter, type RedisLimiterOptions, errorTags, failedHashTags, hashTag } from './redis-api.js';
+import { CODES, DEFAULT_LEASE_MS, quotaOf } from '../bucket.js';
+import { createLeaseKeeper, newLeaseId } from '../leases.js';
+import { createRedisLedger } from './ledger.js';
+import { type AdmitInput, type AdmitResult, NO_QUOTA, hasAnyLimit, isLimited } from '../limiter.js';
+import { createRedisClock } from './clock.js';
+import { StaleAdmissionError, createLeasePath, leasable } from './lease-path.js';
+import { type RedisLease, type RedisLimiter, type RedisLimiterOptions, errorTags, failedHashTags, hashTag } from './api.js';
 import { atTurnEnd, scriptRunner } from './scripts.js';
 import { type SettleOp, settleBatchOf } from './settle-batch.js';
 

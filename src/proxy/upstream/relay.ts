@@ -8,35 +8,15 @@
  * and one 'data' listener shared by every response feeds the client and the usage tap.
  */
 import type { IncomingMessage, ServerResponse } from 'node:http';
+import { connectionTokens, HOP_BY_HOP } from './header-lines.js';
 
 /** Fed the response body as it passes (the usage tap). */
 export interface BodyWatcher {
   push(chunk: Buffer): void;
 }
 
-/** Headers that belong to one connection (RFC 9110 section 7.6.1), never forwarded either way. */
-export const HOP_BY_HOP = ['connection', 'keep-alive', 'te', 'trailer', 'upgrade', 'proxy-authorization', 'proxy-connection'];
-
 /** On a response, Transfer-Encoding too: the client's framing is Node's to choose for its own connection. */
 const RESPONSE_DROPS = new Set([...HOP_BY_HOP, 'transfer-encoding']);
-
-/**
- * The header names a Connection value lists (lower case), for removal; never the message's
- * framing or Host. A name that is hop-by-hop anyway may be left out.
- */
-export function connectionTokens(value: string): string[] {
-  // The values nearly every message carries name no header that is not dropped anyway.
-  if (value.length <= 10) {
-    const v = value.toLowerCase();
-    if (v === 'keep-alive' || v === 'close') return [];
-  }
-  const out: string[] = [];
-  for (const token of value.split(',')) {
-    const name = token.trim().toLowerCase();
-    if (name && name !== 'content-length' && name !== 'transfer-encoding' && name !== 'host') out.push(name);
-  }
-  return out;
-}
 
 /** The response head to send: the upstream's lines less what is dropped, then the sidecar's own. */
 export class ResponseHead {

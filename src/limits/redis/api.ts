@@ -3,7 +3,7 @@
  * upstream's counters live, and which of them an error concerns.
  */
 import type { Cluster, Redis } from 'ioredis';
-import type { AdmitInput, AdmitResult, Lease, Limiter } from './limiter.js';
+import type { AdmitInput, AdmitResult, Lease, Limiter } from '../limiter.js';
 
 export interface RedisLimiterOptions {
   redis: Redis | Cluster;

@@ -8,6 +8,7 @@
  *                                                (rediss+cluster:// for TLS)
  *   unix:///path/to/redis.sock                   single node over a unix socket
  */
+import { once } from 'node:events';
 import { Cluster, Redis, type RedisOptions } from 'ioredis';
 
 export type RedisTarget =
@@ -72,10 +73,8 @@ export function createRedisClient(opts: RedisClientOptions): Redis | Cluster {
     connectTimeout: Math.max(1_000, opts.timeoutMs * 10),
     // Connect now, so the first requests do not pay for the handshake.
     lazyConnect: false,
-    // Off: its Pipeline object per event-loop turn (every defined script copied onto it) and
-    // its extra promise and callback per command cost about 1.5x the client CPU of a plain
-    // command. scripts.ts coalesces the writes of one turn by corking the socket instead.
-    enableAutoPipelining: false,
+    // The calls of one event-loop turn leave in one write (a Cluster's own option turns it off).
+    enableAutoPipelining: true,
   } satisfies RedisOptions;
 
   let client: Redis | Cluster;
@@ -85,6 +84,9 @@ export function createRedisClient(opts: RedisClientOptions): Redis | Cluster {
       clusterRetryStrategy: reconnectDelayMs,
       slotsRefreshTimeout: Math.max(1_000, opts.timeoutMs * 10),
       scaleReads: 'master',
+      // Off: a Cluster groups a pipelined call by its first argument, which for a script
+      // with a variable number of keys is the key count (scripts.ts).
+      enableAutoPipelining: false,
       // While a master is gone, its slots answer with a redirection to it, a refused connection
       // or CLUSTERDOWN. ioredis waits 100 ms before each retry by default, which spends the
       // whole timeout; without the wait the admission fails in a few round trips and falls
@@ -120,6 +122,18 @@ export function createRedisClient(opts: RedisClientOptions): Redis | Cluster {
     up = false;
   });
   return client;
+}
+
+/**
+ * Resolves once the client can serve every key: a single node when it is ready, a Cluster
+ * when its slot map is known and each master's own connection is ready (a command for a
+ * master still connecting fails at once, with no offline queue).
+ */
+export async function whenServing(client: Redis | Cluster): Promise<void> {
+  if (client.status !== 'ready') await once(client, 'ready');
+  if (!client.isCluster) return;
+  const connecting = (client as Cluster).nodes('master').filter((node) => node.status !== 'ready');
+  await Promise.all(connecting.map((node) => once(node, 'ready')));
 }
 
 /** Closes politely when Redis answers, else drops the connection; never waits long. */

@@ -17,10 +17,10 @@ import { parseRange } from '../policy/network.js';
 import { buildRules } from '../routes.js';
 import type { SyncClient, UsagePusher } from '../sync/client.js';
 import { consoleClients } from './console-clients.js';
-import { answerClientError, createExchanges } from './exchange.js';
-import { createForwarder } from './forward.js';
-import { QUOTA_HEADER_NAMES } from './quota-headers.js';
-import { describeKey } from './self.js';
+import { answerClientError, createExchanges } from '../proxy/exchange.js';
+import { createForwarder } from '../proxy/upstream/forward.js';
+import { QUOTA_HEADER_NAMES } from '../proxy/quota-headers.js';
+import { describeKey } from '../proxy/self.js';
 
 export interface SidecarOptions {
   config: Config;

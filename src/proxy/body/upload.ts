@@ -8,7 +8,7 @@
 import type { IncomingMessage } from 'node:http';
 import { EventEmitter } from 'node:events';
 import { Transform } from 'node:stream';
-import { deny, type Denial } from '../errors.js';
+import { deny, type Denial } from '../../errors.js';
 
 export function bodyTooLarge(limit: number): Denial {
   return deny('body_too_large', { params: { limit } });

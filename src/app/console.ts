@@ -6,19 +6,19 @@
 import { createServer, type IncomingMessage, type ServerResponse } from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { makeKeyHasher } from '../auth/hash.js';
-import { handleAdmin } from './admin-api.js';
-import type { ConsoleConfig } from './config.js';
-import { readMasterKey } from './crypto.js';
-import { openConsoleDb } from './db.js';
-import { ApiError } from './errors.js';
-import { ChangeFeed } from './feed.js';
-import { makeAuthenticator, principalName, sendError, sendJson, unauthorized, forbidden } from './http.js';
+import { handleAdmin } from '../console/admin-api.js';
+import type { ConsoleConfig } from '../console/config.js';
+import { readMasterKey } from '../console/crypto.js';
+import { openConsoleDb } from '../console/db.js';
+import { ApiError } from '../console/errors.js';
+import { ChangeFeed } from '../console/feed.js';
+import { makeAuthenticator, principalName, sendError, sendJson, unauthorized, forbidden } from '../console/http.js';
 import { quiet, type LogSink } from '../log.js';
-import { makePricer, priceTable, publishPrices } from './pricing.js';
-import { rollPeriods } from './budgets.js';
-import { ConsoleStore } from './store.js';
-import { handleSync } from './sync-api.js';
-import { makeWebHandler } from './web.js';
+import { makePricer, priceTable, publishPrices } from '../console/pricing.js';
+import { rollPeriods } from '../console/budgets.js';
+import { ConsoleStore } from '../console/store.js';
+import { handleSync } from '../console/sync-api.js';
+import { makeWebHandler } from '../console/web.js';
 
 export interface StartConsoleOptions {
   config: ConsoleConfig;

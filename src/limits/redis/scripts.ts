@@ -1,0 +1,72 @@
+/**
+ * The one loader of the Lua scripts in lua/. A script may paste a shared prelude with a
+ * line `-- #include <file>.lua` (bucket.lua: the token-bucket, slice and admission rules).
+ *
+ * Each script is sent as an ioredis custom command (`defineCommand`): EVAL on a connection
+ * that has not had it yet, EVALSHA after that, and again after a NOSCRIPT. Sending EVAL
+ * first keeps the calls of one connection in the order they were made, which the
+ * settlement batch relies on (a NOSCRIPT answered and resent later would let the next
+ * admission overtake a settlement).
+ *
+ * A single-node client pipelines the calls of one event-loop turn into one write
+ * (`enableAutoPipelining`). A Cluster client does not: it would group a turn's calls by the
+ * master of each call's first argument, which for a script with a variable number of keys
+ * is the key count, not a key.
+ */
+import { readFileSync } from 'node:fs';
+import type { Cluster, Redis } from 'ioredis';
+
+export const SCRIPTS = {
+  keywardAdmit: 'admit.lua',
+  keywardLease: 'lease.lua',
+  keywardSettle: 'settle.lua',
+  keywardRefresh: 'refresh.lua',
+  keywardPeek: 'peek.lua',
+  keywardHold: 'hold.lua',
+  keywardLedger: 'ledger.lua',
+} as const;
+export type ScriptName = keyof typeof SCRIPTS;
+export type RunScript = (name: ScriptName, keys: string[], args: (string | number)[]) => Promise<unknown>;
+
+const read = (file: string): string => readFileSync(new URL(`./lua/${file}`, import.meta.url), 'utf8');
+
+/** A script's source with its includes pasted in. */
+export function scriptSource(file: string): string {
+  return read(file).replace(/^-- #include (\S+\.lua)$/gm, (_, inc: string) => read(inc));
+}
+
+/** Sources, read once per process. */
+let sources: Record<ScriptName, string> | null = null;
+
+type Commands = Record<ScriptName, (numberOfKeys: number, ...keysAndArgs: (string | number)[]) => Promise<unknown>>;
+
+/** A runner of the scripts on `client`, defining them on it the first time. */
+export function scriptRunner(client: Redis | Cluster): RunScript {
+  sources ??= Object.fromEntries(Object.entries(SCRIPTS).map(([name, file]) => [name, scriptSource(file)])) as Record<ScriptName, string>;
+  const commands = client as unknown as Commands;
+  for (const name of Object.keys(SCRIPTS) as ScriptName[]) {
+    if (typeof commands[name] !== 'function') client.defineCommand(name, { lua: sources[name] });
+  }
+  return (name, keys, args) => commands[name](keys.length, ...keys, ...args);
+}
+
+/** What is due at the end of the current event-loop turn, per client. */
+const due = new WeakMap<object, (() => void)[]>();
+
+/**
+ * Runs `fn` at the end of this event-loop turn, once the turn's I/O callbacks have run:
+ * what it sends (a batch of what the turn's requests asked for) joins that turn's pipeline.
+ */
+export function atTurnEnd(client: Redis | Cluster, fn: () => void): void {
+  const queued = due.get(client);
+  if (queued) {
+    queued.push(fn);
+    return;
+  }
+  const fns = [fn];
+  due.set(client, fns);
+  setImmediate(() => {
+    due.delete(client);
+    for (const f of fns) f();
+  });
+}

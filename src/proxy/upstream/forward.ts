@@ -1,0 +1,171 @@
+/**
+ * Forwarding through http-proxy-3's documented interface (one keep-alive agent per
+ * upstream): `web` with per-call options, `selfHandleResponse` with the `proxyRes` event
+ * (relay.ts writes the response), the error callback, and one pass of keyward's own
+ * before the `stream` pass. Method, path, header lines and body bytes go through unchanged
+ * except for hop-by-hop headers, which belong to each connection and are dropped both ways.
+ */
+import type http from 'node:http';
+import type { IncomingMessage, ServerResponse } from 'node:http';
+import type { Socket } from 'node:net';
+import type { Readable, Stream, Writable } from 'node:stream';
+import type { BodySource } from '../body/read.js';
+import { createProxyServer } from 'http-proxy-3';
+import { createUpstreamAgent } from './agent.js';
+import { framingProblem } from './framing.js';
+import { outgoingHeaders } from './header-lines.js';
+import { relay, ResponseHead, type BodyWatcher } from './relay.js';
+
+export interface UpstreamTarget {
+  url: string;
+  timeoutMs: number;
+}
+
+/** rejected: the body stream refused its own content midway (see multipart's late-field guard) */
+export type ForwardFailure = 'timeout' | 'unavailable' | 'rejected';
+
+export interface ForwarderOptions {
+  upstreams: Record<string, UpstreamTarget>;
+  /** response headers the sidecar always writes itself: the upstream's are dropped (the key's rate-limit figures) */
+  replacedResponseHeaders?: readonly string[];
+}
+
+/**
+ * What a forwarded call wants to hear about its own response. Called with the client's
+ * response, so one hooks object can serve every call.
+ */
+export interface ForwardHooks {
+  /**
+   * Once, before the response's head is written to the client: reads and adds to `head`,
+   * and returns what should see the body as it passes (null: nothing).
+   */
+  onResponse(res: ServerResponse, proxyRes: IncomingMessage, head: ResponseHead): BodyWatcher | null;
+  /** the upstream could not be reached, went quiet for longer than its timeout, or the body refused itself */
+  onFailure(res: ServerResponse, kind: ForwardFailure, err: Error): void;
+}
+
+export interface ForwardCall {
+  upstream: string;
+  /** what to send instead of `req` (a body read for the checks); null streams `req` itself */
+  body: BodySource | null;
+  hooks: ForwardHooks;
+}
+
+/** One forwarded call. */
+export interface Forwarding {
+  /** destroys its upstream request, if one was made; no failure is reported (the client was answered already) */
+  abort(): void;
+}
+
+export interface Forwarder {
+  forward(req: IncomingMessage, res: ServerResponse, call: ForwardCall): Forwarding;
+  close(): void;
+}
+
+/**
+ * http-proxy-3 reports responses through one server-wide event; the call's hooks ride on
+ * its response object under a private symbol, so the event finds them without a lookup.
+ */
+const HOOKS = Symbol('keyward.forwardHooks');
+type HookedResponse = ServerResponse & { [HOOKS]?: ForwardHooks };
+
+/** Destroys an upstream request without reporting a failure: the client's answer was already given. */
+class BodyStalled extends Error {
+  readonly code = 'KW_BODY_STALLED';
+}
+
+/**
+ * What http-proxy-3 pipes into the upstream request, with the request caught at pipe
+ * time so it can be destroyed: when a body stream emits 'reject' (it refused its own
+ * content midway), or when the client's body stalls. Otherwise the upstream would wait
+ * for the rest of a body that never comes.
+ */
+class TrackedSource implements BodySource, Forwarding {
+  private dest: Writable | null = null;
+  private readonly source: BodySource;
+
+  /** `body`: what was read for the checks, forwarded instead of `req` (null: `req` itself) */
+  constructor(req: IncomingMessage, body: BodySource | null) {
+    this.source = body ?? req;
+    if (body && typeof (body as Partial<Readable>).once === 'function') {
+      (body as Readable).once('reject', (err: Error) => this.dest?.destroy(err));
+    }
+  }
+
+  pipe<T extends NodeJS.WritableStream>(d: T): T {
+    this.dest = d as unknown as Writable;
+    return this.source.pipe(d);
+  }
+
+  abort(): void {
+    this.dest?.destroy(new BodyStalled('the request body stalled'));
+  }
+}
+
+/** http-proxy-3's error callback: one function for every call, the hooks ride on the response. */
+function onProxyError(err: Error & { code?: string }, _req: IncomingMessage, res: ServerResponse | Socket): void {
+  if (err.code === 'KW_BODY_STALLED') return;
+  const kind = err.code === 'UPSTREAM_TIMEOUT' ? 'timeout' : err.code === 'KW_BODY_REJECTED' ? 'rejected' : 'unavailable';
+  (res as HookedResponse)[HOOKS]?.onFailure(res as ServerResponse, kind, err);
+}
+
+/**
+ * keyward's pass, run by http-proxy-3 just before its `stream` pass opens the upstream
+ * request: the header object it copies is rebuilt from the request's raw lines. So a
+ * repeated header goes out as separate lines in their order (Node's header object joins
+ * or drops repeats), and the framing is the received one again (the `deleteLength` pass
+ * before it turns a chunked DELETE or OPTIONS into `content-length: 0` and still pipes the
+ * body, which the upstream would read as a second request that no one authenticated).
+ */
+function receivedHeaderLines(req: IncomingMessage): void {
+  req.headers = outgoingHeaders(req.rawHeaders);
+}
+
+interface Target {
+  url: URL;
+  agent: http.Agent;
+  /** false for a target at the root: the request's path alone, without a URL join per request */
+  prependPath: boolean;
+}
+
+export function createForwarder(opts: ForwarderOptions): Forwarder {
+  const proxy = createProxyServer({ xfwd: false, changeOrigin: false, ws: false, selfHandleResponse: true });
+  proxy.before('web', 'stream', receivedHeaderLines);
+  const targets = new Map<string, Target>();
+  for (const [name, up] of Object.entries(opts.upstreams)) {
+    const url = new URL(up.url);
+    const agent = createUpstreamAgent({ tls: url.protocol === 'https:', timeoutMs: up.timeoutMs });
+    targets.set(name, { url, agent, prependPath: !(url.pathname === '/' && url.search === '') });
+  }
+  const replaced = new Set(opts.replacedResponseHeaders ?? []);
+  proxy.on('proxyRes', (proxyRes, req, res) => {
+    const server = res as ServerResponse;
+    const head = new ResponseHead(proxyRes, replaced);
+    // The client's own connection decides keep-alive (the upstream's Connection is its
+    // own); an HTTP/1.0 client is answered `close`, as http-proxy-3 answers it.
+    head.add('connection', req.httpVersion === '1.0' || !server.shouldKeepAlive ? 'close' : 'keep-alive');
+    const watcher = (res as HookedResponse)[HOOKS]?.onResponse(server, proxyRes, head) ?? null;
+    relay(proxyRes, server, { head, watcher });
+  });
+  // A client that went away mid-request: http-proxy-3 already destroyed the upstream request.
+  proxy.on('econnreset', () => {});
+
+  return {
+    forward(req, res, { upstream, body, hooks }) {
+      const target = targets.get(upstream) ?? targets.get('default')!;
+      const framing = framingProblem(req);
+      if (framing) {
+        hooks.onFailure(res, 'rejected', Object.assign(new Error(framing), { code: 'KW_BODY_REJECTED' }));
+        return { abort() {} };
+      }
+      (res as HookedResponse)[HOOKS] = hooks;
+      const tracked = new TrackedSource(req, body);
+      proxy.web(req, res, { target: target.url, agent: target.agent, prependPath: target.prependPath, buffer: tracked as unknown as Stream }, onProxyError);
+      return tracked;
+    },
+    close() {
+      for (const t of targets.values()) t.agent.destroy();
+      proxy.close();
+    },
+  };
+}

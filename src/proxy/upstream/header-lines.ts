@@ -1,0 +1,59 @@
+/**
+ * Header lines on the way through (DESIGN section 5, "Headers"): what belongs to one
+ * connection and is dropped both ways, and the request's lines as the upstream gets them.
+ */
+import type { IncomingHttpHeaders } from 'node:http';
+
+/** Headers that belong to one connection (RFC 9110 section 7.6.1), never forwarded either way. */
+export const HOP_BY_HOP = ['connection', 'keep-alive', 'te', 'trailer', 'upgrade', 'proxy-authorization', 'proxy-connection'];
+
+/**
+ * The header names a Connection value lists (lower case), for removal; never the message's
+ * framing or Host. A name that is hop-by-hop anyway may be left out.
+ */
+export function connectionTokens(value: string): string[] {
+  // The values nearly every message carries name no header that is not dropped anyway.
+  if (value.length <= 10) {
+    const v = value.toLowerCase();
+    if (v === 'keep-alive' || v === 'close') return [];
+  }
+  const out: string[] = [];
+  for (const token of value.split(',')) {
+    const name = token.trim().toLowerCase();
+    if (name && name !== 'content-length' && name !== 'transfer-encoding' && name !== 'host') out.push(name);
+  }
+  return out;
+}
+
+/** The names every Connection line of `raw` lists, or null when none lists any. */
+function namedByConnection(raw: readonly string[]): string[] | null {
+  let named: string[] | null = null;
+  for (let i = 0; i < raw.length; i += 2) {
+    if (raw[i]!.length !== 10 || raw[i]!.toLowerCase() !== 'connection') continue;
+    const tokens = connectionTokens(raw[i + 1]!);
+    if (tokens.length > 0) (named ??= []).push(...tokens);
+  }
+  return named;
+}
+
+/**
+ * A request's raw lines as the header object Node's client sends: names in lower case in
+ * their first order, a repeated name as a list of its values in order (each sent as a line
+ * of its own), hop-by-hop headers and those Connection names left out. Node's own header
+ * object joins most repeats and keeps only the first of others.
+ */
+export function outgoingHeaders(raw: readonly string[]): IncomingHttpHeaders {
+  const named = namedByConnection(raw);
+  // No prototype: a header may be called `__proto__`.
+  const out = Object.create(null) as Record<string, string | string[]>;
+  for (let i = 0; i < raw.length; i += 2) {
+    const name = raw[i]!.toLowerCase();
+    if (HOP_BY_HOP.includes(name) || (named !== null && named.includes(name))) continue;
+    const value = raw[i + 1]!;
+    const prev = out[name];
+    if (prev === undefined) out[name] = value;
+    else if (typeof prev === 'string') out[name] = [prev, value];
+    else prev.push(value);
+  }
+  return out as IncomingHttpHeaders;
+}

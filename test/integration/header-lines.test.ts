@@ -1,0 +1,110 @@
+/**
+ * Header lines reach the upstream as received (DESIGN section 5, "Headers"): a repeated
+ * header stays as separate lines with its values in order, never joined or dropped, on
+ * every route class and framing; hop-by-hop lines and those Connection names go. The
+ * fake upstream records the raw lines it read.
+ */
+import { after, before, describe, test } from 'node:test';
+import assert from 'node:assert/strict';
+import { startFakeUpstream, type FakeUpstream } from '../helpers/upstream.js';
+import { startHarness, type Harness } from '../helpers/sidecar.js';
+import { chunked, rawExchange } from '../helpers/raw.js';
+
+let up: FakeUpstream;
+let h: Harness;
+let port: number;
+
+before(async () => {
+  up = await startFakeUpstream();
+  h = await startHarness({ upstream: up.url, keys: { k_ok: {} } });
+  port = Number(new URL(h.url).port);
+});
+after(async () => {
+  await h.close();
+  await up.close();
+});
+
+/** The raw lines the upstream read, as [name, value] pairs in order (names as sent). */
+function linesOf(raw: string[]): [string, string][] {
+  const out: [string, string][] = [];
+  for (let i = 0; i < raw.length; i += 2) out.push([raw[i]!, raw[i + 1]!]);
+  return out;
+}
+
+/** The lines named `name` (any case), in order. */
+const named = (raw: string[], name: string) => linesOf(raw).filter(([n]) => n.toLowerCase() === name);
+
+async function exchange(head: string, body: Buffer | string = ''): Promise<number> {
+  const before = up.received.length;
+  const ex = await rawExchange(port, [head, body], { expect: 1 });
+  assert.equal(up.received.length, before + 1, `forwarded: ${ex.bytes.toString('latin1').slice(0, 200)}`);
+  return ex.responses[0]!.status;
+}
+
+describe('header lines', () => {
+  const repeated = [
+    ['X-Trace', 'one'], ['x-trace', 'two, three'], ['X-TRACE', 'four'],
+    // Node's header object keeps only the first of these
+    ['User-Agent', 'first/1'], ['user-agent', 'second/2'],
+    ['Accept', 'application/json'], ['Accept', 'text/event-stream'],
+    ['X-Forwarded-For', '10.0.0.1'], ['X-Forwarded-For', '10.0.0.2'],
+  ];
+  const block = repeated.map(([n, v]) => `${n}: ${v}\r\n`).join('');
+
+  test('a repeated header reaches the upstream as separate lines in order, on a model route', async () => {
+    const body = '{"model":"gpt-4o","messages":[]}';
+    const status = await exchange(
+      `POST /v1/chat/completions HTTP/1.1\r\nHost: a\r\nAuthorization: Bearer ${h.keys.k_ok}\r\n${block}Content-Type: application/json\r\nContent-Length: ${body.length}\r\n\r\n`,
+      body,
+    );
+    assert.equal(status, 200);
+    const raw = up.received.at(-1)!.rawHeaders;
+    assert.deepEqual(named(raw, 'x-trace').map(([, v]) => v), ['one', 'two, three', 'four']);
+    assert.deepEqual(named(raw, 'user-agent').map(([, v]) => v), ['first/1', 'second/2']);
+    assert.deepEqual(named(raw, 'accept').map(([, v]) => v), ['application/json', 'text/event-stream']);
+    assert.deepEqual(named(raw, 'x-forwarded-for').map(([, v]) => v), ['10.0.0.1', '10.0.0.2']);
+    // the lines of one name keep their place among the others: first seen, first sent
+    const order = [...new Set(linesOf(raw).map(([n]) => n.toLowerCase()))];
+    assert.ok(order.indexOf('x-trace') < order.indexOf('user-agent') && order.indexOf('user-agent') < order.indexOf('accept'), order.join(','));
+  });
+
+  test('a repeated header on a bodiless listing call and on a chunked files upload', async () => {
+    assert.equal(await exchange(`GET /v1/models HTTP/1.1\r\nHost: a\r\nAuthorization: Bearer ${h.keys.k_ok}\r\n${block}\r\n`), 200);
+    assert.deepEqual(named(up.received.at(-1)!.rawHeaders, 'x-trace').map(([, v]) => v), ['one', 'two, three', 'four']);
+    const status = await exchange(
+      `POST /v1/files HTTP/1.1\r\nHost: a\r\nAuthorization: Bearer ${h.keys.k_ok}\r\n${block}Content-Type: application/octet-stream\r\nTransfer-Encoding: chunked\r\n\r\n`,
+      chunked('file bytes'),
+    );
+    assert.equal(status, 200);
+    const rec = up.received.at(-1)!;
+    assert.deepEqual(named(rec.rawHeaders, 'user-agent').map(([, v]) => v), ['first/1', 'second/2']);
+    assert.deepEqual(named(rec.rawHeaders, 'transfer-encoding').map(([, v]) => v), ['chunked']);
+    assert.equal(rec.body.toString(), 'file bytes');
+  });
+
+  test('repeated cookie lines keep every value in order', async () => {
+    assert.equal(await exchange(`GET /v1/models HTTP/1.1\r\nHost: a\r\nAuthorization: Bearer ${h.keys.k_ok}\r\nCookie: a=1\r\nCookie: b=2; c=3\r\n\r\n`), 200);
+    // Node's client sends a repeated Cookie as one line joined with "; " (RFC 6265 section
+    // 5.4, RFC 9113 section 8.2.3): the one header where that join is the field's own syntax.
+    assert.deepEqual(named(up.received.at(-1)!.rawHeaders, 'cookie').map(([, v]) => v), ['a=1; b=2; c=3']);
+  });
+
+  test('hop-by-hop lines and every name a Connection line lists are dropped; the rest stay', async () => {
+    assert.equal(
+      await exchange(
+        `GET /v1/models HTTP/1.1\r\nHost: a\r\nAuthorization: Bearer ${h.keys.k_ok}\r\nConnection: x-one\r\nConnection: keep-alive, x-two\r\nX-One: 1\r\nX-Two: 2\r\nX-Two: 2b\r\nKeep-Alive: timeout=5\r\nTE: trailers\r\nProxy-Authorization: Basic eA==\r\nX-Kept: yes\r\nX-Kept: again\r\n\r\n`,
+      ),
+      200,
+    );
+    const raw = up.received.at(-1)!.rawHeaders;
+    for (const gone of ['x-one', 'x-two', 'keep-alive', 'te', 'proxy-authorization']) assert.deepEqual(named(raw, gone), [], gone);
+    assert.deepEqual(named(raw, 'x-kept').map(([, v]) => v), ['yes', 'again']);
+  });
+
+  test('a header named like an object property is an ordinary header', async () => {
+    assert.equal(await exchange(`GET /v1/models HTTP/1.1\r\nHost: a\r\nAuthorization: Bearer ${h.keys.k_ok}\r\n__proto__: x\r\nconstructor: y\r\nconstructor: z\r\n\r\n`), 200);
+    const raw = up.received.at(-1)!.rawHeaders;
+    assert.deepEqual(named(raw, '__proto__').map(([, v]) => v), ['x']);
+    assert.deepEqual(named(raw, 'constructor').map(([, v]) => v), ['y', 'z']);
+  });
+});
