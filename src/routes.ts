@@ -89,8 +89,28 @@ export function buildRules(extra: readonly { path: string; methods?: string[] | 
   return [...custom, ...DEFAULT_RULES];
 }
 
-// Encoded dot, slash and backslash, and encoded NUL: decoding them upstream would change the path.
-const ENCODED = /%(2e|2f|5c|00)/i;
+/** Unreserved characters (RFC 3986 section 2.3): a normaliser upstream decodes them, so they are never sent encoded. */
+const UNRESERVED = /[A-Za-z0-9\-._~]/;
+
+/**
+ * Why a percent-encoded byte may not stand in the path, or null. Refused: what decodes to
+ * a dot, slash, backslash or NUL (the path's structure), to an unreserved character (an
+ * upstream that normalises reads another path), or to a byte outside ASCII (Unicode
+ * look-alikes such as a fullwidth dot or slash fold into the real ones upstream); and a
+ * `%` that does not start a valid escape, which upstreams read each their own way.
+ */
+function encodingProblem(path: string): string | null {
+  for (let i = path.indexOf('%'); i !== -1; i = path.indexOf('%', i + 1)) {
+    const hex = path.slice(i + 1, i + 3);
+    if (!/^[0-9A-Fa-f]{2}$/.test(hex)) return 'a "%" in the path must start a two-digit hex escape';
+    const byte = Number.parseInt(hex, 16);
+    const char = String.fromCharCode(byte);
+    if (char === '.' || char === '/' || char === '\\' || byte === 0) return 'encoded dots, slashes or backslashes are not allowed in the path';
+    if (byte >= 0x80) return 'characters outside ASCII are not allowed in the path, raw or percent-encoded';
+    if (UNRESERVED.test(char)) return `"%${hex}" encodes "${char}", which is sent as itself; encoded letters, digits and -._~ are not allowed in the path`;
+  }
+  return null;
+}
 
 /** Checks the raw request target; returns the path (no query) or why it is refused. */
 export function checkPath(target: string): { ok: true; path: string } | { ok: false; message: string } {
@@ -100,10 +120,15 @@ export function checkPath(target: string): { ok: true; path: string } | { ok: fa
   const q = target.indexOf('?');
   const path = q === -1 ? target : target.slice(0, q);
   if (path.startsWith('//')) return { ok: false, message: 'the path must not start with //' };
+  // Upstreams that merge slashes, or drop a trailing one, would read another path.
+  if (path.includes('//') || (path.length > 1 && path.endsWith('/'))) return { ok: false, message: 'empty path segments (// or a trailing /) are not allowed in the path' };
   if (path.includes('\\')) return { ok: false, message: 'backslashes are not allowed in the path' };
-  if (ENCODED.test(path)) return { ok: false, message: 'encoded dots, slashes or backslashes are not allowed in the path' };
+  const encoding = encodingProblem(path);
+  if (encoding) return { ok: false, message: encoding };
   // eslint-disable-next-line no-control-regex
   if (/[\x00-\x20\x7f]/.test(path)) return { ok: false, message: 'control characters and spaces are not allowed in the path' };
+  // eslint-disable-next-line no-control-regex
+  if (/[^\x00-\x7f]/.test(path)) return { ok: false, message: 'characters outside ASCII are not allowed in the path, raw or percent-encoded' };
   for (const seg of path.split('/')) {
     if (seg === '.' || seg === '..') return { ok: false, message: 'dot segments are not allowed in the path' };
   }

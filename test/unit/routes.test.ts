@@ -58,7 +58,6 @@ const NOT_FOUND: [string, string][] = [
   ['PUT', '/v1/messages'],
   ['GET', '/v1/messages/count_tokens'],
   ['POST', '/v1/messages/batches'],
-  ['POST', '/v1/chat/completions/'],
   ['POST', '/v1/chat/completions/x'],
   ['GET', '/healthz'],
   ['GET', '/readyz'],
@@ -77,7 +76,6 @@ const NOT_FOUND: [string, string][] = [
   ['PATCH', '/v1/files/file-abc'],
   ['HEAD', '/v1/files/file-abc'],
   ['DELETE', '/v1/files/file-abc/content'],
-  ['GET', '/v1/files/'],
   ['GET', '/v1/files/a/b'],
   ['GET', '/v1/uploads'],
   ['DELETE', '/v1/uploads/upload_1'],
@@ -126,6 +124,31 @@ const INVALID: string[] = [
   '//host/v1/models',
   '/v1/chat completions',
   '/v1/models\t',
+  // empty segments: an upstream that merges slashes or drops a trailing one reads another path
+  '/v1//models',
+  '/v1/chat//completions',
+  '/v1/chat/completions/',
+  '/v1/models/',
+  '/v1/files/',
+  '/v1/files/abc//content',
+  // percent-encoded bytes outside ASCII: Unicode look-alikes of dots and slashes (fullwidth
+  // dot and slash, two-dot leader, overlong UTF-8 of '.' and '/')
+  '/v1/models/%EF%BC%8E%EF%BC%8E/chat',
+  '/v1/files/a%EF%BC%8Fcontent',
+  '/v1/files/%E2%80%A5/x',
+  '/v1/models/%c0%ae%c0%ae',
+  '/v1/models/%C0%AF',
+  // raw characters outside ASCII (Node's parser refuses them on the wire; checked all the same)
+  '/v1/models/\uff0e\uff0e',
+  '/v1/files/a\u2215b',
+  // encoded unreserved characters, which normalisers decode
+  '/v1/%63hat/completions',
+  '/v1/models/gpt%2D4o',
+  '/v1/files/file%5Fabc',
+  // malformed escapes
+  '/v1/models/%zz',
+  '/v1/models/gpt%4',
+  '/v1/models/gpt%',
 ];
 
 for (const target of INVALID) {
@@ -144,6 +167,14 @@ test('invalid_path wins over not_found: unknown paths with dot segments are 400'
   for (const t of ['/nope/../v1/models', '/v2/%2e/x', '/healthz/..']) {
     const c = classify(DEFAULT_RULES, 'GET', t);
     assert.equal(!c.ok && c.code, 'invalid_path', t);
+  }
+});
+
+test('escapes of reserved characters other than dot and slash stay allowed (a fine-tuned model id with a colon)', () => {
+  for (const t of ['/v1/models/ft%3Agpt-4o%3Aorg', '/v1/files/file-abc%2Bdef/content']) {
+    const c = classify(DEFAULT_RULES, 'GET', t);
+    assert.ok(c.ok, t);
+    assert.equal(c.path, t);
   }
 });
 
@@ -241,13 +272,16 @@ test('buildRules: operator routes win over the defaults', () => {
 
 test('buildRules: a `/*` suffix is a prefix match on whole segments, bare prefix included', () => {
   const rules = buildRules([custom('/v1/rerank/*', { class: 'model', modelRequired: true })]);
-  for (const t of ['/v1/rerank', '/v1/rerank/', '/v1/rerank/a', '/v1/rerank/a/b/c']) {
+  for (const t of ['/v1/rerank', '/v1/rerank/a', '/v1/rerank/a/b/c']) {
     const c = classify(rules, 'POST', t);
     assert.ok(c.ok, t);
     assert.equal(c.route.name, 'custom:/v1/rerank');
     assert.equal(c.route.modelRequired, true);
   }
   for (const t of ['/v1/rerankx', '/v1/reran']) assert.equal(classify(rules, 'POST', t).ok, false, t);
+  // a trailing slash is an empty segment, refused before any rule is tried
+  const trailing = classify(rules, 'POST', '/v1/rerank/');
+  assert.equal(!trailing.ok && trailing.code, 'invalid_path');
 });
 
 test('buildRules: an exact operator path is not a prefix', () => {

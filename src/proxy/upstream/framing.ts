@@ -35,15 +35,20 @@ export function parserRefusalMayBeHead(err: NodeJS.ErrnoException & { rawPacket?
  * Answers a request the HTTP parser refused. `current` is the last request seen on the
  * socket: when the refused bytes belong to it (its body was still coming) and its answer
  * has begun, a second response would answer the next request, so the connection closes.
+ * When its answer has not begun, the answer is that request's: its method is known (only
+ * a HEAD goes without a body), and a connection that ended inside its body cut it short.
  */
 export function answerParserRefusal(err: NodeJS.ErrnoException, socket: Duplex, current: { req: IncomingMessage; res: ServerResponse } | undefined): void {
   if (!socket.writable || (current && !current.req.complete && current.res.headersSent)) {
     socket.destroy();
     return;
   }
+  const inBody = current !== undefined && !current.req.complete;
   // headersTimeout: the request head did not arrive in time
   const timedOut = err.code === 'ERR_HTTP_REQUEST_TIMEOUT';
-  const out = renderError(deny('invalid_request', { variant: timedOut ? 'headers_timeout' : 'http' }), 'openai');
-  const body = parserRefusalMayBeHead(err, socket) ? '' : out.body;
+  const variant = timedOut ? 'headers_timeout' : inBody && err.code === 'HPE_INVALID_EOF_STATE' ? 'cut_short' : 'http';
+  const out = renderError(deny('invalid_request', { variant }), 'openai');
+  const head = inBody ? current.req.method === 'HEAD' : parserRefusalMayBeHead(err, socket);
+  const body = head ? '' : out.body;
   socket.end(`HTTP/1.1 ${timedOut ? '408 Request Timeout' : '400 Bad Request'}\r\ncontent-type: application/json\r\nx-keyward-error: invalid_request\r\ncontent-length: ${Buffer.byteLength(body)}\r\nconnection: close\r\n\r\n${body}`);
 }
