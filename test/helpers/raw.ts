@@ -74,10 +74,11 @@ export interface RawExchange {
 }
 
 /**
- * Writes `parts` in order (each as its own write) and collects what comes back until the
- * server closes the connection or `expect` complete responses have arrived.
+ * Writes `parts` in order (each as its own write), half-closes when asked, and collects
+ * what comes back until the server closes the connection or `expect` complete responses
+ * have arrived.
  */
-export function rawExchange(port: number, parts: (Buffer | string)[], opts: { expect?: number; headRequests?: number[]; timeoutMs?: number } = {}): Promise<RawExchange> {
+export function rawExchange(port: number, parts: (Buffer | string)[], opts: { expect?: number; headRequests?: number[]; timeoutMs?: number; halfClose?: boolean } = {}): Promise<RawExchange> {
   return new Promise((resolve, reject) => {
     const socket = net.connect(port, '127.0.0.1');
     const chunks: Buffer[] = [];
@@ -104,6 +105,8 @@ export function rawExchange(port: number, parts: (Buffer | string)[], opts: { ex
     socket.on('error', (err) => (settled ? undefined : reject(err)));
     socket.on('connect', () => {
       for (const p of parts) socket.write(p);
+      // the client sends nothing more, and keeps reading
+      if (opts.halfClose) socket.end();
     });
   });
 }

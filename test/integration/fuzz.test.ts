@@ -8,7 +8,12 @@
  *  - no model reading a common upstream parser could make is outside the key's scope:
  *    JSON read last-duplicate-wins and case-insensitively (Go), multipart read by an
  *    RFC 7578 parser (transport padding allowed) and by a python-multipart-like one
- *    (no padding), first and last value; no model in the query string.
+ *    (no padding), first and last value; no model in the query string;
+ *  - its path reads the same to an upstream that decodes leniently, folds Unicode
+ *    look-alikes (NFKC), merges slashes and resolves dot segments (fuzz-cases.ts);
+ *  - repeated header lines arrived as sent, in order.
+ * And for every answer the client got: its content-length is its body's, and a denial's
+ * body is JSON naming the code of its x-keyward-error (half-closed clients included).
  * A fixed seed always runs; a random one runs too and is printed for replay
  * (KW_FUZZ_SEED=<n> replays one). Cases per seed: KW_FUZZ_CASES (default 1500).
  */
@@ -16,7 +21,8 @@ import { after, before, test } from 'node:test';
 import assert from 'node:assert/strict';
 import { startFakeUpstream, type FakeUpstream, type Received } from '../helpers/upstream.js';
 import { startHarness, type Harness } from '../helpers/sidecar.js';
-import { rawExchange } from '../helpers/raw.js';
+import { rawExchange, type ParsedResponse } from '../helpers/raw.js';
+import { prng, rawValues, repeatedLines, trickyPath, upstreamReading, type Rng } from '../helpers/fuzz-cases.js';
 import { globMatch } from '../../src/policy/glob.js';
 
 const SCOPE = ['gpt-4o-mini', 'whisper-1'];
@@ -38,18 +44,6 @@ after(async () => {
   await up.close();
 });
 
-function prng(seed: number) {
-  let a = seed >>> 0;
-  const next = () => {
-    a = (a + 0x6d2b79f5) >>> 0;
-    let t = a;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
-  return { next, pick: <T>(xs: readonly T[]): T => xs[Math.floor(next() * xs.length)]!, chance: (p: number) => next() < p };
-}
-type Rng = ReturnType<typeof prng>;
 
 const B = 'fzB0undary';
 const MODELS = ['gpt-4o-mini', 'whisper-1', 'gpt-4o', 'o1', 'gpt-4o-mini\\ud800', 'GPT-4O-MINI'];
@@ -95,14 +89,27 @@ function multipartBody(r: Rng): string {
 
 const SMUGGLE = 'GET /v1/files/secret HTTP/1.1\r\nHost: up\r\n\r\n';
 
+/** What the oracle knows of one sent request. */
+interface Sent {
+  /** the key it carried (null: none or invalid) */
+  key: string | null;
+  headers: number;
+  /** repeated header lines it carried: name (lower case) and the values the upstream must read */
+  lines: [string, string[]][];
+  /** its body was cut short by a half-close: it never reaches the upstream whole */
+  cut: boolean;
+}
+
 interface Case {
   id: string;
   bytes: Buffer;
   /** requests in the case, and which of them are HEAD (their answers have no body) */
   requests: number;
   heads: number[];
-  /** the key each sent request carried, by case id (null: none or invalid) */
-  sent: Map<string, { key: string | null; headers: number }>;
+  /** by case id */
+  sent: Map<string, Sent>;
+  /** the client half-closes after writing */
+  halfClose: boolean;
 }
 
 /** How many generated requests fell in each class (method, route, credential, body, framing). */
@@ -111,14 +118,26 @@ const cover = (...classes: string[]) => {
   for (const c of classes) coverage.set(c, (coverage.get(c) ?? 0) + 1);
 };
 
+const PATHS = ['/v1/chat/completions', '/v1/chat/completions?model=gpt-4o', '/v1/responses/r1', '/v1/audio/transcriptions', '/v1/images/edits',
+  '/v1/files', '/v1/files/f1', '/v1/uploads/u1/parts', '/v1/models', '/v1/messages'];
+
 function genCase(r: Rng, n: number): Case {
-  const sent = new Map<string, { key: string | null; headers: number }>();
+  const sent = new Map<string, Sent>();
   const heads: number[] = [];
+  const pipelined = r.chance(0.2);
+  const halfClose = !pipelined && r.chance(0.08);
   const one = (id: string, last: boolean): string => {
     const method = r.pick(['POST', 'POST', 'POST', 'GET', 'DELETE', 'OPTIONS', 'HEAD', 'PUT']);
     if (method === 'HEAD') heads.push(sent.size);
-    const path = r.pick(['/v1/chat/completions', '/v1/chat/completions?model=gpt-4o', '/v1/responses/r1', '/v1/audio/transcriptions', '/v1/images/edits',
-      '/v1/files', '/v1/files/f1', '/v1/uploads/u1/parts', '/v1/models', '/v1/messages']);
+    const base = r.pick(PATHS);
+    let path = base;
+    if (!base.includes('?') && r.chance(0.25)) {
+      const tricky = trickyPath(r, base);
+      path = tricky.path;
+      cover(`path:${tricky.kind}`);
+    }
+    const repeats = r.chance(0.3) ? repeatedLines(r) : { block: '', expect: [] };
+    if (repeats.block) cover(`lines:${repeats.expect[0]![0]}`);
     const keyChoice = r.pick(['scoped', 'scoped', 'scoped', 'deleted', 'off', 'none', 'two', 'xapi']);
     const key = keyChoice === 'deleted' ? h.keys.k_deleted! : keyChoice === 'off' ? h.keys.k_off! : h.keys.k_scoped!;
     let headers = '';
@@ -127,31 +146,34 @@ function genCase(r: Rng, n: number): Case {
     else if (keyChoice !== 'none') headers += `Authorization: Bearer ${key}\r\n`;
     // a disabled project's key still lists models (DESIGN section 5: listing needs steps 1-3b only)
     const valid = keyChoice === 'scoped' || keyChoice === 'xapi' || (keyChoice === 'off' && path === '/v1/models');
-    sent.set(id, { key: valid ? key : null, headers: keyChoice === 'two' ? 2 : 1 });
+    sent.set(id, { key: valid ? key : null, headers: keyChoice === 'two' ? 2 : 1, lines: repeats.expect, cut: halfClose });
     const kind = r.pick(['json', 'json', 'multipart', 'form', 'http', 'none']);
     const body = kind === 'json' ? jsonBody(r) : kind === 'multipart' ? multipartBody(r) : kind === 'form' ? 'model=gpt-4o' : kind === 'http' ? SMUGGLE : '';
     const ct = kind === 'multipart' ? `multipart/form-data; boundary=${B}` : kind === 'form' ? 'application/x-www-form-urlencoded' : 'application/json';
-    const framing = kind === 'none' ? 'none' : r.pick(['length', 'chunked', 'chunked-split']);
-    cover(`method:${method}`, `path:${path}`, `cred:${keyChoice}`, `body:${kind}`, `framing:${framing}`);
+    const framing = halfClose ? 'half-closed' : kind === 'none' ? 'none' : r.pick(['length', 'chunked', 'chunked-split']);
+    cover(`method:${method}`, `path:${base}`, `cred:${keyChoice}`, `body:${kind}`, `framing:${framing}`);
     const bytes = Buffer.from(body, 'utf8');
     let frame = '';
     let payload = '';
     if (framing === 'length') {
       frame = `Content-Length: ${bytes.length}\r\n`;
       payload = body;
+    } else if (framing === 'half-closed') {
+      // a length the client never sends: it half-closes halfway
+      frame = `Content-Length: ${bytes.length + 64}\r\n`;
+      payload = bytes.subarray(0, Math.floor(bytes.length / 2)).toString('utf8');
     } else if (framing !== 'none') {
       frame = 'Transfer-Encoding: chunked\r\n';
       const cut = framing === 'chunked-split' ? Math.floor(bytes.length / 2) : bytes.length;
       const chunks = [bytes.subarray(0, cut), bytes.subarray(cut)].filter((c) => c.length > 0);
       payload = chunks.map((c) => `${c.length.toString(16)}\r\n${c.toString('utf8')}\r\n`).join('') + '0\r\n\r\n';
     }
-    return `${method} ${path} HTTP/1.1\r\nHost: kw\r\nx-case: ${id}\r\nContent-Type: ${ct}\r\n${headers}${frame}${last ? 'Connection: close\r\n' : ''}\r\n${payload}`;
+    return `${method} ${path} HTTP/1.1\r\nHost: kw\r\nx-case: ${id}\r\nContent-Type: ${ct}\r\n${headers}${repeats.block}${frame}${last ? 'Connection: close\r\n' : ''}\r\n${payload}`;
   };
-  const pipelined = r.chance(0.2);
   if (pipelined) cover('pipelined');
   const first = one(`c${n}a`, !pipelined);
   const text = pipelined ? first + one(`c${n}b`, true) : first;
-  return { id: `c${n}`, bytes: Buffer.from(text, 'utf8'), sent, requests: pipelined ? 2 : 1, heads };
+  return { id: `c${n}`, bytes: Buffer.from(text, 'utf8'), sent, requests: pipelined ? 2 : 1, heads, halfClose };
 }
 
 // ---- second readings ---------------------------------------------------------------
@@ -197,7 +219,7 @@ function multipartReadings(body: Buffer, boundary: string, padding: boolean): st
   return out;
 }
 
-function violations(rec: Received, sent: Map<string, { key: string | null; headers: number }>, seen: Set<string>): string[] {
+function violations(rec: Received, sent: Map<string, Sent>, seen: Set<string>): string[] {
   const bad: string[] = [];
   const id = rec.headers['x-case'];
   if (typeof id !== 'string' || !sent.has(id)) return [`a request no one sent reached the upstream: ${rec.method} ${rec.url}`];
@@ -207,6 +229,14 @@ function violations(rec: Received, sent: Map<string, { key: string | null; heade
   const creds = rec.rawHeaders.filter((v, i) => i % 2 === 0 && /^(authorization|x-api-key)$/i.test(v)).length;
   if (s.key === null || s.headers !== 1 || creds !== 1) bad.push(`case ${id} reached the upstream without exactly one valid credential: ${rec.method} ${rec.url}`);
   if (/[?&;]model=/i.test(rec.url)) bad.push(`case ${id}: model in the query string`);
+  const path = rec.url.split('?')[0]!;
+  const folded = upstreamReading(rec.url);
+  if (folded !== path) bad.push(`case ${id}: the upstream could route ${JSON.stringify(path)} as ${JSON.stringify(folded)}`);
+  for (const [name, values] of s.lines) {
+    const got = rawValues(rec.rawHeaders, name);
+    if (JSON.stringify(got) !== JSON.stringify(values)) bad.push(`case ${id}: ${name} lines ${JSON.stringify(values)} arrived as ${JSON.stringify(got)}`);
+  }
+  if (s.cut && rec.body.length > 0 && Number(rec.headers['content-length']) === rec.body.length) bad.push(`case ${id}: a body cut short reached the upstream whole`);
   const ct = String(rec.headers['content-type'] ?? '');
   const readings = rec.body.length === 0 || rec.url.startsWith('/v1/files') || rec.url.startsWith('/v1/uploads') || rec.url.startsWith('/v1/models')
     ? []
@@ -215,9 +245,35 @@ function violations(rec: Received, sent: Map<string, { key: string | null; heade
   return bad;
 }
 
+function parseJson(body: Buffer): unknown {
+  try {
+    return JSON.parse(body.toString('utf8')) as unknown;
+  } catch {
+    return undefined;
+  }
+}
+
+/** Every answer the client read: framed by its own length, and a denial explains itself in JSON. */
+function answerProblems(id: string, responses: ParsedResponse[], heads: number[]): string[] {
+  const bad: string[] = [];
+  responses.forEach((res, i) => {
+    if (heads.includes(i)) return;
+    const length = res.headers['content-length'];
+    if (length !== undefined && Number(length) !== res.body.length) bad.push(`case ${id}: content-length ${length} for a body of ${res.body.length}`);
+    const code = res.headers['x-keyward-error'];
+    if (code === undefined) return;
+    // a parser refusal (no request id) in a packet that holds a HEAD may be that HEAD's answer
+    if (res.body.length === 0 && heads.length > 0 && res.headers['x-request-id'] === undefined) return;
+    const parsed = parseJson(res.body) as { error?: { code?: string; type?: string } } | undefined;
+    if (parsed === undefined) bad.push(`case ${id}: the ${res.status} denial's body is not JSON: ${JSON.stringify(res.body.toString('latin1').slice(0, 80))}`);
+    else if ((parsed.error?.code ?? parsed.error?.type) === undefined) bad.push(`case ${id}: the ${res.status} denial's body names no error`);
+  });
+  return bad;
+}
+
 async function runSeed(seed: number, cases: number): Promise<number> {
   const r = prng(seed);
-  const sent = new Map<string, { key: string | null; headers: number }>();
+  const sent = new Map<string, Sent>();
   const seen = new Set<string>();
   const problems: string[] = [];
   const from = up.received.length;
@@ -225,7 +281,8 @@ async function runSeed(seed: number, cases: number): Promise<number> {
     const c = genCase(r, n);
     for (const [k, v] of c.sent) sent.set(k, v);
     // Done when every request was answered or the sidecar closed the connection.
-    await rawExchange(h.sidecar.port, [c.bytes], { timeoutMs: 10_000, expect: c.requests, headRequests: c.heads });
+    const ex = await rawExchange(h.sidecar.port, [c.bytes], { timeoutMs: 10_000, expect: c.requests, headRequests: c.heads, halfClose: c.halfClose });
+    problems.push(...answerProblems(c.id, ex.responses, c.heads));
   }
   const forwarded = up.received.slice(from);
   for (const rec of forwarded) problems.push(...violations(rec, sent, seen));
@@ -240,7 +297,9 @@ test('fuzz: fixed seed', { timeout: 120_000 }, async (t) => {
   const forwarded = await runSeed(seed, CASES);
   t.diagnostic(`seed ${seed}, ${CASES} cases, ${forwarded} forwarded`);
   t.diagnostic(`classes: ${[...coverage].map(([k, v]) => `${k}=${v}`).join(' ')}`);
-  for (const k of ['body:json', 'body:multipart', 'body:form', 'body:http', 'framing:chunked', 'framing:length', 'pipelined', 'cred:two', 'method:HEAD']) {
+  for (const k of ['body:json', 'body:multipart', 'body:form', 'body:http', 'framing:chunked', 'framing:length', 'framing:half-closed', 'pipelined', 'cred:two', 'method:HEAD',
+    'path:lookalike-dotdot', 'path:lookalike-slash', 'path:two-dot-leader', 'path:overlong', 'path:empty-segment', 'path:trailing-slash', 'path:encoded-unreserved',
+    'lines:x-dup', 'lines:user-agent', 'lines:cookie']) {
     assert.ok((coverage.get(k) ?? 0) > 0, `class ${k} never generated`);
   }
   // the generator must reach the upstream often enough for the oracle to mean something
