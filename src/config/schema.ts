@@ -4,12 +4,26 @@
  */
 import { z } from 'zod';
 import { parseRange } from '../policy/network.js';
+import { parseRedisUrl } from './redis-url.js';
 
 /** Numbers also accept numeric strings, which is what `${VAR}` expansion yields. */
 const num = () => z.preprocess((v) => (typeof v === 'string' && /^-?\d+$/.test(v.trim()) ? Number(v) : v), z.number().int());
 const bool = () => z.preprocess((v) => (v === 'true' ? true : v === 'false' ? false : v), z.boolean());
 const port = num().pipe(z.number().min(0).max(65535));
-const host = z.string().min(1);
+/** An IP address or a DNS name: what a listener can bind, so check-config refuses what serve could not. */
+const HOSTNAME = /^[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*$/;
+const host = z
+  .string()
+  .min(1)
+  .refine((h) => !h.includes('/') && (HOSTNAME.test(h) || parseRange(h.replace(/^\[(.*)\]$/, '$1')) !== null), { message: 'expected an IP address or a host name' });
+/** redis.url, parsed as the limiter's client parses it. */
+const redisUrl = z.string().superRefine((url, ctx) => {
+  try {
+    parseRedisUrl(url);
+  } catch (err) {
+    ctx.addIssue({ code: 'custom', message: (err as Error).message });
+  }
+});
 const ms = (def: number) => num().pipe(z.number().nonnegative()).default(def);
 const httpUrl = z.url({ protocol: /^https?$/, error: 'expected an http:// or https:// URL' });
 
@@ -72,7 +86,7 @@ export const configSchema = z
       .optional(),
     redis: z
       .strictObject({
-        url: z.string().regex(/^(rediss?|rediss?\+cluster|unix):\/\//, 'expected a redis://, rediss://, redis+cluster:// or unix:// URL'),
+        url: redisUrl,
         prefix: z.string().min(1).default('kw'),
         timeoutMs: num().pipe(z.number().positive()).default(100),
         onError: z.enum(['open', 'closed']).default('open'),

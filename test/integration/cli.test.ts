@@ -54,6 +54,41 @@ describe('keyward CLI', () => {
     assert.match(r.stderr, /redis\.onError/);
   });
 
+  test('check-config refuses what serve would refuse at start, all at once, and serve refuses the same file', () => {
+    const bad = join(dir, 'start.yaml');
+    writeFileSync(
+      bad,
+      [
+        'server: { host: "not a host!" }',
+        'admin: { host: 10.0.0.0/8 }',
+        `upstreams:\n  default: { url: ${up.url} }`,
+        'redis: { url: "redis+cluster://" }',
+        '',
+      ].join('\n'),
+    );
+    const r = run(['check-config', '--config', bad]);
+    assert.equal(r.status, 1);
+    assert.match(r.stderr, /server\.host: expected an IP address or a host name/);
+    assert.match(r.stderr, /admin\.host: expected an IP address or a host name/);
+    assert.match(r.stderr, /redis\.url: redis\.url cluster needs at least one host:port/);
+    const served = run(['serve', '--config', bad]);
+    assert.equal(served.status, 1);
+    assert.match(served.stderr, /redis\.url cluster needs at least one host:port/);
+    for (const [url, why] of [
+      ['redis+cluster://a:1,b', /cluster nodes must be host:port/],
+      ['redis+cluster://a:70000', /cluster nodes must be host:port/],
+      ['unix://relative.sock', /absolute socket path/],
+      ['redis://cache:6379/zero', /database number/],
+      ['redis://:pw@', /not a valid URL/],
+      ['rediss+cluster://u%zz:p@a:1', /malformed %-escape/],
+    ] as const) {
+      writeFileSync(bad, `upstreams:\n  default: { url: ${up.url} }\nredis: { url: "${url}" }\n`);
+      const one = run(['check-config', '--config', bad]);
+      assert.equal(one.status, 1, url);
+      assert.match(one.stderr, why, url);
+    }
+  });
+
   test('import applies a snapshot; a bad line rejects the whole file by line number and the old replica stays', () => {
     const replica = join(dir, 'replica.sqlite');
     const ok = join(dir, 'ok.ndjson');

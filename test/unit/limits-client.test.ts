@@ -26,6 +26,12 @@ test('redis.url errors name what is expected', () => {
   assert.throws(() => parseRedisUrl('redis+cluster://'), /at least one/);
   assert.throws(() => parseRedisUrl('redis+cluster://a:1,b'), /host:port/);
   assert.throws(() => parseRedisUrl('unix://relative.sock'), /absolute/);
+  assert.throws(() => parseRedisUrl('redis://'), /needs a host|not a valid URL/);
+  assert.throws(() => parseRedisUrl('redis://cache:6379/db1'), /database number/);
+  assert.throws(() => parseRedisUrl('redis://cache:99999'), /not a valid URL|between 1 and 65535/);
+  assert.throws(() => parseRedisUrl('redis+cluster://a:0'), /host:port/);
+  assert.throws(() => parseRedisUrl('redis+cluster://u:%E0%A4%A@a:1'), /malformed %-escape/);
+  assert.deepEqual(parseRedisUrl('redis://cache'), { kind: 'single', url: 'redis://cache' });
 });
 
 test('reconnect backoff grows and is capped', () => {

@@ -1,53 +1,13 @@
 /**
  * ioredis client for the limiter, configured to fail fast: a limits check must never hold
  * a request longer than `timeoutMs` when Redis is down, paused or unreachable.
- *
- * URL convention (config `redis.url`):
- *   redis://[user:pass@]host:port[/db]            single node (rediss:// for TLS)
- *   redis+cluster://[user:pass@]host:port,host:port,...   Redis Cluster, seed nodes
- *                                                (rediss+cluster:// for TLS)
- *   unix:///path/to/redis.sock                   single node over a unix socket
+ * The URL forms of `redis.url` are src/config/redis-url.ts's.
  */
 import { once } from 'node:events';
 import { Cluster, Redis, type RedisOptions } from 'ioredis';
+import { parseRedisUrl } from '../../config/redis-url.js';
 
-export type RedisTarget =
-  | { kind: 'single'; url: string }
-  | { kind: 'unix'; path: string }
-  | { kind: 'cluster'; nodes: { host: string; port: number }[]; username?: string; password?: string; tls: boolean };
-
-export function parseRedisUrl(url: string): RedisTarget {
-  const m = /^([a-z+]+):\/\/(.*)$/i.exec(url.trim());
-  if (!m) throw new Error('redis.url must look like redis://host:port, redis+cluster://host:port,host:port or unix:///path');
-  const scheme = m[1]!.toLowerCase();
-  const rest = m[2]!;
-  if (scheme === 'redis' || scheme === 'rediss') return { kind: 'single', url };
-  if (scheme === 'unix') {
-    if (!rest.startsWith('/')) throw new Error('redis.url unix:// needs an absolute socket path');
-    return { kind: 'unix', path: rest };
-  }
-  if (scheme !== 'redis+cluster' && scheme !== 'rediss+cluster') {
-    throw new Error(`redis.url scheme ${scheme}:// is not supported`);
-  }
-  const at = rest.lastIndexOf('@');
-  const auth = at >= 0 ? rest.slice(0, at) : '';
-  const hosts = (at >= 0 ? rest.slice(at + 1) : rest).replace(/\/.*$/, '');
-  const nodes = hosts.split(',').filter(Boolean).map((hp) => {
-    const hm = /^\[?([^\]]+?)\]?:(\d{1,5})$/.exec(hp.trim());
-    if (!hm) throw new Error('redis.url cluster nodes must be host:port, separated by commas');
-    return { host: hm[1]!, port: Number(hm[2]) };
-  });
-  if (nodes.length === 0) throw new Error('redis.url cluster needs at least one host:port');
-  const target: RedisTarget = { kind: 'cluster', nodes, tls: scheme === 'rediss+cluster' };
-  if (auth) {
-    const colon = auth.indexOf(':');
-    const user = decodeURIComponent(colon >= 0 ? auth.slice(0, colon) : '');
-    const pass = decodeURIComponent(colon >= 0 ? auth.slice(colon + 1) : auth);
-    if (user) target.username = user;
-    if (pass) target.password = pass;
-  }
-  return target;
-}
+export { parseRedisUrl };
 
 export interface RedisClientOptions {
   url: string;
