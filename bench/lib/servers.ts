@@ -10,6 +10,8 @@ import { Redis } from 'ioredis';
 import { KEY, PIN, root } from './settings.js';
 
 const children = new Set<ChildProcess>();
+/** A child the run started that must not outlive it (e.g. a private redis-server). */
+export const track = (child: ChildProcess): void => void children.add(child);
 
 export function killChildren(): void {
   for (const c of children) if (c.exitCode === null && c.signalCode === null) c.kill('SIGTERM');
