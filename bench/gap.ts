@@ -11,11 +11,13 @@
  *                     waiting on sockets
  * and from Redis: reads (one per batch a client sent: round trips) and commands per
  * request, and the round trip a client on this machine sees (PING every 10 ms).
- * How to read it: on 2 cores, if the machine is busy (cores near 2) the processes share the
- * CPU and req/s follows total CPU µs/req: "CPU predicts" is the ratio bare total / keyward
- * total; a measured ratio close to it says the gap is CPU. Run delay says how long each
- * process waited for a core; a proxy thread that sleeps while the machine has idle cores
- * waits on sockets (Redis round trips, the upstream, the clients).
+ * How to read it: on one machine req/s = cores our processes got / CPU per request, so the
+ * last lines split the ratio into "CPU per request" (bare total / keyward total µs) and
+ * "cores our processes got" (keyward / bare). A cores factor near 1 says the gap is CPU. Below
+ * 1, the cores went elsewhere: other work (machine above ours), waiting for a core (run
+ * delay), or a thread asleep on its sockets while cores were free (Redis round trips, the
+ * upstream, the clients). A proxy thread that is on a core or waiting for one nearly all
+ * the time is the bottleneck: req/s then follows that thread's µs per request.
  * Environment: BENCH_ROUNDS (3), BENCH_DURATION (5 s), BENCH_WARMUP (3 s), BENCH_CONNECTIONS
  * (32), BENCH_WRK_THREADS (1), BENCH_REDIS_URL (by default a private redis-server).
  * Results: a table on stdout and .bench/gap.json.
@@ -29,7 +31,7 @@ import { median } from './lib/measure.js';
 import { machineCpu, threadStats, type MachineCpu, type Sched } from './lib/procstat.js';
 import { redisUnderTest } from './lib/redis-server.js';
 import { f, lpad, pad } from './lib/report.js';
-import { killChildren } from './lib/servers.js';
+import { runMain } from './lib/servers.js';
 import { CHAT_BODY, CONNECTIONS, DURATION, ROUNDS, WARMUP, WRK_THREADS, log, root } from './lib/settings.js';
 import { startWrk, wrkAvailable } from './lib/wrk.js';
 
@@ -48,7 +50,8 @@ interface Snap {
 interface ProcWindow {
   cpuUs: number;
   waitUs: number;
-  /** the busiest thread: shares of wall time */
+  /** the busiest thread: its CPU µs per request, and shares of wall time */
+  topUs: number;
   run: number;
   wait: number;
   idle: number;
@@ -83,8 +86,8 @@ function procWindow(a: Map<string, Sched>, b: Map<string, Sched>, wallNs: number
     wait += d.wait;
     if (d.run > top.run) top = d;
   }
-  if (b.size === 0) return { cpuUs: NaN, waitUs: NaN, run: NaN, wait: NaN, idle: NaN };
-  return { cpuUs: run / 1e3 / requests, waitUs: wait / 1e3 / requests, run: top.run / wallNs, wait: top.wait / wallNs, idle: 1 - (top.run + top.wait) / wallNs };
+  if (b.size === 0) return { cpuUs: NaN, waitUs: NaN, topUs: NaN, run: NaN, wait: NaN, idle: NaN };
+  return { cpuUs: run / 1e3 / requests, waitUs: wait / 1e3 / requests, topUs: top.run / 1e3 / requests, run: top.run / wallNs, wait: top.wait / wallNs, idle: 1 - (top.run + top.wait) / wallNs };
 }
 
 /** PINGs Redis every 10 ms until `stop.done`; the round trips in ms. */
@@ -135,7 +138,7 @@ async function round(fleet: Fleet, side: Side, duration: number, client: Redis):
 /** The median of each figure over rounds. */
 function medianWindow(ws: Window[]): Window {
   const m = (pick: (w: Window) => number) => median(ws.map(pick));
-  const proc = (p: Proc): ProcWindow => ({ cpuUs: m((w) => w.procs[p].cpuUs), waitUs: m((w) => w.procs[p].waitUs), run: m((w) => w.procs[p].run), wait: m((w) => w.procs[p].wait), idle: m((w) => w.procs[p].idle) });
+  const proc = (p: Proc): ProcWindow => ({ cpuUs: m((w) => w.procs[p].cpuUs), waitUs: m((w) => w.procs[p].waitUs), topUs: m((w) => w.procs[p].topUs), run: m((w) => w.procs[p].run), wait: m((w) => w.procs[p].wait), idle: m((w) => w.procs[p].idle) });
   return {
     rps: m((w) => w.rps),
     procs: Object.fromEntries(PROCS.map((p) => [p, proc(p)])) as Record<Proc, ProcWindow>,
@@ -158,8 +161,8 @@ function table(s: Record<Side, Window>, ratio: number): string[] {
   out.push(row('  total', (w) => f(w.totalCpuUs, 1)));
   out.push('run delay µs/req (runnable, waiting for a core)');
   for (const p of PROCS) out.push(row(`  ${p}`, (w) => f(w.procs[p].waitUs, 1)));
-  out.push('busiest thread, % of wall: run / wait / sleep');
-  for (const p of PROCS) out.push(row(`  ${p}`, (w) => `${pct(w.procs[p].run)}/${pct(w.procs[p].wait)}/${pct(w.procs[p].idle)}`));
+  out.push('busiest thread: µs/req, % of wall run/wait/sleep');
+  for (const p of PROCS) out.push(row(`  ${p}`, (w) => `${f(w.procs[p].topUs)} µs ${pct(w.procs[p].run)}/${pct(w.procs[p].wait)}/${pct(w.procs[p].idle)}`));
   out.push(row('cores busy: ours / machine', (w) => `${f(w.cores.ours, 2)}/${f(w.cores.machine, 2)}`));
   out.push(row('Redis reads (round trips) per req', (w) => f(w.redisReadsPerReq, 3)));
   out.push(row('Redis commands per req', (w) => f(w.redisCommandsPerReq, 3)));
@@ -169,8 +172,9 @@ function table(s: Record<Side, Window>, ratio: number): string[] {
 
 /**
  * What the figures say. On one machine req/s = cores our processes got / CPU seconds per
- * request, so the ratio splits exactly into a CPU factor and a cores factor; the cores our
- * processes did not get went to other work, to waiting for a core, or to sleeping on sockets.
+ * request, so each round's ratio splits exactly into a CPU factor and a cores factor (the
+ * medians printed need not multiply exactly); the cores our processes did not get went to
+ * other work, to waiting for a core, or to sleeping on sockets.
  */
 function reading(s: Record<Side, Window>, ratio: number): string[] {
   const b = s.bare;
@@ -179,13 +183,16 @@ function reading(s: Record<Side, Window>, ratio: number): string[] {
   const coresFactor = k.cores.ours / b.cores.ours;
   const thread = (w: Window) => `${f(100 * w.procs.proxy.run)}% on a core, ${f(100 * w.procs.proxy.wait)}% waiting for one, ${f(100 * w.procs.proxy.idle)}% asleep`;
   const sleeps = k.procs.proxy.idle >= 0.1;
+  // /proc/stat counts in clock ticks, ours in ns: a difference below a tick's worth reads as none
+  const others = (w: Window) => f(Math.max(0, w.cores.machine - w.cores.ours), 2);
   return [
-    `ratio ${f(ratio, 3)} = CPU per request ${f(cpuFactor, 3)} (bare / keyward total µs) x cores our processes got ${f(coresFactor, 3)} (keyward / bare: ${f(k.cores.ours, 2)} / ${f(b.cores.ours, 2)})`,
-    `  the machine was busy ${f(b.cores.machine, 2)} / ${f(k.cores.machine, 2)} of 2 cores (bare / keyward rounds), ${f(b.cores.machine - b.cores.ours, 2)} / ${f(k.cores.machine - k.cores.ours, 2)} of it other work`,
+    `ratio ${f(ratio, 3)} ≈ CPU per request ${f(cpuFactor, 3)} (bare / keyward total µs) x cores our processes got ${f(coresFactor, 3)} (keyward / bare: ${f(k.cores.ours, 2)} / ${f(b.cores.ours, 2)})`,
+    `  the machine was busy ${f(b.cores.machine, 2)} / ${f(k.cores.machine, 2)} of 2 cores (bare / keyward rounds), ${others(b)} / ${others(k)} of it other work`,
     `proxy thread: keyward ${thread(k)}; bare ${thread(b)}`,
     sleeps
       ? `  keyward's thread sleeps ${f(100 * k.procs.proxy.idle)}%: it waits on sockets (Redis: ${f(k.redisReadsPerReq, 3)} round trips per request, PING p50 ${f(k.pingMs.p50, 2)} ms; the upstream; the clients)`
-      : `  keyward's thread hardly sleeps: Redis round trips (${f(k.redisReadsPerReq, 3)} per request, PING p50 ${f(k.pingMs.p50, 2)} ms) do not hold it up; its time off a core is scheduling delay`,
+      : `  keyward's event loop is saturated (on a core or waiting for one): req/s follows its thread's ${f(k.procs.proxy.topUs)} µs per request (bare's ${f(b.procs.proxy.topUs)}: ${f(b.procs.proxy.topUs / k.procs.proxy.topUs, 3)}) ` +
+        `and its wait for a core; Redis round trips (${f(k.redisReadsPerReq, 3)} per request, PING p50 ${f(k.pingMs.p50, 2)} ms) do not hold it up`,
   ];
 }
 
@@ -216,11 +223,4 @@ async function main(): Promise<void> {
   writeFileSync(join(root, '.bench', 'gap.json'), `${JSON.stringify({ at: new Date().toISOString(), node: process.version, settings: { rounds: ROUNDS, durationS: DURATION, connections: CONNECTIONS, wrkThreads: WRK_THREADS, bodyBytes: Buffer.byteLength(CHAT_BODY), redis: { own: redis.own } }, ratio, summary: s, rounds: windows }, null, 2)}\n`);
 }
 
-main().then(
-  () => process.exit(0),
-  (err: unknown) => {
-    process.stderr.write(`gap failed: ${err instanceof Error ? (err.stack ?? err.message) : String(err)}\n`);
-    killChildren();
-    process.exit(1);
-  },
-);
+runMain('gap', main);

@@ -50,7 +50,7 @@ import { checkAnswers, partiesOf, portOf, startFleet, stopFleet, type Fleet } fr
 import { latencyPaced, measureRound, median, type Latency, type Round } from './lib/measure.js';
 import { redisUnderTest } from './lib/redis-server.js';
 import { cellKey, f, lpad, ms, pad, report, type Cell } from './lib/report.js';
-import { killChildren } from './lib/servers.js';
+import { runMain } from './lib/servers.js';
 import { BODIES, BODY_NAMES, CONNECTIONS, DURATION, GENERATORS, PIN, PROFILE, RATE_FRACTION, ROUNDS, WARMUP, log, root, wanted, type Variant } from './lib/settings.js';
 import { wrkAvailable } from './lib/wrk.js';
 
@@ -130,11 +130,4 @@ async function main(): Promise<void> {
 const redisTimeoutOf = (fleet: Fleet): number | null =>
   Object.values(fleet.servers).map((s) => s.info.redisTimeoutMs).find((t): t is number => typeof t === 'number') ?? null;
 
-main().then(
-  () => process.exit(0),
-  (err: unknown) => {
-    process.stderr.write(`bench failed: ${err instanceof Error ? (err.stack ?? err.message) : String(err)}\n`);
-    killChildren();
-    process.exit(1);
-  },
-);
+runMain('bench', main);

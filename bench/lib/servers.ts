@@ -24,6 +24,18 @@ for (const sig of ['SIGINT', 'SIGTERM'] as const) {
   });
 }
 
+/** Runs a benchmark's main; on failure prints why, kills the children and exits 1. */
+export function runMain(name: string, main: () => Promise<void>): void {
+  main().then(
+    () => process.exit(0),
+    (err: unknown) => {
+      process.stderr.write(`${name} failed: ${err instanceof Error ? (err.stack ?? err.message) : String(err)}\n`);
+      killChildren();
+      process.exit(1);
+    },
+  );
+}
+
 export interface Started {
   child: ChildProcess;
   port: number;
