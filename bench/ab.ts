@@ -1,6 +1,6 @@
 /**
  * Old against new: keyward's CPU per request from two source trees, run side by side on one
- * upstream with the same request (`npm run bench`'s), in alternating rounds, so that a
+ * upstream with the same request (`npm run bench`'s small body), in alternating rounds, so that a
  * change is measured against what it replaced on the same machine at the same time.
  *   git worktree add /tmp/kw-old <commit> && ln -s "$PWD/node_modules" /tmp/kw-old/
  *   npx tsx bench/ab.ts /tmp/kw-old [memory|redis|redis-budgets]

@@ -2,7 +2,7 @@
  * Instructions per request, counted by callgrind: a figure that does not move with the
  * machine's speed, for comparing a change on a shared machine whose CPU time per request
  * drifts between runs. Each server runs under `valgrind --tool=callgrind` with counting off;
- * after a warm-up it counts exactly N requests of `npm run bench`'s chat request, then stops.
+ * after a warm-up it counts exactly N requests of `npm run bench`'s small chat request, then stops.
  *   npx tsx bench/instructions.ts [bare,keyward,keyward-redis,...]
  * Environment: BENCH_IR_REQUESTS (3000), BENCH_IR_WARMUP (3000).
  * What it counts: every instruction in user space of the server process (all its threads:

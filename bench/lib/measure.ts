@@ -1,12 +1,13 @@
 /**
- * Measuring one variant: throughput with autocannon (and the server's own CPU per request
- * from /proc), latency at a fixed rate with autocannon -R and with the paced generator.
+ * Measuring one variant: a throughput round with wrk or autocannon and the CPU time every
+ * process involved spent on it (from /proc), and latency at a fixed, evenly paced rate.
  */
-import { spawnSync } from 'node:child_process';
-import { readdirSync, readFileSync } from 'node:fs';
 import autocannon from 'autocannon';
 import { paced, percentile } from '../paced.js';
-import { BODY, CONNECTIONS, HEADERS, PATH, RATE_CONNECTIONS, RAW_REQUEST } from './settings.js';
+import { cpuSeconds, machineCpu } from './procstat.js';
+import type { RedisUnderTest } from './redis-server.js';
+import { BODY, CONNECTIONS, HEADERS, PATH, WRK_THREADS, rawRequest, type Generator } from './settings.js';
+import { startWrk } from './wrk.js';
 
 export interface Throughput {
   rps: number;
@@ -29,22 +30,21 @@ export interface Latency {
 }
 
 export const median = (xs: number[]): number => {
-  const s = [...xs].sort((a, b) => a - b);
+  const s = xs.filter((x) => !Number.isNaN(x)).sort((a, b) => a - b);
   if (s.length === 0) return NaN;
   const m = Math.floor(s.length / 2);
   return s.length % 2 ? s[m]! : (s[m - 1]! + s[m]!) / 2;
 };
 
-function cannon(port: number, opts: { duration: number; connections: number; overallRate?: number; samples?: number[] }): PromiseLike<autocannon.Result> {
+function cannon(port: number, opts: { duration: number; connections: number; body?: string; samples?: number[] }): PromiseLike<autocannon.Result> {
   const inst = autocannon({
     url: `http://127.0.0.1:${port}${PATH}`,
     method: 'POST',
     headers: HEADERS,
-    body: BODY,
+    body: opts.body ?? BODY,
     connections: opts.connections,
     pipelining: 1,
     duration: opts.duration,
-    ...(opts.overallRate ? { overallRate: opts.overallRate } : {}),
   });
   // autocannon's histograms keep whole milliseconds; the response events carry the
   // full-resolution time, which sub-millisecond differences need.
@@ -57,39 +57,7 @@ function cannon(port: number, opts: { duration: number; connections: number; ove
   return inst;
 }
 
-/** The pid and every descendant's (a cluster primary's workers), from /proc. */
-function processTree(pid: number): number[] {
-  const out = [pid];
-  try {
-    for (const tid of readdirSync(`/proc/${pid}/task`)) {
-      const kids = readFileSync(`/proc/${pid}/task/${tid}/children`, 'utf8').trim();
-      for (const k of kids ? kids.split(' ') : []) out.push(...processTree(Number(k)));
-    }
-  } catch {
-    // gone, or no /proc: what was found so far
-  }
-  return out;
-}
-
-/** CPU seconds (user + system) a process and its descendants have used so far; null where /proc is missing. */
-function cpuSeconds(pid: number | undefined): number | null {
-  if (pid === undefined) return null;
-  const each = processTree(pid).map(ownCpuSeconds);
-  return each[0] === null ? null : each.reduce<number>((a, c) => a + (c ?? 0), 0);
-}
-
-function ownCpuSeconds(pid: number): number | null {
-  try {
-    // the fields after the command name, which is in parentheses and may contain spaces
-    const stat = readFileSync(`/proc/${pid}/stat`, 'utf8');
-    const fields = stat.slice(stat.lastIndexOf(')') + 2).split(' ');
-    return (Number(fields[11]) + Number(fields[12])) / CLK_TCK;
-  } catch {
-    return null;
-  }
-}
-const CLK_TCK = Number(spawnSync('getconf', ['CLK_TCK'], { encoding: 'utf8' }).stdout?.trim()) || 100;
-
+/** autocannon with the short body, and the server's own CPU per request (bench/ab.ts, threads.ts, young-gc.ts). */
 export async function throughput(port: number, duration: number, pid?: number): Promise<Throughput> {
   const samples: number[] = [];
   const cpu0 = cpuSeconds(pid);
@@ -103,21 +71,96 @@ export async function throughput(port: number, duration: number, pid?: number): 
     errors: r.errors + r.timeouts,
     p50: percentile(samples, 50),
     p99: percentile(samples, 99),
-    // The server's own CPU per request: steadier than req/s when other work shares the machine.
     cpuUsPerRequest: cpu0 !== null && cpu1 !== null && r['2xx'] > 0 ? ((cpu1 - cpu0) * 1e6) / r['2xx'] : NaN,
   };
 }
 
-export async function latencyCannon(port: number, rate: number, duration: number): Promise<Latency> {
-  const samples: number[] = [];
-  const r = await cannon(port, { duration, connections: RATE_CONNECTIONS, overallRate: rate, samples });
-  samples.sort((a, b) => a - b);
-  return { rate, achieved: r['2xx'] / r.duration, p50: percentile(samples, 50), p99: percentile(samples, 99), samples: samples.length, non2xx: r.non2xx, errors: r.errors + r.timeouts };
+/** The processes a round involves besides the generator. */
+export interface Parties {
+  /** the proxy under test (its descendants too); null for direct, which has none */
+  proxy: number | null;
+  upstream: number;
+  redis: RedisUnderTest | null;
 }
 
+/** CPU µs per 2xx response of each process; null where the process is not part of the variant, NaN where unknown. */
+export interface CpuPerRequest {
+  proxy: number | null;
+  redis: number | null;
+  upstream: number;
+  generator: number;
+  total: number;
+}
 
-export async function latencyPaced(port: number, rate: number, duration: number): Promise<Latency> {
-  const r = await paced({ host: '127.0.0.1', port, request: RAW_REQUEST, rate, durationMs: duration * 1000 });
+export interface Round extends Omit<Throughput, 'cpuUsPerRequest'> {
+  seconds: number;
+  cpu: CpuPerRequest;
+  /** cores busy on average: our processes, and the whole machine (ours and anything else running) */
+  cores: { ours: number; machine: number };
+}
+
+interface Load {
+  ok: number;
+  non2xx: number;
+  errors: number;
+  seconds: number;
+  p50: number;
+  p99: number;
+  /** the generator's CPU seconds; null when unknown */
+  cpu: number | null;
+}
+
+async function load(generator: Generator, port: number, body: string, duration: number): Promise<Load> {
+  if (generator === 'wrk') {
+    const w = await startWrk({ port, body, duration, connections: CONNECTIONS, threads: WRK_THREADS }).done;
+    return { ok: w.requests - w.non2xx, non2xx: w.non2xx, errors: w.errors, seconds: w.seconds, p50: w.p50, p99: w.p99, cpu: w.cpuSeconds };
+  }
+  const samples: number[] = [];
+  const own0 = process.cpuUsage();
+  const r = await cannon(port, { duration, connections: CONNECTIONS, body, samples });
+  const own = process.cpuUsage(own0);
+  samples.sort((a, b) => a - b);
+  return { ok: r['2xx'], non2xx: r.non2xx, errors: r.errors + r.timeouts, seconds: r.duration, p50: percentile(samples, 50), p99: percentile(samples, 99), cpu: (own.user + own.system) / 1e6 };
+}
+
+async function snapshot(p: Parties) {
+  return { proxy: p.proxy === null ? null : cpuSeconds(p.proxy), upstream: cpuSeconds(p.upstream), redis: p.redis ? await p.redis.cpuSeconds() : null, machine: machineCpu(), at: performance.now() };
+}
+
+/** One throughput round: `duration` seconds of load, and the CPU every process spent per response. */
+export async function measureRound(opts: { generator: Generator; port: number; body: string; duration: number; parties: Parties }): Promise<Round> {
+  const a = await snapshot(opts.parties);
+  const l = await load(opts.generator, opts.port, opts.body, opts.duration);
+  const b = await snapshot(opts.parties);
+  const wall = (b.at - a.at) / 1000;
+  const us = (x0: number | null, x1: number | null) => (x0 === null || x1 === null || l.ok === 0 ? NaN : ((x1 - x0) * 1e6) / l.ok);
+  const cpu: CpuPerRequest = {
+    proxy: opts.parties.proxy === null ? null : us(a.proxy, b.proxy),
+    redis: opts.parties.redis === null ? null : us(a.redis, b.redis),
+    upstream: us(a.upstream, b.upstream),
+    generator: l.cpu === null || l.ok === 0 ? NaN : (l.cpu * 1e6) / l.ok,
+    total: NaN,
+  };
+  cpu.total = (cpu.proxy ?? 0) + (cpu.redis ?? 0) + cpu.upstream + cpu.generator;
+  return {
+    rps: l.ok / l.seconds,
+    ok: l.ok,
+    non2xx: l.non2xx,
+    errors: l.errors,
+    p50: l.p50,
+    p99: l.p99,
+    seconds: l.seconds,
+    cpu,
+    cores: {
+      ours: (cpu.total * l.ok) / 1e6 / wall,
+      machine: a.machine && b.machine ? (b.machine.busy - a.machine.busy) / wall : NaN,
+    },
+  };
+}
+
+/** Latency at `rate` requests a second, evenly paced (paced.ts), from each request's scheduled time. */
+export async function latencyPaced(port: number, rate: number, duration: number, body = BODY): Promise<Latency> {
+  const r = await paced({ host: '127.0.0.1', port, request: rawRequest(body), rate, durationMs: duration * 1000 });
   const s = r.latencies.sort((a, b) => a - b);
   return { rate, achieved: r.latencies.length / duration, p50: percentile(s, 50), p99: percentile(s, 99), samples: s.length, non2xx: r.non2xx, errors: r.errors };
 }

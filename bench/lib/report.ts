@@ -1,32 +1,34 @@
 /**
- * The benchmark's report: the table on stdout and .bench/results.json. Pure formatting of
+ * The benchmark's report: the tables on stdout and .bench/results.json. Pure formatting of
  * what bench/run.ts measured, apart from writing the file.
  */
 import { writeFileSync } from 'node:fs';
 import { cpus } from 'node:os';
 import { join } from 'node:path';
-import { median, type Latency, type Throughput } from './measure.js';
+import { median, type Latency, type Round } from './measure.js';
 import type { LimiterTrouble } from './servers.js';
-import { BODY, CONNECTIONS, DURATION, PATH, PIN, PROFILE, RATE_CONNECTIONS, RATE_FRACTION, REDIS_URL, ROUNDS, VARIANTS, WARMUP, root, type Variant } from './settings.js';
+import { BODIES, CONNECTIONS, DURATION, PATH, PIN, PROFILE, RATE_FRACTION, ROUNDS, WARMUP, WRK_THREADS, root, type BodyName, type Generator, type Variant } from './settings.js';
+
+/** One column of the run: a generator and a body. */
+export interface Cell {
+  generator: Generator;
+  body: BodyName;
+}
+export const cellKey = (c: Cell): string => `${c.generator} ${c.body}`;
 
 export interface RunResults {
   /** Date.now() at the start */
   started: number;
-  withRedis: boolean;
-  /** the variants measured for throughput, in VARIANTS order */
+  /** the main one first */
+  cells: Cell[];
   variants: Variant[];
-  tp: Record<string, Throughput[]>;
-  rps: Record<Variant, number>;
-  cpu: Record<Variant, number>;
-  /** the variants measured at a fixed rate */
-  latVariants: Variant[];
-  slowest: Variant;
+  /** per cell key, per variant, the rounds in the order they ran */
+  tp: Record<string, Partial<Record<Variant, Round[]>>>;
   rate: number;
-  latRounds: number;
-  latDuration: number;
-  lat: Record<string, { cannon: Latency[]; paced: Latency[] }>;
-  limiterTrouble: Partial<Record<Variant, LimiterTrouble>>;
-  /** redis.timeoutMs of the Redis variants, as they reported it */
+  rateBasis: string;
+  latency: { variants: Variant[]; rounds: number; duration: number; lat: Partial<Record<Variant, Latency[]>> };
+  trouble: Partial<Record<Variant, LimiterTrouble>>;
+  redis: { url: string; own: boolean; viaProc: boolean } | null;
   redisTimeoutMs: number | null;
 }
 
@@ -34,108 +36,147 @@ export const f = (n: number, digits = 0): string => (Number.isFinite(n) ? n.toFi
 export const ms = (n: number): string => (Number.isFinite(n) ? `${n.toFixed(3)} ms` : 'n/a');
 export const pad = (s: string, n: number): string => s.padEnd(n);
 export const lpad = (s: string, n: number): string => s.padStart(n);
+/** a CPU figure: '—' where the process is not part of the variant */
+const us = (n: number | null): string => (n === null ? '—' : f(n));
 
 /** Admissions or holds that went to the in-process fallback: that variant's figures are not all Redis. */
 const fellBack = (t: LimiterTrouble | undefined): boolean => !!t && (t.failOpen > 0 || (t.failOpenHolds ?? 0) > 0);
 
-export function report(r: RunResults): void {
-  const { variants, tp, rps, cpu, latVariants, slowest, rate, latRounds, latDuration, lat, limiterTrouble } = r;
-  const latSummary = (v: Variant, kind: 'cannon' | 'paced') => ({
-    p50: median(lat[v]![kind].map((x) => x.p50)),
-    p99: median(lat[v]![kind].map((x) => x.p99)),
-    achieved: median(lat[v]![kind].map((x) => x.achieved)),
-    non2xx: lat[v]![kind].reduce((a, x) => a + x.non2xx, 0),
-    errors: lat[v]![kind].reduce((a, x) => a + x.errors, 0),
-  });
-  // Issue #11's targets: every keyward variant at 0.90 of bare or better; at a fixed rate
-  // below saturation, evenly paced, at most 0.3 ms added at p50 and 2 ms at p99.
-  const targets = { overBare: 0.9, addedP50Ms: 0.3, addedP99Ms: 2 };
-  const ratio = (v: Variant) => (rps[v] ?? NaN) / rps.bare;
-  const latency = Object.fromEntries(
-    latVariants.map((v) => [v, { autocannonR: latSummary(v, 'cannon'), paced: latSummary(v, 'paced') }]),
-  ) as Record<Variant, { autocannonR: ReturnType<typeof latSummary>; paced: ReturnType<typeof latSummary> }>;
-  const added = (v: Variant, kind: 'autocannonR' | 'paced') =>
-    latency[v] ? { p50: latency[v][kind].p50 - latency.bare[kind].p50, p99: latency[v][kind].p99 - latency.bare[kind].p99 } : null;
-  const check = (ok: boolean) => (ok ? 'ok' : 'MISSED');
+type CpuKey = 'proxy' | 'redis' | 'upstream' | 'generator' | 'total';
+const CPU_KEYS: CpuKey[] = ['proxy', 'redis', 'upstream', 'generator', 'total'];
 
-  const out: string[] = [];
-  out.push('');
-  out.push(`keyward benchmark — node ${process.version}, ${cpus().length} CPUs (${cpus()[0]?.model ?? '?'}), POST ${PATH} (${Buffer.byteLength(BODY)} B body)`);
-  out.push(`throughput: autocannon, ${CONNECTIONS} keep-alive connections, warm-up ${WARMUP} s, median of ${ROUNDS} interleaved rounds x ${DURATION} s${PIN ? '; servers pinned to CPU 1' : ''}`);
-  out.push('');
-  out.push(`${pad('variant', 23)}${lpad('req/s (median)', 15)}${lpad('rounds', 26)}${lpad('vs bare', 10)}${lpad('target', 9)}${lpad('', 8)}${lpad('server CPU µs/req', 19)}`);
-  for (const v of VARIANTS.filter((x) => variants.includes(x))) {
-    // a space before the list: with five or more rounds it is wider than its column
-    const rounds = ` ${tp[v]!.map((x) => f(x.rps)).join(' / ')}`;
-    const target = v.startsWith('keyward') ? targets.overBare : null;
-    const name = fellBack(limiterTrouble[v]) ? `${v} !` : v;
+/** Medians over one variant's rounds in one cell, and its ratio to the bare round beside each. */
+function summarise(rounds: Round[], bare: Round[]) {
+  const m = (pick: (r: Round) => number | null) => (rounds.every((r) => pick(r) === null) ? null : median(rounds.map((r) => pick(r) ?? NaN)));
+  return {
+    rps: median(rounds.map((r) => r.rps)),
+    ratio: median(rounds.map((r, i) => r.rps / (bare[i]?.rps ?? NaN))),
+    cpu: Object.fromEntries(CPU_KEYS.map((k) => [k, m((r) => r.cpu[k])])) as Record<CpuKey, number | null>,
+    cores: { ours: median(rounds.map((r) => r.cores.ours)), machine: median(rounds.map((r) => r.cores.machine)) },
+    p50: median(rounds.map((r) => r.p50)),
+    p99: median(rounds.map((r) => r.p99)),
+    non2xx: rounds.reduce((a, r) => a + r.non2xx, 0),
+    errors: rounds.reduce((a, r) => a + r.errors, 0),
+  };
+}
+type Summary = ReturnType<typeof summarise>;
+
+function summaries(r: RunResults): Record<string, Partial<Record<Variant, Summary>>> {
+  return Object.fromEntries(
+    r.cells.map((c) => {
+      const cell = r.tp[cellKey(c)]!;
+      return [cellKey(c), Object.fromEntries(r.variants.map((v) => [v, summarise(cell[v]!, cell.bare!)]))];
+    }),
+  );
+}
+
+function ratioTable(r: RunResults, s: Record<string, Partial<Record<Variant, Summary>>>, name: (v: Variant) => string): string[] {
+  const out = [`req/s and ratio to bare (median of per-round ratios), ${ROUNDS} interleaved rounds x ${DURATION} s`, ''];
+  out.push(`${pad('variant', 24)}${r.cells.map((c) => lpad(cellKey(c), 22)).join('')}`);
+  for (const v of r.variants) out.push(`${pad(name(v), 24)}${r.cells.map((c) => lpad(`${f(s[cellKey(c)]![v]!.rps)}  ${f(s[cellKey(c)]![v]!.ratio, 3)}`, 22)).join('')}`);
+  return out;
+}
+
+function cellTable(c: Cell, s: Partial<Record<Variant, Summary>>, variants: Variant[], name: (v: Variant) => string): string[] {
+  const gen = c.generator === 'wrk' ? `wrk -t${WRK_THREADS} -c${CONNECTIONS}` : `autocannon -c${CONNECTIONS} (in the bench process)`;
+  const out = ['', `${cellKey(c)}: ${gen}, ${Buffer.byteLength(BODIES[c.body])} B body; CPU in µs per 2xx response`];
+  out.push(`${pad('variant', 24)}${lpad('req/s', 8)}${lpad('x bare', 8)}${lpad('proxy', 8)}${lpad('redis', 8)}${lpad('upstr', 8)}${lpad('gen', 8)}${lpad('total', 8)}${lpad('cores ours/machine', 20)}${lpad('p50 ms', 9)}${lpad('p99 ms', 9)}`);
+  for (const v of variants) {
+    const x = s[v]!;
     out.push(
-      `${pad(name, 23)}${lpad(f(rps[v]), 15)}${lpad(rounds, 26)}${lpad(f(ratio(v), 3), 10)}${lpad(target === null ? '' : `≥ ${target}`, 9)}${lpad(target === null ? '' : check(ratio(v) >= target), 8)}${lpad(f(cpu[v]), 19)}`,
+      `${pad(name(v), 24)}${lpad(f(x.rps), 8)}${lpad(f(x.ratio, 3), 8)}${CPU_KEYS.map((k) => lpad(us(x.cpu[k]), 8)).join('')}` +
+        `${lpad(`${f(x.cores.ours, 2)} / ${f(x.cores.machine, 2)}`, 20)}${lpad(f(x.p50, 2), 9)}${lpad(f(x.p99, 2), 9)}${x.non2xx || x.errors ? `  non2xx ${x.non2xx} errors ${x.errors}` : ''}`,
     );
   }
-  out.push('  (server CPU: user+system time of the server process under test per 2xx response, median of rounds; direct = the upstream alone;');
-  out.push('   keyward-redis-w2: primary and both workers together. This machine has 2 cores: the load generator, the upstream and Redis compete with the workers)');
-  if (variants.some((v) => fellBack(limiterTrouble[v]))) out.push('  ! part of this variant\'s requests went to the in-process fallback, not Redis: its figures are flattered (counts below)');
-  out.push('');
-  out.push(`fixed-rate latency at ${rate} req/s (${RATE_FRACTION * 100}% of ${slowest}, the slowest variant; ${f((100 * rate) / rps.bare)}% of bare), median of ${latRounds} rounds x ${latDuration} s, full-resolution timings`);
-  out.push(`  autocannon -R: ${RATE_CONNECTIONS} connections, each sends its per-second quota back to back (bursty)`);
-  out.push('  paced: open loop, evenly spaced, latency from the scheduled send time');
-  out.push('');
-  out.push(`${pad('variant', 23)}${lpad('-R p50', 11)}${lpad('-R p99', 11)}${lpad('paced p50', 11)}${lpad('paced p99', 11)}${lpad('added p50 (-R/paced)', 24)}${lpad('added p99 (-R/paced)', 24)}`);
-  for (const v of latVariants) {
-    const l = latency[v];
-    const a = added(v, 'autocannonR');
-    const p = added(v, 'paced');
-    const addedCell = (x: number | undefined, y: number | undefined) => (v === 'bare' ? '—' : `${f(x ?? NaN, 3)} / ${f(y ?? NaN, 3)}`);
-    out.push(
-      `${pad(v, 23)}${lpad(f(l.autocannonR.p50, 3), 11)}${lpad(f(l.autocannonR.p99, 3), 11)}${lpad(f(l.paced.p50, 3), 11)}${lpad(f(l.paced.p99, 3), 11)}` +
-        `${lpad(addedCell(a?.p50, p?.p50), 24)}${lpad(addedCell(a?.p99, p?.p99), 24)}`,
-    );
+  return out;
+}
+
+/** Below `rate` in any cell with the latency body: the paced run of that variant measures a queue. */
+function overSaturation(r: RunResults, s: Record<string, Partial<Record<Variant, Summary>>>, v: Variant): boolean {
+  return r.cells.filter((c) => c.body === r.cells[0]!.body).some((c) => (s[cellKey(c)]![v]?.rps ?? Infinity) < r.rate);
+}
+
+function latencySummary(r: RunResults, s: Record<string, Partial<Record<Variant, Summary>>>) {
+  const l = r.latency;
+  const sum = (v: Variant) => {
+    const xs = l.lat[v]!;
+    return { p50: median(xs.map((x) => x.p50)), p99: median(xs.map((x) => x.p99)), achieved: median(xs.map((x) => x.achieved)), non2xx: xs.reduce((a, x) => a + x.non2xx, 0), errors: xs.reduce((a, x) => a + x.errors, 0) };
+  };
+  const by = Object.fromEntries(l.variants.map((v) => [v, sum(v)])) as Record<Variant, ReturnType<typeof sum>>;
+  return Object.fromEntries(
+    l.variants.map((v) => [v, { ...by[v], addedP50: by[v].p50 - by.bare.p50, addedP99: by[v].p99 - by.bare.p99, overSaturation: overSaturation(r, s, v) }]),
+  ) as Record<Variant, ReturnType<typeof sum> & { addedP50: number; addedP99: number; overSaturation: boolean }>;
+}
+
+function latencyTable(r: RunResults, lat: ReturnType<typeof latencySummary>, name: (v: Variant) => string): string[] {
+  const out = ['', `latency at ${r.rate} req/s, evenly paced (${r.rateBasis}), ${r.cells[0]!.body} body, median of ${r.latency.rounds} rounds x ${r.latency.duration} s (ms)`];
+  out.push(`${pad('variant', 24)}${lpad('p50', 9)}${lpad('p99', 9)}${lpad('added p50', 11)}${lpad('added p99', 11)}`);
+  for (const v of r.latency.variants) {
+    const x = lat[v];
+    const added = (n: number) => (v === 'bare' ? '—' : f(n, 3));
+    const notes = [x.overSaturation ? 'rate above its throughput in a cell: queueing' : '', x.non2xx || x.errors ? `non2xx ${x.non2xx} errors ${x.errors}` : ''].filter(Boolean).join('; ');
+    out.push(`${pad(name(v), 24)}${lpad(f(x.p50, 3), 9)}${lpad(f(x.p99, 3), 9)}${lpad(added(x.addedP50), 11)}${lpad(added(x.addedP99), 11)}${notes ? `  ${notes}` : ''}`);
   }
-  out.push('  (ms)');
-  out.push('');
-  for (const v of latVariants.filter((x) => x !== 'bare')) {
-    const p = added(v, 'paced')!;
-    const a = added(v, 'autocannonR')!;
-    out.push(
-      `${pad(v, 23)} added p50 ≤ ${targets.addedP50Ms} ms: paced ${check(p.p50 <= targets.addedP50Ms)} (-R ${check(a.p50 <= targets.addedP50Ms)});` +
-        `  added p99 ≤ ${targets.addedP99Ms} ms: paced ${check(p.p99 <= targets.addedP99Ms)} (-R ${check(a.p99 <= targets.addedP99Ms)})`,
-    );
+  return out;
+}
+
+// Issue #11's targets: every keyward variant at 0.90 of bare or better; at a fixed rate
+// below saturation, evenly paced, at most 0.3 ms added at p50 and 2 ms at p99.
+const TARGETS = { overBare: 0.9, addedP50Ms: 0.3, addedP99Ms: 2 };
+
+function targetLines(r: RunResults, main: Partial<Record<Variant, Summary>>, lat: ReturnType<typeof latencySummary>): string[] {
+  const check = (ok: boolean) => (ok ? 'ok' : 'MISSED');
+  const out = ['', `targets (${cellKey(r.cells[0]!)}): ratio >= ${TARGETS.overBare}, added p50 <= ${TARGETS.addedP50Ms} ms, added p99 <= ${TARGETS.addedP99Ms} ms`];
+  for (const v of r.variants.filter((x) => x.startsWith('keyward'))) {
+    const l = lat[v];
+    out.push(`${pad(v, 24)}ratio ${check(main[v]!.ratio >= TARGETS.overBare)}, p50 ${l ? check(l.addedP50 <= TARGETS.addedP50Ms) : 'n/a'}, p99 ${l ? check(l.addedP99 <= TARGETS.addedP99Ms) : 'n/a'}`);
   }
-  out.push(...troubleLines(limiterTrouble, r.redisTimeoutMs));
-  const problems = variants.flatMap((v) => tp[v]!.filter((x) => x.non2xx || x.errors).map((x) => `${v}: ${x.non2xx} non-2xx, ${x.errors} errors`));
-  for (const v of latVariants) for (const k of ['autocannonR', 'paced'] as const) if (latency[v][k].non2xx || latency[v][k].errors) problems.push(`${v} ${k}: ${latency[v][k].non2xx} non-2xx, ${latency[v][k].errors} errors`);
-  if (problems.length) out.push('', `non-2xx or errors: ${problems.join('; ')}`);
+  return out;
+}
+
+export function report(r: RunResults): void {
+  const s = summaries(r);
+  const main = s[cellKey(r.cells[0]!)]!;
+  const lat = latencySummary(r, s);
+  const name = (v: Variant) => (fellBack(r.trouble[v]) ? `${v} !` : v);
+  const bodies = [...new Set(r.cells.map((c) => c.body))].map((b) => `${b} ${Buffer.byteLength(BODIES[b])} B`).join(', ');
+  const redis = r.redis ? `${r.redis.own ? 'private redis-server' : r.redis.url} (CPU from ${r.redis.viaProc ? '/proc' : 'INFO cpu'})` : 'none';
+  const out = [
+    '',
+    `keyward benchmark — node ${process.version}, ${cpus().length} CPUs (${cpus()[0]?.model ?? '?'}), POST ${PATH}; bodies ${bodies}; Redis: ${redis}${PIN ? '; servers pinned to CPU 1' : ''}`,
+    `${CONNECTIONS} keep-alive connections, warm-up ${WARMUP} s per variant`,
+    '',
+    ...ratioTable(r, s, name),
+    ...r.cells.flatMap((c) => cellTable(c, s[cellKey(c)]!, r.variants, name)),
+    '  (proxy: all processes of the variant, — for direct; gen: wrk\'s process, or for autocannon the bench process;',
+    '   cores: CPU time per wall second, ours = the processes above, machine = every process on it; p50/p99 at saturation)',
+    ...latencyTable(r, lat, name),
+    ...targetLines(r, main, lat),
+    ...troubleLines(r.trouble, r.redisTimeoutMs),
+  ];
+  if (r.variants.some((v) => fellBack(r.trouble[v]))) out.push("  ! part of this variant's requests went to the in-process fallback, not Redis: its figures are flattered");
   const seconds = (Date.now() - r.started) / 1000;
   out.push('', `took ${f(seconds)} s; JSON in .bench/results.json${PROFILE ? '; CPU profiles in .bench/prof' : ''}`);
   process.stdout.write(`${out.join('\n')}\n`);
+  writeJson(r, s, lat, seconds);
+}
 
-  writeFileSync(
-    join(root, '.bench', 'results.json'),
-    `${JSON.stringify(
-      {
-        at: new Date().toISOString(),
-        node: process.version,
-        cpus: cpus().length,
-        settings: { rounds: ROUNDS, durationS: DURATION, warmupS: WARMUP, connections: CONNECTIONS, rateConnections: RATE_CONNECTIONS, rateFraction: RATE_FRACTION, pinned: PIN, redis: r.withRedis ? REDIS_URL : null, redisTimeoutMs: r.redisTimeoutMs },
-        request: { method: 'POST', path: PATH, bodyBytes: Buffer.byteLength(BODY) },
-        throughput: Object.fromEntries(variants.map((v) => [v, { medianRps: rps[v], medianCpuUsPerRequest: cpu[v], rounds: tp[v] }])),
-        ratios: {
-          keywardOverBare: ratio('keyward'),
-          redisOverBare: variants.includes('keyward-redis') ? ratio('keyward-redis') : null,
-          redisBudgetsOverBare: variants.includes('keyward-redis-budgets') ? ratio('keyward-redis-budgets') : null,
-          redisTwoWorkersOverBare: variants.includes('keyward-redis-w2') ? ratio('keyward-redis-w2') : null,
-        },
-        latency: { rate, rateBasis: slowest, rounds: latRounds, durationS: latDuration, ...latency },
-        added: Object.fromEntries(latVariants.filter((v) => v !== 'bare').map((v) => [v, { autocannonR: added(v, 'autocannonR'), paced: added(v, 'paced') }])),
-        targets,
-        limiterTrouble,
-        seconds,
-      },
-      null,
-      2,
-    )}\n`,
-  );
+function writeJson(r: RunResults, s: Record<string, Partial<Record<Variant, Summary>>>, lat: ReturnType<typeof latencySummary>, seconds: number): void {
+  const json = {
+    at: new Date().toISOString(),
+    node: process.version,
+    cpus: cpus().length,
+    settings: { rounds: ROUNDS, durationS: DURATION, warmupS: WARMUP, connections: CONNECTIONS, wrkThreads: WRK_THREADS, rateFraction: RATE_FRACTION, pinned: PIN, redis: r.redis, redisTimeoutMs: r.redisTimeoutMs },
+    request: { method: 'POST', path: PATH, bodyBytes: Object.fromEntries(Object.entries(BODIES).map(([k, b]) => [k, Buffer.byteLength(b)])) },
+    cells: r.cells.map(cellKey),
+    summary: s,
+    rounds: r.tp,
+    latency: { rate: r.rate, basis: r.rateBasis, rounds: r.latency.rounds, durationS: r.latency.duration, body: r.cells[0]!.body, summary: lat, runs: r.latency.lat },
+    targets: TARGETS,
+    limiterTrouble: r.trouble,
+    seconds,
+  };
+  writeFileSync(join(root, '.bench', 'results.json'), `${JSON.stringify(json, null, 2)}\n`);
 }
 
 /**

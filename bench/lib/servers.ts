@@ -10,6 +10,8 @@ import { Redis } from 'ioredis';
 import { KEY, PIN, root } from './settings.js';
 
 const children = new Set<ChildProcess>();
+/** A child the run started that must not outlive it (e.g. a private redis-server). */
+export const track = (child: ChildProcess): void => void children.add(child);
 
 export function killChildren(): void {
   for (const c of children) if (c.exitCode === null && c.signalCode === null) c.kill('SIGTERM');
@@ -20,6 +22,18 @@ for (const sig of ['SIGINT', 'SIGTERM'] as const) {
     killChildren();
     process.exit(130);
   });
+}
+
+/** Runs a benchmark's main; on failure prints why, kills the children and exits 1. */
+export function runMain(name: string, main: () => Promise<void>): void {
+  main().then(
+    () => process.exit(0),
+    (err: unknown) => {
+      process.stderr.write(`${name} failed: ${err instanceof Error ? (err.stack ?? err.message) : String(err)}\n`);
+      killChildren();
+      process.exit(1);
+    },
+  );
 }
 
 export interface Started {

@@ -1,7 +1,9 @@
 /**
- * The baseline: a bare http-proxy-3 pass-through with the same keep-alive agent and
- * server timeouts keyward uses (src/proxy/forward.ts, src/proxy/server.ts), and nothing
- * else: no routing, credentials, limits, body reads, usage tap or logging.
+ * The baseline: a bare http-proxy-3 pass-through with the same keep-alive pool settings and
+ * server timeouts keyward uses (src/proxy/upstream/agent.ts, src/app/sidecar.ts), and nothing
+ * else: no routing, credentials, limits, body reads, usage tap or logging. Only what
+ * http-proxy-3 and Node document: createProxyServer, web() with per-call options (target,
+ * agent) and its error callback, close(); a plain http.Agent.
  *   node --import tsx bench/servers/bare.ts <upstream url>
  */
 import http, { createServer } from 'node:http';
@@ -11,7 +13,6 @@ import { serveForParent } from './common.js';
 const target = new URL(process.argv[2] ?? 'http://127.0.0.1:4000');
 const agent = new http.Agent({ keepAlive: true, keepAliveMsecs: 1000, maxSockets: Infinity, maxFreeSockets: 256, scheduling: 'lifo' });
 const proxy = createProxyServer({ xfwd: false, changeOrigin: false, ws: false });
-proxy.on('econnreset', () => undefined);
 
 const server = createServer({ keepAliveTimeout: 65_000, requestTimeout: 0, headersTimeout: 60_000 }, (req, res) => {
   proxy.web(req, res, { target, agent }, () => {

@@ -8,5 +8,5 @@ import { pathToFileURL } from 'node:url';
 
 const base = process.env.KW_BENCH_BUILD ? pathToFileURL(`${process.env.KW_BENCH_BUILD}/`) : new URL('../../src/', import.meta.url);
 
-/** `path` under src/, e.g. 'proxy/server.js', from the build when there is one. */
+/** `path` under src/, e.g. 'app/sidecar.js', from the build when there is one. */
 export const load = <T>(path: string): Promise<T> => import(new URL(path, base).href) as Promise<T>;

@@ -9,7 +9,7 @@ import { load } from './build.js';
 
 const [{ createLogger, logDestination }, { runWorker }] = await Promise.all([
   load<typeof import('../../src/obs/logger.js')>('obs/logger.js'),
-  load<typeof import('../../src/app/worker.js')>('proxy/worker.js'),
+  load<typeof import('../../src/app/worker.js')>('app/worker.js'),
 ]);
 
 const config = JSON.parse(process.env.KW_BENCH_CONFIG!) as Config;

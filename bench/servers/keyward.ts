@@ -37,8 +37,8 @@ const [{ makeKeyHasher }, { generateKey }, { configSchema }, { createLogger, log
   load<typeof import('../../src/auth/keyformat.js')>('auth/keyformat.js'),
   load<typeof import('../../src/config/schema.js')>('config/schema.js'),
   load<typeof import('../../src/obs/logger.js')>('obs/logger.js'),
-  load<typeof import('../../src/app/sidecar.js')>('proxy/server.js'),
-  load<typeof import('../../src/app/workers.js')>('proxy/workers.js'),
+  load<typeof import('../../src/app/sidecar.js')>('app/sidecar.js'),
+  load<typeof import('../../src/app/workers.js')>('app/workers.js'),
   load<typeof import('../../src/replica/store.js')>('replica/store.js'),
 ]);
 
