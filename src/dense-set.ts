@@ -2,12 +2,13 @@
  * A set for objects that come and go once per request (responses in flight, body watches),
  * kept in the cells of an array instead of a Map or Set.
  *
- * Why not a Set: V8 stores a Set in a hash table that is replaced by a new one every few
- * dozen adds and deletes. The table left behind keeps pointers to its successor and to
- * every entry it held; once such a table is in the old generation, each young-generation GC
- * treats those pointers as live, so whole request graphs are promoted and the promoted
- * successor does the same to the next table. An array's cells are overwritten in place, so
- * nothing links one request's objects to the next (docs/performance.md has the figures).
+ * Why not a Set: V8 stores a Set in a hash table that is replaced by a new one again and
+ * again as entries are added and deleted. The table left behind keeps pointers to its
+ * successor and to every entry it held; once such a table is in the old generation, each
+ * young-generation collection treats those pointers as live, so whole request graphs are
+ * promoted and the promoted successor does the same to the next table. An array's cells
+ * are overwritten in place, so nothing links one request's objects to the next (the
+ * README's Performance section has the figures).
  */
 export class DenseSet<T> {
   private readonly cells: (T | undefined)[] = [];

@@ -101,24 +101,22 @@ export interface Denial {
   retryAfterMs?: number;
 }
 
-function openaiType(status: number): string {
-  if (status === 401) return 'authentication_error';
-  if (status === 402) return 'insufficient_quota';
-  if (status === 403) return 'permission_error';
-  if (status === 429) return 'rate_limit_error';
-  if (status >= 500) return 'api_error';
-  return 'invalid_request_error';
-}
+/**
+ * Each body style's error `type` by status. A status not listed is
+ * `invalid_request_error`, and every 5xx is `api_error`.
+ */
+const ERROR_TYPES: Record<number, Record<ErrorStyle, string>> = {
+  401: { openai: 'authentication_error', messages: 'authentication_error' },
+  402: { openai: 'insufficient_quota', messages: 'billing_error' },
+  403: { openai: 'permission_error', messages: 'permission_error' },
+  404: { openai: 'invalid_request_error', messages: 'not_found_error' },
+  413: { openai: 'invalid_request_error', messages: 'request_too_large' },
+  429: { openai: 'rate_limit_error', messages: 'rate_limit_error' },
+};
 
-function messagesType(status: number): string {
-  if (status === 401) return 'authentication_error';
-  if (status === 402) return 'billing_error';
-  if (status === 403) return 'permission_error';
-  if (status === 404) return 'not_found_error';
-  if (status === 413) return 'request_too_large';
-  if (status === 429) return 'rate_limit_error';
+function errorType(status: number, style: ErrorStyle): string {
   if (status >= 500) return 'api_error';
-  return 'invalid_request_error';
+  return ERROR_TYPES[status]?.[style] ?? 'invalid_request_error';
 }
 
 export interface ErrorResponse {
@@ -132,8 +130,8 @@ export function renderError(denial: Denial, style: ErrorStyle): ErrorResponse {
   const status = denial.status ?? STATUS[denial.code];
   const body =
     style === 'messages'
-      ? { type: 'error', error: { type: messagesType(status), message: denial.message } }
-      : { error: { message: denial.message, type: openaiType(status), code: denial.code } };
+      ? { type: 'error', error: { type: errorType(status, style), message: denial.message } }
+      : { error: { message: denial.message, type: errorType(status, style), code: denial.code } };
   const text = JSON.stringify(body);
   const headers: Record<string, string> = {
     'content-type': 'application/json',

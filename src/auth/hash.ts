@@ -4,10 +4,6 @@
  */
 import * as crypto from 'node:crypto';
 
-// One-shot hashing (no Hash object per request) exists from Node 20.12; earlier 20.x
-// releases, which the project supports, take the Hash object.
-const oneShot = (crypto as { hash?: (algorithm: string, data: string, encoding: 'hex') => string }).hash;
-
 export type HashAlgorithm = 'sha256' | 'hmac-sha256';
 
 export interface HashOptions {
@@ -24,7 +20,6 @@ export function makeKeyHasher(opts: HashOptions): KeyHasher {
     if (!pepper) throw new Error('keys.hash hmac-sha256 needs keys.pepper');
     return (key) => crypto.createHmac('sha256', pepper).update(key, 'utf8').digest('hex');
   }
-  // a string is hashed as UTF-8 either way
-  if (oneShot) return (key) => oneShot('sha256', key, 'hex');
-  return (key) => crypto.createHash('sha256').update(key, 'utf8').digest('hex');
+  // One-shot: no Hash object per key. A string is hashed as UTF-8.
+  return (key) => crypto.hash('sha256', key, 'hex');
 }

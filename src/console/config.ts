@@ -56,8 +56,8 @@ export const consoleConfigSchema = z
         retainChanges: z.number().int().min(1).default(100_000),
         /**
          * most changes in one /changes answer; the sidecar asks again at once for the rest. Kept
-         * small so each answer applies on the sidecar's event loop in a few ms (larger ones go
-         * to a worker thread, which adds its start-up time).
+         * small so each answer applies on the sidecar's event loop without holding up its
+         * requests (larger ones go to a worker thread, which adds its start-up time).
          */
         maxBatch: z.number().int().min(1).max(100_000).default(200),
         /** largest accepted POST /sync/v1/usage body */

@@ -83,9 +83,9 @@ export interface AccessWriter {
 
 /**
  * The longest an access line waits before it is handed to the stream. Short: a held line
- * that is alive when a young-generation GC runs is copied and then promoted, and at 50 ms
- * the held lines were a third of what each scavenge had to copy; at a few thousand
- * requests a second 5 ms still batches lines into a few hundred writes a second.
+ * that is alive when a young-generation collection runs is copied and then promoted, so
+ * the longer lines wait, the more of each collection's work they become. Under load a
+ * short wait still gathers many lines into each write.
  */
 const ACCESS_FLUSH_MS = 5;
 const ACCESS_BATCH_LINES = 512;
@@ -117,10 +117,11 @@ function clipped(l: AccessLine): AccessLine {
 }
 
 /**
- * Access lines, serialised by hand from the fixed field list (a few microseconds instead
- * of pino's generic path) and handed to the logger's stream in batches: one stream write
- * per line cost more than building the line. The lines keep pino's shape (level, time,
- * service, msg) and go to the same destination as every other log line.
+ * Access lines, serialised by hand from the fixed field list (pino's generic path walks
+ * every field of an object it knows nothing about) and handed to the logger's stream in
+ * batches: a stream write per line would cost more than building the line. The lines
+ * keep pino's shape (level, time, service, msg) and go to the same destination as every
+ * other log line.
  */
 function accessWriter(opts: { stream: pino.DestinationStream; extra: string; chunkBytes: number; enabled: () => boolean }): AccessWriter {
   const extra = opts.extra;

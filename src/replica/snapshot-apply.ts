@@ -42,7 +42,7 @@ export interface ApplySnapshotStreamOptions {
    * garbage-collected over and over; only for chunks nobody else holds, like a fetch body's.
    */
   transferChunks?: boolean;
-  /** the worker connection's page cache, held only while it loads (default 128 MiB: about halves a 1M-key load) */
+  /** the worker connection's page cache in MiB, held only while it loads: a large snapshot loads faster with more of its pages in memory */
   cacheMb?: number;
 }
 
@@ -108,7 +108,7 @@ async function applyInThread(opts: ApplySnapshotStreamOptions, started: number, 
   }
 }
 
-/** Below this a snapshot is applied on this thread: a few ms of work, less than starting a worker. */
+/** Below this a snapshot is applied on this thread: applying it takes less than starting a worker would. */
 const SMALL_SNAPSHOT_BYTES = 256 * 1024;
 
 /** Reads up to `limit` bytes; `done` tells whether that was the whole stream. */

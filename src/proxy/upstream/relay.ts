@@ -3,8 +3,8 @@
  * relayed chunk by chunk. http-proxy-3's own response passes copy the upstream's headers
  * into the client's response one setHeader call at a time (each validated, then walked
  * again when the head is written), after Node has built a header object from the raw
- * lines for them, and then pipe the body, which adds and later removes seven listeners
- * per response. Here the raw lines are read once into the list that writeHead takes,
+ * lines for them, and then pipe the body, which adds and later removes a set of listeners
+ * on every response. Here the raw lines are read once into the list that writeHead takes,
  * and one 'data' listener shared by every response feeds the client and the usage tap.
  */
 import type { IncomingMessage, ServerResponse } from 'node:http';

@@ -1,14 +1,13 @@
 /**
  * Finds a whole JSON response's top-level `usage` and `response` values without parsing
- * the rest of it. A JSON tap used to JSON.parse every response body to read one small
- * object at its end: the parse built every choice, message and string only to drop them
- * (about 5 µs of a 250-byte chat completion, a tenth of the sidecar's own work per
- * request). This walks the bytes once, tracking strings and nesting, and hands back where
+ * the rest of it. JSON.parse of a whole response body, to read one small object at its
+ * end, would build every choice, message and string only to drop them, on every
+ * response. This walks the bytes once, tracking strings and nesting, and hands back where
  * the two values lie, so only they are parsed. Pure.
  *
  * It answers only for a body that is one object with balanced, matching brackets and
  * nothing but whitespace after it, whose top-level keys have no escapes; anything else
- * returns null and the caller parses the body whole, as before.
+ * returns null and the caller parses the body whole.
  */
 
 /** Where a value lies in the body: [start, end), whitespace around it included. */
