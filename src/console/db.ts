@@ -3,13 +3,12 @@
  * encrypted secret, never the plain key), the change log the sync feed serves, and the
  * usage ledger that makes ingestion idempotent per request id.
  */
-import Database from 'better-sqlite3';
-import { chmodSync, closeSync, mkdirSync, openSync } from 'node:fs';
-import { dirname } from 'node:path';
+import type Database from 'better-sqlite3';
 import type { ParsedKeyRecord, ParsedRecord } from '../protocol/records.js';
 import type { ModelLimit } from '../policy/facts.js';
 import { nextPeriodStart, type BudgetPeriod } from '../policy/period.js';
 import { migrateConsoleDb } from './migrate.js';
+import { openPrivateDatabase } from '../sqlite-file.js';
 
 const DDL = `
 CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value BLOB NOT NULL);
@@ -79,36 +78,17 @@ CREATE INDEX IF NOT EXISTS usage_key_at ON usage(key_id, at);
 
 export type DB = Database.Database;
 
-/**
- * The file holds key hashes and balances: readable by its owner only. SQLite gives the
- * -wal and -shm files the database file's mode, so the database is created 0600 before
- * SQLite opens it; files left wider by an earlier run are narrowed.
- */
-function makePrivate(path: string): void {
-  mkdirSync(dirname(path), { recursive: true, mode: 0o700 });
-  closeSync(openSync(path, 'a', 0o600));
-  for (const p of [path, `${path}-wal`, `${path}-shm`]) {
-    try {
-      chmodSync(p, 0o600);
-    } catch (err) {
-      if ((err as NodeJS.ErrnoException).code !== 'ENOENT') throw err;
-    }
-  }
-}
-
+/** Opens (or creates) the console's store, readable by its owner only, at the current schema. */
 export function openConsoleDb(path: string): DB {
-  const onDisk = path !== ':memory:' && path !== '';
-  if (onDisk) makePrivate(path);
-  const db = new Database(path);
-  // WAL lets a snapshot stream read a consistent view on its own connection while writes go on.
-  db.pragma('journal_mode = WAL');
-  db.pragma('synchronous = NORMAL');
-  db.pragma('busy_timeout = 5000');
-  db.pragma('foreign_keys = ON');
-  db.exec(DDL);
-  migrateConsoleDb(db);
-  if (onDisk) makePrivate(path);
-  return db;
+  return openPrivateDatabase(path, (db) => {
+    // WAL lets a snapshot stream read a consistent view on its own connection while writes go on.
+    db.pragma('journal_mode = WAL');
+    db.pragma('synchronous = NORMAL');
+    db.pragma('busy_timeout = 5000');
+    db.pragma('foreign_keys = ON');
+    db.exec(DDL);
+    migrateConsoleDb(db);
+  });
 }
 
 /** Amounts are decimals; rounding every stored sum to 1e-9 keeps float drift from accumulating. */

@@ -5,10 +5,11 @@
  * with its data and takes the defaults (epoch 0, no period, no network policy).
  */
 import type Database from 'better-sqlite3';
+import { addMissingColumns, type AddedColumns } from '../sqlite-file.js';
 
 type DB = Database.Database;
 
-const ADDED_COLUMNS: Record<string, Record<string, string>> = {
+const ADDED_COLUMNS: AddedColumns = {
   keys: {
     epoch: 'epoch INTEGER NOT NULL DEFAULT 0',
     ips: 'ips TEXT',
@@ -40,10 +41,7 @@ CREATE INDEX IF NOT EXISTS projects_period ON projects(period, period_start) WHE
 
 export function migrateConsoleDb(db: DB): void {
   db.transaction(() => {
-    for (const [table, columns] of Object.entries(ADDED_COLUMNS)) {
-      const have = new Set((db.prepare(`PRAGMA table_info(${table})`).all() as { name: string }[]).map((c) => c.name));
-      for (const [name, clause] of Object.entries(columns)) if (!have.has(name)) db.exec(`ALTER TABLE ${table} ADD COLUMN ${clause}`);
-    }
+    addMissingColumns(db, ADDED_COLUMNS);
     db.exec(DDL);
   }).immediate();
 }

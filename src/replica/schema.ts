@@ -3,6 +3,7 @@
  * them, plus the sync version. Keys are found by their hash; the plain key is never here.
  */
 import type Database from 'better-sqlite3';
+import { addMissingColumns, type AddedColumns } from '../sqlite-file.js';
 
 /** 2: v1 protocol additions (epochs, key network policy and per-model limits, periods, prices) */
 export const SCHEMA_VERSION = 2;
@@ -60,7 +61,7 @@ CREATE TABLE IF NOT EXISTS prices (
  * older sidecar keeps its rows (and stays ready to serve); they read with the defaults
  * until the next snapshot or change brings the real values.
  */
-const ADDED_COLUMNS: Record<string, Record<string, string>> = {
+const ADDED_COLUMNS: AddedColumns = {
   keys: {
     epoch: 'epoch INTEGER NOT NULL DEFAULT 0',
     ips: 'ips TEXT',
@@ -76,10 +77,7 @@ function migrate(db: Database.Database): void {
   // Another connection (the snapshot worker, a second process) may open the same file at
   // once: the check and the ALTERs run in one write transaction, so only one of them adds.
   db.transaction(() => {
-    for (const [table, columns] of Object.entries(ADDED_COLUMNS)) {
-      const have = new Set((db.prepare(`PRAGMA table_info(${table})`).all() as { name: string }[]).map((c) => c.name));
-      for (const [name, clause] of Object.entries(columns)) if (!have.has(name)) db.exec(`ALTER TABLE ${table} ADD COLUMN ${clause}`);
-    }
+    addMissingColumns(db, ADDED_COLUMNS);
     db.pragma(`user_version = ${SCHEMA_VERSION}`);
   }).immediate();
 }

@@ -3,11 +3,10 @@
  * in-memory cache. Writes by this process (sync) clear the cache at once; writes by
  * another process (`keyward import`) are noticed through SQLite's data_version.
  */
-import Database from 'better-sqlite3';
-import { chmodSync, closeSync, mkdirSync, openSync } from 'node:fs';
-import { dirname } from 'node:path';
+import type Database from 'better-sqlite3';
 import { applyChanges, applySnapshot, type SnapshotSource } from './apply.js';
 import { prepareDatabase } from './schema.js';
+import { openPrivateDatabase } from '../sqlite-file.js';
 import type { ChangeBatch } from '../protocol/records.js';
 import type { KeyFacts, ModelLimit } from '../policy/facts.js';
 import { pickPrice, type Price, type PriceEntry } from '../policy/pricing.js';
@@ -55,30 +54,9 @@ function toFacts(r: Row): KeyFacts {
   };
 }
 
-/**
- * The file holds key hashes and balances: readable by its owner only. SQLite gives the
- * -wal and -shm files the database file's mode, so the database is created 0600 before
- * SQLite opens it; files left wider by an earlier run are narrowed.
- */
-function makePrivate(path: string): void {
-  mkdirSync(dirname(path), { recursive: true, mode: 0o700 });
-  closeSync(openSync(path, 'a', 0o600));
-  for (const p of [path, `${path}-wal`, `${path}-shm`]) {
-    try {
-      chmodSync(p, 0o600);
-    } catch (err) {
-      if ((err as NodeJS.ErrnoException).code !== 'ENOENT') throw err;
-    }
-  }
-}
-
+/** Opens (or creates) a replica file, readable by its owner only, at the current schema. */
 export function openDatabase(path: string): Database.Database {
-  const onDisk = path !== ':memory:' && path !== '';
-  if (onDisk) makePrivate(path);
-  const db = new Database(path);
-  prepareDatabase(db);
-  if (onDisk) makePrivate(path);
-  return db;
+  return openPrivateDatabase(path, prepareDatabase);
 }
 
 export class ReplicaStore {

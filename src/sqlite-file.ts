@@ -1,0 +1,54 @@
+/**
+ * SQLite file handling shared by the two stores that keep one: the console's store and the
+ * sidecar's replica. They are adapters that import nothing of each other, so what they
+ * both need of a database file lives here: opening it private to its owner, and adding
+ * the columns an older file lacks.
+ */
+import Database from 'better-sqlite3';
+import { chmodSync, closeSync, mkdirSync, openSync } from 'node:fs';
+import { dirname } from 'node:path';
+
+/**
+ * The file holds key hashes and balances: readable by its owner only. SQLite gives the
+ * -wal and -shm files the database file's mode, so the database is created 0600 before
+ * SQLite opens it; files left wider by an earlier run are narrowed.
+ */
+function makePrivate(path: string): void {
+  mkdirSync(dirname(path), { recursive: true, mode: 0o700 });
+  closeSync(openSync(path, 'a', 0o600));
+  for (const p of [path, `${path}-wal`, `${path}-shm`]) {
+    try {
+      chmodSync(p, 0o600);
+    } catch (err) {
+      if ((err as NodeJS.ErrnoException).code !== 'ENOENT') throw err;
+    }
+  }
+}
+
+/**
+ * Opens (or creates) the database at `path` readable by its owner only; `prepare` sets up
+ * pragmas, tables and migrations. The files are narrowed again afterwards, since preparing
+ * may have created the -wal and -shm files. `:memory:` and `''` touch no file.
+ */
+export function openPrivateDatabase(path: string, prepare: (db: Database.Database) => void): Database.Database {
+  const onDisk = path !== ':memory:' && path !== '';
+  if (onDisk) makePrivate(path);
+  const db = new Database(path);
+  prepare(db);
+  if (onDisk) makePrivate(path);
+  return db;
+}
+
+/** Columns added to a schema after its first release: table -> column -> ALTER TABLE clause. */
+export type AddedColumns = Record<string, Record<string, string>>;
+
+/**
+ * Adds each listed column its table lacks. Call it inside a write transaction: another
+ * connection may open the same file at once, and only one of them must add a column.
+ */
+export function addMissingColumns(db: Database.Database, added: AddedColumns): void {
+  for (const [table, columns] of Object.entries(added)) {
+    const have = new Set((db.prepare(`PRAGMA table_info(${table})`).all() as { name: string }[]).map((c) => c.name));
+    for (const [name, clause] of Object.entries(columns)) if (!have.has(name)) db.exec(`ALTER TABLE ${table} ADD COLUMN ${clause}`);
+  }
+}
