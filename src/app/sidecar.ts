@@ -17,10 +17,11 @@ import { parseRange } from '../policy/network.js';
 import { buildRules } from '../routes.js';
 import type { SyncClient, UsagePusher } from '../sync/client.js';
 import { consoleClients } from './console-clients.js';
-import { answerClientError, createExchanges } from '../proxy/exchange.js';
-import { createForwarder } from '../proxy/upstream/forward.js';
+import { answerClientError, createExchanges, type ExchangeDeps, type Exchanges } from '../proxy/exchange.js';
+import { createForwarder, type Forwarder } from '../proxy/upstream/forward.js';
 import { QUOTA_HEADER_NAMES } from '../proxy/quota-headers.js';
 import { describeKey } from '../proxy/self.js';
+import { httpUrl, listen } from './listen.js';
 
 export interface SidecarOptions {
   config: Config;
@@ -49,17 +50,6 @@ export interface Sidecar {
   close(opts?: { graceMs?: number }): Promise<void>;
 }
 
-function listen(server: Server, port: number, host: string): Promise<number> {
-  return new Promise((resolve, reject) => {
-    server.once('error', reject);
-    server.listen(port, host, () => {
-      server.off('error', reject);
-      const addr = server.address();
-      resolve(typeof addr === 'object' && addr ? addr.port : port);
-    });
-  });
-}
-
 /** Warns once per distinct value (at most 100 of them): a misrouted key must not flood the log. */
 function onceEach(warn: (value: string) => void): (value: string) => void {
   const seen = new Set<string>();
@@ -70,26 +60,28 @@ function onceEach(warn: (value: string) => void): (value: string) => void {
   };
 }
 
-export async function startSidecar(opts: SidecarOptions): Promise<Sidecar> {
-  const { config, logger } = opts;
-  const replica = opts.replica ?? new ReplicaStore({ path: config.replica.path });
-  const limiter =
-    opts.limiter ??
-    createLimiter({
-      redis: config.redis ?? null,
-      leaseMs: config.limits.leaseMs,
-      log: (event, fields) => logger.warn(fields, event),
-    });
-  const { sync, usage: usagePusher } = consoleClients({ config, replica, logger, pushUsage: !opts.usageSink });
-  const forwarder = createForwarder({ upstreams: config.upstreams, replacedResponseHeaders: QUOTA_HEADER_NAMES });
-  const metrics: Metrics = createMetrics({
-    replica: () => replica.status(),
-    limiter: () => limiter.stats(),
-    inFlight: () => exchanges.inFlight(),
-    ...(sync ? { sync: () => sync.status() } : {}),
-    ...(usagePusher ? { usage: () => usagePusher.stats() } : {}),
+function limiterFor(config: Config, logger: Logger): Limiter {
+  return createLimiter({
+    redis: config.redis ?? null,
+    leaseMs: config.limits.leaseMs,
+    log: (event, fields) => logger.warn(fields, event),
   });
-  const exchanges = createExchanges({
+}
+
+/** What the exchanges are built from: the config's settings and the adapters made above them. */
+interface ExchangeParts {
+  config: Config;
+  logger: Logger;
+  replica: ReplicaStore;
+  limiter: Limiter;
+  forwarder: Forwarder;
+  metrics: Metrics;
+  usageSink: ((event: UsageEvent) => void) | null;
+}
+
+function exchangeDeps(p: ExchangeParts): ExchangeDeps {
+  const { config, logger, replica, limiter } = p;
+  return {
     pipeline: {
       rules: buildRules(config.routes),
       hashKey: makeKeyHasher(config.keys),
@@ -105,24 +97,76 @@ export async function startSidecar(opts: SidecarOptions): Promise<Sidecar> {
       refuseBrowsers: config.server.refuseBrowsers,
       onUnknownRouting: onceEach((mode) => logger.warn({ routing: mode }, 'key routing mode names no upstream; using default')),
     },
-    forwarder,
-    metrics,
+    forwarder: p.forwarder,
+    metrics: p.metrics,
     access: logger.access,
-    usageSink: opts.usageSink ?? (usagePusher ? (e: UsageEvent) => usagePusher.push(e) : null),
+    usageSink: p.usageSink,
     log: logger,
     versionHeader: `${config.messages.vendor}-version`,
     bodyIdleTimeoutMs: config.server.bodyIdleTimeoutMs,
     trustedProxies: config.server.trustedProxies.map((c) => parseRange(c)!),
     describeKey: (facts) => describeKey(limiter, facts),
-  });
-  let draining = false;
+  };
+}
 
+function proxyServer(exchanges: Exchanges): Server {
   const server = createServer({ keepAliveTimeout: 65_000, requestTimeout: 0, headersTimeout: 60_000 });
   server.on('request', (req, res) => exchanges.handle(req, res, false));
   server.on('checkContinue', (req, res) => exchanges.handle(req, res, true));
   server.on('clientError', (err: NodeJS.ErrnoException, socket) => answerClientError(err, socket));
+  return server;
+}
 
+/** Everything a running sidecar lets go of when it closes, in the order it does. */
+interface Running {
+  server: Server;
+  exchanges: Exchanges;
+  logger: Logger;
+  forwarder: Forwarder;
+  admin: AdminServer | null;
+  usage: UsagePusher | null;
+  sync: SyncClient | null;
+  limiter: Limiter;
+  /** null when the caller handed the replica in (and closes it) */
+  ownReplica: ReplicaStore | null;
+}
+
+async function shutdown(r: Running, graceMs: number): Promise<void> {
+  // Node skips connections whose response is still under way.
+  r.exchanges.startDraining({ closeIdle: () => r.server.closeIdleConnections() });
+  r.server.close();
+  r.server.closeIdleConnections();
+  await r.exchanges.drained(graceMs);
+  r.server.closeAllConnections();
+  r.logger.access.flush();
+  r.forwarder.close();
+  await r.admin?.close();
+  // Last: the responses above may still have produced usage to push.
+  await r.usage?.stop();
+  await r.sync?.stop();
+  await r.limiter.close();
+  r.ownReplica?.close();
+}
+
+export async function startSidecar(opts: SidecarOptions): Promise<Sidecar> {
+  const { config, logger } = opts;
+  const replica = opts.replica ?? new ReplicaStore({ path: config.replica.path });
+  const limiter = opts.limiter ?? limiterFor(config, logger);
+  const { sync, usage } = consoleClients({ config, replica, logger, pushUsage: !opts.usageSink });
+  const forwarder = createForwarder({ upstreams: config.upstreams, replacedResponseHeaders: QUOTA_HEADER_NAMES });
+  const metrics = createMetrics({
+    replica: () => replica.status(),
+    limiter: () => limiter.stats(),
+    ...(sync ? { sync: () => sync.status() } : {}),
+    ...(usage ? { usage: () => usage.stats() } : {}),
+  });
+  const usageSink = opts.usageSink ?? (usage ? (e: UsageEvent) => usage.push(e) : null);
+  const exchanges = createExchanges(exchangeDeps({ config, logger, replica, limiter, forwarder, metrics, usageSink }));
+  metrics.trackInFlight(() => exchanges.inFlight());
+
+  const server = proxyServer(exchanges);
   const port = await listen(server, config.server.port, config.server.host);
+  let draining = false;
   let admin: AdminServer | null = null;
   try {
     if (opts.admin !== false) admin = await startAdmin({
@@ -135,35 +179,22 @@ export async function startSidecar(opts: SidecarOptions): Promise<Sidecar> {
     server.close();
     throw err;
   }
-
   // Not awaited: the replica serves what it has (a previous run's data) while the first sync runs.
   void sync?.start();
 
+  const running: Running = { server, exchanges, logger, forwarder, admin, usage, sync, limiter, ownReplica: opts.replica ? null : replica };
   return {
     port,
     adminPort: admin?.port ?? 0,
     sync,
-    usage: usagePusher,
-    url: `http://${config.server.host.includes(':') ? `[${config.server.host}]` : config.server.host}:${port}`,
+    usage,
+    url: httpUrl(config.server.host, port),
     replica,
     limiter,
     metrics,
-    async close({ graceMs = config.server.shutdownGraceMs } = {}) {
+    close({ graceMs = config.server.shutdownGraceMs } = {}) {
       draining = true;
-      // Node skips connections whose response is still under way.
-      exchanges.startDraining({ closeIdle: () => server.closeIdleConnections() });
-      server.close();
-      server.closeIdleConnections();
-      await exchanges.drained(graceMs);
-      server.closeAllConnections();
-      logger.access.flush();
-      forwarder.close();
-      await admin?.close();
-      // Last: the responses above may still have produced usage to push.
-      await usagePusher?.stop();
-      await sync?.stop();
-      await limiter.close();
-      if (!opts.replica) replica.close();
+      return shutdown(running, graceMs);
     },
   };
 }

@@ -1,9 +1,8 @@
 /**
- * The decision histogram is counted outside prom-client and folded into its per-label state
- * at scrape time (src/obs/metrics.ts), which relies on prom-client's internal layout. These
- * tests hold the exposition it produces to that of a plain prom-client Histogram fed the
- * same observations, so a prom-client upgrade that changes the layout fails here, not in a
- * dashboard.
+ * The decision histogram keeps one prom-client child per outcome (src/obs/metrics.ts).
+ * These tests hold the exposition it produces to that of a plain prom-client Histogram fed
+ * the same observations, so a change to how it is kept, or a prom-client upgrade, that
+ * alters what a scrape shows fails here, not in a dashboard.
  */
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
@@ -68,4 +67,14 @@ test('requests are counted by route, status and code', async () => {
   assert.match(text, /keyward_requests_total\{route="chat",status="429",code="rpm_exceeded"\} 1/);
   // scraped twice: the same totals, not doubled
   assert.equal(await m.registry.getSingleMetricAsString('keyward_requests_total'), text);
+});
+
+test('the in-flight gauge is added once its source exists, and reads it at each scrape', async () => {
+  const m = createMetrics(sources);
+  assert.equal(m.registry.getSingleMetric('keyward_in_flight_requests'), undefined);
+  let inFlight = 3;
+  m.trackInFlight(() => inFlight);
+  assert.match(await m.registry.getSingleMetricAsString('keyward_in_flight_requests'), /^keyward_in_flight_requests 3$/m);
+  inFlight = 0;
+  assert.match(await m.registry.getSingleMetricAsString('keyward_in_flight_requests'), /^keyward_in_flight_requests 0$/m);
 });
