@@ -19,7 +19,8 @@ import { Arrival, clientIpOf } from './arrival.js';
 import { answerParserRefusal } from './upstream/framing.js';
 import { accessLine, newContext, type RequestContext } from './context.js';
 import type { ForwardFailure, Forwarder, ForwardHooks } from './upstream/forward.js';
-import { settleUsage } from '../policy/estimate.js';
+import type { BodyWatcher, ResponseHead } from './upstream/relay.js';
+import { settleUsage, type Settled } from '../policy/estimate.js';
 import { costOf } from '../policy/pricing.js';
 import { addQuotaHeaders } from './quota-headers.js';
 import type { Cidr } from '../policy/network.js';
@@ -129,121 +130,92 @@ const FAILURES: Record<ForwardFailure, (err: Error) => Denial> = {
   unavailable: () => deny('upstream_unavailable'),
 };
 
-export function createExchanges(deps: ExchangeDeps): Exchanges {
-  let draining = false;
-  let closeIdle: (() => void) | null = null;
-  let onIdle: (() => void) | null = null;
+/** The context a response carries, set when its request arrived. */
+const contextOf = (res: ServerResponse): RequestContext => (res as ContextResponse)[CONTEXT]!;
+
+/**
+ * Every request in flight on one server. Built once: its methods and the few callbacks it
+ * hands out (the response 'close' listener, the body watch's callback, the forwarding
+ * hooks, which are this object) are shared by every request, which finds its own state
+ * in the context on its response.
+ */
+class ExchangeTable implements Exchanges, ForwardHooks {
+  private draining = false;
+  private closeIdle: (() => void) | null = null;
+  private onIdle: (() => void) | null = null;
   /** responses not yet closed: what is in flight (not a Set: src/dense-set.ts says why) */
-  const open = new DenseSet<ServerResponse>();
+  private readonly open = new DenseSet<ServerResponse>();
+  /** the 'close' listener of every response; `this` is the response */
+  private readonly onResponseClose: (this: ServerResponse) => void;
+  /** the body watch's callback, one for every request: the response leads to the rest */
+  private readonly cutStalledResponse = (res: ServerResponse): void => this.cutStalledBody(res.req, res, contextOf(res));
 
-  const finish = (res: ServerResponse, ctx: RequestContext) => {
-    open.delete(ctx.openIndex);
-    ctx.openIndex = -1;
-    settle(ctx);
-    // 499: the client went away before the response was complete (nginx's convention)
-    const status = res.writableFinished ? res.statusCode : 499;
-    const settled = ctx.settled;
-    if (settled && ctx.facts && deps.usageSink) {
-      deps.usageSink({
-        request_id: ctx.reqId,
-        key_id: ctx.facts.key.id,
-        model: ctx.model,
-        input_tokens: settled.input_tokens,
-        output_tokens: settled.output_tokens,
-        status,
-        at: new Date().toISOString(),
-        ...(settled.estimated ? { estimated: true } : {}),
-      });
-    }
-    deps.metrics.request(ctx.route?.name ?? 'none', status, ctx.code ?? '');
-    deps.access(accessLine(ctx, status, performance.now()));
-    // A keep-alive connection whose answer began before the drain would otherwise stay
-    // open, and in use by its client, until the drain ends and every connection is cut.
-    if (draining) closeIdle?.();
-    if (open.size === 0) onIdle?.();
-  };
-
-  // One listener for every response: the request ends (finish), then its body watch stops.
-  function onResponseClose(this: ContextResponse): void {
-    const ctx = this[CONTEXT]!;
-    finish(this, ctx);
-    ctx.bodyWatch?.stop();
-    // A keep-alive connection would otherwise hold this exchange's whole graph (request,
-    // context, body, tap) until its next request, however long that connection idles.
-    // Kept while the request's body is still arriving: a parser refusal later in it must
-    // know that this answer has begun (answerClientError).
-    const socket = this.req.socket as TrackedSocket | null;
-    if (socket?.[CURRENT] === this && this.req.complete) socket[CURRENT] = undefined;
+  constructor(private readonly deps: ExchangeDeps) {
+    this.onResponseClose = ExchangeTable.closeListener(this);
   }
 
-  // One set of hooks for every forwarded call: each finds its request's context on the response.
-  const hooks: ForwardHooks = {
-    onResponse(res, proxyRes, head) {
-      const ctx = (res as ContextResponse)[CONTEXT]!;
-      ctx.upstreamMs = performance.now() - ctx.upstreamStart!;
-      ctx.upstreamStatus = proxyRes.statusCode ?? null;
-      // The client can quote the id its access-log line carries, unless the upstream names its own.
-      if (head.get('x-request-id') === undefined) head.add('x-request-id', ctx.reqId);
-      if (ctx.quota) addQuotaHeaders(head, ctx.quota);
-      if (!ctx.metered) return null;
-      ctx.tap = createUsageTap({ contentType: head.get('content-type'), contentEncoding: head.get('content-encoding') });
-      return ctx.tap;
-    },
-    onFailure(res, kind, err) {
-      const ctx = (res as ContextResponse)[CONTEXT]!;
-      if (ctx.upstreamStatus === null) ctx.upstreamFailed = true;
-      // mid-response: the client must see a broken response, not a truncated "success"
-      if (res.headersSent) return void res.destroy();
-      if (kind !== 'rejected') deps.log.warn({ req_id: ctx.reqId, upstream: ctx.upstream, err: err.message }, 'upstream failure');
-      sendDenial(res.req, res, ctx, FAILURES[kind](err), ctx.route?.style ?? 'openai');
-    },
-  };
+  /** Node calls a 'close' listener with the response as `this`; the table comes with it. */
+  private static closeListener(table: ExchangeTable): (this: ServerResponse) => void {
+    return function (this: ServerResponse) {
+      table.closed(this);
+    };
+  }
 
-  const forward = (req: IncomingMessage, res: ServerResponse, ctx: RequestContext, allow: Allow, expectContinue: boolean) => {
-    if (expectContinue && !allow.bodyRead) res.writeContinue();
-    ctx.upstreamStart = performance.now();
-    ctx.forwarding = deps.forwarder.forward(req, res, { upstream: allow.seen.upstream, body: allow.body, hooks });
-  };
+  handle(req: IncomingMessage, res: ServerResponse, expectContinue: boolean): void {
+    const clientIp = clientIpOf(req, this.deps.trustedProxies);
+    const ctx = newContext(req, { versionHeader: this.deps.versionHeader, now: performance.now(), clientIp });
+    ctx.openIndex = this.open.add(res);
+    (req.socket as TrackedSocket)[CURRENT] = res;
+    // Only a body still to come can stall; watchBodyIdle watches nothing otherwise.
+    ctx.bodyWatch = watchBodyIdle(req, { idleMs: this.deps.bodyIdleTimeoutMs, onIdle: this.cutStalledResponse, subject: res });
+    (res as ContextResponse)[CONTEXT] = ctx;
+    res.once('close', this.onResponseClose);
+    // Not a header: headers set ahead would make the forwarder's one-shot head merge into them.
+    if (this.draining) res.shouldKeepAlive = false;
+    void this.run(req, res, ctx, new Arrival({ req, res, expectContinue, clientIp, method: ctx.method }));
+  }
 
-  // A body that stalls is cut with 408: the upstream request (if any) is destroyed before it
-  // is complete, everything the request holds is given back, and the connection is closed.
-  const cutStalledBody = (req: IncomingMessage, res: ServerResponse, ctx: RequestContext) => {
-    ctx.forwarding?.abort();
-    ctx.upstreamFailed = true; // nothing the upstream generated is billed
-    settle(ctx);
-    // Read nothing more: a body completed after the 408 must not go on to admission.
-    req.socket.pause();
-    res.shouldKeepAlive = false;
-    if (res.headersSent) return void res.destroy();
-    sendDenial(req, res, ctx, deny('invalid_request', { variant: 'stalled', params: { ms: deps.bodyIdleTimeoutMs }, status: 408 }), ctx.route?.style ?? 'openai');
-    // Half-close so the client reads the answer, then let go of the socket.
-    res.once('finish', () => setTimeout(() => req.socket.destroy(), 1000).unref());
-  };
+  inFlight(): number {
+    return this.open.size;
+  }
 
-  // The body watch's callback, one for every request: the response leads to the rest.
-  const cutStalledResponse = (res: ServerResponse) => cutStalledBody(res.req, res, (res as ContextResponse)[CONTEXT]!);
+  startDraining(opts: { closeIdle?: () => void } = {}): void {
+    this.draining = true;
+    this.closeIdle = opts.closeIdle ?? null;
+    // Node answers `Connection: close` and closes after the response; the forwarder follows it too.
+    this.open.forEach((res) => {
+      if (!res.headersSent) res.shouldKeepAlive = false;
+    });
+  }
 
-  const answerSelf = (res: ServerResponse, ctx: RequestContext, facts: KeyFacts) => {
-    deps.describeKey(facts).then(
-      (view) => {
-        const body = JSON.stringify(view);
-        res.writeHead(200, { 'content-type': 'application/json', 'content-length': String(Buffer.byteLength(body)), 'x-request-id': ctx.reqId, 'cache-control': 'no-store' });
-        res.end(body);
-      },
-      (err: Error) => {
-        deps.log.error({ req_id: ctx.reqId, err: err.message }, 'key view failed');
-        sendDenial(res.req, res, ctx, deny('internal_error'), 'openai');
-      },
-    );
-  };
+  async drained(graceMs: number): Promise<void> {
+    if (this.open.size === 0) return;
+    await new Promise<void>((resolve) => {
+      const timer = setTimeout(resolve, graceMs);
+      this.onIdle = () => {
+        clearTimeout(timer);
+        resolve();
+      };
+    });
+  }
 
-  const apply = (req: IncomingMessage, res: ServerResponse, ctx: RequestContext, decision: Decision, expectContinue: boolean) => {
+  private async run(req: IncomingMessage, res: ServerResponse, ctx: RequestContext, input: Arrival): Promise<void> {
+    try {
+      const decision = await decide(input, this.deps.pipeline, ctx.reqId);
+      this.apply(req, res, ctx, decision, input.expectContinue);
+    } catch (err) {
+      this.deps.log.error({ req_id: ctx.reqId, err: (err as Error).message }, 'request failed');
+      sendDenial(req, res, ctx, deny('internal_error'), ctx.route?.style ?? 'openai');
+    }
+  }
+
+  private apply(req: IncomingMessage, res: ServerResponse, ctx: RequestContext, decision: Decision, expectContinue: boolean): void {
     const { seen } = decision;
     ctx.route = seen.route;
     ctx.facts = seen.facts;
     ctx.upstream = seen.upstream;
     ctx.model = seen.model;
-    deps.metrics.decision(decision.allow ? 'allow' : 'deny', (performance.now() - ctx.start) / 1000);
+    this.deps.metrics.decision(decision.allow ? 'allow' : 'deny', (performance.now() - ctx.start) / 1000);
     if (!decision.allow) return sendDenial(req, res, ctx, decision.denial, decision.style);
     ctx.lease = decision.lease;
     ctx.metered = decision.metered;
@@ -253,52 +225,111 @@ export function createExchanges(deps: ExchangeDeps): Exchanges {
     ctx.price = decision.price;
     // The client went away while the checks ran: its response has closed already.
     if (res.destroyed) return settle(ctx);
-    if (decision.seen.route.class === 'self') return answerSelf(res, ctx, decision.seen.facts);
-    forward(req, res, ctx, decision, expectContinue);
-  };
+    if (decision.seen.route.class === 'self') return this.answerSelf(res, ctx, decision.seen.facts);
+    this.forward(req, res, ctx, decision, expectContinue);
+  }
 
-  const run = async (req: IncomingMessage, res: ServerResponse, ctx: RequestContext, input: Arrival) => {
-    try {
-      const decision = await decide(input, deps.pipeline, ctx.reqId);
-      apply(req, res, ctx, decision, input.expectContinue);
-    } catch (err) {
-      deps.log.error({ req_id: ctx.reqId, err: (err as Error).message }, 'request failed');
-      sendDenial(req, res, ctx, deny('internal_error'), ctx.route?.style ?? 'openai');
-    }
-  };
+  private forward(req: IncomingMessage, res: ServerResponse, ctx: RequestContext, allow: Allow, expectContinue: boolean): void {
+    if (expectContinue && !allow.bodyRead) res.writeContinue();
+    ctx.upstreamStart = performance.now();
+    ctx.forwarding = this.deps.forwarder.forward(req, res, { upstream: allow.seen.upstream, body: allow.body, hooks: this });
+  }
 
+  private answerSelf(res: ServerResponse, ctx: RequestContext, facts: KeyFacts): void {
+    this.deps.describeKey(facts).then(
+      (view) => {
+        const body = JSON.stringify(view);
+        res.writeHead(200, { 'content-type': 'application/json', 'content-length': String(Buffer.byteLength(body)), 'x-request-id': ctx.reqId, 'cache-control': 'no-store' });
+        res.end(body);
+      },
+      (err: Error) => {
+        this.deps.log.error({ req_id: ctx.reqId, err: err.message }, 'key view failed');
+        sendDenial(res.req, res, ctx, deny('internal_error'), 'openai');
+      },
+    );
+  }
+
+  /** Forwarding hook: the upstream's head is in, the client's is not written yet. */
+  onResponse(res: ServerResponse, proxyRes: IncomingMessage, head: ResponseHead): BodyWatcher | null {
+    const ctx = contextOf(res);
+    ctx.upstreamMs = performance.now() - ctx.upstreamStart!;
+    ctx.upstreamStatus = proxyRes.statusCode ?? null;
+    // The client can quote the id its access-log line carries, unless the upstream names its own.
+    if (head.get('x-request-id') === undefined) head.add('x-request-id', ctx.reqId);
+    if (ctx.quota) addQuotaHeaders(head, ctx.quota);
+    if (!ctx.metered) return null;
+    ctx.tap = createUsageTap({ contentType: head.get('content-type'), contentEncoding: head.get('content-encoding') });
+    return ctx.tap;
+  }
+
+  /** Forwarding hook: the call failed (see ForwardFailure). */
+  onFailure(res: ServerResponse, kind: ForwardFailure, err: Error): void {
+    const ctx = contextOf(res);
+    if (ctx.upstreamStatus === null) ctx.upstreamFailed = true;
+    // mid-response: the client must see a broken response, not a truncated "success"
+    if (res.headersSent) return void res.destroy();
+    if (kind !== 'rejected') this.deps.log.warn({ req_id: ctx.reqId, upstream: ctx.upstream, err: err.message }, 'upstream failure');
+    sendDenial(res.req, res, ctx, FAILURES[kind](err), ctx.route?.style ?? 'openai');
+  }
+
+  // A body that stalls is cut with 408: the upstream request (if any) is destroyed before it
+  // is complete, everything the request holds is given back, and the connection is closed.
+  private cutStalledBody(req: IncomingMessage, res: ServerResponse, ctx: RequestContext): void {
+    ctx.forwarding?.abort();
+    ctx.upstreamFailed = true; // nothing the upstream generated is billed
+    settle(ctx);
+    // Read nothing more: a body completed after the 408 must not go on to admission.
+    req.socket.pause();
+    res.shouldKeepAlive = false;
+    if (res.headersSent) return void res.destroy();
+    sendDenial(req, res, ctx, deny('invalid_request', { variant: 'stalled', params: { ms: this.deps.bodyIdleTimeoutMs }, status: 408 }), ctx.route?.style ?? 'openai');
+    // Half-close so the client reads the answer, then let go of the socket.
+    res.once('finish', () => setTimeout(() => req.socket.destroy(), 1000).unref());
+  }
+
+  /** A response closed: the request ends (finish), then its body watch stops. */
+  private closed(res: ServerResponse): void {
+    const ctx = contextOf(res);
+    this.finish(res, ctx);
+    ctx.bodyWatch?.stop();
+    // A keep-alive connection would otherwise hold this exchange's whole graph (request,
+    // context, body, tap) until its next request, however long that connection idles.
+    // Kept while the request's body is still arriving: a parser refusal later in it must
+    // know that this answer has begun (answerClientError).
+    const socket = res.req.socket as TrackedSocket | null;
+    if (socket?.[CURRENT] === res && res.req.complete) socket[CURRENT] = undefined;
+  }
+
+  private finish(res: ServerResponse, ctx: RequestContext): void {
+    this.open.delete(ctx.openIndex);
+    ctx.openIndex = -1;
+    settle(ctx);
+    // 499: the client went away before the response was complete (nginx's convention)
+    const status = res.writableFinished ? res.statusCode : 499;
+    if (ctx.settled && ctx.facts && this.deps.usageSink) this.deps.usageSink(usageEvent(ctx, ctx.settled, ctx.facts, status));
+    this.deps.metrics.request(ctx.route?.name ?? 'none', status, ctx.code ?? '');
+    this.deps.access(accessLine(ctx, status, performance.now()));
+    // A keep-alive connection whose answer began before the drain would otherwise stay
+    // open, and in use by its client, until the drain ends and every connection is cut.
+    if (this.draining) this.closeIdle?.();
+    if (this.open.size === 0) this.onIdle?.();
+  }
+}
+
+/** The usage event of a settled model response, for the console. */
+function usageEvent(ctx: RequestContext, settled: Settled, facts: KeyFacts, status: number): UsageEvent {
   return {
-    handle(req, res, expectContinue) {
-      const clientIp = clientIpOf(req, deps.trustedProxies);
-      const ctx = newContext(req, { versionHeader: deps.versionHeader, now: performance.now(), clientIp });
-      ctx.openIndex = open.add(res);
-      (req.socket as TrackedSocket)[CURRENT] = res;
-      // Only a body still to come can stall; watchBodyIdle watches nothing otherwise.
-      ctx.bodyWatch = watchBodyIdle(req, { idleMs: deps.bodyIdleTimeoutMs, onIdle: cutStalledResponse, subject: res });
-      (res as ContextResponse)[CONTEXT] = ctx;
-      res.once('close', onResponseClose);
-      // Not a header: headers set ahead would make the forwarder's one-shot head merge into them.
-      if (draining) res.shouldKeepAlive = false;
-      void run(req, res, ctx, new Arrival({ req, res, expectContinue, clientIp, method: ctx.method }));
-    },
-    inFlight: () => open.size,
-    startDraining(opts = {}) {
-      draining = true;
-      closeIdle = opts.closeIdle ?? null;
-      // Node answers `Connection: close` and closes after the response; the forwarder follows it too.
-      open.forEach((res) => {
-        if (!res.headersSent) res.shouldKeepAlive = false;
-      });
-    },
-    async drained(graceMs) {
-      if (open.size === 0) return;
-      await new Promise<void>((resolve) => {
-        const timer = setTimeout(resolve, graceMs);
-        onIdle = () => {
-          clearTimeout(timer);
-          resolve();
-        };
-      });
-    },
+    request_id: ctx.reqId,
+    key_id: facts.key.id,
+    model: ctx.model,
+    input_tokens: settled.input_tokens,
+    output_tokens: settled.output_tokens,
+    status,
+    at: new Date().toISOString(),
+    ...(settled.estimated ? { estimated: true } : {}),
   };
+}
+
+export function createExchanges(deps: ExchangeDeps): Exchanges {
+  return new ExchangeTable(deps);
 }
