@@ -3,6 +3,7 @@
  * IPC channel. Every type carries the `keyward:` prefix so they never collide with
  * messages of node's cluster module or prom-client.
  */
+import type { Worker } from 'node:cluster';
 import type { MetricObjectWithValues, MetricValue } from 'prom-client';
 import type { UsageEvent } from '../protocol/usage.js';
 
@@ -26,4 +27,18 @@ export type ToPrimary =
 
 export function isMessage<T extends { type: string }>(msg: unknown): msg is T {
   return typeof msg === 'object' && msg !== null && typeof (msg as { type?: unknown }).type === 'string' && (msg as { type: string }).type.startsWith('keyward:');
+}
+
+/**
+ * Sends to a worker; `onFailed` runs when the message cannot reach it. A worker can die
+ * between the isConnected() check and the write, before the primary has read the end of
+ * its channel: that write fails with EPIPE, and without a callback it becomes an 'error'
+ * event on the Worker that nobody handles, which would end the primary and every
+ * connection of the other workers with it. The exit handler deals with the dead worker.
+ */
+export function sendTo(w: Worker, msg: ToWorker, onFailed: () => void = () => {}): void {
+  if (!w.isConnected()) return onFailed();
+  w.send(msg, (err) => {
+    if (err) onFailed();
+  });
 }

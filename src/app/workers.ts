@@ -19,20 +19,19 @@
  */
 import cluster, { type Worker } from 'node:cluster';
 import { availableParallelism } from 'node:os';
-import { AggregatorRegistry, Gauge, Counter, type MetricObjectWithValues, type MetricValue } from 'prom-client';
+import { Gauge, Counter, type Registry } from 'prom-client';
 import type { Config } from '../config/schema.js';
-import { startAdmin, type AdminServer } from '../obs/admin.js';
+import { startAdmin } from '../obs/admin.js';
 import type { Logger } from '../obs/logger.js';
 import { createMetrics } from '../obs/metrics.js';
 import { ReplicaStore } from '../replica/store.js';
+import type { UsagePusher } from '../sync/client.js';
 import { consoleClients } from './console-clients.js';
-import { isMessage, type ToPrimary, type ToWorker } from './worker-messages.js';
+import { httpUrl } from './listen.js';
+import { isMessage, sendTo, type ToPrimary, type ToWorker } from './worker-messages.js';
+import { WorkerScrapes } from './worker-scrapes.js';
 
-/** A worker that does not answer a scrape within this is left out of that scrape. */
-const SCRAPE_TIMEOUT_MS = 2_000;
 const RESTART_DELAY_MS = 1_000;
-/** Metrics the primary owns: the workers read the same replica file, so theirs would only repeat it. */
-const PRIMARY_ONLY = /^keyward_replica_/;
 
 /** `--workers` value: a positive integer, or `auto` for the number of cores. */
 export function parseWorkers(value: string): number {
@@ -58,20 +57,121 @@ export interface WorkerPool {
   close(opts?: { graceMs?: number }): Promise<void>;
 }
 
-type MetricsJson = MetricObjectWithValues<MetricValue<string>>[];
+/** The primary's workers: forks them, replaces one that dies, hears what they report. */
+class Workers {
+  readonly live = new Map<number, Worker>();
+  /** each worker's last reported replica readiness */
+  private readonly ready = new Map<number, boolean>();
+  private readonly listening = new Set<number>();
+  /** resolves a worker's drain, by worker id */
+  private readonly drained = new Map<number, () => void>();
+  private restarts = 0;
+  private closing = false;
+  /** set while the first workers start: a worker that exits then fails the start */
+  private startupFailed: ((err: Error) => void) | null = null;
+  readonly scrapes: WorkerScrapes;
 
-/**
- * Sends to a worker; `onFailed` runs when the message cannot reach it. A worker can die
- * between the isConnected() check and the write, before the primary has read the end of
- * its channel: that write fails with EPIPE, and without a callback it becomes an 'error'
- * event on the Worker that nobody handles, which would end the primary and every
- * connection of the other workers with it. The exit handler deals with the dead worker.
- */
-function sendTo(w: Worker, msg: ToWorker, onFailed: () => void = () => {}): void {
-  if (!w.isConnected()) return onFailed();
-  w.send(msg, (err) => {
-    if (err) onFailed();
-  });
+  constructor(private readonly o: { logger: Logger; usage: UsagePusher | null; registry: Registry }) {
+    this.scrapes = new WorkerScrapes({ own: o.registry, workers: () => this.live.values() });
+    const listening = () => this.listening.size;
+    const restarts = () => this.restarts;
+    new Gauge({ name: 'keyward_workers', help: 'Workers serving the proxy port', registers: [o.registry], collect() { this.set(listening()); } });
+    new Counter({ name: 'keyward_worker_restarts_total', help: 'Workers replaced after an unexpected exit', registers: [o.registry], collect() { this.reset(); this.inc(restarts()); } });
+  }
+
+  /** Forks `n` workers; resolves with the proxy port once every one listens, rejects when one exits first. */
+  async start(n: number): Promise<number> {
+    try {
+      return await new Promise<number>((resolve, reject) => {
+        this.startupFailed = reject;
+        let first: number | null = null;
+        const started = new Set<number>();
+        const onListening = (w: Worker, address: { port: number }) => {
+          first ??= address.port;
+          started.add(w.id);
+          if (started.size >= n) {
+            cluster.off('listening', onListening);
+            resolve(first);
+          }
+        };
+        cluster.on('listening', onListening);
+        for (let i = 0; i < n; i++) this.fork();
+      });
+    } finally {
+      this.startupFailed = null;
+    }
+  }
+
+  /** Null when the primary's replica is loaded and so is every listening worker's, else why not. */
+  notReadyReason(replicaReady: boolean): string | null {
+    if (this.closing) return 'draining';
+    if (!replicaReady) return 'replica not loaded: no sync or import yet';
+    if (this.listening.size === 0) return 'no worker listening';
+    for (const id of this.listening) if (this.ready.get(id) !== true) return `worker ${id} has not loaded the replica yet`;
+    return null;
+  }
+
+  tellAll(msg: ToWorker): void {
+    for (const w of this.live.values()) sendTo(w, msg);
+  }
+
+  kill(): void {
+    this.closing = true;
+    for (const w of this.live.values()) w.process.kill('SIGKILL');
+  }
+
+  /** Tells every worker to drain; resolves when each has drained, or exited. */
+  async drain(graceMs: number): Promise<void> {
+    this.closing = true;
+    const exits = [...this.live.values()].map(
+      (w) =>
+        new Promise<void>((resolve) => {
+          // A worker that overruns its grace (plus time to hand over its usage) is killed.
+          const timer = setTimeout(() => w.process.kill('SIGKILL'), graceMs + 5_000);
+          this.drained.set(w.id, () => {
+            clearTimeout(timer);
+            resolve();
+          });
+          // A worker that cannot be told is exiting already: its exit resolves this.
+          sendTo(w, { type: 'keyward:drain', graceMs });
+        }),
+    );
+    await Promise.all(exits);
+  }
+
+  private fork(): void {
+    const w = cluster.fork();
+    this.live.set(w.id, w);
+    w.on('message', (msg: unknown) => this.heard(w, msg));
+    // Failed writes to a worker are handled where they are sent; this keeps anything else
+    // that goes wrong on its channel from ending the primary.
+    w.on('error', (err: Error) => this.o.logger.warn({ worker: w.id, err: err.message }, 'worker channel error'));
+    w.on('listening', () => this.listening.add(w.id));
+    w.on('exit', (code: number, signal: string | null) => this.exited(w, code, signal));
+  }
+
+  private heard(w: Worker, msg: unknown): void {
+    if (!isMessage<ToPrimary>(msg)) return;
+    if (msg.type === 'keyward:usage') {
+      if (this.o.usage) for (const e of msg.events) this.o.usage.push(e);
+    } else if (msg.type === 'keyward:metrics') this.scrapes.answered(msg.id, msg.metrics);
+    else if (msg.type === 'keyward:replica') this.ready.set(w.id, msg.ready);
+    else if (msg.type === 'keyward:drained') this.drained.get(w.id)?.();
+  }
+
+  private exited(w: Worker, code: number, signal: string | null): void {
+    this.live.delete(w.id);
+    this.listening.delete(w.id);
+    this.ready.delete(w.id);
+    this.drained.get(w.id)?.();
+    if (this.closing) return;
+    if (this.startupFailed) return this.startupFailed(new Error(`worker ${w.id} exited (${signal ?? `code ${code}`}) before listening`));
+    this.restarts++;
+    this.o.logger.error({ worker: w.id, code, signal }, 'worker exited unexpectedly; starting another');
+    setTimeout(() => {
+      if (!this.closing) this.fork();
+    }, RESTART_DELAY_MS);
+  }
 }
 
 export async function startWorkers(opts: WorkersOptions): Promise<WorkerPool> {
@@ -84,154 +184,41 @@ export async function startWorkers(opts: WorkersOptions): Promise<WorkerPool> {
   // Opened before any worker starts, so the schema exists before N processes open the file at once.
   const replica = new ReplicaStore({ path: config.replica.path });
   const { sync, usage } = consoleClients({ config, replica, logger, pushUsage: true });
-
-  const live = new Map<number, Worker>();
-  /** each worker's last reported replica readiness */
-  const workerReady = new Map<number, boolean>();
-  const listeningIds = new Set<number>();
-  let restarts = 0;
-  let closing = false;
-
   const metrics = createMetrics({
     replica: () => replica.status(),
     limiter: () => ({ redisErrors: 0, failOpenAdmissions: 0, slotsHeld: 0 }),
     ...(sync ? { sync: () => sync.status() } : {}),
     ...(usage ? { usage: () => usage.stats() } : {}),
   });
-  new Gauge({ name: 'keyward_workers', help: 'Workers serving the proxy port', registers: [metrics.registry], collect() { this.set(listeningIds.size); } });
-  new Counter({ name: 'keyward_worker_restarts_total', help: 'Workers replaced after an unexpected exit', registers: [metrics.registry], collect() { this.reset(); this.inc(restarts); } });
-
-  // ---- scrapes: ask every worker, add up with the primary's own registry
-  let scrapeId = 0;
-  const pendingScrapes = new Map<number, (m: MetricsJson) => void>();
-  const askWorker = (w: Worker): Promise<MetricsJson> => {
-    const id = ++scrapeId;
-    return new Promise((resolve) => {
-      const timer = setTimeout(() => {
-        pendingScrapes.delete(id);
-        resolve([]);
-      }, SCRAPE_TIMEOUT_MS);
-      pendingScrapes.set(id, (m) => {
-        clearTimeout(timer);
-        pendingScrapes.delete(id);
-        resolve(m);
-      });
-      sendTo(w, { type: 'keyward:metrics', id }, () => pendingScrapes.get(id)?.([]));
-    });
-  };
-  const aggregated = {
-    contentType: metrics.registry.contentType,
-    async metrics(): Promise<string> {
-      const fromWorkers = await Promise.all([...live.values()].map(askWorker));
-      const own = await metrics.registry.getMetricsAsJSON();
-      const parts = [own, ...fromWorkers.map((m) => m.filter((metric) => !PRIMARY_ONLY.test(metric.name)))];
-      return AggregatorRegistry.aggregate(parts).metrics();
-    },
-  };
-
-  // ---- workers
-  const drained = new Map<number, () => void>();
-  const onMessage = (w: Worker) => (msg: unknown) => {
-    if (!isMessage<ToPrimary>(msg)) return;
-    if (msg.type === 'keyward:usage') {
-      if (usage) for (const e of msg.events) usage.push(e);
-    } else if (msg.type === 'keyward:metrics') pendingScrapes.get(msg.id)?.(msg.metrics);
-    else if (msg.type === 'keyward:replica') workerReady.set(w.id, msg.ready);
-    else if (msg.type === 'keyward:drained') drained.get(w.id)?.();
-  };
-  let startupFailed: ((err: Error) => void) | null = null;
-  const fork = () => {
-    const w = cluster.fork();
-    live.set(w.id, w);
-    w.on('message', onMessage(w));
-    // Failed writes to a worker are handled where they are sent; this keeps anything else
-    // that goes wrong on its channel from ending the primary.
-    w.on('error', (err: Error) => logger.warn({ worker: w.id, err: err.message }, 'worker channel error'));
-    w.on('listening', () => listeningIds.add(w.id));
-    w.on('exit', (code, signal) => {
-      live.delete(w.id);
-      listeningIds.delete(w.id);
-      workerReady.delete(w.id);
-      drained.get(w.id)?.();
-      if (closing) return;
-      if (startupFailed) return startupFailed(new Error(`worker ${w.id} exited (${signal ?? `code ${code}`}) before listening`));
-      restarts++;
-      logger.error({ worker: w.id, code, signal }, 'worker exited unexpectedly; starting another');
-      setTimeout(() => {
-        if (!closing) fork();
-      }, RESTART_DELAY_MS);
-    });
-    return w;
-  };
-
-  const admin: AdminServer = await startAdmin({
+  const workers = new Workers({ logger, usage, registry: metrics.registry });
+  const admin = await startAdmin({
     host: config.admin.host,
     port: config.admin.port,
-    registry: aggregated,
-    notReadyReason: () => {
-      if (closing) return 'draining';
-      if (!replica.status().ready) return 'replica not loaded: no sync or import yet';
-      if (listeningIds.size === 0) return 'no worker listening';
-      for (const id of listeningIds) if (workerReady.get(id) !== true) return `worker ${id} has not loaded the replica yet`;
-      return null;
-    },
+    registry: workers.scrapes,
+    notReadyReason: () => workers.notReadyReason(replica.status().ready),
   });
   // Workers poll the file every 200 ms; after the primary's own writes they need not wait for it.
-  replica.onChange(() => {
-    for (const w of live.values()) sendTo(w, { type: 'keyward:replica-changed' });
-  });
+  replica.onChange(() => workers.tellAll({ type: 'keyward:replica-changed' }));
 
   let port: number;
   try {
-    port = await new Promise<number>((resolve, reject) => {
-      startupFailed = reject;
-      let first: number | null = null;
-      const started = new Set<number>();
-      const onListening = (w: Worker, address: { port: number }) => {
-        first ??= address.port;
-        started.add(w.id);
-        if (started.size >= opts.workers) {
-          cluster.off('listening', onListening);
-          resolve(first);
-        }
-      };
-      cluster.on('listening', onListening);
-      for (let i = 0; i < opts.workers; i++) fork();
-    });
+    port = await workers.start(opts.workers);
   } catch (err) {
-    closing = true;
-    for (const w of live.values()) w.process.kill('SIGKILL');
+    workers.kill();
     await admin.close();
     replica.close();
     throw err;
-  } finally {
-    startupFailed = null;
   }
   // Not awaited: workers serve what the replica file holds while the first sync runs.
   void sync?.start();
 
-  const host = config.server.host.includes(':') ? `[${config.server.host}]` : config.server.host;
   return {
-    url: `http://${host}:${port}`,
+    url: httpUrl(config.server.host, port),
     port,
     adminPort: admin.port,
-    pids: () => [...live.values()].map((w) => w.process.pid!).filter(Boolean),
+    pids: () => [...workers.live.values()].map((w) => w.process.pid!).filter(Boolean),
     async close({ graceMs = config.server.shutdownGraceMs } = {}) {
-      closing = true;
-      const exits = [...live.values()].map(
-        (w) =>
-          new Promise<void>((resolve) => {
-            // A worker that overruns its grace (plus time to hand over its usage) is killed.
-            const timer = setTimeout(() => w.process.kill('SIGKILL'), graceMs + 5_000);
-            drained.set(w.id, () => {
-              clearTimeout(timer);
-              resolve();
-            });
-            // A worker that cannot be told is exiting already: its exit resolves this.
-            sendTo(w, { type: 'keyward:drain', graceMs });
-          }),
-      );
-      await Promise.all(exits);
+      await workers.drain(graceMs);
       await admin.close();
       // Last: the workers' final usage events arrived before their "drained".
       await usage?.stop();
