@@ -11,7 +11,6 @@ import { quiet, type LogSink } from '../log.js';
 
 export { createUsagePusher, type UsagePusher, type UsagePusherOptions, type UsageStats } from './usage-pusher.js';
 
-
 export interface SyncClientOptions {
   /** console base URL, e.g. http://127.0.0.1:7000 */
   url: string;
@@ -61,9 +60,6 @@ class HttpError extends Error {
   }
 }
 
-
-/** The console sent a batch this replica cannot apply; retrying it would fail again, so a snapshot follows. */
-
 /** A readable reason for a fetch failure: fetch's own message is only "fetch failed". */
 function reason(err: unknown): string {
   if (!(err instanceof Error)) return String(err);
@@ -71,129 +67,150 @@ function reason(err: unknown): string {
   return cause?.code ?? cause?.message ? `${err.message}: ${cause.code ?? cause.message}` : err.message;
 }
 
-export function createSyncClient(opts: SyncClientOptions): SyncClient {
-  const base = opts.url.replace(/\/+$/, '');
-  const log = opts.log ?? quiet;
-  const now = opts.now ?? Date.now;
-  const doFetch = opts.fetch ?? fetch;
-  const headers = { authorization: `Bearer ${opts.token}` };
-  const idleMs = opts.idleTimeoutMs ?? 30_000;
-  // Retries while the console is away stay short (at most RETRY_MAX_MS apart, jittered): a
-  // console that returns is seen within seconds, and a failing GET is cheap for it.
-  const backoff: BackoffOptions = { maxMs: RETRY_MAX_MS, ...opts.backoff };
-  const stopper = new AbortController();
-  const st = { lastSyncAt: null as number | null, lastError: null as string | null, connected: false, failures: 0, snapshots: 0, lastSnapshot: null as SyncStatus['lastSnapshot'] };
-  let loop: Promise<void> | null = null;
-  let markFirst: () => void = () => {};
-  const first = new Promise<void>((resolve) => (markFirst = resolve));
+/** Passes a snapshot body through, refreshing the stall timer on every chunk. */
+async function* watched(stream: ReadableStream<Uint8Array>, idle: NodeJS.Timeout): AsyncGenerator<Uint8Array> {
+  for await (const chunk of stream) {
+    idle.refresh();
+    yield chunk;
+  }
+}
 
-  const succeeded = () => {
+type Counters = Omit<SyncStatus, 'version'>;
+
+class SyncLoop implements SyncClient {
+  private readonly base: string;
+  private readonly log: LogSink;
+  private readonly now: () => number;
+  private readonly doFetch: typeof fetch;
+  private readonly headers: Record<string, string>;
+  private readonly idleMs: number;
+  private readonly backoff: BackoffOptions;
+  private readonly stopper = new AbortController();
+  private readonly st: Counters = { lastSyncAt: null, lastError: null, connected: false, failures: 0, snapshots: 0, lastSnapshot: null };
+  private loop: Promise<void> | null = null;
+  private markFirst: () => void = () => {};
+  /** resolves after the first successful sync, or when stopped first */
+  private readonly first = new Promise<void>((resolve) => (this.markFirst = resolve));
+
+  constructor(private readonly opts: SyncClientOptions) {
+    this.base = opts.url.replace(/\/+$/, '');
+    this.log = opts.log ?? quiet;
+    this.now = opts.now ?? Date.now;
+    this.doFetch = opts.fetch ?? fetch;
+    this.headers = { authorization: `Bearer ${opts.token}` };
+    this.idleMs = opts.idleTimeoutMs ?? 30_000;
+    // Retries while the console is away stay short (at most RETRY_MAX_MS apart, jittered): a
+    // console that returns is seen within seconds, and a failing GET is cheap for it.
+    this.backoff = { maxMs: RETRY_MAX_MS, ...opts.backoff };
+  }
+
+  start(): Promise<void> {
+    this.loop ??= this.run().finally(() => this.markFirst());
+    return this.first;
+  }
+
+  async stop(): Promise<void> {
+    this.stopper.abort(new Error('sync client stopped'));
+    this.markFirst();
+    await this.loop;
+  }
+
+  status(): SyncStatus {
+    return { version: this.opts.target.version(), ...this.st };
+  }
+
+  private async run(): Promise<void> {
+    let needSnapshot = true;
+    while (!this.stopper.signal.aborted) {
+      try {
+        const version = this.opts.target.version();
+        if (needSnapshot || version === null) {
+          await this.snapshot();
+          needSnapshot = false;
+        } else if ((await this.poll(version)) === 'gone') {
+          this.log.info({ version }, 'console no longer holds changes after our version; taking a snapshot');
+          needSnapshot = true;
+        }
+        this.succeeded();
+      } catch (err) {
+        if (this.stopper.signal.aborted) break;
+        // The console sent a batch this replica cannot apply; retrying it would fail again, so a snapshot follows.
+        if (err instanceof InvalidBatchError) needSnapshot = true;
+        await sleep(this.failed(err), this.stopper.signal);
+      }
+    }
+  }
+
+  private succeeded(): void {
+    const st = this.st;
     const returned = st.failures > 0 || !st.connected;
-    if (returned) log.info({ version: opts.target.version() }, 'console sync connected');
-    st.lastSyncAt = now();
+    if (returned) this.log.info({ version: this.opts.target.version() }, 'console sync connected');
+    st.lastSyncAt = this.now();
     st.connected = true;
     st.failures = 0;
     st.lastError = null;
-    markFirst();
-    if (returned) opts.onConnected?.();
-  };
+    this.markFirst();
+    if (returned) this.opts.onConnected?.();
+  }
 
-  async function snapshot(): Promise<void> {
+  /** Counts a failure and returns how long to wait before the next attempt. */
+  private failed(err: unknown): number {
+    const st = this.st;
+    st.failures++;
+    st.connected = false;
+    st.lastError = reason(err);
+    const delay = backoffDelay(st.failures, this.backoff);
+    // The first failure is worth a warning; a console that stays away is reported less loudly.
+    const level = st.failures === 1 || st.failures % 20 === 0 ? 'warn' : 'debug';
+    this.log[level]({ err: st.lastError, failures: st.failures, retryInMs: delay, version: this.opts.target.version() }, 'console sync failed; serving from the replica');
+    return delay;
+  }
+
+  private async snapshot(): Promise<void> {
     const ctl = new AbortController();
-    const signal = AbortSignal.any([stopper.signal, ctl.signal]);
-    const idle = setTimeout(() => ctl.abort(new Error(`snapshot stalled for ${idleMs} ms`)), idleMs);
+    const signal = AbortSignal.any([this.stopper.signal, ctl.signal]);
+    const idle = setTimeout(() => ctl.abort(new Error(`snapshot stalled for ${this.idleMs} ms`)), this.idleMs);
     try {
-      const res = await doFetch(`${base}${SNAPSHOT_PATH}`, { headers, signal });
+      const res = await this.doFetch(`${this.base}${SNAPSHOT_PATH}`, { headers: this.headers, signal });
       if (res.status !== 200 || !res.body) {
         await res.body?.cancel().catch(() => {});
         throw new HttpError(res.status, 'snapshot');
       }
-      const stream = res.body;
-      const body = (async function* () {
-        for await (const chunk of stream) {
-          idle.refresh();
-          yield chunk;
-        }
-      })();
-      const applied = await opts.target.applySnapshot({ body, source: 'console', signal });
-      st.snapshots++;
-      st.lastSnapshot = { version: applied.version, keys: applied.keys, totalMs: applied.totalMs };
-      log.info({ version: applied.version, keys: applied.keys, projects: applied.projects, wallets: applied.wallets, ms: applied.totalMs }, 'snapshot applied');
+      const applied = await this.opts.target.applySnapshot({ body: watched(res.body, idle), source: 'console', signal });
+      this.st.snapshots++;
+      this.st.lastSnapshot = { version: applied.version, keys: applied.keys, totalMs: applied.totalMs };
+      this.log.info({ version: applied.version, keys: applied.keys, projects: applied.projects, wallets: applied.wallets, ms: applied.totalMs }, 'snapshot applied');
     } finally {
       clearTimeout(idle);
     }
   }
 
   /** One long poll. Returns 'gone' on 410 (a snapshot is due). */
-  async function poll(after: number): Promise<'ok' | 'gone'> {
-    const started = now();
+  private async poll(after: number): Promise<'ok' | 'gone'> {
+    const started = this.now();
     // After a failure, ask without waiting: an answer at once tells the console is back
     // (and the usage pusher can deliver) instead of after a whole long poll.
-    const waitMs = st.connected ? opts.waitMs : 0;
-    const signal = AbortSignal.any([stopper.signal, AbortSignal.timeout(waitMs + 15_000)]);
-    const res = await doFetch(`${base}${CHANGES_PATH}?after=${after}&waitMs=${waitMs}`, { headers, signal });
-    if (res.status === 410) {
-      await res.body?.cancel().catch(() => {});
-      return 'gone';
-    }
+    const waitMs = this.st.connected ? this.opts.waitMs : 0;
+    const signal = AbortSignal.any([this.stopper.signal, AbortSignal.timeout(waitMs + 15_000)]);
+    const res = await this.doFetch(`${this.base}${CHANGES_PATH}?after=${after}&waitMs=${waitMs}`, { headers: this.headers, signal });
     if (res.status !== 200) {
       await res.body?.cancel().catch(() => {});
+      if (res.status === 410) return 'gone';
       throw new HttpError(res.status, 'changes');
     }
     const text = await res.text();
     const t = performance.now();
-    const r: ChangesApplied = await opts.target.applyChangeText(text, 'console');
+    const r: ChangesApplied = await this.opts.target.applyChangeText(text, 'console');
     if (r.applied || r.changes > 0) {
-      log.debug({ version: r.version, changes: r.changes, ms: Math.round(performance.now() - t), offThread: r.offThread }, 'changes applied');
-    } else if (r.version === after && waitMs > 0 && now() - started < waitMs / 10) {
+      this.log.debug({ version: r.version, changes: r.changes, ms: Math.round(performance.now() - t), offThread: r.offThread }, 'changes applied');
+    } else if (r.version === after && waitMs > 0 && this.now() - started < waitMs / 10) {
       // An empty answer long before waitMs (a console shutting down, or one that ignores waitMs): do not spin.
-      await sleep(backoffDelay(1, backoff), stopper.signal);
+      await sleep(backoffDelay(1, this.backoff), this.stopper.signal);
     }
     return 'ok';
   }
+}
 
-  async function run(): Promise<void> {
-    let needSnapshot = true;
-    while (!stopper.signal.aborted) {
-      try {
-        const version = opts.target.version();
-        if (needSnapshot || version === null) {
-          await snapshot();
-          needSnapshot = false;
-        } else if ((await poll(version)) === 'gone') {
-          log.info({ version }, 'console no longer holds changes after our version; taking a snapshot');
-          needSnapshot = true;
-          succeeded();
-          continue;
-        }
-        succeeded();
-      } catch (err) {
-        if (stopper.signal.aborted) break;
-        st.failures++;
-        st.connected = false;
-        st.lastError = reason(err);
-        const delay = backoffDelay(st.failures, backoff);
-        // The first failure is worth a warning; a console that stays away is reported less loudly.
-        const level = st.failures === 1 || st.failures % 20 === 0 ? 'warn' : 'debug';
-        log[level]({ err: st.lastError, failures: st.failures, retryInMs: delay, version: opts.target.version() }, 'console sync failed; serving from the replica');
-        if (err instanceof InvalidBatchError) needSnapshot = true;
-        await sleep(delay, stopper.signal);
-      }
-    }
-  }
-
-  return {
-    start() {
-      loop ??= run().finally(() => markFirst());
-      return first;
-    },
-    async stop() {
-      stopper.abort(new Error('sync client stopped'));
-      markFirst();
-      await loop;
-    },
-    status() {
-      return { version: opts.target.version(), ...st };
-    },
-  };
+export function createSyncClient(opts: SyncClientOptions): SyncClient {
+  return new SyncLoop(opts);
 }

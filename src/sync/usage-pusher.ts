@@ -58,121 +58,145 @@ export interface UsagePusher {
   stats(): UsageStats;
 }
 
-export function createUsagePusher(opts: UsagePusherOptions): UsagePusher {
-  const endpoint = `${opts.url.replace(/\/+$/, '')}${USAGE_PATH}`;
-  const doFetch = opts.fetch ?? fetch;
-  const log = opts.log;
-  const now = opts.now ?? Date.now;
-  const random = opts.backoff?.random ?? Math.random;
-  const buffer: UsageEvent[] = [];
-  const stats = { sent: 0, dropped: 0, rejected: 0, failures: 0 };
-  let consecutive = 0;
-  let retryAt = 0;
+/** 4xx other than timeouts, throttling and token refusals: the console will never take this batch. */
+function refusedForGood(status: number): boolean {
+  return status >= 400 && status < 500 && status !== 408 && status !== 429 && status !== 401 && status !== 403;
+}
+
+class BatchPusher implements UsagePusher {
+  private readonly endpoint: string;
+  private readonly doFetch: typeof fetch;
+  private readonly now: () => number;
+  private readonly buffer: UsageEvent[] = [];
+  private readonly counts = { sent: 0, dropped: 0, rejected: 0, failures: 0 };
+  /** failed sends in a row: the backoff step */
+  private consecutive = 0;
+  private retryAt = 0;
   /** one drain at a time, so a batch is never sent twice or spliced twice */
-  let draining: Promise<void> | null = null;
-  let stopped = false;
-  let nudgeTimer: NodeJS.Timeout | null = null;
+  private draining: Promise<void> | null = null;
+  private stopped = false;
+  private nudgeTimer: NodeJS.Timeout | null = null;
+  private readonly timer: NodeJS.Timeout;
+
+  constructor(private readonly opts: UsagePusherOptions) {
+    this.endpoint = `${opts.url.replace(/\/+$/, '')}${USAGE_PATH}`;
+    this.doFetch = opts.fetch ?? fetch;
+    this.now = opts.now ?? Date.now;
+    this.timer = setInterval(() => {
+      if (this.draining || this.buffer.length === 0 || this.now() < this.retryAt) return;
+      void this.drain();
+    }, opts.flushMs);
+    this.timer.unref();
+  }
+
+  push(ev: UsageEvent): void {
+    if (this.stopped || this.buffer.length >= this.opts.maxBuffer) {
+      const dropped = ++this.counts.dropped;
+      if (dropped === 1 || dropped % 1000 === 0) this.opts.log?.warn({ dropped, maxBuffer: this.opts.maxBuffer }, 'usage buffer full; events dropped');
+      return;
+    }
+    this.buffer.push(ev);
+    if (this.buffer.length >= this.opts.batchSize && !this.draining && this.now() >= this.retryAt) void this.drain();
+  }
+
+  async flush(): Promise<void> {
+    if (this.draining) await this.draining;
+    await this.drain();
+  }
+
+  nudge(): void {
+    if (this.stopped || this.nudgeTimer || this.buffer.length === 0 || (this.consecutive === 0 && this.now() >= this.retryAt)) return;
+    const random = this.opts.backoff?.random ?? Math.random;
+    const delay = Math.round(random() * (this.opts.nudgeJitterMs ?? 1_000));
+    const go = (): void => {
+      // A failure from here backs off from the start again: the console was just seen.
+      this.consecutive = 0;
+      this.retryAt = 0;
+      if (!this.stopped && this.buffer.length > 0) void this.drain();
+    };
+    this.nudgeTimer = setTimeout(() => {
+      this.nudgeTimer = null;
+      // An attempt still under way (it may fail and set a long backoff) goes first.
+      if (this.draining) void this.draining.then(go);
+      else go();
+    }, delay);
+    this.nudgeTimer.unref();
+  }
+
+  async stop(): Promise<void> {
+    if (this.stopped) return;
+    this.stopped = true;
+    clearInterval(this.timer);
+    if (this.nudgeTimer) clearTimeout(this.nudgeTimer);
+    if (this.draining) await this.draining;
+    await this.drain();
+    if (this.buffer.length > 0) {
+      this.counts.dropped += this.buffer.length;
+      this.opts.log?.error({ dropped: this.buffer.length }, 'usage events not delivered before stop');
+      this.buffer.length = 0;
+    }
+  }
+
+  stats(): UsageStats {
+    return { buffered: this.buffer.length, ...this.counts };
+  }
+
+  private drain(): Promise<void> {
+    this.draining ??= (async () => {
+      try {
+        while (this.buffer.length > 0 && (await this.sendBatch()));
+      } finally {
+        this.draining = null;
+      }
+    })();
+    return this.draining;
+  }
 
   /** Sends the oldest batch; true when the console took it (or refused it for good). */
-  async function sendBatch(): Promise<boolean> {
-    const batch = buffer.slice(0, opts.batchSize);
+  private async sendBatch(): Promise<boolean> {
+    const batch = this.buffer.slice(0, this.opts.batchSize);
     if (batch.length === 0) return true;
     try {
-      const res = await doFetch(endpoint, {
+      const res = await this.doFetch(this.endpoint, {
         method: 'POST',
-        headers: { authorization: `Bearer ${opts.token}`, 'content-type': 'application/x-ndjson' },
+        headers: { authorization: `Bearer ${this.opts.token}`, 'content-type': 'application/x-ndjson' },
         body: batch.map((e) => JSON.stringify(e)).join('\n') + '\n',
-        signal: AbortSignal.timeout(opts.timeoutMs ?? 10_000),
+        signal: AbortSignal.timeout(this.opts.timeoutMs ?? 10_000),
       });
       await res.arrayBuffer().catch(() => undefined);
-      if (res.ok || (res.status >= 400 && res.status < 500 && res.status !== 408 && res.status !== 429 && res.status !== 401 && res.status !== 403)) {
-        // Events stay buffered until acknowledged, so the buffer bound also covers events in flight.
-        buffer.splice(0, batch.length);
-        if (res.ok) stats.sent += batch.length;
-        else {
-          stats.rejected += batch.length;
-          log?.error({ status: res.status, events: batch.length }, 'console refused a usage batch; events not retried');
-        }
-        consecutive = 0;
-        retryAt = 0;
-        return true;
-      }
-      throw new Error(`console answered ${res.status}`);
+      if (!res.ok && !refusedForGood(res.status)) throw new Error(`console answered ${res.status}`);
+      this.settled(batch.length, res.ok ? null : res.status);
+      return true;
     } catch (err) {
-      stats.failures++;
-      consecutive++;
-      const delay = backoffDelay(consecutive, opts.backoff);
-      retryAt = now() + delay;
-      if (consecutive === 1 || consecutive % 20 === 0) {
-        log?.warn({ err: (err as Error).message, buffered: buffer.length, retryInMs: delay }, 'usage push failed; will retry');
-      }
+      this.failed(err as Error);
       return false;
     }
   }
 
-  function drain(): Promise<void> {
-    draining ??= (async () => {
-      try {
-        while (buffer.length > 0 && (await sendBatch()));
-      } finally {
-        draining = null;
-      }
-    })();
-    return draining;
+  /** The console answered a batch for good: taken, or refused with `refusedWith`. */
+  private settled(events: number, refusedWith: number | null): void {
+    // Events stay buffered until acknowledged, so the buffer bound also covers events in flight.
+    this.buffer.splice(0, events);
+    if (refusedWith === null) this.counts.sent += events;
+    else {
+      this.counts.rejected += events;
+      this.opts.log?.error({ status: refusedWith, events }, 'console refused a usage batch; events not retried');
+    }
+    this.consecutive = 0;
+    this.retryAt = 0;
   }
 
-  const timer = setInterval(() => {
-    if (draining || buffer.length === 0 || now() < retryAt) return;
-    void drain();
-  }, opts.flushMs);
-  timer.unref();
+  private failed(err: Error): void {
+    this.counts.failures++;
+    this.consecutive++;
+    const delay = backoffDelay(this.consecutive, this.opts.backoff);
+    this.retryAt = this.now() + delay;
+    if (this.consecutive === 1 || this.consecutive % 20 === 0) {
+      this.opts.log?.warn({ err: err.message, buffered: this.buffer.length, retryInMs: delay }, 'usage push failed; will retry');
+    }
+  }
+}
 
-  return {
-    push(ev) {
-      if (stopped || buffer.length >= opts.maxBuffer) {
-        stats.dropped++;
-        if (stats.dropped === 1 || stats.dropped % 1000 === 0) log?.warn({ dropped: stats.dropped, maxBuffer: opts.maxBuffer }, 'usage buffer full; events dropped');
-        return;
-      }
-      buffer.push(ev);
-      if (buffer.length >= opts.batchSize && !draining && now() >= retryAt) void drain();
-    },
-    async flush() {
-      if (draining) await draining;
-      await drain();
-    },
-    nudge() {
-      if (stopped || nudgeTimer || buffer.length === 0 || (consecutive === 0 && now() >= retryAt)) return;
-      const delay = Math.round(random() * (opts.nudgeJitterMs ?? 1_000));
-      const go = (): void => {
-        // A failure from here backs off from the start again: the console was just seen.
-        consecutive = 0;
-        retryAt = 0;
-        if (!stopped && buffer.length > 0) void drain();
-      };
-      nudgeTimer = setTimeout(() => {
-        nudgeTimer = null;
-        // An attempt still under way (it may fail and set a long backoff) goes first.
-        if (draining) void draining.then(go);
-        else go();
-      }, delay);
-      nudgeTimer.unref();
-    },
-    async stop() {
-      if (stopped) return;
-      stopped = true;
-      clearInterval(timer);
-      if (nudgeTimer) clearTimeout(nudgeTimer);
-      if (draining) await draining;
-      await drain();
-      if (buffer.length > 0) {
-        stats.dropped += buffer.length;
-        log?.error({ dropped: buffer.length }, 'usage events not delivered before stop');
-        buffer.length = 0;
-      }
-    },
-    stats() {
-      return { buffered: buffer.length, ...stats };
-    },
-  };
+export function createUsagePusher(opts: UsagePusherOptions): UsagePusher {
+  return new BatchPusher(opts);
 }
