@@ -3,22 +3,22 @@
  * /sync/v1/* under sync tokens. Start-up fails clearly on a missing, malformed or wrong
  * master key before anything listens.
  */
-import { createServer, type IncomingMessage, type ServerResponse } from 'node:http';
-import type { AddressInfo } from 'node:net';
+import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
 import { makeKeyHasher } from '../auth/hash.js';
 import { handleAdmin } from '../console/admin-api.js';
 import type { ConsoleConfig } from '../console/config.js';
 import { readMasterKey } from '../console/crypto.js';
-import { openConsoleDb } from '../console/db.js';
+import { openConsoleDb, type DB } from '../console/db.js';
 import { ApiError } from '../console/errors.js';
 import { ChangeFeed } from '../console/feed.js';
-import { makeAuthenticator, principalName, sendError, sendJson, unauthorized, forbidden } from '../console/http.js';
+import { makeAuthenticator, principalName, sendError, sendJson, unauthorized, forbidden, type Principal } from '../console/http.js';
 import { quiet, type LogSink } from '../log.js';
-import { makePricer, priceTable, publishPrices } from '../console/pricing.js';
+import { makePricer, priceTable, publishPrices, type Pricer } from '../console/pricing.js';
 import { rollPeriods } from '../console/budgets.js';
 import { ConsoleStore } from '../console/store.js';
 import { handleSync } from '../console/sync-api.js';
 import { makeWebHandler } from '../console/web.js';
+import { httpUrl, listen } from './listen.js';
 
 export interface StartConsoleOptions {
   config: ConsoleConfig;
@@ -38,37 +38,43 @@ export interface RunningConsole {
   close(): Promise<void>;
 }
 
-export async function startConsole(opts: StartConsoleOptions): Promise<RunningConsole> {
+/** The store over its database; the database is closed again when the store cannot be made (a wrong master key). */
+function openStore(opts: StartConsoleOptions): { db: DB; store: ConsoleStore } {
   const { config } = opts;
-  const log = opts.log ?? quiet;
   const masterKey = readMasterKey({ env: opts.env ?? process.env, name: config.masterKeyEnv });
   const hasher = makeKeyHasher({ hash: config.keys.hash, pepper: config.keys.pepper });
   const db = openConsoleDb(config.store.path);
-  let store: ConsoleStore;
   try {
     const feed = new ChangeFeed({ db, retain: config.sync.retainChanges, maxBatch: config.sync.maxBatch });
-    store = new ConsoleStore({ db, masterKey, hasher, feed, ...(opts.now ? { now: opts.now } : {}) });
+    return { db, store: new ConsoleStore({ db, masterKey, hasher, feed, ...(opts.now ? { now: opts.now } : {}) }) };
   } catch (err) {
     db.close();
     throw err;
   }
-  const pricer = makePricer(config.pricing);
-  // Sidecars hold with the prices this console charges: publish the table when it changed.
-  publishPrices(store, priceTable(config.pricing));
+}
+
+/** Restarts the budgets whose period has ended now and every `everyMs` after; returns the timer. */
+function rollPeriodsEvery(store: ConsoleStore, everyMs: number, log: LogSink): NodeJS.Timeout {
   rollPeriods(store);
-  const periodTimer = setInterval(() => {
+  const timer = setInterval(() => {
     try {
       rollPeriods(store);
     } catch (err) {
       log.error({ err: err instanceof Error ? err.message : String(err) }, 'budget period restart failed');
     }
-  }, opts.periodCheckMs ?? 1000);
-  periodTimer.unref();
-  const authenticate = makeAuthenticator(config.auth);
-  const serveWeb = makeWebHandler();
+  }, everyMs);
+  timer.unref();
+  return timer;
+}
 
-  const handle = async (req: IncomingMessage, res: ServerResponse, path: string, query: URLSearchParams) => {
-    const who = authenticate(req);
+type Route = (req: IncomingMessage, res: ServerResponse, path: string, query: URLSearchParams) => Promise<void>;
+
+/** Sends each request where its path and token say: probes and the web page, the sync API, the admin API. */
+function router(o: { config: ConsoleConfig; store: ConsoleStore; pricer: Pricer; log: LogSink; authenticate: (req: IncomingMessage) => Principal | null }): Route {
+  const { config, store, pricer, log } = o;
+  const serveWeb = makeWebHandler();
+  return async (req, res, path, query) => {
+    const who = o.authenticate(req);
     const isSync = path.startsWith('/sync/');
     if (!isSync && !path.startsWith('/admin/')) {
       if (path === '/healthz') return sendJson(res, 200, { status: 'ok' }); // probes: no token, no store
@@ -83,45 +89,56 @@ export async function startConsole(opts: StartConsoleOptions): Promise<RunningCo
     if (who.role === 'sync') throw forbidden('sync tokens may not use the admin API');
     return handleAdmin({ req, res, path, query, who, store, log });
   };
+}
 
-  let closing: Promise<void> | null = null;
+/** A failed request's answer: the ApiError it threw, else a logged 500. */
+function answerFailure(res: ServerResponse, err: unknown, o: { path: string; log: LogSink }): void {
+  if (res.headersSent) {
+    res.destroy();
+    return;
+  }
+  if (err instanceof ApiError) return sendError(res, err);
+  o.log.error({ err: err instanceof Error ? err.message : String(err), path: o.path }, 'console request failed');
+  sendError(res, new ApiError(500, 'internal_error', 'internal error'));
+}
+
+/** The console's HTTP server: every request routed, answered and logged; 503 once `closing()`. */
+function consoleServer(o: { route: Route; log: LogSink; authenticate: (req: IncomingMessage) => Principal | null; closing: () => boolean }): Server {
   const server = createServer((req, res) => {
     const started = performance.now();
     const url = new URL(req.url ?? '/', 'http://console');
     const path = url.pathname;
     res.on('finish', () => {
       // While shutting down, a connection whose answer went out is not kept alive for another request.
-      if (closing) server.closeIdleConnections();
+      if (o.closing()) server.closeIdleConnections();
       // Path only: ids are not secrets, and the query string is never logged.
-      const line = { method: req.method, path, status: res.statusCode, ms: Math.round(performance.now() - started), by: principalName(authenticate(req)) };
-      if (path.startsWith('/sync/') || path === '/healthz') log.debug(line, 'request');
-      else log.info(line, 'request');
+      const line = { method: req.method, path, status: res.statusCode, ms: Math.round(performance.now() - started), by: principalName(o.authenticate(req)) };
+      if (path.startsWith('/sync/') || path === '/healthz') o.log.debug(line, 'request');
+      else o.log.info(line, 'request');
     });
-    const work = closing ? Promise.reject(new ApiError(503, 'shutting_down', 'the console is shutting down')) : handle(req, res, path, url.searchParams);
-    work.catch((err: unknown) => {
-      if (res.headersSent) {
-        res.destroy();
-        return;
-      }
-      if (err instanceof ApiError) return sendError(res, err);
-      log.error({ err: err instanceof Error ? err.message : String(err), path }, 'console request failed');
-      sendError(res, new ApiError(500, 'internal_error', 'internal error'));
-    });
+    const work = o.closing() ? Promise.reject(new ApiError(503, 'shutting_down', 'the console is shutting down')) : o.route(req, res, path, url.searchParams);
+    work.catch((err: unknown) => answerFailure(res, err, { path, log: o.log }));
   });
   server.requestTimeout = 0; // long polls may last up to a minute
   server.headersTimeout = 30_000;
+  return server;
+}
 
-  await new Promise<void>((resolve, reject) => {
-    server.once('error', reject);
-    server.listen(config.listen.port, config.listen.host, () => {
-      server.off('error', reject);
-      resolve();
-    });
-  });
-  const port = (server.address() as AddressInfo).port;
-  const host = config.listen.host.includes(':') ? `[${config.listen.host}]` : config.listen.host;
+export async function startConsole(opts: StartConsoleOptions): Promise<RunningConsole> {
+  const { config } = opts;
+  const log = opts.log ?? quiet;
+  const { db, store } = openStore(opts);
+  const pricer = makePricer(config.pricing);
+  // Sidecars hold with the prices this console charges: publish the table when it changed.
+  publishPrices(store, priceTable(config.pricing));
+  const periodTimer = rollPeriodsEvery(store, opts.periodCheckMs ?? 1000, log);
+  const authenticate = makeAuthenticator(config.auth);
+  let closing: Promise<void> | null = null;
+  const route = router({ config, store, pricer, log, authenticate });
+  const server = consoleServer({ route, log, authenticate, closing: () => closing !== null });
+  const port = await listen(server, config.listen.port, config.listen.host);
   return {
-    url: `http://${host}:${port}`,
+    url: httpUrl(config.listen.host, port),
     port,
     store,
     close() {

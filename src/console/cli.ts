@@ -37,12 +37,12 @@ function resolveIO(io: Partial<CliIO>): CliIO {
 
 interface Common { console?: string; json?: boolean }
 type Act = (ctx: { call: AdminCall; opts: Record<string, any>; args: string[]; out: (human: string, json: unknown) => void }) => Promise<void>;
+/** Adds a verb under `parent`: see verbMaker. */
+type Verb = (parent: Command, spec: string, description: string, act: Act) => Command;
 
-export function registerConsoleCommands(program: Command, ioIn: Partial<CliIO> = {}): void {
-  const io = resolveIO(ioIn);
-
-  /** Adds --console/--json and runs `act` with an API client, turning failures into a message and exit code 1. */
-  const verb = (parent: Command, spec: string, description: string, act: Act) => {
+/** Makes `verb`, which adds --console/--json and runs `act` with an API client, turning failures into a message and exit code 1. */
+function verbMaker(io: CliIO): Verb {
+  return (parent, spec, description, act) => {
     const cmd = parent.command(spec).description(description)
       .option('--console <url>', `console URL (default $${URL_ENV} or ${DEFAULT_CONSOLE_URL})`)
       .option('--json', 'print the API answer as JSON');
@@ -64,13 +64,22 @@ export function registerConsoleCommands(program: Command, ioIn: Partial<CliIO> =
     });
     return cmd;
   };
+}
 
+export function registerConsoleCommands(program: Command, ioIn: Partial<CliIO> = {}): void {
+  const io = resolveIO(ioIn);
+  const verb = verbMaker(io);
   program.command('console').description('run the reference console (key store, admin API, sync feed)')
     .requiredOption('--config <file>', 'console YAML config')
     .action(async (opts: { config: string }) => runConsole({ file: opts.config, io }));
+  registerKeyVerbs(program, verb);
+  registerProjectVerbs(program, verb);
+  registerWalletVerbs(program, verb);
+}
 
-  const keys = program.command('keys').description('manage API keys on the console');
-  const settings = (cmd: Command) => cmd
+/** The settings `keys create` and `keys update` take. */
+function withKeySettings(cmd: Command): Command {
+  return cmd
     .option('--name <name>', 'label shown in listings')
     .option('--models <globs>', 'comma-separated model globs the key may use, or "all"')
     .option('--routing <mode>', 'upstream routing mode, or "none"')
@@ -83,7 +92,11 @@ export function registerConsoleCommands(program: Command, ioIn: Partial<CliIO> =
     .option('--allow-browser', 'let browsers use the key (requests with Origin or Sec-Fetch-Mode)')
     .option('--no-allow-browser', 'refuse browser requests (the default)')
     .option('--model-limit <glob:limits>', 'per-model limits such as \'gpt-4o*:rpm=10,tpm=20000\' (repeatable, first match applies; "none" clears)', (v: string, prev: string[] = []) => [...prev, v]);
-  const settingsBody = (o: Record<string, any>) => ({
+}
+
+/** The API body for the key settings given on the command line (those left out are not sent). */
+function keySettingsBody(o: Record<string, any>): Record<string, unknown> {
+  return {
     ...(o.budgetPeriod !== undefined ? { period: budgetPeriodArg(o.budgetPeriod) } : {}),
     ...(o.ips !== undefined ? { ips: ipList(o.ips) } : {}),
     ...(o.allowBrowser !== undefined ? { allowBrowser: o.allowBrowser as boolean } : {}),
@@ -95,17 +108,24 @@ export function registerConsoleCommands(program: Command, ioIn: Partial<CliIO> =
     ...(o.tpm !== undefined ? { tpm: numberOrNone('--tpm', { integer: true })(o.tpm) } : {}),
     ...(o.concurrency !== undefined ? { concurrency: numberOrNone('--concurrency', { integer: true })(o.concurrency) } : {}),
     ...(o.budget !== undefined ? { budget: numberOrNone('--budget')(o.budget) } : {}),
-  });
-  const created = (r: { key: KeyView; secret: string }) =>
-    `created ${r.key.kind} key ${r.key.id} for ${r.key.kind === 'personal' ? `user ${r.key.user}` : `project ${r.key.project}`}\n` +
+  };
+}
+
+function createdText(r: { key: KeyView; secret: string }): string {
+  return `created ${r.key.kind} key ${r.key.id} for ${r.key.kind === 'personal' ? `user ${r.key.user}` : `project ${r.key.project}`}\n` +
     `key: ${r.secret}\n` +
     `(\`keyward keys reveal ${r.key.id}\` shows it again)\n`;
+}
 
-  settings(verb(keys, 'create', 'create a personal (--personal USER) or team (--team PROJECT) key', async ({ call, opts, out }) => {
+const enc = encodeURIComponent;
+
+function registerKeyVerbs(program: Command, verb: Verb): void {
+  const keys = program.command('keys').description('manage API keys on the console');
+  withKeySettings(verb(keys, 'create', 'create a personal (--personal USER) or team (--team PROJECT) key', async ({ call, opts, out }) => {
     if (Boolean(opts.personal) === Boolean(opts.team)) throw new CliError('give exactly one of --personal USER or --team PROJECT');
     const owner = opts.personal ? { kind: 'personal', user: opts.personal } : { kind: 'team', project: opts.team };
-    const r = await call('POST', '/admin/v1/keys', { ...owner, ...settingsBody(opts) });
-    out(created(r), r);
+    const r = await call('POST', '/admin/v1/keys', { ...owner, ...keySettingsBody(opts) });
+    out(createdText(r), r);
   }).option('--personal <user>', 'a personal key of this user (spends from their wallet)').option('--team <project>', 'a team key of this project'));
 
   verb(keys, 'list', 'list keys', async ({ call, opts, out }) => {
@@ -115,50 +135,46 @@ export function registerConsoleCommands(program: Command, ioIn: Partial<CliIO> =
   }).option('--user <user>', 'only this user\'s keys').option('--project <project>', 'only this project\'s keys').option('--all', 'include deleted keys');
 
   verb(keys, 'show <id>', 'show a key\'s settings and usage', async ({ call, args, out }) => {
-    const r = await call('GET', `/admin/v1/keys/${encodeURIComponent(args[0]!)}`);
+    const r = await call('GET', `/admin/v1/keys/${enc(args[0]!)}`);
     out(keyDetails(r.key), r);
   });
   verb(keys, 'reveal <id>', 'print a key\'s secret again', async ({ call, args, out }) => {
-    const r = await call('POST', `/admin/v1/keys/${encodeURIComponent(args[0]!)}/reveal`);
+    const r = await call('POST', `/admin/v1/keys/${enc(args[0]!)}/reveal`);
     out(`${r.secret}\n`, r);
   });
-  settings(verb(keys, 'update <id>', 'change a key\'s settings', async ({ call, opts, args, out }) => {
-    const body = settingsBody(opts);
+  withKeySettings(verb(keys, 'update <id>', 'change a key\'s settings', async ({ call, opts, args, out }) => {
+    const body = keySettingsBody(opts);
     if (Object.keys(body).length === 0) throw new CliError('nothing to change: give at least one setting');
-    const r = await call('PATCH', `/admin/v1/keys/${encodeURIComponent(args[0]!)}`, body);
+    const r = await call('PATCH', `/admin/v1/keys/${enc(args[0]!)}`, body);
     out(keyDetails(r.key), r);
   }));
   verb(keys, 'reset <id>', 'set a team key\'s spent back to 0 (sidecars restart its budget at once)', async ({ call, args, out }) => {
-    const r = await call('POST', `/admin/v1/keys/${encodeURIComponent(args[0]!)}/reset`);
+    const r = await call('POST', `/admin/v1/keys/${enc(args[0]!)}/reset`);
     out(keyDetails(r.key), r);
   });
   verb(keys, 'delete <id>', 'delete a key now (every synced sidecar refuses it within a second)', async ({ call, args, out }) => {
-    const r = await call('DELETE', `/admin/v1/keys/${encodeURIComponent(args[0]!)}`);
+    const r = await call('DELETE', `/admin/v1/keys/${enc(args[0]!)}`);
     out(`deleted key ${r.key.id} (last used ${lastUsed(r.key)})\n`, r);
   });
   verb(keys, 'rotate <id>', 'create a replacement with the same settings; delete the old key once traffic has moved', async ({ call, args, out }) => {
-    const r = await call('POST', `/admin/v1/keys/${encodeURIComponent(args[0]!)}/rotate`);
+    const r = await call('POST', `/admin/v1/keys/${enc(args[0]!)}/rotate`);
     out(
-      created(r) +
+      createdText(r) +
         `old key ${r.replaces.id} stays active; last used: ${lastUsed(r.replaces)}\n` +
         `move clients to the new key, check with \`keyward keys show ${r.replaces.id}\` that its last use stops advancing, then run \`keyward keys delete ${r.replaces.id}\`\n`,
       r,
     );
   });
-
-  registerProjectAndWalletVerbs({ program, verb });
 }
 
-function registerProjectAndWalletVerbs(opts: { program: Command; verb: (p: Command, spec: string, d: string, a: Act) => Command }): void {
-  const { program, verb } = opts;
+function registerProjectVerbs(program: Command, verb: Verb): void {
   const projects = program.command('projects').description('manage projects (team keys spend from them)');
-  const enc = encodeURIComponent;
   const showProject = (r: any) => projectsTable([r.project]);
+  const budget = (o: Record<string, any>) => (o.budget !== undefined ? { budget: numberOrNone('--budget')(o.budget) } : {});
   const period = (o: Record<string, any>) => (o.budgetPeriod !== undefined ? { period: budgetPeriodArg(o.budgetPeriod) } : {});
   const periodHelp = 'the budget restarts each UTC day, week (from Monday) or month, or "none"';
   verb(projects, 'create <id>', 'create a project', async ({ call, opts: o, args, out }) => {
-    const body = { id: args[0], ...(o.budget !== undefined ? { budget: numberOrNone('--budget')(o.budget) } : {}), ...period(o), ...(o.member ? { members: o.member } : {}) };
-    const r = await call('POST', '/admin/v1/projects', body);
+    const r = await call('POST', '/admin/v1/projects', { id: args[0], ...budget(o), ...period(o), ...(o.member ? { members: o.member } : {}) });
     out(showProject(r), r);
   }).option('--budget <amount>', 'spending limit, or "none"').option('--budget-period <period>', periodHelp).option('--member <user...>', 'users who may see the project\'s keys');
   verb(projects, 'list', 'list projects', async ({ call, out }) => {
@@ -180,7 +196,7 @@ function registerProjectAndWalletVerbs(opts: { program: Command; verb: (p: Comma
     out(showProject(r), r);
   }).option('--budget-period <period>', periodHelp);
   verb(projects, 'update <id>', 'change a project\'s budget or budget period', async ({ call, opts: o, args, out }) => {
-    const body = { ...(o.budget !== undefined ? { budget: numberOrNone('--budget')(o.budget) } : {}), ...period(o) };
+    const body = { ...budget(o), ...period(o) };
     if (Object.keys(body).length === 0) throw new CliError('nothing to change: give --budget or --budget-period');
     const r = await call('PATCH', `/admin/v1/projects/${enc(args[0]!)}`, body);
     out(showProject(r), r);
@@ -195,13 +211,16 @@ function registerProjectAndWalletVerbs(opts: { program: Command; verb: (p: Comma
       out(showProject(r), r);
     });
   }
+}
 
+function amountArg(raw: string): number {
+  const n = Number(raw);
+  if (raw.trim() === '' || !Number.isFinite(n)) throw new CliError('amount must be a number');
+  return n;
+}
+
+function registerWalletVerbs(program: Command, verb: Verb): void {
   const wallets = program.command('wallets').description('manage users\' wallets (personal keys spend from them)');
-  const amountArg = (raw: string) => {
-    const n = Number(raw);
-    if (raw.trim() === '' || !Number.isFinite(n)) throw new CliError('amount must be a number');
-    return n;
-  };
   verb(wallets, 'list', 'list wallets', async ({ call, out }) => {
     const r = await call('GET', '/admin/v1/wallets');
     out(walletsTable(r.wallets), r);
