@@ -184,89 +184,100 @@ function createJsonTap(): UsageTap {
 
 const DATA = Buffer.from('data:');
 
-function createSseTap(): UsageTap {
-  let final: Usage | null = null; // chat/completions usage chunk, responses events
-  let started: Usage | null = null; // messages: message_start
-  let delta: Obj | null = null; // messages: latest message_delta usage (cumulative)
-  let textChars = 0;
-  let event = new Window();
-  let eventHasData = false;
+/**
+ * A server-sent event stream, read line by line: only `data:` lines are kept, one event at
+ * a time, and each complete event is read for its usage and generated text.
+ */
+class SseTap implements UsageTap {
+  private final: Usage | null = null; // chat/completions usage chunk, responses events
+  private started: Usage | null = null; // messages: message_start
+  private delta: Obj | null = null; // messages: latest message_delta usage (cumulative)
+  private textChars = 0;
+  private event = new Window();
+  private eventHasData = false;
   // The line being read: its first bytes until we know whether it is a data line.
-  let lineHead = EMPTY;
-  let lineKind: 'unknown' | 'data' | 'other' = 'unknown';
-  let skipSpace = false;
+  private lineHead = EMPTY;
+  private lineKind: 'unknown' | 'data' | 'other' = 'unknown';
+  private skipSpace = false;
 
-  const onEvent = (o: unknown): void => {
+  push(chunk: Buffer): void {
+    let start = 0;
+    for (let nl = chunk.indexOf(0x0a); nl >= 0; nl = chunk.indexOf(0x0a, start)) {
+      this.segment(chunk.subarray(start, nl));
+      this.endLine();
+      start = nl + 1;
+    }
+    if (start < chunk.length) this.segment(chunk.subarray(start));
+  }
+
+  end(): Tapped {
+    // An event missing only its blank line still counts if its JSON is complete.
+    this.endLine();
+    this.dispatch();
+    const { final, delta, textChars } = this;
+    if (final) return { usage: final, textChars };
+    if (!delta) return { usage: null, textChars }; // messages stream cut before its final counts
+    const fromDelta = normalize(delta);
+    const input = 'input_tokens' in delta ? (fromDelta?.input_tokens ?? 0) : (this.started?.input_tokens ?? 0);
+    return { usage: { input_tokens: input, output_tokens: count(delta.output_tokens) }, textChars };
+  }
+
+  private onEvent(o: unknown): void {
     if (!isObj(o)) return;
-    textChars += eventText(o);
+    this.textChars += eventText(o);
     const type = typeof o.type === 'string' ? o.type : '';
-    if (type === 'message_start' && isObj(o.message)) started = normalize(o.message.usage) ?? started;
-    else if (type === 'message_delta' && isObj(o.usage)) delta = { ...(delta ?? {}), ...o.usage };
-    else if (type.startsWith('response.') && isObj(o.response)) final = normalize(o.response.usage) ?? final;
-    else if (isObj(o.usage)) final = normalize(o.usage) ?? final;
-  };
-  const dispatch = (): void => {
-    if (eventHasData) onEvent(event.value());
-    event = new Window();
-    eventHasData = false;
-  };
-  const data = (b: Buffer): void => {
+    if (type === 'message_start' && isObj(o.message)) this.started = normalize(o.message.usage) ?? this.started;
+    else if (type === 'message_delta' && isObj(o.usage)) this.delta = { ...(this.delta ?? {}), ...o.usage };
+    else if (type.startsWith('response.') && isObj(o.response)) this.final = normalize(o.response.usage) ?? this.final;
+    else if (isObj(o.usage)) this.final = normalize(o.usage) ?? this.final;
+  }
+
+  private dispatch(): void {
+    if (this.eventHasData) this.onEvent(this.event.value());
+    this.event = new Window();
+    this.eventHasData = false;
+  }
+
+  private data(b: Buffer): void {
     if (b.length === 0) return;
-    if (skipSpace) {
-      skipSpace = false;
+    if (this.skipSpace) {
+      this.skipSpace = false;
       if (b[0] === 0x20) b = b.subarray(1);
     }
     // Copied, so the event does not pin the network chunk it was cut from.
-    event.push(Buffer.from(b));
-  };
-  const endLine = (): void => {
-    if (lineKind === 'unknown') {
-      const text = lineHead.toString('latin1');
-      if (text === '' || text === '\r') dispatch();
+    this.event.push(Buffer.from(b));
+  }
+
+  private endLine(): void {
+    if (this.lineKind === 'unknown') {
+      const text = this.lineHead.toString('latin1');
+      if (text === '' || text === '\r') this.dispatch();
     }
-    lineHead = EMPTY;
-    lineKind = 'unknown';
-  };
-  const segment = (b: Buffer): void => {
-    if (lineKind === 'unknown') {
+    this.lineHead = EMPTY;
+    this.lineKind = 'unknown';
+  }
+
+  private segment(b: Buffer): void {
+    if (this.lineKind === 'unknown') {
       // Only the first bytes are kept until the line shows what it is.
-      const need = DATA.length - lineHead.length;
-      lineHead = Buffer.concat([lineHead, b.subarray(0, need)]);
+      const need = DATA.length - this.lineHead.length;
+      this.lineHead = Buffer.concat([this.lineHead, b.subarray(0, need)]);
       b = b.subarray(need);
-      if (lineHead.length < DATA.length) return;
-      if (!lineHead.equals(DATA)) {
-        lineKind = 'other';
+      if (this.lineHead.length < DATA.length) return;
+      if (!this.lineHead.equals(DATA)) {
+        this.lineKind = 'other';
         return;
       }
-      lineKind = 'data';
-      skipSpace = true;
+      this.lineKind = 'data';
+      this.skipSpace = true;
       // Several data lines of one event are joined with a newline.
-      if (eventHasData) event.push(Buffer.from('\n'));
-      eventHasData = true;
+      if (this.eventHasData) this.event.push(Buffer.from('\n'));
+      this.eventHasData = true;
     }
-    if (lineKind === 'data') data(b);
-  };
+    if (this.lineKind === 'data') this.data(b);
+  }
+}
 
-  return {
-    push(chunk) {
-      let start = 0;
-      for (let nl = chunk.indexOf(0x0a); nl >= 0; nl = chunk.indexOf(0x0a, start)) {
-        segment(chunk.subarray(start, nl));
-        endLine();
-        start = nl + 1;
-      }
-      if (start < chunk.length) segment(chunk.subarray(start));
-    },
-    end() {
-      // An event missing only its blank line still counts if its JSON is complete.
-      endLine();
-      dispatch();
-      if (final) return { usage: final, textChars };
-      if (!delta) return { usage: null, textChars }; // messages stream cut before its final counts
-      const fromDelta = normalize(delta);
-      const d = delta as Obj;
-      const input = 'input_tokens' in d ? (fromDelta?.input_tokens ?? 0) : (started?.input_tokens ?? 0);
-      return { usage: { input_tokens: input, output_tokens: count(d.output_tokens) }, textChars };
-    },
-  };
+function createSseTap(): UsageTap {
+  return new SseTap();
 }
