@@ -6,7 +6,7 @@ import cluster from 'node:cluster';
 import { Command, Option } from 'commander';
 import { ConfigError, loadConfigFile } from './config/load.js';
 import { configSchema, type Config } from './config/schema.js';
-import { createLogger } from './obs/logger.js';
+import { createLogger, flushed } from './obs/logger.js';
 import { startSidecar } from './app/sidecar.js';
 import { runWorker } from './app/worker.js';
 import { parseWorkers, startWorkers } from './app/workers.js';
@@ -46,6 +46,35 @@ function fail(err: unknown): never {
   process.exit(1);
 }
 
+/** `keyward serve`: one sidecar, or a cluster primary and its workers, until a signal. */
+async function serve(o: { config: string; workers: string }): Promise<void> {
+  const config = loadConfig(o.config);
+  const workers = parseWorkers(o.workers);
+  if (cluster.isWorker) {
+    // A worker of the primary below: the same command line, run again by node:cluster.
+    const logger = createLogger({ level: config.logging.level, fields: { worker: cluster.worker!.id }, shared: true });
+    await runWorker({ config, logger });
+    return;
+  }
+  if (workers > 1) {
+    const logger = createLogger({ level: config.logging.level, fields: { worker: 0 }, shared: true });
+    const pool = await startWorkers({ config, logger, workers });
+    logger.info({ listen: pool.url, admin_port: pool.adminPort, workers, pids: pool.pids() }, 'keyward listening');
+    untilSignal(async () => {
+      await pool.close();
+      await flushed(logger);
+    });
+    return;
+  }
+  const logger = createLogger({ level: config.logging.level });
+  const sidecar = await startSidecar({ config, logger });
+  logger.info({ listen: sidecar.url, admin_port: sidecar.adminPort }, 'keyward listening');
+  untilSignal(async () => {
+    await sidecar.close();
+    await flushed(logger);
+  });
+}
+
 export function buildProgram(): Command {
   const program = new Command('keyward')
     .description('Authentication and limits sidecar for model gateways')
@@ -57,33 +86,7 @@ export function buildProgram(): Command {
     .description('run the sidecar')
     .requiredOption('-c, --config <file>', 'YAML config file')
     .option('-w, --workers <n>', 'worker processes sharing the proxy port (a number, or "auto" for one per core); more than 1 needs redis', '1')
-    .action(async (o: { config: string; workers: string }) => {
-      const config = loadConfig(o.config);
-      const workers = parseWorkers(o.workers);
-      if (cluster.isWorker) {
-        // A worker of the primary below: the same command line, run again by node:cluster.
-        const logger = createLogger({ level: config.logging.level, fields: { worker: cluster.worker!.id }, shared: true });
-        await runWorker({ config, logger });
-        return;
-      }
-      if (workers > 1) {
-        const logger = createLogger({ level: config.logging.level, fields: { worker: 0 }, shared: true });
-        const pool = await startWorkers({ config, logger, workers });
-        logger.info({ listen: pool.url, admin_port: pool.adminPort, workers, pids: pool.pids() }, 'keyward listening');
-        untilSignal(async () => {
-          await pool.close();
-          await new Promise<void>((resolve) => logger.flush(() => resolve()));
-        });
-        return;
-      }
-      const logger = createLogger({ level: config.logging.level });
-      const sidecar = await startSidecar({ config, logger });
-      logger.info({ listen: sidecar.url, admin_port: sidecar.adminPort }, 'keyward listening');
-      untilSignal(async () => {
-        await sidecar.close();
-        await new Promise<void>((resolve) => logger.flush(() => resolve()));
-      });
-    });
+    .action(serve);
 
   program
     .command('check-config')

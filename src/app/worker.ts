@@ -7,7 +7,7 @@
  * for its metrics).
  */
 import type { Config } from '../config/schema.js';
-import type { Logger } from '../obs/logger.js';
+import { flushed, type Logger } from '../obs/logger.js';
 import type { UsageEvent } from '../protocol/usage.js';
 import { startSidecar, type Sidecar } from './sidecar.js';
 import { isMessage, type ToPrimary, type ToWorker } from './worker-messages.js';
@@ -68,7 +68,7 @@ export async function runWorker(opts: WorkerOptions): Promise<Sidecar> {
     draining ??= (async () => {
       await s.close({ graceMs: drainMs });
       await usage?.flush();
-      await new Promise<void>((resolve) => logger.flush(() => resolve()));
+      await flushed(logger);
       await send({ type: 'keyward:drained' });
     })().then(
       () => process.exit(0),

@@ -116,6 +116,53 @@ function clipped(l: AccessLine): AccessLine {
   return { ...l, req_id: cut(l.req_id)!, path: cut(l.path)!, model: cut(l.model), app_name: cut(l.app_name), app_url: cut(l.app_url), api_version: cut(l.api_version) };
 }
 
+/** JSON text of a string field, or null. */
+const str = (v: string | null): string => (v === null ? 'null' : plain(v) ? `"${v}"` : JSON.stringify(v));
+
+/** The current time as ISO text, made once per millisecond: lines of the same millisecond share it. */
+function isoClock(): () => string {
+  let lastMs = -1;
+  let lastTime = '';
+  return () => {
+    const ms = Date.now();
+    if (ms !== lastMs) {
+      lastMs = ms;
+      lastTime = new Date(ms).toISOString();
+    }
+    return lastTime;
+  };
+}
+
+/** An access line as pino would write it (level, time, service, extra fields, then the line's). */
+function lineFormat(extra: string): (l: AccessLine) => string {
+  const isoTime = isoClock();
+  return (l) =>
+    `{"level":"info","time":"${isoTime()}","service":"keyward"${extra},"req_id":${str(l.req_id)},"method":${str(l.method)},` +
+    `"path":${str(l.path)},"route":${str(l.route)},"status":${l.status},"code":${str(l.code)},"key_id":${str(l.key_id)},` +
+    `"key_kind":${str(l.key_kind)},"project_id":${str(l.project_id)},"user_id":${str(l.user_id)},"model":${str(l.model)},` +
+    `"routing":${str(l.routing)},"app_name":${str(l.app_name)},"app_url":${str(l.app_url)},"input_tokens":${l.input_tokens},` +
+    `"output_tokens":${l.output_tokens},"usage_estimated":${l.usage_estimated},` +
+    `"client_ip":${str(l.client_ip)},"api_version":${str(l.api_version)},"duration_ms":${l.duration_ms},"upstream_ms":${l.upstream_ms},"msg":"request"}\n`;
+}
+
+/** Writes whole lines, each write within chunkBytes (a longer line goes alone). */
+function writeLines(stream: pino.DestinationStream, lines: string[], chunkBytes: number): void {
+  if (chunkBytes === Infinity) return void stream.write(lines.join(''));
+  let chunk = '';
+  let bytes = 0;
+  for (const line of lines) {
+    const n = Buffer.byteLength(line);
+    if (bytes > 0 && bytes + n > chunkBytes) {
+      stream.write(chunk);
+      chunk = '';
+      bytes = 0;
+    }
+    chunk += line;
+    bytes += n;
+  }
+  if (bytes > 0) stream.write(chunk);
+}
+
 /**
  * Access lines, serialised by hand from the fixed field list (pino's generic path walks
  * every field of an object it knows nothing about) and handed to the logger's stream in
@@ -124,20 +171,8 @@ function clipped(l: AccessLine): AccessLine {
  * other log line.
  */
 function accessWriter(opts: { stream: pino.DestinationStream; extra: string; chunkBytes: number; enabled: () => boolean }): AccessWriter {
-  const extra = opts.extra;
   const stream = opts.stream as pino.DestinationStream & { flushSync?: () => void };
-  const str = (v: string | null) => (v === null ? 'null' : plain(v) ? `"${v}"` : JSON.stringify(v));
-  // One timestamp string per millisecond: lines written in the same millisecond share it.
-  let lastMs = -1;
-  let lastTime = '';
-  const isoTime = () => {
-    const ms = Date.now();
-    if (ms !== lastMs) {
-      lastMs = ms;
-      lastTime = new Date(ms).toISOString();
-    }
-    return lastTime;
-  };
+  const format = lineFormat(opts.extra);
   let held: string[] = [];
   let timer: NodeJS.Timeout | null = null;
   const flush = () => {
@@ -146,33 +181,12 @@ function accessWriter(opts: { stream: pino.DestinationStream; extra: string; chu
     if (held.length === 0) return;
     const lines = held;
     held = [];
-    if (opts.chunkBytes === Infinity) return void stream.write(lines.join(''));
-    // whole lines per write, each write within chunkBytes (a longer line goes alone)
-    let chunk = '';
-    let bytes = 0;
-    for (const line of lines) {
-      const n = Buffer.byteLength(line);
-      if (bytes > 0 && bytes + n > opts.chunkBytes) {
-        stream.write(chunk);
-        chunk = '';
-        bytes = 0;
-      }
-      chunk += line;
-      bytes += n;
-    }
-    if (bytes > 0) stream.write(chunk);
+    writeLines(stream, lines, opts.chunkBytes);
   };
   process.once('exit', () => {
     flush();
     stream.flushSync?.();
   });
-  const format = (l: AccessLine): string =>
-    `{"level":"info","time":"${isoTime()}","service":"keyward"${extra},"req_id":${str(l.req_id)},"method":${str(l.method)},` +
-    `"path":${str(l.path)},"route":${str(l.route)},"status":${l.status},"code":${str(l.code)},"key_id":${str(l.key_id)},` +
-    `"key_kind":${str(l.key_kind)},"project_id":${str(l.project_id)},"user_id":${str(l.user_id)},"model":${str(l.model)},` +
-    `"routing":${str(l.routing)},"app_name":${str(l.app_name)},"app_url":${str(l.app_url)},"input_tokens":${l.input_tokens},` +
-    `"output_tokens":${l.output_tokens},"usage_estimated":${l.usage_estimated},` +
-    `"client_ip":${str(l.client_ip)},"api_version":${str(l.api_version)},"duration_ms":${l.duration_ms},"upstream_ms":${l.upstream_ms},"msg":"request"}\n`;
   // A line only gets near chunkBytes when clients send long non-ASCII paths, models and
   // attribution headers; a UTF-16 unit is at most 3 UTF-8 bytes, so the length test spares
   // every other line the byte count.
@@ -187,4 +201,9 @@ function accessWriter(opts: { stream: pino.DestinationStream; extra: string; chu
   }) as AccessWriter;
   write.flush = flush;
   return write;
+}
+
+/** Resolves once pino has handed on every line it holds (before a process exits). */
+export function flushed(logger: pino.Logger): Promise<void> {
+  return new Promise((resolve) => logger.flush(() => resolve()));
 }
