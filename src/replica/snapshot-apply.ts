@@ -133,70 +133,104 @@ export async function applySnapshotStream(opts: ApplySnapshotStreamOptions): Pro
   return applyInWorker({ ...opts, body: rest }, started, head);
 }
 
-async function applyInWorker(opts: ApplySnapshotStreamOptions, started: number, head: Uint8Array[]): Promise<SnapshotApplied> {
-  const { port1, port2 } = new MessageChannel();
-  const signal = new SharedArrayBuffer(4);
-  const counter = new Int32Array(signal);
-  const worker = spawn({
-    kind: 'keyward-snapshot',
-    data: { dbPath: opts.replica.db.name, source: opts.source, port: port2, signal, maxLineBytes: opts.maxLineBytes ?? 1 << 20, cacheMb: opts.cacheMb ?? 128 },
-    transfer: [port2],
-  });
-  const maxInFlight = opts.maxInFlight ?? 64;
-  let inFlight = 0;
-  let creditWaiter: (() => void) | null = null;
-  let outcome: WorkerMessage | null = null;
+/** The worker thread that applies one snapshot, and the channel its chunks go over. */
+class SnapshotWorker {
+  /** the worker's answer (done, or why not); the first one counts */
+  outcome: WorkerMessage | null = null;
+  /** resolves with the worker's answer, or an error when it failed or exited without one */
+  readonly finished: Promise<WorkerMessage>;
+  readonly exited: Promise<void>;
+  private readonly port: MessagePort;
+  /** the counter the worker sleeps on between chunks */
+  private readonly counter: Int32Array;
+  /** chunks sent and not yet taken (the worker credits each one it takes) */
+  private inFlight = 0;
+  private creditWaiter: (() => void) | null = null;
 
-  const exited = new Promise<void>((resolve) => worker.once('exit', () => resolve()));
-  const finished = new Promise<WorkerMessage>((resolve) => {
-    const settle = (m: WorkerMessage) => {
-      outcome ??= m;
-      resolve(outcome);
-      creditWaiter?.();
-    };
-    worker.on('message', (m: WorkerMessage) => {
-      if (m.t !== 'credit') return settle(m);
-      inFlight--;
-      creditWaiter?.();
+  constructor(private readonly opts: ApplySnapshotStreamOptions) {
+    const { port1, port2 } = new MessageChannel();
+    const signal = new SharedArrayBuffer(4);
+    this.port = port1;
+    this.counter = new Int32Array(signal);
+    const worker = spawn({
+      kind: 'keyward-snapshot',
+      data: { dbPath: opts.replica.db.name, source: opts.source, port: port2, signal, maxLineBytes: opts.maxLineBytes ?? 1 << 20, cacheMb: opts.cacheMb ?? 128 },
+      transfer: [port2],
     });
-    worker.on('error', (err) => settle({ t: 'error', message: `snapshot worker failed: ${err.message}` }));
-    worker.on('exit', () => settle({ t: 'error', message: 'snapshot worker exited without an answer' }));
-  });
-  const send = (m: ChunkMessage) => {
+    this.exited = new Promise<void>((resolve) => worker.once('exit', () => resolve()));
+    this.finished = new Promise<WorkerMessage>((resolve) => {
+      const settle = (m: WorkerMessage) => {
+        this.outcome ??= m;
+        resolve(this.outcome);
+        this.creditWaiter?.();
+      };
+      worker.on('message', (m: WorkerMessage) => {
+        if (m.t !== 'credit') return settle(m);
+        this.inFlight--;
+        this.creditWaiter?.();
+      });
+      worker.on('error', (err) => settle({ t: 'error', message: `snapshot worker failed: ${err.message}` }));
+      worker.on('exit', () => settle({ t: 'error', message: 'snapshot worker exited without an answer' }));
+    });
+  }
+
+  send(m: ChunkMessage): void {
     const data = m.t === 'chunk' ? m.data : null;
     const whole = data !== null && data.byteOffset === 0 && data.byteLength === data.buffer.byteLength && data.buffer instanceof ArrayBuffer;
-    port1.postMessage(m, opts.transferChunks && whole ? [data.buffer as ArrayBuffer] : []);
-    Atomics.add(counter, 0, 1);
-    Atomics.notify(counter, 0);
-  };
+    this.port.postMessage(m, this.opts.transferChunks && whole ? [data.buffer as ArrayBuffer] : []);
+    Atomics.add(this.counter, 0, 1);
+    Atomics.notify(this.counter, 0);
+  }
 
+  /** Sends a chunk, then waits while too many are untaken, unless the worker has answered. */
+  async sendChunk(chunk: Uint8Array): Promise<void> {
+    this.send({ t: 'chunk', data: chunk });
+    this.inFlight++;
+    const maxInFlight = this.opts.maxInFlight ?? 64;
+    while (this.inFlight >= maxInFlight && this.outcome === null) await new Promise<void>((r) => (this.creditWaiter = r));
+    this.creditWaiter = null;
+  }
+
+  close(): void {
+    this.port.close();
+  }
+}
+
+function throwIfAborted(signal: AbortSignal | undefined): void {
+  if (signal?.aborted) throw signal.reason ?? new Error('aborted');
+}
+
+/** Sends every chunk, then the end; stops reading once the worker has answered (it rejected the snapshot). */
+async function feed(w: SnapshotWorker, chunks: AsyncIterable<Uint8Array>, signal: AbortSignal | undefined): Promise<void> {
+  for await (const chunk of chunks) {
+    if (w.outcome !== null) break;
+    throwIfAborted(signal);
+    await w.sendChunk(chunk);
+  }
+  throwIfAborted(signal);
+  w.send({ t: 'end' });
+}
+
+async function applyInWorker(opts: ApplySnapshotStreamOptions, started: number, head: Uint8Array[]): Promise<SnapshotApplied> {
+  const w = new SnapshotWorker(opts);
   try {
     try {
-      for await (const chunk of prepend(head, opts.body)) {
-        if (outcome !== null) break; // the worker rejected the snapshot already: stop reading
-        if (opts.signal?.aborted) throw opts.signal.reason ?? new Error('aborted');
-        send({ t: 'chunk', data: chunk });
-        inFlight++;
-        while (inFlight >= maxInFlight && outcome === null) await new Promise<void>((r) => (creditWaiter = r));
-        creditWaiter = null;
-      }
-      if (opts.signal?.aborted) throw opts.signal.reason ?? new Error('aborted');
-      send({ t: 'end' });
+      await feed(w, prepend(head, opts.body), opts.signal);
     } catch (err) {
       // The source failed (network, abort): the worker rolls back and the old replica stays.
-      send({ t: 'abort', reason: err instanceof Error ? err.message : String(err) });
-      await finished;
-      await exited;
+      w.send({ t: 'abort', reason: err instanceof Error ? err.message : String(err) });
+      await w.finished;
+      await w.exited;
       throw err;
     }
-    const result = await finished;
+    const result = await w.finished;
     // Readers see the new data now; the caller's next write waits until the worker has also
     // folded the WAL back, or that write would block this thread on the worker's checkpoint.
     if (result.t === 'done') opts.replica.checkExternalWrites();
-    await exited;
+    await w.exited;
     if (result.t !== 'done') throw new SnapshotApplyError(result.t === 'error' ? result.message : 'unexpected worker answer', result.t === 'error' ? result.line : undefined);
     return { version: result.version, keys: result.keys, projects: result.projects, wallets: result.wallets, prices: result.prices, totalMs: Math.round(performance.now() - started) };
   } finally {
-    port1.close();
+    w.close();
   }
 }
