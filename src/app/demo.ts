@@ -11,9 +11,9 @@ import { join } from 'node:path';
 import { configSchema } from '../config/schema.js';
 import { adminClient } from '../console/cli-client.js';
 import { consoleConfigSchema } from '../console/config.js';
-import { startConsole } from './console.js';
+import { startConsole, type RunningConsole } from './console.js';
 import { createLogger } from '../obs/logger.js';
-import { startSidecar } from './sidecar.js';
+import { startSidecar, type Sidecar } from './sidecar.js';
 import { startDemoUpstream } from './demo-upstream.js';
 
 async function listenWithFallback<T>(start: (port: number) => Promise<T>, port: number): Promise<T> {
@@ -40,42 +40,42 @@ async function seed(admin: ReturnType<typeof adminClient>) {
   };
 }
 
-export async function runDemo(opts: { port?: number; adminPort?: number; consolePort?: number; log?: (line: string) => void } = {}) {
-  const say = opts.log ?? ((line: string) => process.stdout.write(`${line}\n`));
-  const dir = mkdtempSync(join(tmpdir(), 'keyward-demo-'));
-  const secrets = { master: randomBytes(32).toString('hex'), sync: token(), admin: token() };
-  const upstream = await startDemoUpstream();
-  const consoleConfig = (port: number) =>
+interface DemoSecrets {
+  master: string;
+  sync: string;
+  admin: string;
+}
+
+function demoConsole(o: { dir: string; secrets: DemoSecrets; port: number }): Promise<RunningConsole> {
+  const config = (port: number) =>
     consoleConfigSchema.parse({
       listen: { port },
-      store: { path: join(dir, 'console.sqlite') },
-      auth: { syncTokens: [secrets.sync], adminTokens: [secrets.admin] },
+      store: { path: join(o.dir, 'console.sqlite') },
+      auth: { syncTokens: [o.secrets.sync], adminTokens: [o.secrets.admin] },
       pricing: { models: [{ match: '*', inputPerMillion: 2.5, outputPerMillion: 10 }], unpriced: { inputPerMillion: 0, outputPerMillion: 0 } },
     });
-  const console = await listenWithFallback(
-    (port) => startConsole({ config: consoleConfig(port), env: { KEYWARD_MASTER_KEY: secrets.master } }),
-    opts.consolePort ?? 7000,
-  );
-  const keys = await seed(adminClient({ url: console.url, token: secrets.admin }));
+  return listenWithFallback((port) => startConsole({ config: config(port), env: { KEYWARD_MASTER_KEY: o.secrets.master } }), o.port);
+}
 
+function demoSidecar(o: { dir: string; upstreamUrl: string; consoleUrl: string; syncToken: string; port: number; adminPort: number }): Promise<Sidecar> {
   const config = (port: number, adminPort: number) =>
     configSchema.parse({
       server: { port },
       admin: { port: adminPort },
-      upstreams: { default: { url: upstream.url } },
-      replica: { path: join(dir, 'replica.sqlite') },
-      console: { url: console.url, token: secrets.sync, waitMs: 25_000 },
+      upstreams: { default: { url: o.upstreamUrl } },
+      replica: { path: join(o.dir, 'replica.sqlite') },
+      console: { url: o.consoleUrl, token: o.syncToken, waitMs: 25_000 },
     });
   const logger = createLogger({ level: 'info', destination: process.stderr });
-  const sidecar = await listenWithFallback(
-    (port) => listenWithFallback((adminPort) => startSidecar({ config: config(port, adminPort), logger }), opts.adminPort ?? 9090),
-    opts.port ?? 8080,
-  );
-  await sidecar.sync?.start(); // the first sync: the demo keys are in the replica from here on
+  return listenWithFallback((port) => listenWithFallback((adminPort) => startSidecar({ config: config(port, adminPort), logger }), o.adminPort), o.port);
+}
 
-  const base = sidecar.url;
+/** What the demo prints: where everything listens, the demo keys, and a command for each outcome. */
+function introduce(say: (line: string) => void, o: { sidecar: Sidecar; consoleUrl: string; upstreamUrl: string; keys: Awaited<ReturnType<typeof seed>>; adminToken: string }): void {
+  const { keys } = o;
+  const base = o.sidecar.url;
   const body = (model: string) => `-H 'content-type: application/json' -d '{"model":"${model}","messages":[{"role":"user","content":"hi"}]}'`;
-  say(`keyward demo: sidecar ${base} (admin http://127.0.0.1:${sidecar.adminPort}), console ${console.url}, demo upstream ${upstream.url}`);
+  say(`keyward demo: sidecar ${base} (admin http://127.0.0.1:${o.sidecar.adminPort}), console ${o.consoleUrl}, demo upstream ${o.upstreamUrl}`);
   say('Demo keys, created through the console (they live only in this demo):');
   say(`  alice (personal, wallet 25):              ${keys.ok}`);
   say(`  bob   (personal, wallet 0):               ${keys.broke}`);
@@ -86,10 +86,24 @@ export async function runDemo(opts: { port?: number; adminPort?: number; console
   say(`  402  curl -s ${base}/v1/chat/completions -H 'authorization: Bearer ${keys.broke}' ${body('demo-model')}`);
   say(`  403  curl -s ${base}/v1/chat/completions -H 'authorization: Bearer ${keys.scoped}' ${body('gpt-4o')}`);
   say('The console, from another shell:');
-  say(`  export KEYWARD_CONSOLE_URL=${console.url} KEYWARD_ADMIN_TOKEN=${secrets.admin}`);
+  say(`  export KEYWARD_CONSOLE_URL=${o.consoleUrl} KEYWARD_ADMIN_TOKEN=${o.adminToken}`);
   say('  npx keyward keys list        # then: npx keyward keys delete <id>  -> that key answers 401 api_key_deleted');
-  say(`  curl -s http://127.0.0.1:${sidecar.adminPort}/metrics`);
+  say(`  curl -s http://127.0.0.1:${o.sidecar.adminPort}/metrics`);
   say('Access log lines go to stderr. Ctrl-C stops the demo.');
+}
+
+export async function runDemo(opts: { port?: number; adminPort?: number; consolePort?: number; log?: (line: string) => void } = {}) {
+  const say = opts.log ?? ((line: string) => process.stdout.write(`${line}\n`));
+  const dir = mkdtempSync(join(tmpdir(), 'keyward-demo-'));
+  const secrets: DemoSecrets = { master: randomBytes(32).toString('hex'), sync: token(), admin: token() };
+  const upstream = await startDemoUpstream();
+  const console = await demoConsole({ dir, secrets, port: opts.consolePort ?? 7000 });
+  const keys = await seed(adminClient({ url: console.url, token: secrets.admin }));
+  const sidecar = await demoSidecar({
+    dir, upstreamUrl: upstream.url, consoleUrl: console.url, syncToken: secrets.sync, port: opts.port ?? 8080, adminPort: opts.adminPort ?? 9090,
+  });
+  await sidecar.sync?.start(); // the first sync: the demo keys are in the replica from here on
+  introduce(say, { sidecar, consoleUrl: console.url, upstreamUrl: upstream.url, keys, adminToken: secrets.admin });
   return {
     sidecar,
     upstream,

@@ -85,6 +85,10 @@ export type MultipartEvent =
 
 const decoder = new TextDecoder('utf-8', { fatal: true });
 
+/** A reading step's result: a problem, null when more bytes are needed, or NEXT to go on in the new state. */
+const NEXT = true;
+type Step = string | null | typeof NEXT;
+
 /**
  * Incremental strict reader. `push` returns the events the new bytes completed, or a
  * problem; `end` says whether the body closed properly. After a problem it stays failed.
@@ -152,68 +156,87 @@ export class MultipartReader {
     this.buf = this.buf.subarray(n);
   }
 
+  /** Reads as far as the bytes go: null when it needs more, else the problem. */
   private run(events: MultipartEvent[]): string | null {
     for (;;) {
-      switch (this.state) {
-        case 'start': {
-          if (this.buf.length < this.first.length) {
-            return this.first.subarray(0, this.buf.length).equals(this.buf) ? null : 'The multipart body must start with its boundary delimiter.';
-          }
-          if (!this.buf.subarray(0, this.first.length).equals(this.first)) return 'The multipart body must start with its boundary delimiter.';
-          this.consume(this.first.length);
-          this.state = 'afterDelim';
-          break;
-        }
-        case 'afterDelim': {
-          if (this.buf.length < 2) return null;
-          const two = this.buf.toString('latin1', 0, 2);
-          if (two === '--') {
-            this.consume(2);
-            this.state = 'epilogue';
-          } else if (two === '\r\n') {
-            this.consume(2);
-            this.state = 'headers';
-          } else return 'The multipart boundary appears inside content, or a delimiter carries padding; parsers read that differently.';
-          break;
-        }
-        case 'headers': {
-          if (this.buf.length >= 2 && this.buf[0] === 13 && this.buf[1] === 10) return 'A multipart part has no headers.';
-          const end = this.buf.indexOf('\r\n\r\n');
-          if (end === -1 ? this.buf.length > MAX_HEADER_BYTES : end > MAX_HEADER_BYTES) return 'A multipart part header section is too large.';
-          if (end === -1) return null;
-          const parsed = parsePartHeaders(this.buf.toString('utf8', 0, end));
-          if (!parsed.ok) return parsed.message;
-          const problem = this.startPart(parsed.part, events);
-          if (problem) return problem;
-          this.consume(end + 4);
-          this.state = 'body';
-          break;
-        }
-        case 'body': {
-          const at = this.buf.indexOf(this.marker);
-          const take = at === -1 ? Math.max(0, this.buf.length - this.marker.length + 1) : at;
-          const problem = this.collect(this.buf.subarray(0, take));
-          if (problem) return problem;
-          if (at === -1) {
-            this.consume(take);
-            this.buf = Buffer.from(this.buf); // do not pin the chunk the tail was cut from
-            return null;
-          }
-          const ended = this.endPart(events);
-          if (ended) return ended;
-          this.consume(at + this.marker.length);
-          this.state = 'afterDelim';
-          break;
-        }
-        case 'epilogue': {
-          if (!/^[\r\n\t ]*$/.test(this.buf.toString('latin1'))) return 'Only whitespace may follow the closing multipart delimiter.';
-          this.consume(this.buf.length);
-          return null;
-        }
-        default:
-          return this.problem;
-      }
+      const step = this.step(events);
+      if (step !== NEXT) return step;
     }
+  }
+
+  private step(events: MultipartEvent[]): Step {
+    switch (this.state) {
+      case 'start':
+        return this.atStart();
+      case 'afterDelim':
+        return this.afterDelimiter();
+      case 'headers':
+        return this.atHeaders(events);
+      case 'body':
+        return this.inBody(events);
+      case 'epilogue':
+        if (!/^[\r\n\t ]*$/.test(this.buf.toString('latin1'))) return 'Only whitespace may follow the closing multipart delimiter.';
+        this.consume(this.buf.length);
+        return null;
+      default:
+        return this.problem;
+    }
+  }
+
+  private atStart(): Step {
+    if (this.buf.length < this.first.length) {
+      return this.first.subarray(0, this.buf.length).equals(this.buf) ? null : 'The multipart body must start with its boundary delimiter.';
+    }
+    if (!this.buf.subarray(0, this.first.length).equals(this.first)) return 'The multipart body must start with its boundary delimiter.';
+    this.consume(this.first.length);
+    this.state = 'afterDelim';
+    return NEXT;
+  }
+
+  /** After a delimiter: `--` closes the body, CRLF starts a part, anything else is refused. */
+  private afterDelimiter(): Step {
+    if (this.buf.length < 2) return null;
+    const two = this.buf.toString('latin1', 0, 2);
+    if (two === '--') {
+      this.consume(2);
+      this.state = 'epilogue';
+    } else if (two === '\r\n') {
+      this.consume(2);
+      this.state = 'headers';
+    } else return 'The multipart boundary appears inside content, or a delimiter carries padding; parsers read that differently.';
+    return NEXT;
+  }
+
+  private atHeaders(events: MultipartEvent[]): Step {
+    if (this.buf.length >= 2 && this.buf[0] === 13 && this.buf[1] === 10) return 'A multipart part has no headers.';
+    const end = this.buf.indexOf('\r\n\r\n');
+    if (end === -1 ? this.buf.length > MAX_HEADER_BYTES : end > MAX_HEADER_BYTES) return 'A multipart part header section is too large.';
+    if (end === -1) return null;
+    const parsed = parsePartHeaders(this.buf.toString('utf8', 0, end));
+    if (!parsed.ok) return parsed.message;
+    const problem = this.startPart(parsed.part, events);
+    if (problem) return problem;
+    this.consume(end + 4);
+    this.state = 'body';
+    return NEXT;
+  }
+
+  /** A part's content up to the next delimiter; a tail that may begin one is kept for the next chunk. */
+  private inBody(events: MultipartEvent[]): Step {
+    const at = this.buf.indexOf(this.marker);
+    const take = at === -1 ? Math.max(0, this.buf.length - this.marker.length + 1) : at;
+    const problem = this.collect(this.buf.subarray(0, take));
+    if (problem) return problem;
+    if (at === -1) {
+      this.consume(take);
+      this.buf = Buffer.from(this.buf); // do not pin the chunk the tail was cut from
+      return null;
+    }
+    const ended = this.endPart(events);
+    if (ended) return ended;
+    this.consume(at + this.marker.length);
+    this.state = 'afterDelim';
+    return NEXT;
   }
 
   private startPart(part: PartHead, events: MultipartEvent[]): string | null {
