@@ -23,66 +23,106 @@ export interface IngestResult {
   cost: number;
 }
 
-export function ingestUsage(opts: { store: ConsoleStore; pricer: Pricer; events: UsageEvent[] }): IngestResult {
-  const { store, pricer } = opts;
-  const db = store.db;
-  const keyById = db.prepare('SELECT * FROM keys WHERE id = ?');
-  const ledger = db.prepare(`INSERT INTO usage (event_id, request_id, key_id, model, input_tokens, output_tokens, status, cost, at,
-      received_at, estimated)
-    VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT(event_id) DO NOTHING`);
-  const chargeKey = db.prepare(`UPDATE keys SET spent = ?, last_used_at = MAX(COALESCE(last_used_at, 0), ?) WHERE id = ?`);
-  const chargeProject = db.prepare('UPDATE projects SET spent = ? WHERE id = ?');
-  const chargeWallet = db.prepare('UPDATE wallets SET balance = ?, updated_at = ? WHERE user_id = ?');
+function statements(db: ConsoleStore['db']) {
+  return {
+    keyById: db.prepare('SELECT * FROM keys WHERE id = ?'),
+    projectById: db.prepare('SELECT * FROM projects WHERE id = ?'),
+    projectSpent: db.prepare('SELECT spent FROM projects WHERE id = ?'),
+    ledger: db.prepare(`INSERT INTO usage (event_id, request_id, key_id, model, input_tokens, output_tokens, status, cost, at,
+        received_at, estimated)
+      VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT(event_id) DO NOTHING`),
+    chargeKey: db.prepare(`UPDATE keys SET spent = ?, last_used_at = MAX(COALESCE(last_used_at, 0), ?) WHERE id = ?`),
+    chargeProject: db.prepare('UPDATE projects SET spent = ? WHERE id = ?'),
+    chargeWallet: db.prepare('UPDATE wallets SET balance = ?, updated_at = ? WHERE user_id = ?'),
+  };
+}
 
-  return store.write(() => {
-    const result: IngestResult = { accepted: 0, duplicates: 0, unknownKeys: 0, cost: 0 };
-    const touched = { keys: new Set<string>(), projects: new Set<string>(), wallets: new Set<string>() };
-    const received = store.now();
-    // A budget whose period ended restarts first, so usage from now on counts toward the new period.
-    const records: SyncRecord[] = rollDuePeriods(store);
-    for (const ev of opts.events) {
-      const key = keyById.get(ev.key_id) as KeyRow | undefined;
-      if (!key) {
-        result.unknownKeys++;
-        continue;
-      }
-      // Estimated usage (a response without usage, section 6) is priced like any other.
-      const cost = pricer({ model: ev.model, inputTokens: ev.input_tokens, outputTokens: ev.output_tokens });
-      const parsed = Date.parse(ev.at);
-      // A sidecar clock far ahead must not make a key look used in the future.
-      const at = Number.isFinite(parsed) ? Math.min(parsed, received) : received;
-      // `estimated` joins the digest only when set, so ids of events without it stay what they were.
-      const fields: unknown[] = [ev.request_id, ev.key_id, ev.model, ev.input_tokens, ev.output_tokens, ev.status, ev.at];
-      if (ev.estimated) fields.push(true);
-      const eventId = createHash('sha256').update(JSON.stringify(fields)).digest('hex');
-      const inserted = ledger.run(eventId, ev.request_id, ev.key_id, ev.model, ev.input_tokens, ev.output_tokens, ev.status, cost, at, received, ev.estimated ? 1 : 0);
-      if (inserted.changes === 0) {
-        result.duplicates++;
-        continue;
-      }
-      result.accepted++;
-      result.cost = money(result.cost + cost);
-      chargeKey.run(money(key.spent + cost), at, key.id);
-      touched.keys.add(key.id);
-      if (key.kind === 'team' && key.project_id !== null) {
-        const p = db.prepare('SELECT spent FROM projects WHERE id = ?').get(key.project_id) as { spent: number } | undefined;
-        if (p) {
-          chargeProject.run(money(p.spent + cost), key.project_id);
-          touched.projects.add(key.project_id);
-        }
-      } else if (key.user_id !== null) {
-        const w = store.ensureWallet(key.user_id).row;
-        chargeWallet.run(money(w.balance - cost), received, key.user_id);
-        touched.wallets.add(key.user_id);
-      }
+/** One batch's ingestion: the statements, when it was received, what it charged and what it touched. */
+interface Batch {
+  store: ConsoleStore;
+  pricer: Pricer;
+  sql: ReturnType<typeof statements>;
+  received: number;
+  result: IngestResult;
+  touched: { keys: Set<string>; projects: Set<string>; wallets: Set<string> };
+}
+
+/** The ledger's id of an event: a digest of the whole event. */
+function eventId(ev: UsageEvent): string {
+  // `estimated` joins the digest only when set, so ids of events without it stay what they were.
+  const fields: unknown[] = [ev.request_id, ev.key_id, ev.model, ev.input_tokens, ev.output_tokens, ev.status, ev.at];
+  if (ev.estimated) fields.push(true);
+  return createHash('sha256').update(JSON.stringify(fields)).digest('hex');
+}
+
+/** Records one event in the ledger and charges it, unless its key is unknown or it was seen before. */
+function ingestEvent(b: Batch, ev: UsageEvent): void {
+  const { sql, result, received } = b;
+  const key = sql.keyById.get(ev.key_id) as KeyRow | undefined;
+  if (!key) {
+    result.unknownKeys++;
+    return;
+  }
+  // Estimated usage (a response without usage, section 6) is priced like any other.
+  const cost = b.pricer({ model: ev.model, inputTokens: ev.input_tokens, outputTokens: ev.output_tokens });
+  const parsed = Date.parse(ev.at);
+  // A sidecar clock far ahead must not make a key look used in the future.
+  const at = Number.isFinite(parsed) ? Math.min(parsed, received) : received;
+  const inserted = sql.ledger.run(eventId(ev), ev.request_id, ev.key_id, ev.model, ev.input_tokens, ev.output_tokens, ev.status, cost, at, received, ev.estimated ? 1 : 0);
+  if (inserted.changes === 0) {
+    result.duplicates++;
+    return;
+  }
+  result.accepted++;
+  result.cost = money(result.cost + cost);
+  charge(b, key, cost, at);
+}
+
+/** Moves the key's `spent` and its project's `spent` (team keys) or its user's balance (personal keys). */
+function charge(b: Batch, key: KeyRow, cost: number, at: number): void {
+  const { sql, touched } = b;
+  sql.chargeKey.run(money(key.spent + cost), at, key.id);
+  touched.keys.add(key.id);
+  if (key.kind === 'team' && key.project_id !== null) {
+    const p = sql.projectSpent.get(key.project_id) as { spent: number } | undefined;
+    if (p) {
+      sql.chargeProject.run(money(p.spent + cost), key.project_id);
+      touched.projects.add(key.project_id);
     }
-    // A record restarted above and charged below is sent once, in its final state.
-    const charged = new Set([...[...touched.keys].map((id) => `key:${id}`), ...[...touched.projects].map((id) => `project:${id}`)]);
-    for (let i = records.length - 1; i >= 0; i--) if (charged.has(recordIdentity(records[i]!))) records.splice(i, 1);
-    for (const id of touched.keys) records.push(keyRecordOf(keyById.get(id) as KeyRow));
-    for (const id of touched.projects) records.push(projectRecordOf(db.prepare('SELECT * FROM projects WHERE id = ?').get(id) as ProjectRow));
-    for (const user of touched.wallets) records.push(walletRecordOf(store.ensureWallet(user).row));
-    return { result, records };
+  } else if (key.user_id !== null) {
+    const w = b.store.ensureWallet(key.user_id).row;
+    sql.chargeWallet.run(money(w.balance - cost), b.received, key.user_id);
+    touched.wallets.add(key.user_id);
+  }
+}
+
+/**
+ * The records for the feed: those a period restart changed (`records`), then those the batch
+ * charged. A record restarted and then charged is sent once, in its final state.
+ */
+function changedRecords(b: Batch, records: SyncRecord[]): SyncRecord[] {
+  const { sql, touched } = b;
+  const charged = new Set([...[...touched.keys].map((id) => `key:${id}`), ...[...touched.projects].map((id) => `project:${id}`)]);
+  for (let i = records.length - 1; i >= 0; i--) if (charged.has(recordIdentity(records[i]!))) records.splice(i, 1);
+  for (const id of touched.keys) records.push(keyRecordOf(sql.keyById.get(id) as KeyRow));
+  for (const id of touched.projects) records.push(projectRecordOf(sql.projectById.get(id) as ProjectRow));
+  for (const user of touched.wallets) records.push(walletRecordOf(b.store.ensureWallet(user).row));
+  return records;
+}
+
+export function ingestUsage(opts: { store: ConsoleStore; pricer: Pricer; events: UsageEvent[] }): IngestResult {
+  const { store } = opts;
+  const sql = statements(store.db);
+  return store.write(() => {
+    const b: Batch = {
+      store, pricer: opts.pricer, sql, received: store.now(),
+      result: { accepted: 0, duplicates: 0, unknownKeys: 0, cost: 0 },
+      touched: { keys: new Set(), projects: new Set(), wallets: new Set() },
+    };
+    // A budget whose period ended restarts first, so usage from now on counts toward the new period.
+    const restarted: SyncRecord[] = rollDuePeriods(store);
+    for (const ev of opts.events) ingestEvent(b, ev);
+    return { result: b.result, records: changedRecords(b, restarted) };
   });
 }
 

@@ -174,33 +174,40 @@ function outputCap(body: Record<string, unknown>): { ok: true; cap: number | nul
   return { ok: true, cap };
 }
 
-export function inspectJson(buf: Buffer): JsonInspection {
-  if (buf.length >= 3 && buf[0] === 0xef && buf[1] === 0xbb && buf[2] === 0xbf) {
-    return { ok: false, message: 'The request body must not start with a byte order mark.' };
-  }
+const refused = (message: string): JsonInspection => ({ ok: false, message });
+
+/**
+ * The object the body parses to, or (a string) why it is not one keyward reads: not UTF-8,
+ * not JSON, not an object, or open to another reading (strictProblem).
+ */
+function strictObject(buf: Buffer): Record<string, unknown> | string {
+  if (buf.length >= 3 && buf[0] === 0xef && buf[1] === 0xbb && buf[2] === 0xbf) return 'The request body must not start with a byte order mark.';
   let text: string;
   try {
     text = decoder.decode(buf);
   } catch {
-    return { ok: false, message: 'The request body is not valid UTF-8.' };
+    return 'The request body is not valid UTF-8.';
   }
   let parsed: unknown;
   try {
     parsed = JSON.parse(text);
   } catch {
-    return { ok: false, message: 'The request body is not valid JSON.' };
+    return 'The request body is not valid JSON.';
   }
-  if (typeof parsed !== 'object' || parsed === null || Array.isArray(parsed)) {
-    return { ok: false, message: 'The request body must be a JSON object.' };
-  }
-  const problem = strictProblem(text);
-  if (problem) return { ok: false, message: problem };
-  const body = parsed as Record<string, unknown>;
-  const models: string[] = [];
-  // Two keys that fold alike are one key to a case-insensitive decoder. A key that folds to
-  // itself (most do) cannot clash with another such key (JSON.parse keeps one of each, and
-  // strictProblem refused duplicates), so only keys that fold to something else are looked
-  // up, among all keys and the other folds: no Set at all for a body of lower-case keys.
+  if (typeof parsed !== 'object' || parsed === null || Array.isArray(parsed)) return 'The request body must be a JSON object.';
+  return strictProblem(text) ?? (parsed as Record<string, unknown>);
+}
+
+/**
+ * Adds to `models` those the body's model-selecting keys name, `extra_body`'s included.
+ * Returns the problem when two top-level keys fold alike (one key to a case-insensitive
+ * decoder), else null.
+ */
+function collectSelected(body: Record<string, unknown>, models: string[]): string | null {
+  // A key that folds to itself (most do) cannot clash with another such key (JSON.parse
+  // keeps one of each, and strictProblem refused duplicates), so only keys that fold to
+  // something else are looked up, among all keys and the other folds: no Set at all for a
+  // body of lower-case keys.
   const keys = Object.keys(body);
   let all: Set<string> | null = null;
   let folds: Set<string> | null = null;
@@ -210,7 +217,7 @@ export function inspectJson(buf: Buffer): JsonInspection {
       all ??= new Set(keys);
       if (isSensitiveField(folded) || all.has(folded) || folds?.has(folded)) {
         const what = isSensitiveField(folded) ? `"${folded}"` : 'a key';
-        return { ok: false, message: `The request body names ${what} in another letter case or more than once; send it once, in lower case.` };
+        return `The request body names ${what} in another letter case or more than once; send it once, in lower case.`;
       }
       (folds ??= new Set()).add(folded);
     }
@@ -225,15 +232,22 @@ export function inspectJson(buf: Buffer): JsonInspection {
       if (folded === 'model' || selectsModels(folded)) collectModels(v, models);
     }
   }
-  if (models.length > MAX_EXTRA_MODELS) return { ok: false, message: 'The request body names too many models.' };
-  if (models.some((m) => m.length > MAX_MODEL_LENGTH)) return { ok: false, message: `Model names are at most ${MAX_MODEL_LENGTH} characters.` };
+  return null;
+}
+
+export function inspectJson(buf: Buffer): JsonInspection {
+  const body = strictObject(buf);
+  if (typeof body === 'string') return refused(body);
+  const models: string[] = [];
+  const clash = collectSelected(body, models);
+  if (clash) return refused(clash);
+  if (models.length > MAX_EXTRA_MODELS) return refused('The request body names too many models.');
+  if (models.some((m) => m.length > MAX_MODEL_LENGTH)) return refused(`Model names are at most ${MAX_MODEL_LENGTH} characters.`);
   const cap = outputCap(body);
   if (!cap.ok) return cap;
   if (!('model' in body)) return { ok: true, model: null, maxOutputTokens: cap.cap, models };
-  if (typeof body.model !== 'string' || body.model === '') {
-    return { ok: false, message: '"model" must be a non-empty string.' };
-  }
-  if (body.model.length > MAX_MODEL_LENGTH) return { ok: false, message: `"model" is at most ${MAX_MODEL_LENGTH} characters.` };
+  if (typeof body.model !== 'string' || body.model === '') return refused('"model" must be a non-empty string.');
+  if (body.model.length > MAX_MODEL_LENGTH) return refused(`"model" is at most ${MAX_MODEL_LENGTH} characters.`);
   return { ok: true, model: body.model, maxOutputTokens: cap.cap, models };
 }
 
