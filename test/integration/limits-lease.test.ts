@@ -11,8 +11,9 @@ import type { AdmitResult } from '../../src/limits/limiter.js';
 import { leasingInstances, redisHarness } from '../helpers/redis-harness.js';
 import { waitFor } from '../helpers/redis-server.js';
 import { input, runLimiterConformance, uid } from '../helpers/redis-limits-conformance.js';
+import { TEST_REDIS_URL } from '../helpers/redis-url.js';
 
-const URL = process.env.KW_TEST_REDIS_URL ?? 'redis://127.0.0.1:6379';
+const URL = TEST_REDIS_URL;
 
 runLimiterConformance('redis (single node) with bucket slices', () => redisHarness({ url: URL, lease: { sliceMs: 1000 } }));
 

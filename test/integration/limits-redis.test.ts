@@ -5,8 +5,9 @@ import { createRedisLimiter } from '../../src/limits/redis/limiter.js';
 import { countWrites, redisHarness, deleteByPrefix } from '../helpers/redis-harness.js';
 import { keyBudget, projectBudget, wallet } from '../helpers/limits-conformance-ledger.js';
 import { input, leaseOf, runLimiterConformance, uid } from '../helpers/redis-limits-conformance.js';
+import { TEST_REDIS_URL } from '../helpers/redis-url.js';
 
-const URL = process.env.KW_TEST_REDIS_URL ?? 'redis://127.0.0.1:6379';
+const URL = TEST_REDIS_URL;
 
 runLimiterConformance('redis (single node)', () => redisHarness({ url: URL }));
 

@@ -14,8 +14,9 @@ import { scriptRunner } from '../../src/limits/redis/scripts.js';
 import { leasingInstances } from '../helpers/redis-harness.js';
 import { waitFor } from '../helpers/redis-server.js';
 import { input, uid } from '../helpers/redis-limits-conformance.js';
+import { TEST_REDIS_URL } from '../helpers/redis-url.js';
 
-const URL = process.env.KW_TEST_REDIS_URL ?? 'redis://127.0.0.1:6379';
+const URL = TEST_REDIS_URL;
 
 describe('blocks of concurrency slots', { timeout: 60_000 }, () => {
   const prefix = uid('kwtest');

@@ -25,8 +25,9 @@ import type { SyncRecord } from '../../src/protocol/records.js';
 import { startFakeUpstream, type FakeUpstream, type Received } from '../helpers/upstream.js';
 import { keyRecord, startHarness, type Harness } from '../helpers/sidecar.js';
 import { KEYWARD_ARGS, spawnSidecar, type SidecarProcess } from '../helpers/process.js';
+import { TEST_REDIS_URL } from '../helpers/redis-url.js';
 
-const REDIS = 'redis://127.0.0.1:6379';
+const REDIS = TEST_REDIS_URL;
 const prefix = `kwmoney${randomBytes(4).toString('hex')}`;
 const CONCURRENT = 20;
 

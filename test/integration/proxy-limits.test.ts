@@ -14,8 +14,9 @@ import { startFakeUpstream, type FakeUpstream, type Handler } from '../helpers/u
 import { startHarness, waitForLine, type Harness } from '../helpers/sidecar.js';
 import { bearer, send, type RawResponse } from '../helpers/http.js';
 import { spawnSidecar } from '../helpers/process.js';
+import { TEST_REDIS_URL } from '../helpers/redis-url.js';
 
-const REDIS = 'redis://127.0.0.1:6379';
+const REDIS = TEST_REDIS_URL;
 const prefix = `kwt${randomBytes(4).toString('hex')}`;
 const many = new http.Agent({ keepAlive: true, maxSockets: Infinity });
 

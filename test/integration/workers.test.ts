@@ -18,8 +18,9 @@ import { KEYWARD_ARGS, spawnSidecar, type SidecarProcess } from '../helpers/proc
 import { bearer, send, type RawResponse } from '../helpers/http.js';
 import { echoJson, startFakeUpstream, type FakeUpstream } from '../helpers/upstream.js';
 import { startConsoleFixture } from '../helpers/console-fixture.js';
+import { TEST_REDIS_URL } from '../helpers/redis-url.js';
 
-const REDIS = 'redis://127.0.0.1:6379';
+const REDIS = TEST_REDIS_URL;
 const prefix = `kwtw${randomBytes(4).toString('hex')}`;
 const hash = makeKeyHasher({ hash: 'sha256' });
 const secrets = { k_open: `sk-open-${randomBytes(8).toString('hex')}`, k_rpm: `sk-rpm-${randomBytes(8).toString('hex')}`, k_del: `sk-del-${randomBytes(8).toString('hex')}` };

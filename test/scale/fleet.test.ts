@@ -25,8 +25,9 @@ import { type SidecarProcess, spawnSidecar } from '../helpers/process.js';
 import { waitFor } from '../helpers/redis-server.js';
 import { type KeySpec, keyRecord } from '../helpers/sidecar.js';
 import { type FakeUpstream, startFakeUpstream } from '../helpers/upstream.js';
+import { TEST_REDIS_URL } from '../helpers/redis-url.js';
 
-const REDIS = 'redis://127.0.0.1:6379';
+const REDIS = TEST_REDIS_URL;
 const INSTANCES = 4;
 /** Small, so a token takes 3 s to come back: far longer than a burst takes even on a busy machine. */
 const RPM = 20;
