@@ -2,7 +2,7 @@
  * SQLite file handling shared by the two stores that keep one: the console's store and the
  * sidecar's replica. They are adapters that import nothing of each other, so what they
  * both need of a database file lives here: opening it private to its owner, and adding
- * the columns an older file lacks.
+ * the columns an older file lacks (those of sync protocol v1 are alike in both).
  */
 import Database from 'better-sqlite3';
 import { chmodSync, closeSync, mkdirSync, openSync } from 'node:fs';
@@ -41,6 +41,22 @@ export function openPrivateDatabase(path: string, prepare: (db: Database.Databas
 
 /** Columns added to a schema after its first release: table -> column -> ALTER TABLE clause. */
 export type AddedColumns = Record<string, Record<string, string>>;
+
+/**
+ * The columns sync protocol v1 added to the key, project and wallet tables, alike in both
+ * stores. Each store lists its own besides (the console checks `period` and keeps where a
+ * budget period started).
+ */
+export const V1_RECORD_COLUMNS = {
+  keys: {
+    epoch: 'epoch INTEGER NOT NULL DEFAULT 0',
+    ips: 'ips TEXT',
+    allow_browser: 'allow_browser INTEGER NOT NULL DEFAULT 0',
+    model_limits: 'model_limits TEXT',
+  },
+  projects: { epoch: 'epoch INTEGER NOT NULL DEFAULT 0' },
+  wallets: { epoch: 'epoch INTEGER NOT NULL DEFAULT 0' },
+} satisfies AddedColumns;
 
 /**
  * Adds each listed column its table lacks. Call it inside a write transaction: another

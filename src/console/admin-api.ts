@@ -11,6 +11,7 @@ import { idPattern } from './config.js';
 import { ApiError, invalid } from './errors.js';
 import { forbidden, match, readJson, sendJson, type Principal } from './http.js';
 import type { LogSink } from '../log.js';
+import type { WalletView } from './db.js';
 import type { ConsoleStore } from './store.js';
 import { recentUsage } from './usage.js';
 
@@ -77,6 +78,19 @@ function visibleKey(ctx: Ctx) {
 
 function audit(ctx: Ctx, action: string, fields: Record<string, unknown>) {
   ctx.log.info({ audit: action, by: ctx.who.role === 'user' ? `user:${ctx.who.user}` : 'admin', ...fields }, `admin ${action}`);
+}
+
+/** The `:user` of the path, when it is an id a user may have. */
+function userParam(ctx: Ctx): string {
+  const user = ctx.params.user!;
+  if (!idPattern.test(user)) throw invalid('user: expected an id of letters, digits, and . _ @ -');
+  return user;
+}
+
+/** Audits a change to a wallet (credit or new balance) and answers with the wallet. */
+function walletChanged(ctx: Ctx, action: 'wallet.credit' | 'wallet.set', wallet: WalletView, fields: Record<string, number>): void {
+  audit(ctx, action, { user: wallet.user, ...fields });
+  sendJson(ctx.res, 200, { wallet });
 }
 
 const routes: Route[] = [
@@ -193,9 +207,9 @@ const routes: Route[] = [
   ...(['PUT', 'DELETE'] as const).map((method): Route => ({
     method, pattern: '/admin/v1/projects/:id/members/:user', adminOnly: true,
     handle: (c) => {
-      if (!idPattern.test(c.params.user!)) throw invalid('user: expected an id of letters, digits, and . _ @ -');
-      const project = c.store.setMember({ project: c.params.id!, user: c.params.user!, member: method === 'PUT' });
-      audit(c, method === 'PUT' ? 'project.member.add' : 'project.member.remove', { project_id: project.id, user: c.params.user });
+      const user = userParam(c);
+      const project = c.store.setMember({ project: c.params.id!, user, member: method === 'PUT' });
+      audit(c, method === 'PUT' ? 'project.member.add' : 'project.member.remove', { project_id: project.id, user });
       sendJson(c.res, 200, { project });
     },
   })),
@@ -211,21 +225,17 @@ const routes: Route[] = [
   {
     method: 'POST', pattern: '/admin/v1/wallets/:user/credit', adminOnly: true,
     handle: async (c) => {
-      if (!idPattern.test(c.params.user!)) throw invalid('user: expected an id of letters, digits, and . _ @ -');
+      const user = userParam(c);
       const { amount } = await readJson(c.req, creditBody);
-      const wallet = c.store.changeWallet({ user: c.params.user!, credit: amount });
-      audit(c, 'wallet.credit', { user: wallet.user, amount });
-      sendJson(c.res, 200, { wallet });
+      walletChanged(c, 'wallet.credit', c.store.changeWallet({ user, credit: amount }), { amount });
     },
   },
   {
     method: 'PUT', pattern: '/admin/v1/wallets/:user', adminOnly: true,
     handle: async (c) => {
-      if (!idPattern.test(c.params.user!)) throw invalid('user: expected an id of letters, digits, and . _ @ -');
+      const user = userParam(c);
       const { balance } = await readJson(c.req, setBody);
-      const wallet = c.store.changeWallet({ user: c.params.user!, set: balance });
-      audit(c, 'wallet.set', { user: wallet.user, balance });
-      sendJson(c.res, 200, { wallet });
+      walletChanged(c, 'wallet.set', c.store.changeWallet({ user, set: balance }), { balance });
     },
   },
 ];

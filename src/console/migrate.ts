@@ -5,26 +5,23 @@
  * with its data and takes the defaults (epoch 0, no period, no network policy).
  */
 import type Database from 'better-sqlite3';
-import { addMissingColumns, type AddedColumns } from '../sqlite-file.js';
+import { addMissingColumns, V1_RECORD_COLUMNS, type AddedColumns } from '../sqlite-file.js';
 
 type DB = Database.Database;
 
 const ADDED_COLUMNS: AddedColumns = {
   keys: {
-    epoch: 'epoch INTEGER NOT NULL DEFAULT 0',
-    ips: 'ips TEXT',
-    allow_browser: 'allow_browser INTEGER NOT NULL DEFAULT 0',
-    model_limits: 'model_limits TEXT',
+    ...V1_RECORD_COLUMNS.keys,
     period: `period TEXT CHECK (period IN ('day', 'week', 'month'))`,
     // start of the budget period `spent` counts from; null without a period
     period_start: 'period_start INTEGER',
   },
   projects: {
-    epoch: 'epoch INTEGER NOT NULL DEFAULT 0',
+    ...V1_RECORD_COLUMNS.projects,
     period: `period TEXT CHECK (period IN ('day', 'week', 'month'))`,
     period_start: 'period_start INTEGER',
   },
-  wallets: { epoch: 'epoch INTEGER NOT NULL DEFAULT 0' },
+  wallets: V1_RECORD_COLUMNS.wallets,
   usage: { estimated: 'estimated INTEGER NOT NULL DEFAULT 0' },
 };
 

@@ -3,7 +3,7 @@
  * them, plus the sync version. Keys are found by their hash; the plain key is never here.
  */
 import type Database from 'better-sqlite3';
-import { addMissingColumns, type AddedColumns } from '../sqlite-file.js';
+import { addMissingColumns, V1_RECORD_COLUMNS, type AddedColumns } from '../sqlite-file.js';
 
 /** 2: v1 protocol additions (epochs, key network policy and per-model limits, periods, prices) */
 export const SCHEMA_VERSION = 2;
@@ -62,15 +62,9 @@ CREATE TABLE IF NOT EXISTS prices (
  * until the next snapshot or change brings the real values.
  */
 const ADDED_COLUMNS: AddedColumns = {
-  keys: {
-    epoch: 'epoch INTEGER NOT NULL DEFAULT 0',
-    ips: 'ips TEXT',
-    allow_browser: 'allow_browser INTEGER NOT NULL DEFAULT 0',
-    model_limits: 'model_limits TEXT',
-    period: 'period TEXT',
-  },
-  projects: { epoch: 'epoch INTEGER NOT NULL DEFAULT 0', period: 'period TEXT' },
-  wallets: { epoch: 'epoch INTEGER NOT NULL DEFAULT 0' },
+  keys: { ...V1_RECORD_COLUMNS.keys, period: 'period TEXT' },
+  projects: { ...V1_RECORD_COLUMNS.projects, period: 'period TEXT' },
+  wallets: V1_RECORD_COLUMNS.wallets,
 };
 
 function migrate(db: Database.Database): void {

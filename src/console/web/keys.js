@@ -110,14 +110,18 @@ async function usageTable(k) {
       h('td', {}, String(u.status)), h('td.num', {}, money(u.cost))))));
 }
 
-async function remove(button, k, redraw) {
-  const ok = await confirmDialog({
+/** Asks first; once confirmed, does `work` with the button shown busy. */
+async function confirmThen(button, dialog, work) {
+  if (!(await confirmDialog(dialog))) return;
+  await busy(button, work);
+}
+
+function remove(button, k, redraw) {
+  return confirmThen(button, {
     title: `Delete ${k.name ?? k.id}?`,
     message: 'Every synced sidecar refuses this key within a second, and its secret is destroyed. This cannot be undone.',
     confirm: 'Delete key',
-  });
-  if (!ok) return;
-  await busy(button, async () => {
+  }, async () => {
     await api('DELETE', `/admin/v1/keys/${seg(k.id)}`);
     revealed.delete(k.id);
     toast(`Deleted ${k.name ?? k.id}`);
@@ -125,14 +129,12 @@ async function remove(button, k, redraw) {
   });
 }
 
-async function rotate(button, k, ctx, redraw) {
-  const ok = await confirmDialog({
+function rotate(button, k, ctx, redraw) {
+  return confirmThen(button, {
     title: `Rotate ${k.name ?? k.id}?`,
     message: 'A new key with the same settings is created. The old key keeps working until you delete it: move traffic, check its last use, then delete it.',
     confirm: 'Create replacement',
-  });
-  if (!ok) return;
-  await busy(button, async () => {
+  }, async () => {
     const out = await api('POST', `/admin/v1/keys/${seg(k.id)}/rotate`);
     ctx.notice(h('div.notice', {},
       h('p', {}, `Replacement for ${k.name ?? k.id} created as ${out.key.id}. Delete the old key once its last use shows traffic has moved.`),
