@@ -108,8 +108,9 @@ const CLIPPED_CHARS = 64;
 
 /**
  * The line with its client-chosen text fields cut to CLIPPED_CHARS, for shared stdout:
- * a line over PIPE_ATOMIC_BYTES could interleave with another worker's. Six such fields at
- * worst 6 bytes a character in JSON (a \u escape) stay near 2.3 KB, with room for the rest.
+ * a line over PIPE_ATOMIC_BYTES could interleave with another worker's. Six such fields,
+ * each character at worst a 6-byte \u escape in JSON, take 6 x 64 x 6 bytes at most: well
+ * within PIPE_ATOMIC_BYTES, with room for the rest of the line.
  */
 function clipped(l: AccessLine): AccessLine {
   const cut = (v: string | null) => (v !== null && v.length > CLIPPED_CHARS ? v.slice(0, CLIPPED_CHARS) : v);
