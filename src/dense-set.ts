@@ -7,8 +7,8 @@
  * successor and to every entry it held; once such a table is in the old generation, each
  * young-generation collection treats those pointers as live, so whole request graphs are
  * promoted and the promoted successor does the same to the next table. An array's cells
- * are overwritten in place, so nothing links one request's objects to the next (the
- * README's Performance section has the figures).
+ * are overwritten in place, so nothing links one request's objects to the next
+ * (docs/performance.md has the figures).
  */
 export class DenseSet<T> {
   private readonly cells: (T | undefined)[] = [];

@@ -145,8 +145,9 @@ function matches(rule: RouteRule, method: string, path: string): boolean {
 /**
  * Classifications already made, per rule table, method and request target. A sidecar sees
  * the same few targets again and again, and checking and matching one takes regular
- * expressions and string splits on every request, where a lookup takes one map read. Bounded: a table that fills (clients sending endless distinct paths) is
- * emptied and starts over. Results are shared, so they are frozen.
+ * expressions and string splits on every request, where a lookup takes one map read.
+ * Bounded: a table that fills (clients sending endless distinct paths) is emptied and
+ * starts over. Results are shared, so they are frozen.
  */
 const MEMO_ENTRIES = 1024;
 interface Memo {
