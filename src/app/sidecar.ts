@@ -11,6 +11,7 @@ import { createLimiter } from '../limits/failover.js';
 import { startAdmin, type AdminServer } from '../obs/admin.js';
 import type { Logger } from '../obs/logger.js';
 import { createMetrics, type Metrics } from '../obs/metrics.js';
+import { Traces, traceTuningFromEnv, type TraceTuning } from '../obs/tracing/sink.js';
 import type { UsageEvent } from '../protocol/usage.js';
 import { ReplicaStore } from '../replica/store.js';
 import { parseRange } from '../policy/network.js';
@@ -34,6 +35,8 @@ export interface SidecarOptions {
   usageSink?: (event: UsageEvent) => void;
   /** false in a cluster worker: the primary answers the admin port for every worker */
   admin?: boolean;
+  /** trace export timings; by default the OTEL_BSP_* environment (`config.tracing` says whether there are traces) */
+  traceTuning?: TraceTuning;
 }
 
 export interface Sidecar {
@@ -43,12 +46,17 @@ export interface Sidecar {
   replica: ReplicaStore;
   limiter: Limiter;
   metrics: Metrics;
+  /** the tracer in force; `configure` swaps it for a new `tracing` block */
+  traces: Traces;
   /** present when `console` is configured */
   sync: SyncClient | null;
   usage: UsagePusher | null;
   /** stop accepting, let in-flight requests finish within `graceMs`, release everything */
   close(opts?: { graceMs?: number }): Promise<void>;
 }
+
+/** At shutdown, how long the last spans may take to reach the collector. */
+const TRACE_FLUSH_MS = 2_000;
 
 /** Warns once per distinct value (at most 100 of them): a misrouted key must not flood the log. */
 function onceEach(warn: (value: string) => void): (value: string) => void {
@@ -76,6 +84,7 @@ interface ExchangeParts {
   limiter: Limiter;
   forwarder: Forwarder;
   metrics: Metrics;
+  traces: Traces;
   usageSink: ((event: UsageEvent) => void) | null;
 }
 
@@ -106,6 +115,7 @@ function exchangeDeps(p: ExchangeParts): ExchangeDeps {
     bodyIdleTimeoutMs: config.server.bodyIdleTimeoutMs,
     trustedProxies: config.server.trustedProxies.map((c) => parseRange(c)!),
     describeKey: (facts) => describeKey(limiter, facts),
+    traces: p.traces,
   };
 }
 
@@ -127,6 +137,7 @@ interface Running {
   usage: UsagePusher | null;
   sync: SyncClient | null;
   limiter: Limiter;
+  traces: Traces;
   /** null when the caller handed the replica in (and closes it) */
   ownReplica: ReplicaStore | null;
 }
@@ -141,6 +152,8 @@ async function shutdown(r: Running, graceMs: number): Promise<void> {
   r.logger.access.flush();
   r.forwarder.close();
   await r.admin?.close();
+  // Every request has finished, so every span has ended: the last batch goes out.
+  await r.traces.close(TRACE_FLUSH_MS);
   // Last: the responses above may still have produced usage to push.
   await r.usage?.stop();
   await r.sync?.stop();
@@ -154,14 +167,17 @@ export async function startSidecar(opts: SidecarOptions): Promise<Sidecar> {
   const limiter = opts.limiter ?? limiterFor(config, logger);
   const { sync, usage } = consoleClients({ config, replica, logger, pushUsage: !opts.usageSink });
   const forwarder = createForwarder({ upstreams: config.upstreams, replacedResponseHeaders: QUOTA_HEADER_NAMES });
+  const traces = new Traces({ log: logger, tuning: opts.traceTuning ?? traceTuningFromEnv(process.env) });
+  await traces.configure(config.tracing);
   const metrics = createMetrics({
     replica: () => replica.status(),
     limiter: () => limiter.stats(),
     ...(sync ? { sync: () => sync.status() } : {}),
     ...(usage ? { usage: () => usage.stats() } : {}),
+    traces: () => traces.stats(),
   });
   const usageSink = opts.usageSink ?? (usage ? (e: UsageEvent) => usage.push(e) : null);
-  const exchanges = createExchanges(exchangeDeps({ config, logger, replica, limiter, forwarder, metrics, usageSink }));
+  const exchanges = createExchanges(exchangeDeps({ config, logger, replica, limiter, forwarder, metrics, traces, usageSink }));
   metrics.trackInFlight(() => exchanges.inFlight());
 
   const server = proxyServer(exchanges);
@@ -182,7 +198,7 @@ export async function startSidecar(opts: SidecarOptions): Promise<Sidecar> {
   // Not awaited: the replica serves what it has (a previous run's data) while the first sync runs.
   void sync?.start();
 
-  const running: Running = { server, exchanges, logger, forwarder, admin, usage, sync, limiter, ownReplica: opts.replica ? null : replica };
+  const running: Running = { server, exchanges, logger, forwarder, admin, usage, sync, limiter, traces, ownReplica: opts.replica ? null : replica };
   return {
     port,
     adminPort: admin?.port ?? 0,
@@ -192,6 +208,7 @@ export async function startSidecar(opts: SidecarOptions): Promise<Sidecar> {
     replica,
     limiter,
     metrics,
+    traces,
     close({ graceMs = config.server.shutdownGraceMs } = {}) {
       draining = true;
       return shutdown(running, graceMs);

@@ -125,6 +125,17 @@ export const configSchema = z
       .strictObject({ level: z.enum(['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent']).default('info') })
       .prefault({}),
     routes: z.array(routeEntry).default([]),
+    /** OpenTelemetry traces (DESIGN section 13); without this block nothing of the SDK is loaded */
+    tracing: z
+      .strictObject({
+        /** the collector's OTLP/HTTP base URL: spans go to `<otlpUrl>/v1/traces` */
+        otlpUrl: httpUrl,
+        /** share of new traces sampled; a request with a traceparent follows its sampled flag */
+        sampleRatio: z.preprocess((v) => (typeof v === 'string' && v.trim() !== '' && !Number.isNaN(Number(v)) ? Number(v) : v), z.number().min(0).max(1)).default(1),
+        /** the forwarded traceparent names keyward's span as parent */
+        propagate: bool().default(true),
+      })
+      .optional(),
   })
   .superRefine((c, ctx) => {
     const wildcard = (h: string) => h === '0.0.0.0' || h === '::' || h === '[::]';

@@ -10,6 +10,8 @@ export interface MetricSources {
   limiter: () => { redisErrors: number; failOpenAdmissions: number; slotsHeld: number };
   sync?: () => { lastSyncAt: number | null; connected: boolean };
   usage?: () => { buffered: number; sent: number; dropped: number };
+  /** the tracer's lost spans (DESIGN section 13); absent: none are made here */
+  traces?: () => { dropped: number };
   now?: () => number;
 }
 
@@ -74,7 +76,7 @@ function decisionTimes(registry: Registry): Record<Outcome, Histogram.Internal<'
 /** The adapters' figures: replica, sync, limiter and usage pusher. */
 function mirrorSources(registry: Registry, sources: MetricSources): void {
   const now = sources.now ?? Date.now;
-  const { replica, limiter, sync, usage } = sources;
+  const { replica, limiter, sync, usage, traces } = sources;
   mirror(registry, 'gauge', 'keyward_replica_version', 'Sync version of the replica (-1 before the first sync or import)', () => replica().version ?? -1);
   mirror(registry, 'gauge', 'keyward_replica_sync_lag_seconds', 'Seconds since the replica last applied a snapshot or change batch, or heard from the console (-1: never)', () => {
     const last = Math.max(replica().appliedAt ?? 0, sync?.().lastSyncAt ?? 0);
@@ -89,6 +91,8 @@ function mirrorSources(registry: Registry, sources: MetricSources): void {
     mirror(registry, 'counter', 'keyward_usage_events_sent_total', 'Usage events sent to the console', () => usage().sent);
     mirror(registry, 'counter', 'keyward_usage_events_dropped_total', 'Usage events dropped because the buffer was full', () => usage().dropped);
   }
+  // Always there (0 without tracing), so a dashboard panel and an alert on it never go blank.
+  mirror(registry, 'counter', 'keyward_trace_spans_dropped_total', 'Trace spans that never reached the collector: the export queue was full or the export failed', () => traces?.().dropped ?? 0);
 }
 
 export function createMetrics(sources: MetricSources): Metrics {

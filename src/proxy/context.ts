@@ -5,6 +5,7 @@
 import type { IncomingMessage } from 'node:http';
 import { randomUUID } from 'node:crypto';
 import type { AccessLine } from '../obs/logger.js';
+import type { RequestSpan, SpanFacts } from '../obs/tracing/sink.js';
 import type { Hold, Lease, Quota } from '../limits/limiter.js';
 import type { Price } from '../policy/pricing.js';
 import type { Route } from '../routes.js';
@@ -55,10 +56,18 @@ export interface RequestContext {
   bodyWatch: BodyWatch | null;
   /** its response's index among those in flight (-1: not in flight) */
   openIndex: number;
+  /** milliseconds from arrival to allow/deny (null: no decision was reached) */
+  decisionMs: number | null;
+  /** codes of shadowed checks that would have refused it, in decision order (DESIGN section 12) */
+  shadow: readonly string[];
+  /** its trace span (null: tracing is off) */
+  span: RequestSpan | null;
 }
 
 /** before admission nothing is estimated (shared: estimates are replaced, never written to) */
 const NO_ESTIMATE: { readonly prompt: number; readonly output: number } = Object.freeze({ prompt: 0, output: 0 });
+/** no shadowed check refused (shared: replaced, never written to) */
+const NO_SHADOW: readonly string[] = Object.freeze([]);
 
 const CONTROL = /[\x00-\x1f\x7f]/g; // eslint-disable-line no-control-regex
 
@@ -110,16 +119,21 @@ export function newContext(req: IncomingMessage, opts: { versionHeader: string; 
     price: null,
     bodyWatch: null,
     openIndex: -1,
+    decisionMs: null,
+    shadow: NO_SHADOW,
+    span: null,
   };
 }
+
+/** The logged path: as received (it was checked, not normalised), never the query, at most 512 characters. */
+const loggedPath = (path: string): string => (path.length > 512 ? path.slice(0, 512) : path);
 
 export function accessLine(ctx: RequestContext, status: number, now: number): AccessLine {
   const key = ctx.facts?.key;
   return {
     req_id: ctx.reqId,
     method: ctx.method,
-    // The raw path is logged as received (it was checked, not normalised); the query never is.
-    path: ctx.path.length > 512 ? ctx.path.slice(0, 512) : ctx.path,
+    path: loggedPath(ctx.path),
     route: ctx.route?.name ?? null,
     status,
     code: ctx.code,
@@ -138,5 +152,25 @@ export function accessLine(ctx: RequestContext, status: number, now: number): Ac
     api_version: ctx.apiVersion,
     duration_ms: Math.round((now - ctx.start) * 1000) / 1000,
     upstream_ms: ctx.upstreamMs === null ? null : Math.round(ctx.upstreamMs * 1000) / 1000,
+  };
+}
+
+/** What the request's span records when it ends: the access line's facts that DESIGN section 13 names. */
+export function spanFacts(ctx: RequestContext, status: number): SpanFacts {
+  const key = ctx.facts?.key;
+  return {
+    routeClass: ctx.route?.class ?? null,
+    method: ctx.method,
+    path: loggedPath(ctx.path),
+    status,
+    route: ctx.route?.name ?? null,
+    code: ctx.code,
+    keyId: key?.id ?? null,
+    projectId: key?.projectId ?? null,
+    model: ctx.model,
+    shadow: ctx.shadow,
+    decisionMs: ctx.decisionMs,
+    inputTokens: ctx.settled?.input_tokens ?? null,
+    outputTokens: ctx.settled?.output_tokens ?? null,
   };
 }

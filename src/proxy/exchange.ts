@@ -11,13 +11,14 @@ import { deny, renderError, type Denial, type ErrorStyle } from '../errors.js';
 import type { LogSink } from '../log.js';
 import type { AccessWriter } from '../obs/logger.js';
 import type { Metrics } from '../obs/metrics.js';
+import type { SpanSource } from '../obs/tracing/sink.js';
 import type { KeyFacts } from '../policy/facts.js';
 import type { UsageEvent } from '../protocol/usage.js';
 import { hasBody } from './body/read.js';
 import { watchBodyIdle } from './body/idle.js';
 import { Arrival, clientIpOf } from './arrival.js';
 import { answerParserRefusal } from './upstream/framing.js';
-import { accessLine, newContext, type RequestContext } from './context.js';
+import { accessLine, newContext, spanFacts, type RequestContext } from './context.js';
 import type { ForwardFailure, Forwarder, ForwardHooks } from './upstream/forward.js';
 import type { BodyWatcher, ResponseHead } from './upstream/relay.js';
 import { settleUsage, type Settled } from '../policy/estimate.js';
@@ -44,6 +45,8 @@ export interface ExchangeDeps {
   bodyIdleTimeoutMs: number;
   /** GET /v1/key: the caller's own key and live figures (DESIGN section 11) */
   describeKey: (facts: KeyFacts) => Promise<unknown>;
+  /** one span per request (DESIGN section 13); it starts none while tracing is off */
+  traces: SpanSource;
 }
 
 export interface Exchanges {
@@ -164,6 +167,7 @@ class ExchangeTable implements Exchanges, ForwardHooks {
   handle(req: IncomingMessage, res: ServerResponse, expectContinue: boolean): void {
     const clientIp = clientIpOf(req, this.deps.trustedProxies);
     const ctx = newContext(req, { versionHeader: this.deps.versionHeader, now: performance.now(), clientIp });
+    ctx.span = this.deps.traces.start(req.headers);
     ctx.openIndex = this.open.add(res);
     (req.socket as TrackedSocket)[CURRENT] = res;
     // Only a body still to come can stall; watchBodyIdle watches nothing otherwise.
@@ -215,7 +219,8 @@ class ExchangeTable implements Exchanges, ForwardHooks {
     ctx.facts = seen.facts;
     ctx.upstream = seen.upstream;
     ctx.model = seen.model;
-    this.deps.metrics.decision(decision.allow ? 'allow' : 'deny', (performance.now() - ctx.start) / 1000);
+    ctx.decisionMs = performance.now() - ctx.start;
+    this.deps.metrics.decision(decision.allow ? 'allow' : 'deny', ctx.decisionMs / 1000);
     if (!decision.allow) return sendDenial(req, res, ctx, decision.denial, decision.style);
     ctx.lease = decision.lease;
     ctx.metered = decision.metered;
@@ -232,7 +237,7 @@ class ExchangeTable implements Exchanges, ForwardHooks {
   private forward(req: IncomingMessage, res: ServerResponse, ctx: RequestContext, allow: Allow, expectContinue: boolean): void {
     if (expectContinue && !allow.bodyRead) res.writeContinue();
     ctx.upstreamStart = performance.now();
-    ctx.forwarding = this.deps.forwarder.forward(req, res, { upstream: allow.seen.upstream, body: allow.body, hooks: this });
+    ctx.forwarding = this.deps.forwarder.forward(req, res, { upstream: allow.seen.upstream, body: allow.body, hooks: this, traceparent: ctx.span?.traceparent ?? null });
   }
 
   private answerSelf(res: ServerResponse, ctx: RequestContext, facts: KeyFacts): void {
@@ -309,6 +314,7 @@ class ExchangeTable implements Exchanges, ForwardHooks {
     if (ctx.settled && ctx.facts && this.deps.usageSink) this.deps.usageSink(usageEvent(ctx, ctx.settled, ctx.facts, status));
     this.deps.metrics.request(ctx.route?.name ?? 'none', status, ctx.code ?? '');
     this.deps.access(accessLine(ctx, status, performance.now()));
+    ctx.span?.end(spanFacts(ctx, status));
     // A keep-alive connection whose answer began before the drain would otherwise stay
     // open, and in use by its client, until the drain ends and every connection is cut.
     if (this.draining) this.closeIdle?.();

@@ -13,6 +13,7 @@ import { configSchema, type Config } from '../../src/config/schema.js';
 import type { Limiter } from '../../src/limits/limiter.js';
 import { createLogger } from '../../src/obs/logger.js';
 import { startSidecar, type Sidecar } from '../../src/app/sidecar.js';
+import type { TraceTuning } from '../../src/obs/tracing/sink.js';
 import { ReplicaStore } from '../../src/replica/store.js';
 import type { KeyRecord, SyncRecord } from '../../src/protocol/records.js';
 import type { UsageEvent } from '../../src/protocol/usage.js';
@@ -60,6 +61,8 @@ export interface HarnessOptions {
   limiter?: Limiter;
   /** leave the replica empty (never synced) */
   empty?: boolean;
+  /** trace export timings, shortened so a test need not wait for the SDK's batch delay */
+  traceTuning?: TraceTuning;
 }
 
 export async function startHarness(opts: HarnessOptions): Promise<Harness> {
@@ -94,7 +97,7 @@ export async function startHarness(opts: HarnessOptions): Promise<Harness> {
   });
   const usage: UsageEvent[] = [];
   const logger = createLogger({ level: 'info', destination });
-  const sidecar = await startSidecar({ config, logger, replica, usageSink: (e) => usage.push(e), ...(opts.limiter ? { limiter: opts.limiter } : {}) });
+  const sidecar = await startSidecar({ config, logger, replica, usageSink: (e) => usage.push(e), ...(opts.limiter ? { limiter: opts.limiter } : {}), ...(opts.traceTuning ? { traceTuning: opts.traceTuning } : {}) });
   return {
     sidecar, url: sidecar.url, replica, dir, keys, logs, logEvents, usage, config,
     async close() {

@@ -3,7 +3,8 @@
  * upstream): `web` with per-call options, `selfHandleResponse` with the `proxyRes` event
  * (relay.ts writes the response), the error callback, and one pass of keyward's own
  * before the `stream` pass. Method, path, header lines and body bytes go through unchanged
- * except for hop-by-hop headers, which belong to each connection and are dropped both ways.
+ * except for hop-by-hop headers, which belong to each connection and are dropped both ways,
+ * and a `traceparent` the call names (DESIGN section 13: keyward's span as the parent).
  */
 import type http from 'node:http';
 import type { IncomingMessage, ServerResponse } from 'node:http';
@@ -49,6 +50,8 @@ export interface ForwardCall {
   /** what to send instead of `req` (a body read for the checks); null streams `req` itself */
   body: BodySource | null;
   hooks: ForwardHooks;
+  /** sent instead of the received traceparent line(s); null: the headers pass unchanged */
+  traceparent?: string | null;
 }
 
 /** One forwarded call. */
@@ -67,7 +70,9 @@ export interface Forwarder {
  * its response object under a private symbol, so the event finds them without a lookup.
  */
 const HOOKS = Symbol('keyward.forwardHooks');
-type HookedResponse = ServerResponse & { [HOOKS]?: ForwardHooks };
+/** The call's traceparent rides the same way, to the pass that builds the outgoing header lines. */
+const TRACEPARENT = Symbol('keyward.traceparent');
+type HookedResponse = ServerResponse & { [HOOKS]?: ForwardHooks; [TRACEPARENT]?: string };
 
 /** Destroys an upstream request without reporting a failure: the client's answer was already given. */
 class BodyStalled extends Error {
@@ -116,9 +121,10 @@ function onProxyError(err: Error & { code?: string }, _req: IncomingMessage, res
  * or drops repeats), and the framing is the received one again (the `deleteLength` pass
  * before it turns a chunked DELETE or OPTIONS into `content-length: 0` and still pipes the
  * body, which the upstream would read as a second request that no one authenticated).
+ * A traceparent the call names takes the received one's place.
  */
-function receivedHeaderLines(req: IncomingMessage): void {
-  req.headers = outgoingHeaders(req.rawHeaders);
+function receivedHeaderLines(req: IncomingMessage, res: ServerResponse): void {
+  req.headers = outgoingHeaders(req.rawHeaders, (res as HookedResponse)[TRACEPARENT] ?? null);
 }
 
 interface Target {
@@ -151,7 +157,7 @@ export function createForwarder(opts: ForwarderOptions): Forwarder {
   proxy.on('econnreset', () => {});
 
   return {
-    forward(req, res, { upstream, body, hooks }) {
+    forward(req, res, { upstream, body, hooks, traceparent }) {
       const target = targets.get(upstream) ?? targets.get('default')!;
       const framing = framingProblem(req);
       if (framing) {
@@ -159,6 +165,7 @@ export function createForwarder(opts: ForwarderOptions): Forwarder {
         return { abort() {} };
       }
       (res as HookedResponse)[HOOKS] = hooks;
+      if (traceparent) (res as HookedResponse)[TRACEPARENT] = traceparent;
       const tracked = new TrackedSource(req, body);
       proxy.web(req, res, { target: target.url, agent: target.agent, prependPath: target.prependPath, buffer: tracked as unknown as Stream }, onProxyError);
       return tracked;

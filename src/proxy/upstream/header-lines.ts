@@ -40,20 +40,26 @@ function namedByConnection(raw: readonly string[]): string[] | null {
  * A request's raw lines as the header object Node's client sends: names in lower case in
  * their first order, a repeated name as a list of its values in order (each sent as a line
  * of its own), hop-by-hop headers and those Connection names left out. Node's own header
- * object joins most repeats and keeps only the first of others.
+ * object joins most repeats and keeps only the first of others. `traceparent`, when given,
+ * is the one line sent under that name, where the first received one stood (else last).
  */
-export function outgoingHeaders(raw: readonly string[]): IncomingHttpHeaders {
+export function outgoingHeaders(raw: readonly string[], traceparent: string | null = null): IncomingHttpHeaders {
   const named = namedByConnection(raw);
   // No prototype: a header may be called `__proto__`.
   const out = Object.create(null) as Record<string, string | string[]>;
   for (let i = 0; i < raw.length; i += 2) {
     const name = raw[i]!.toLowerCase();
     if (HOP_BY_HOP.includes(name) || (named !== null && named.includes(name))) continue;
+    if (traceparent !== null && name === 'traceparent') {
+      out[name] = traceparent;
+      continue;
+    }
     const value = raw[i + 1]!;
     const prev = out[name];
     if (prev === undefined) out[name] = value;
     else if (typeof prev === 'string') out[name] = [prev, value];
     else prev.push(value);
   }
+  if (traceparent !== null) out.traceparent = traceparent;
   return out as IncomingHttpHeaders;
 }
