@@ -31,8 +31,14 @@ export interface OtlpReceiver {
   spans: ReceivedSpan[];
   /** every request body, parsed */
   bodies: unknown[];
-  /** resolves once at least `n` spans have arrived in all */
+  /** spans of the batches answered with an error status (see `refuse`) */
+  refused: ReceivedSpan[];
+  /** answers every batch from now on with `status` (a collector that refuses); null accepts again */
+  refuse(status: number | null): void;
+  /** resolves once at least `n` spans have arrived in all (accepted or refused) */
   waitForSpans(n: number, timeoutMs?: number): Promise<ReceivedSpan[]>;
+  /** resolves with the first span that matches, as soon as it arrives */
+  waitFor(pred: (s: ReceivedSpan) => boolean, timeoutMs?: number): Promise<ReceivedSpan>;
   close(): Promise<void>;
 }
 
@@ -65,8 +71,29 @@ function flatten(body: any): ReceivedSpan[] {
 
 export async function startOtlpReceiver(): Promise<OtlpReceiver> {
   const spans: ReceivedSpan[] = [];
+  const refused: ReceivedSpan[] = [];
+  let refusal: number | null = null;
   const bodies: unknown[] = [];
   const events = new EventEmitter();
+  /** resolves with `found()` once it is not undefined, checked after every batch */
+  const when = <T>(found: () => T | undefined, what: string, timeoutMs: number): Promise<T> => {
+    const now = found();
+    if (now !== undefined) return Promise.resolve(now);
+    return new Promise((resolve, reject) => {
+      const timer = setTimeout(() => {
+        events.off('spans', check);
+        reject(new Error(`timed out waiting for ${what} (${spans.length} spans, ${refused.length} refused)`));
+      }, timeoutMs);
+      const check = () => {
+        const hit = found();
+        if (hit === undefined) return;
+        clearTimeout(timer);
+        events.off('spans', check);
+        resolve(hit);
+      };
+      events.on('spans', check);
+    });
+  };
   const server: Server = createServer((req, res) => {
     const chunks: Buffer[] = [];
     req.on('data', (c: Buffer) => chunks.push(c));
@@ -77,8 +104,13 @@ export async function startOtlpReceiver(): Promise<OtlpReceiver> {
       }
       const body = JSON.parse(Buffer.concat(chunks).toString('utf8'));
       bodies.push(body);
-      spans.push(...flatten(body));
-      res.writeHead(200, { 'content-type': 'application/json' }).end('{}');
+      if (refusal !== null) {
+        refused.push(...flatten(body));
+        res.writeHead(refusal, { 'content-type': 'application/json' }).end('{"code":3,"message":"refused by the test"}');
+      } else {
+        spans.push(...flatten(body));
+        res.writeHead(200, { 'content-type': 'application/json' }).end('{}');
+      }
       events.emit('spans');
     });
   });
@@ -89,22 +121,10 @@ export async function startOtlpReceiver(): Promise<OtlpReceiver> {
     url: `http://127.0.0.1:${port}`,
     spans,
     bodies,
-    waitForSpans(n, timeoutMs = 10_000) {
-      if (spans.length >= n) return Promise.resolve(spans);
-      return new Promise((resolve, reject) => {
-        const timer = setTimeout(() => {
-          events.off('spans', check);
-          reject(new Error(`${spans.length} spans arrived, waited for ${n}`));
-        }, timeoutMs);
-        const check = () => {
-          if (spans.length < n) return;
-          clearTimeout(timer);
-          events.off('spans', check);
-          resolve(spans);
-        };
-        events.on('spans', check);
-      });
-    },
+    refused,
+    refuse: (status) => void (refusal = status),
+    waitForSpans: (n, timeoutMs = 10_000) => when(() => (spans.length + refused.length >= n ? spans : undefined), `${n} spans`, timeoutMs),
+    waitFor: (pred, timeoutMs = 10_000) => when(() => spans.find(pred), 'a matching span', timeoutMs),
     close: () =>
       new Promise((resolve) => {
         server.closeAllConnections();

@@ -27,10 +27,18 @@ export interface SidecarProcess {
   stop(signal?: NodeJS.Signals): Promise<number | null>;
 }
 
-export async function spawnSidecar(opts: { dir: string; name: string; yaml: string; /** after `serve --config FILE` */ args?: string[] }): Promise<SidecarProcess> {
+export async function spawnSidecar(opts: {
+  dir: string;
+  name: string;
+  yaml: string;
+  /** after `serve --config FILE` */
+  args?: string[];
+  /** added to this process's environment */
+  env?: Record<string, string>;
+}): Promise<SidecarProcess> {
   const cfg = join(opts.dir, `${opts.name}.yaml`);
   writeFileSync(cfg, opts.yaml);
-  const child = spawn(process.execPath, [...KEYWARD_ARGS, 'serve', '--config', cfg, ...(opts.args ?? [])], { stdio: ['ignore', 'pipe', 'inherit'] });
+  const child = spawn(process.execPath, [...KEYWARD_ARGS, 'serve', '--config', cfg, ...(opts.args ?? [])], { stdio: ['ignore', 'pipe', 'inherit'], ...(opts.env ? { env: { ...process.env, ...opts.env } } : {}) });
   const lines: string[] = [];
   const closed = new Promise<number | null>((resolve) => child.once('close', (code) => resolve(code)));
   const rl = createInterface({ input: child.stdout! });
