@@ -90,7 +90,8 @@ test('every metric the dashboard queries is exported by a live sidecar', () => {
 test('exported metric names have no doubled prefix, and the design\'s metrics are there', () => {
   assert.deepEqual([...exported].filter((n) => /process_process|nodejs_nodejs|keyward_keyward/.test(n)), []);
   for (const name of ['keyward_process_cpu_seconds_total', 'keyward_nodejs_eventloop_lag_p99_seconds', 'keyward_requests_total', 'keyward_decision_seconds_bucket',
-    'keyward_replica_version', 'keyward_replica_sync_lag_seconds', 'keyward_redis_errors_total', 'keyward_fail_open_admissions_total', 'keyward_in_flight_requests']) {
+    'keyward_replica_version', 'keyward_replica_sync_lag_seconds', 'keyward_redis_errors_total', 'keyward_fail_open_admissions_total', 'keyward_in_flight_requests',
+    'keyward_trace_spans_dropped_total']) {
     assert.ok(exported.has(name), name);
   }
 });

@@ -2,8 +2,8 @@
  * deploy/kubernetes: every manifest validates against the Kubernetes schemas
  * (kubernetes-models), and the properties operators rely on hold: the sidecar shape,
  * probes on the admin port, secrets only by reference, non-root and read-only containers,
- * a volume for the replica, a grace period above the drain, a PodDisruptionBudget, and
- * configs that keyward's own validation accepts.
+ * a volume for the replica, a grace period above the drain, a PodDisruptionBudget,
+ * configs that keyward's own validation accepts, and the collector its traces go to.
  */
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
@@ -184,4 +184,38 @@ test('console: its own Deployment and Service, config accepted, store on a persi
   const gw = loadFromConfigMap<Config>(find('ConfigMap', 'keyward-config'), 'keyward.yaml', configSchema, container(find('Deployment', 'model-gateway'), 'keyward'));
   assert.equal(gw.keys.hash, config.keys.hash);
   assert.equal(`${svc.metadata.name}:${svc.spec.ports[0].port}`, new URL(gw.console!.url).host);
+});
+
+test('traces: keyward exports to the collector Service, which runs deploy/collector/otel-collector.yaml', () => {
+  const gw = loadFromConfigMap<Config>(find('ConfigMap', 'keyward-config'), 'keyward.yaml', configSchema, container(find('Deployment', 'model-gateway'), 'keyward'));
+  assert.ok(gw.tracing, 'the gateway pods trace');
+  const svc = find('Service', 'otel-collector');
+  const port = svc.spec.ports.find((p: Doc) => p.name === 'otlp-http');
+  assert.equal(new URL(gw.tracing.otlpUrl).host, `${svc.metadata.name}:${port.port}`);
+  const dep = find('Deployment', 'otel-collector');
+  const c = container(dep, 'otel-collector');
+  for (const [k, v] of Object.entries(svc.spec.selector)) assert.equal(dep.spec.template.metadata.labels[k], v);
+  assert.equal(portOf(c, port.targetPort), 4318);
+
+  // The ConfigMap's config is the example file, and the container reads it from its mount.
+  const cm = find('ConfigMap', 'otel-collector-config');
+  const example = parse(readFileSync(join(DIR, '../collector/otel-collector.yaml'), 'utf8'));
+  assert.deepEqual(parse(cm.data['config.yaml']), example);
+  const mount = (c.volumeMounts as Doc[]).find((m) => (dep.spec.template.spec.volumes as Doc[]).find((v) => v.name === m.name)?.configMap?.name === cm.metadata.name);
+  assert.ok(mount && c.args.includes(`--config=${mount.mountPath}/config.yaml`), 'the collector runs the ConfigMap');
+
+  // OTLP/HTTP on 4318 on every interface, batched, to the debug exporter, for traces.
+  assert.equal(example.receivers.otlp.protocols.http.endpoint, '0.0.0.0:4318');
+  assert.equal(example.receivers.otlp.protocols.grpc, undefined, 'keyward speaks OTLP/HTTP only');
+  const pipeline = example.service.pipelines.traces;
+  assert.deepEqual(pipeline.receivers, ['otlp']);
+  assert.ok(pipeline.processors.includes('batch') && 'batch' in example.processors);
+  assert.ok(pipeline.exporters.includes('debug') && 'debug' in example.exporters);
+  for (const name of [...pipeline.processors, ...pipeline.exporters]) assert.ok(name in { ...example.processors, ...example.exporters }, `${name} is defined`);
+
+  const pod = dep.spec.template.spec;
+  assert.equal(pod.securityContext.runAsNonRoot, true);
+  assert.equal(c.securityContext.readOnlyRootFilesystem, true);
+  assert.equal(c.securityContext.allowPrivilegeEscalation, false);
+  assert.ok(c.resources?.requests?.memory && c.resources?.limits?.memory);
 });
