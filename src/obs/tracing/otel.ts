@@ -52,6 +52,8 @@ function traceparentOf(span: Span): string | null {
   return carrier.traceparent ?? null;
 }
 
+const UNTRACED: RequestSpan = { traceparent: null, end() {} };
+
 class OtelRequestSpan implements RequestSpan {
   private ended = false;
 
@@ -65,15 +67,20 @@ class OtelRequestSpan implements RequestSpan {
     if (this.ended) return;
     this.ended = true;
     const span = this.span;
-    // An unsampled span records nothing: its attributes are not worth building.
-    if (span.isRecording()) {
-      span.updateName(`keyward ${facts.routeClass ?? 'none'}`);
-      span.setAttributes(attributesOf(facts));
-      // A refusal the client caused (4xx) is the server working; only a 5xx is an error.
-      if (facts.status >= 500) span.setStatus({ code: SpanStatusCode.ERROR, ...(facts.code !== null ? { message: facts.code } : {}) });
+    try {
+      // An unsampled span records nothing: its attributes are not worth building.
+      if (span.isRecording()) {
+        span.updateName(`keyward ${facts.routeClass ?? 'none'}`);
+        span.setAttributes(attributesOf(facts));
+        // A refusal the client caused (4xx) is the server working; only a 5xx is an error.
+        if (facts.status >= 500) span.setStatus({ code: SpanStatusCode.ERROR, ...(facts.code !== null ? { message: facts.code } : {}) });
+      }
+      span.end();
+    } catch {
+      // A fault in the tracer costs this span, never the exchange that ends it.
+    } finally {
+      this.owner.spanEnded();
     }
-    span.end();
-    this.owner.spanEnded();
   }
 }
 
@@ -111,10 +118,18 @@ class OtelSink implements TraceSink {
   }
 
   start(headers: IncomingHttpHeaders): RequestSpan {
-    const parent = PROPAGATOR.extract(ROOT_CONTEXT, headers, defaultTextMapGetter);
-    const span = this.tracer.startSpan('keyward', { kind: SpanKind.SERVER }, parent);
+    let span: Span;
+    let traceparent: string | null;
+    try {
+      const parent = PROPAGATOR.extract(ROOT_CONTEXT, headers, defaultTextMapGetter);
+      span = this.tracer.startSpan('keyward', { kind: SpanKind.SERVER }, parent);
+      traceparent = this.propagate ? traceparentOf(span) : null;
+    } catch {
+      // A fault in the tracer leaves the request untraced, its headers as received.
+      return UNTRACED;
+    }
     this.open++;
-    return new OtelRequestSpan(span, this.propagate ? traceparentOf(span) : null, this);
+    return new OtelRequestSpan(span, traceparent, this);
   }
 
   spanEnded(): void {
@@ -123,8 +138,9 @@ class OtelSink implements TraceSink {
 
   async close(): Promise<void> {
     if (this.open > 0) await new Promise<void>((resolve) => (this.onIdle = resolve));
-    // Flushes the batch still queued, then lets go of the exporter's connections.
-    await this.provider.shutdown();
+    // Flushes the batch still queued, then lets go of the exporter's connections. A last
+    // export that fails is counted and logged like any other, not reported again here.
+    await this.provider.shutdown().catch(() => {});
   }
 }
 
