@@ -73,7 +73,7 @@ function decisionTimes(registry: Registry): Record<Outcome, Histogram.Internal<'
   return { allow: decisions.labels({ outcome: 'allow' }), deny: decisions.labels({ outcome: 'deny' }) };
 }
 
-/** The adapters' figures: replica, sync, limiter and usage pusher. */
+/** The adapters' figures: replica, sync, limiter, usage pusher and tracer. */
 function mirrorSources(registry: Registry, sources: MetricSources): void {
   const now = sources.now ?? Date.now;
   const { replica, limiter, sync, usage, traces } = sources;
