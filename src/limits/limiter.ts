@@ -137,6 +137,11 @@ export function isLimited(n: number | null | undefined): n is number {
   return typeof n === 'number' && n > 0;
 }
 
+/** A limit as a capacity: 0 when there is no limit. */
+export function capacityOf(n: number | null | undefined): number {
+  return isLimited(n) ? n : 0;
+}
+
 /** Whether the request is subject to any limit at all; if not, no store needs to be asked. */
 export function hasAnyLimit(input: Pick<AdmitInput, 'limits' | 'route' | 'modelLimit'>): boolean {
   const { limits, route, modelLimit } = input;

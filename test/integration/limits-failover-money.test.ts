@@ -6,7 +6,7 @@ import assert from 'node:assert/strict';
 import { join } from 'node:path';
 import { after, before, describe, test } from 'node:test';
 import { Redis } from 'ioredis';
-import { createLimiter } from '../../src/limits/failover.js';
+import { createLimiter } from '../../src/limits/create.js';
 import { createRedisLimiter } from '../../src/limits/redis/limiter.js';
 import type { HoldInput, HoldResult, LedgerHolder, Limiter } from '../../src/limits/limiter.js';
 import { keyBudget, projectBudget, wallet } from '../helpers/limits-conformance-ledger.js';
@@ -34,7 +34,7 @@ after(async () => {
 });
 
 const make = (onError: 'open' | 'closed'): Limiter =>
-  createLimiter({ redis: { url: `unix://${sock}`, prefix: uid('kwfm'), timeoutMs: TIMEOUT_MS, onError }, leaseMs: 5_000 });
+  createLimiter({ redis: { url: `unix://${sock}`, prefix: uid('kwfm'), timeoutMs: TIMEOUT_MS, onError, lease: { enabled: true, sliceMs: 1_000 } }, leaseMs: 5_000 });
 
 const req = (tag: string, holders: LedgerHolder[], amount: number): HoldInput => ({ requestId: uid('req'), tag, holders, amount });
 

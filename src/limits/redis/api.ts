@@ -9,7 +9,8 @@ export interface RedisLimiterOptions {
   redis: Redis | Cluster;
   /** Namespace of every key, e.g. `kw`. */
   prefix: string;
-  leaseMs?: number;
+  /** A concurrency slot's or spend hold's lifetime without a refresh (the config's `limits.leaseMs`). */
+  leaseMs: number;
   /** Lease refresh period; default leaseMs / 3; 0 disables the timer (see refreshLeases). */
   refreshEveryMs?: number;
   /**
@@ -47,9 +48,11 @@ export interface RedisLimiter extends Limiter {
   slotBlocksHeld(): number;
 }
 
-
 /** The hash tag under which a key's (`k`) or an upstream's (`r`) counters live. */
 export const hashTag = (prefix: string, kind: 'k' | 'r', id: string): string => `{${prefix}:${kind}:${encodeURIComponent(id)}}`;
+
+/** Admission reached Redis after its deadline: it changed nothing. */
+export class StaleAdmissionError extends Error {}
 
 /** Which hash tags an admission error came from, so a caller can tell a failing shard from the rest. */
 export const errorTags = new WeakMap<object, string[]>();
