@@ -5,7 +5,8 @@
  */
 import { type KeptHolds, type LeaseKeeper, type LeaseTicket, createLeaseKeeper, newLeaseId } from './leases.js';
 import { LEDGER_TTL_MS, effectiveBase, fromNano, holdFits, holdNano, liveNano, settledNano, toNano } from './ledger.js';
-import type { Hold, HoldInput, HoldResult, LedgerFigure, LedgerHolder, LedgerInput } from './limiter.js';
+import type { Holder } from '../policy/holders.js';
+import type { Hold, HoldInput, HoldResult, LedgerFigure, LedgerInput } from './limiter.js';
 
 export interface MemoryLedgerOptions {
   now: () => number;
@@ -90,7 +91,7 @@ export function createMemoryLedger(opts: MemoryLedgerOptions): MemoryLedger {
 }
 
 /** A holder's entry: `${tag}\0${holder id}`. */
-const entryKey = (tag: string, holder: LedgerHolder): string => `${tag}\u0000${holder.id}`;
+const entryKey = (tag: string, holder: Holder): string => `${tag}\u0000${holder.id}`;
 
 class InProcessLedger implements MemoryLedger, HoldOwner {
   readonly now: () => number;
@@ -117,7 +118,7 @@ class InProcessLedger implements MemoryLedger, HoldOwner {
     const amount = holdNano(input.amount);
     const keys: string[] = [];
     const states: Entry[] = [];
-    let refused: LedgerHolder['code'] | null = null;
+    let refused: Holder['code'] | null = null;
     for (const holder of input.holders) {
       const key = entryKey(input.tag, holder);
       keys.push(key);

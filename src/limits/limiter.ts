@@ -6,6 +6,8 @@
  * fallback). Both pass the same conformance suite.
  */
 
+import type { Holder } from '../policy/holders.js';
+
 /** A key's own limits; null or 0 means unlimited. */
 export interface KeyLimits {
   rpm: number | null;
@@ -78,31 +80,24 @@ export interface LimiterStats {
   holdsHeld: number;
 }
 
-/** A budget holder's live ledger (DESIGN section 6, "Money"). */
-export interface LedgerHolder {
-  /** e.g. 'key:k_1', 'project:p_1', 'wallet:u_1' */
-  id: string;
-  kind: 'budget' | 'wallet';
-  /** replica figure: budget holders' `spent`, the wallet's `balance` */
-  base: number;
-  /** budget holders: the budget; wallets: null */
-  limit: number | null;
-  epoch: number;
-  code: 'key_budget_exhausted' | 'project_budget_exhausted' | 'insufficient_balance';
-}
-
 export interface HoldInput {
   requestId: string;
   /** one Redis Cluster hash tag for all of this request's holders: team key -> its project id, personal key -> its user id */
   tag: string;
-  holders: LedgerHolder[];
+  /**
+   * Each budget holder's live ledger (DESIGN section 6, "Money"), from policy/holders.ts:
+   * id (`key:k_1`, `project:p_1`, `wallet:u_1`), kind, base (the replica's figure: a budget
+   * holder's `spent`, a wallet's `balance`), limit (the budget; null for a wallet), epoch,
+   * and the code that refuses a hold it cannot fit.
+   */
+  holders: Holder[];
   /** the cost estimate (>= 0, in the console's currency) */
   amount: number;
 }
 
 export type HoldResult =
   | { ok: true; hold: Hold }
-  | { ok: false; code: LedgerHolder['code']; retryAfterMs?: undefined }
+  | { ok: false; code: Holder['code']; retryAfterMs?: undefined }
   | { ok: false; code: 'limits_unavailable'; retryAfterMs: number };
 
 export interface Hold {
@@ -112,7 +107,7 @@ export interface Hold {
 
 export interface LedgerInput {
   tag: string;
-  holders: LedgerHolder[];
+  holders: Holder[];
 }
 
 /** Live spend (budget) or live balance (wallet), holds included. */

@@ -19,7 +19,8 @@
  */
 import { type KeptHolds, type LeaseKeeper, type LeaseTicket, createLeaseKeeper, newLeaseId } from '../leases.js';
 import { LEDGER_TTL_MS, epochArg, fromNano, holdNano, settledNano, toNano } from '../ledger.js';
-import type { Hold, HoldInput, HoldResult, LedgerFigure, LedgerHolder, LedgerInput } from '../limiter.js';
+import type { Holder } from '../../policy/holders.js';
+import type { Hold, HoldInput, HoldResult, LedgerFigure, LedgerInput } from '../limiter.js';
 import type { RedisClock } from './clock.js';
 import { callsByHashSlot } from './hash-slot.js';
 import { type RunScript, refreshInChunks } from './scripts.js';
@@ -64,7 +65,7 @@ const MAX_HOLDS = 128;
 export const ledgerHashTag = (prefix: string, tag: string): string => `{${prefix}:t:${encodeURIComponent(tag)}}`;
 
 /** Each holder's ledger hash and hold set under hash tag `hashTag`, two keys a holder (hold.lua's KEYS). */
-function ledgerKeysOf(hashTag: string, holders: LedgerHolder[]): string[] {
+function ledgerKeysOf(hashTag: string, holders: Holder[]): string[] {
   // A plain loop: no intermediate array per holder, as flatMap would build.
   const keys: string[] = [];
   for (const h of holders) {
@@ -87,7 +88,7 @@ class SharedLedger implements RedisLedger {
    * The hash tag and ledger keys of a holder list, built once per list: the pipeline passes
    * the same list for every request of a key (holdersOf keeps one per facts object).
    */
-  private readonly keyMemo = new WeakMap<readonly LedgerHolder[], { tag: string; hashTag: string; keys: string[] }>();
+  private readonly keyMemo = new WeakMap<readonly Holder[], { tag: string; hashTag: string; keys: string[] }>();
 
   constructor(readonly opts: RedisLedgerOptions) {
     this.holds = createLeaseKeeper({
@@ -129,7 +130,7 @@ class SharedLedger implements RedisLedger {
     return input.holders.map((h, i) => ({ id: h.id, live: fromNano(Number(v[i] ?? 0)) }));
   }
 
-  private ledgerKeys(tag: string, holders: LedgerHolder[]): { hashTag: string; keys: string[] } {
+  private ledgerKeys(tag: string, holders: Holder[]): { hashTag: string; keys: string[] } {
     let m = this.keyMemo.get(holders);
     if (m === undefined || m.tag !== tag) {
       const hashTag = ledgerHashTag(this.opts.prefix, tag);
