@@ -1,7 +1,7 @@
 /**
  * Token-bucket and lease arithmetic shared by the in-process limiter. lua/bucket.lua (used by
  * admit, lease, settle and peek) implements the same formulas, plus the slice ceiling of
- * redis-lease.ts; the conformance suite holds both to them.
+ * redis/slices.ts; the conformance suite holds both to them.
  *
  * A bucket of capacity N refills continuously at N per WINDOW_MS. It is stored as
  * (tokens, ts): the level at time ts. An absent bucket is full, which is why a bucket

@@ -56,7 +56,7 @@ const staleAfterMs = (timeoutMs: number): number => Math.max(1, Math.floor(timeo
 function failoverLimiter(cfg: RedisLimitsConfig, local: Limiter, opts: CreateLimiterOptions): Limiter {
   const { timeoutMs } = cfg;
   // A single node is one shard; a Cluster's shards report through the calls that use them.
-  const client = createRedisClient({ url: cfg.url, timeoutMs, onState: (state, f) => shards.connection(state, f.error) });
+  const client = createRedisClient({ url: cfg.url, timeoutMs, onState: (state, fields) => shards.connection(state, fields.error) });
   const shards = new Shards(client, opts.log ?? (() => undefined));
   const guard = new RedisGuard(client, timeoutMs);
   const shared = createRedisLimiter({
@@ -66,7 +66,7 @@ function failoverLimiter(cfg: RedisLimitsConfig, local: Limiter, opts: CreateLim
     staleAfterMs: staleAfterMs(timeoutMs),
     lease: cfg.lease.enabled ? { sliceMs: cfg.lease.sliceMs } : null,
   });
-  const f: Failover = {
+  const failover: Failover = {
     shared,
     local,
     shards,
@@ -76,18 +76,18 @@ function failoverLimiter(cfg: RedisLimitsConfig, local: Limiter, opts: CreateLim
     failedOpen: { admissions: 0, holds: 0 },
   };
   return {
-    admit: (input) => admitWithFailover(f, input),
-    peek: (input) => peekWithFailover(f, input),
-    hold: (input) => holdWithFailover(f, input),
-    ledger: (input) => ledgerWithFailover(f, input),
+    admit: (input) => admitWithFailover(failover, input),
+    peek: (input) => peekWithFailover(failover, input),
+    hold: (input) => holdWithFailover(failover, input),
+    ledger: (input) => ledgerWithFailover(failover, input),
     stats() {
       const s = shared.stats();
       const l = local.stats();
       return {
         redisErrors: s.redisErrors + guard.timeouts(),
-        failOpenAdmissions: f.failedOpen.admissions,
+        failOpenAdmissions: failover.failedOpen.admissions,
         slotsHeld: s.slotsHeld + l.slotsHeld,
-        failOpenHolds: f.failedOpen.holds,
+        failOpenHolds: failover.failedOpen.holds,
         holdsHeld: s.holdsHeld + l.holdsHeld,
       };
     },

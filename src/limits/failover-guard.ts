@@ -19,7 +19,8 @@ class RedisTimeout extends Error {}
 
 /** One call on Redis and what becomes of it: Redis' answer in time, the fallback's, or a late answer undone. */
 export interface GuardedCall<T> {
-  call(): Promise<T>;
+  /** Sends the call to Redis. */
+  send(): Promise<T>;
   /** Redis answered in time. */
   answered(): void;
   /** Redis failed or the guard gave up (`slow`: the call waited the timeout out); fallback() answers. */
@@ -50,9 +51,9 @@ export class RedisGuard {
   }
 
   /** The call's answer, or the fallback's when `skip` (the breaker is open), the call fails or it outlives the deadline. */
-  run<T>(skip: boolean, c: GuardedCall<T>): Promise<T> {
-    if (skip) return c.fallback();
-    return this.connecting ? this.firstConnection().then(() => this.underDeadline(c)) : this.underDeadline(c);
+  run<T>(skip: boolean, call: GuardedCall<T>): Promise<T> {
+    if (skip) return call.fallback();
+    return this.connecting ? this.firstConnection().then(() => this.underDeadline(call)) : this.underDeadline(call);
   }
 
   /** Calls the guard gave up on that Redis did not count as failed itself. */
@@ -70,14 +71,14 @@ export class RedisGuard {
   }
 
   /** One promise and one timer per call (every admission and hold comes through here), no race of promises. */
-  private underDeadline<T>(c: GuardedCall<T>): Promise<T> {
+  private underDeadline<T>(call: GuardedCall<T>): Promise<T> {
     return new Promise<T>((resolve) => {
-      const p = c.call();
+      const p = call.send();
       let late = false;
       const started = performance.now();
       const fail = (err: unknown): void => {
-        c.failed(err, performance.now() - started >= this.timeoutMs * SLOW_SHARE);
-        resolve(c.fallback());
+        call.failed(err, performance.now() - started >= this.timeoutMs * SLOW_SHARE);
+        resolve(call.fallback());
       };
       const timer = setTimeout(() => {
         late = true;
@@ -86,9 +87,9 @@ export class RedisGuard {
       }, this.timeoutMs + GUARD_SLACK_MS);
       p.then(
         (v) => {
-          if (late) return c.late(v);
+          if (late) return call.late(v);
           clearTimeout(timer);
-          c.answered();
+          call.answered();
           resolve(v);
         },
         (err: unknown) => {

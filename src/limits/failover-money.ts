@@ -14,59 +14,59 @@ import type { GuardedCall } from './failover-guard.js';
 import type { HoldInput, HoldResult, KeyLimits, LedgerFigure, LedgerInput, Limiter, Quota } from './limiter.js';
 import { isLimited } from './limiter.js';
 
-export function holdWithFailover(f: Failover, input: HoldInput): Promise<HoldResult> {
+export function holdWithFailover(failover: Failover, input: HoldInput): Promise<HoldResult> {
   // Nothing to hold: nothing can be unavailable either.
-  if (input.holders.length === 0) return f.shared.hold(input);
-  return guarded(f, new HoldCall(f, f.tags.ledger(input.tag), input));
+  if (input.holders.length === 0) return failover.shared.hold(input);
+  return guarded(failover, new HoldCall(failover, failover.tags.ledger(input.tag), input));
 }
 
-export function peekWithFailover(f: Failover, input: { keyId: string; limits: KeyLimits }): Promise<Quota> {
-  if (!isLimited(input.limits.rpm) && !isLimited(input.limits.tpm)) return f.shared.peek(input);
-  return guarded(f, new ReadCall(f, f.tags.key(input.keyId), (from) => from.peek(input)));
+export function peekWithFailover(failover: Failover, input: { keyId: string; limits: KeyLimits }): Promise<Quota> {
+  if (!isLimited(input.limits.rpm) && !isLimited(input.limits.tpm)) return failover.shared.peek(input);
+  return guarded(failover, new ReadCall(failover, failover.tags.key(input.keyId), (from) => from.peek(input)));
 }
 
-export function ledgerWithFailover(f: Failover, input: LedgerInput): Promise<LedgerFigure[]> {
+export function ledgerWithFailover(failover: Failover, input: LedgerInput): Promise<LedgerFigure[]> {
   if (input.holders.length === 0) return Promise.resolve([]);
-  return guarded(f, new ReadCall(f, f.tags.ledger(input.tag), (from) => from.ledger(input)));
+  return guarded(failover, new ReadCall(failover, failover.tags.ledger(input.tag), (from) => from.ledger(input)));
 }
 
-const guarded = <T>(f: Failover, c: OneTagCall<T>): Promise<T> => f.guard.run(f.shards.skipping(f.shards.of(c.tag), performance.now()), c);
+const guarded = <T>(failover: Failover, call: OneTagCall<T>): Promise<T> => failover.guard.run(failover.shards.skipping(failover.shards.of(call.tag), performance.now()), call);
 
 /** A call whose keys all live under one hash tag; its shard is looked up at each step, as the map may change meanwhile. */
 abstract class OneTagCall<T> implements GuardedCall<T> {
   constructor(
-    protected readonly f: Failover,
+    protected readonly failover: Failover,
     readonly tag: string,
   ) {}
 
-  abstract call(): Promise<T>;
+  abstract send(): Promise<T>;
   abstract fallback(): Promise<T>;
 
   answered(): void {
-    this.f.shards.succeeded(this.f.shards.of(this.tag));
+    this.failover.shards.succeeded(this.failover.shards.of(this.tag));
   }
 
   // Holds and quota reads trip a shard's breaker as admissions do: only slow failures count.
   failed(err: unknown, slow: boolean): void {
-    this.f.shards.failed(this.f.shards.of(this.tag), err, slow);
+    this.failover.shards.failed(this.failover.shards.of(this.tag), err, slow);
   }
 
   late(_answer: T): void {}
 }
 
 class HoldCall extends OneTagCall<HoldResult> {
-  constructor(f: Failover, tag: string, private readonly input: HoldInput) {
-    super(f, tag);
+  constructor(failover: Failover, tag: string, private readonly input: HoldInput) {
+    super(failover, tag);
   }
 
-  call(): Promise<HoldResult> {
-    return this.f.shared.hold(this.input);
+  send(): Promise<HoldResult> {
+    return this.failover.shared.hold(this.input);
   }
 
   fallback(): Promise<HoldResult> {
-    if (this.f.onError === 'closed') return Promise.resolve(unavailable());
-    this.f.failedOpen.holds++;
-    return this.f.local.hold(this.input);
+    if (this.failover.onError === 'closed') return Promise.resolve(unavailable());
+    this.failover.failedOpen.holds++;
+    return this.failover.local.hold(this.input);
   }
 
   override late(answer: HoldResult): void {
@@ -76,15 +76,15 @@ class HoldCall extends OneTagCall<HoldResult> {
 
 /** A read: Redis' figures in time, else the in-process ones, in either mode. */
 class ReadCall<T> extends OneTagCall<T> {
-  constructor(f: Failover, tag: string, private readonly read: (from: Pick<Limiter, 'peek' | 'ledger'>) => Promise<T>) {
-    super(f, tag);
+  constructor(failover: Failover, tag: string, private readonly read: (from: Pick<Limiter, 'peek' | 'ledger'>) => Promise<T>) {
+    super(failover, tag);
   }
 
-  call(): Promise<T> {
-    return this.read(this.f.shared);
+  send(): Promise<T> {
+    return this.read(this.failover.shared);
   }
 
   fallback(): Promise<T> {
-    return this.read(this.f.local);
+    return this.read(this.failover.local);
   }
 }

@@ -151,54 +151,54 @@ export interface Failover {
 }
 
 /** An admission under the failover rules. */
-export async function admitWithFailover(f: Failover, input: AdmitInput): Promise<AdmitResult> {
+export async function admitWithFailover(failover: Failover, input: AdmitInput): Promise<AdmitResult> {
   // Nothing to count: nothing can be unavailable either, whatever state Redis is in.
-  if (!hasAnyLimit(input)) return f.shared.admit(input);
+  if (!hasAnyLimit(input)) return failover.shared.admit(input);
   // Admitted from a slice or block of slots this instance holds: no Redis call, so nothing to guard.
-  const sliced = f.shared.admitNow(input);
+  const sliced = failover.shared.admitNow(input);
   if (sliced) return sliced;
-  const shards = admissionShards(f, input);
+  const shards = admissionShards(failover, input);
   const now = performance.now();
-  return f.guard.run(
-    shards.some((name) => f.shards.skipping(name, now)),
-    new AdmissionCall(f, input, shards),
+  return failover.guard.run(
+    shards.some((name) => failover.shards.skipping(name, now)),
+    new AdmissionCall(failover, input, shards),
   );
 }
 
 /** The shards of the hash tags an admission writes under: the route's and the key's, where limited. */
-function admissionShards(f: Failover, input: AdmitInput): string[] {
+function admissionShards(failover: Failover, input: AdmitInput): string[] {
   const { route, limits } = input;
   const shards: string[] = [];
-  if (isLimited(route.concurrency) || isLimited(route.rpm)) shards.push(f.shards.of(f.tags.route(route.name)));
-  if (isLimited(limits.rpm) || isLimited(limits.tpm) || isLimited(limits.concurrency)) shards.push(f.shards.of(f.tags.key(input.keyId)));
+  if (isLimited(route.concurrency) || isLimited(route.rpm)) shards.push(failover.shards.of(failover.tags.route(route.name)));
+  if (isLimited(limits.rpm) || isLimited(limits.tpm) || isLimited(limits.concurrency)) shards.push(failover.shards.of(failover.tags.key(input.keyId)));
   return shards;
 }
 
 class AdmissionCall implements GuardedCall<AdmitResult> {
   constructor(
-    private readonly f: Failover,
+    private readonly failover: Failover,
     private readonly input: AdmitInput,
     private readonly shards: string[],
   ) {}
 
-  call(): Promise<AdmitResult> {
-    return this.f.shared.admit(this.input);
+  send(): Promise<AdmitResult> {
+    return this.failover.shared.admit(this.input);
   }
 
   answered(): void {
-    for (const name of this.shards) this.f.shards.succeeded(name);
+    for (const name of this.shards) this.failover.shards.succeeded(name);
   }
 
   failed(err: unknown, slow: boolean): void {
     // Blame the shards the error came from; a guard timeout names none, so all of them.
-    const blamed = failedHashTags(err)?.map((tag) => this.f.shards.of(tag)) ?? this.shards;
-    for (const name of new Set(blamed)) this.f.shards.failed(name, err, slow);
+    const blamed = failedHashTags(err)?.map((tag) => this.failover.shards.of(tag)) ?? this.shards;
+    for (const name of new Set(blamed)) this.failover.shards.failed(name, err, slow);
   }
 
   fallback(): Promise<AdmitResult> {
-    if (this.f.onError === 'closed') return Promise.resolve(unavailable());
-    this.f.failedOpen.admissions++;
-    return this.f.local.admit(this.input);
+    if (this.failover.onError === 'closed') return Promise.resolve(unavailable());
+    this.failover.failedOpen.admissions++;
+    return this.failover.local.admit(this.input);
   }
 
   /** Granted after the guard gave up: undone at once, so it cannot hold a slot nobody will finish. */

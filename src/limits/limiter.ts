@@ -1,9 +1,16 @@
 /**
  * The Limiter contract (DESIGN section 6). The pipeline calls `admit` once per model
  * request after the policy check, and `finish` on the returned lease exactly when the
- * response has ended or either side has gone away. Implementations: redis.ts
+ * response has ended or either side has gone away. Implementations: redis/limiter.ts
  * (shared, exact across instances) and memory.ts (one process; also the fail-open
  * fallback). Both pass the same conformance suite.
+ *
+ * Where things are: create.ts builds the limiter the sidecar runs with; failover.ts,
+ * failover-guard.ts and failover-money.ts say what happens when Redis fails; memory.ts (with
+ * memory-store.ts, memory-admission.ts) and ledger-memory.ts are the in-process limiter and
+ * ledger; bucket.ts, ledger.ts and leases.ts hold the arithmetic and lease keeping they share
+ * with Redis. redis/ holds the Redis limiter (limiter.ts), its two admission paths
+ * (request-path.ts, lease-path.ts), its ledger (ledger.ts), the settlement batch and the Lua.
  */
 
 import type { Holder } from '../policy/holders.js';

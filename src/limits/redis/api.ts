@@ -1,5 +1,5 @@
 /**
- * The Redis limiter's options and interface (redis.ts implements them), where a key's and an
+ * The Redis limiter's options and interface (limiter.ts implements them), where a key's and an
  * upstream's counters live, and which of them an error concerns.
  */
 import type { Cluster, Redis } from 'ioredis';
@@ -21,7 +21,7 @@ export interface RedisLimiterOptions {
   staleAfterMs?: number;
   /** Told about every Redis failure; each is also counted in stats().redisErrors. */
   onError?: (op: 'admit' | 'settle' | 'refresh' | 'hold' | 'peek', err: unknown) => void;
-  /** Bucket slices and blocks of concurrency slots (redis-lease.ts); off when absent. */
+  /** Bucket slices and blocks of concurrency slots (lease-path.ts); off when absent. */
   lease?: { sliceMs: number } | null;
   /** Longest a settlement waits to leave with others; default DEFAULT_SETTLE_EVERY_MS. */
   settleEveryMs?: number;

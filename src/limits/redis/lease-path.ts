@@ -6,7 +6,7 @@
  * and, far from the limits, leases a new slice and a bigger block. Keys with a per-model
  * limit or a limited route take the per-request path (request-path.ts).
  */
-import { CODES, bucketQuota, quotaFromReply } from '../bucket.js';
+import { CODES, bucketQuota, quotaFromReply, reservedTokens } from '../bucket.js';
 import { type LeaseKeeper, type LeaseTicket, newLeaseId } from '../leases.js';
 import { type AdmitInput, type AdmitResult, type QuotaFigures, capacityOf, isLimited } from '../limiter.js';
 import { StaleAdmissionError } from './api.js';
@@ -50,14 +50,14 @@ export function leasable(input: AdmitInput): LeasedAdmission | null {
   if (rpm === 0 && tpm === 0 && conc === 0) return null;
   // A limit too small for a block of one slot: admit.lua per request, as without leasing.
   if (conc > 0 && Math.floor(conc * BLOCK_SHARE) < 1) return null;
-  return { keyId: input.keyId, rpm, tpm, conc, tokens: Math.max(0, Math.ceil(input.tokens)) };
+  return { keyId: input.keyId, rpm, tpm, conc, tokens: reservedTokens(input.tokens) };
 }
 
 export interface LeasePath {
   /** Admits from a live slice, with no I/O; null when no slice covers the request. Call once per request, first. */
-  admitLocal(a: LeasedAdmission): AdmitResult | null;
+  admitLocal(leased: LeasedAdmission): AdmitResult | null;
   /** The round trip for a request admitLocal refused. Rejects when Redis fails; the caller applies onError. */
-  admit(a: LeasedAdmission): Promise<AdmitResult>;
+  admit(leased: LeasedAdmission): Promise<AdmitResult>;
   /** Slices held now. */
   held(): number;
   /** Blocks of slots held now. */
@@ -115,36 +115,37 @@ class SlicedPath implements LeasePath, LeaseOwner {
   /** the keeper's ticket of each block this instance keeps alive (few: one a key at most) */
   private readonly blockTickets = new Map<string, LeaseTicket>();
 
-  constructor(private readonly o: LeasePathOptions) {
-    this.keeper = o.keeper;
-    this.batch = o.batch;
-    this.blocks = new BlockTable({ sliceMs: o.sliceMs, leaseMs: o.leaseMs, resize: (keyId, b, weight, dropped) => this.resized(keyId, b, weight, dropped) });
+  constructor(private readonly opts: LeasePathOptions) {
+    const { sliceMs, leaseMs } = opts;
+    this.keeper = opts.keeper;
+    this.batch = opts.batch;
+    this.blocks = new BlockTable({ sliceMs, leaseMs, resize: (keyId, block, weight, dropped) => this.resized(keyId, block, weight, dropped) });
     this.slices = new SliceTable({
-      sliceMs: o.sliceMs,
-      giveBack: (keyId, s) => this.batch.add(this.settleOp(keyId, s.left, { rpm: s.rpmCap, tpm: s.tpmCap }, { sliceId: s.id })),
+      sliceMs,
+      giveBack: (keyId, slice) => this.batch.add(this.settleOp(keyId, slice.left, { rpm: slice.rpmCap, tpm: slice.tpmCap }, { sliceId: slice.id })),
     });
   }
 
   /** Counts the request toward the key's demand and admits it locally if it can. */
-  admitLocal(a: LeasedAdmission): AdmitResult | null {
-    if (hasBuckets(a)) this.slices.note(a.keyId, a.tokens);
-    if (a.conc > 0) this.blocks.note(a.keyId);
-    return this.take(a);
+  admitLocal(leased: LeasedAdmission): AdmitResult | null {
+    if (hasBuckets(leased)) this.slices.note(leased.keyId, leased.tokens);
+    if (leased.conc > 0) this.blocks.note(leased.keyId);
+    return this.take(leased);
   }
 
   /** The round trip, for a request admitLocal did not admit. */
-  async admit(a: LeasedAdmission): Promise<AdmitResult> {
+  async admit(leased: LeasedAdmission): Promise<AdmitResult> {
     // Another request of this key is asking for a slice or a block: it may cover this one too.
-    const askingSlice = hasBuckets(a) ? this.slices.asking(a.keyId) : null;
-    const askingBlock = a.conc > 0 ? this.blocks.asking(a.keyId) : null;
+    const askingSlice = hasBuckets(leased) ? this.slices.asking(leased.keyId) : null;
+    const askingBlock = leased.conc > 0 ? this.blocks.asking(leased.keyId) : null;
     if (askingSlice || askingBlock) {
       await Promise.all([askingSlice, askingBlock]);
-      const res = this.take(a);
+      const res = this.take(leased);
       if (res) return res;
     }
-    const ask = this.prepare(a, askingSlice !== null, askingBlock !== null);
-    const reply = await this.send(a, ask);
-    return this.answer(a, ask, reply);
+    const ask = this.prepare(leased, askingSlice !== null, askingBlock !== null);
+    const reply = await this.send(leased, ask);
+    return this.answer(leased, ask, reply);
   }
 
   held(): number {
@@ -175,77 +176,77 @@ class SlicedPath implements LeasePath, LeaseOwner {
    * the request's own slot when it has one (`slotId`); `sliceId` when a slice is returned.
    */
   settleOp(keyId: string, delta: { rpm: number; tpm: number }, caps: { rpm: number; tpm: number }, ids: { sliceId?: string; slotId?: string }): SettleOp {
-    const k = keyNames(this.o.keyTag(keyId));
+    const names = keyNames(this.opts.keyTag(keyId));
     const { sliceId, slotId } = ids;
     return {
-      kind: 'b',
-      tag: k.tag,
+      kind: 'buckets',
+      tag: names.tag,
       leaseId: slotId ?? sliceId ?? '',
       ...(sliceId ? { sliceId } : {}),
       buckets: [
-        ...(caps.rpm > 0 && (sliceId || delta.rpm !== 0) ? [{ key: k.rpm, cap: caps.rpm, delta: delta.rpm }] : []),
-        ...(caps.tpm > 0 && (sliceId || delta.tpm !== 0) ? [{ key: k.tpm, cap: caps.tpm, delta: delta.tpm }] : []),
+        ...(caps.rpm > 0 && (sliceId || delta.rpm !== 0) ? [{ key: names.rpm, cap: caps.rpm, delta: delta.rpm }] : []),
+        ...(caps.tpm > 0 && (sliceId || delta.tpm !== 0) ? [{ key: names.tpm, cap: caps.tpm, delta: delta.tpm }] : []),
       ],
-      sets: slotId ? [k.conc] : [],
-      owner: this.o.owner,
+      sets: slotId ? [names.conc] : [],
+      owner: this.opts.owner,
     };
   }
 
-  private resized(keyId: string, b: Block, weight: number, dropped: boolean): void {
+  private resized(keyId: string, block: Block, weight: number, dropped: boolean): void {
     // A dropped block's slots still in use stay refreshed until the last of them ends
     // (weight 0); otherwise Redis would forget them while their requests run.
     if (dropped && weight === 0) {
-      this.keeper.remove(this.blockTickets.get(b.id) ?? -1);
-      this.blockTickets.delete(b.id);
+      this.keeper.remove(this.blockTickets.get(block.id) ?? -1);
+      this.blockTickets.delete(block.id);
     }
-    const k = keyNames(this.o.keyTag(keyId));
-    this.batch.add({ kind: 'w', tag: k.tag, set: k.conc, weights: k.concw, blockId: b.id, weight, owner: this.o.owner });
+    const names = keyNames(this.opts.keyTag(keyId));
+    this.batch.add({ kind: 'blockWeight', tag: names.tag, set: names.conc, weights: names.concw, blockId: block.id, weight, owner: this.opts.owner });
   }
 
   /** Admits from this instance's slice and block when both cover the request (all or nothing). */
-  private take(a: LeasedAdmission): AdmitResult | null {
-    const b = a.conc > 0 ? this.blocks.free(a.keyId, a.conc) : null;
-    if (a.conc > 0 && !b) return null;
-    const s = hasBuckets(a) ? this.slices.take(a.keyId, a.rpm, a.tpm, a.tokens) : null;
-    if (hasBuckets(a) && !s) return null;
-    if (b) this.blocks.take(a.keyId, b);
+  private take(leased: LeasedAdmission): AdmitResult | null {
+    const block = leased.conc > 0 ? this.blocks.free(leased.keyId, leased.conc) : null;
+    if (leased.conc > 0 && !block) return null;
+    const slice = hasBuckets(leased) ? this.slices.take(leased.keyId, leased.rpm, leased.tpm, leased.tokens) : null;
+    if (hasBuckets(leased) && !slice) return null;
+    if (block) this.blocks.take(leased.keyId, block);
     return {
       ok: true,
-      lease: new SliceLease(this, a, { block: b ?? undefined, slice: s ?? undefined }),
+      lease: new SliceLease(this, leased, { block: block ?? undefined, slice: slice ?? undefined }),
       quota: {
-        requests: s && figures(a.rpm, s.seen.rpm - (s.granted.rpm - s.left.rpm)),
-        tokens: s && figures(a.tpm, s.seen.tpm - (s.granted.tpm - s.left.tpm)),
+        requests: slice && figures(leased.rpm, slice.seen.rpm - (slice.granted.rpm - slice.left.rpm)),
+        tokens: slice && figures(leased.tpm, slice.seen.tpm - (slice.granted.tpm - slice.left.tpm)),
       },
     };
   }
 
   /** What the lease call gives back and asks for; `askingSlice`/`askingBlock`: another request of the key already asks. */
-  private prepare(a: LeasedAdmission, askingSlice: boolean, askingBlock: boolean): LeaseAsk {
-    const wantBlock = a.conc > 0 && !askingBlock ? this.blocks.want(a.keyId, a.conc) : 0;
+  private prepare(leased: LeasedAdmission, askingSlice: boolean, askingBlock: boolean): LeaseAsk {
+    const wantBlock = leased.conc > 0 && !askingBlock ? this.blocks.want(leased.keyId, leased.conc) : 0;
     // A slice serves a concurrency-limited key only together with a block of its slots.
-    const sliceOf = a.conc === 0 || wantBlock > 0 || this.blocks.current(a.keyId) !== null;
-    const want = hasBuckets(a) && !askingSlice && sliceOf ? this.slices.want(a.keyId, a.rpm, a.tpm) : null;
-    const old = this.slices.detach(a.keyId);
-    const keys = keyNames(this.o.keyTag(a.keyId));
+    const withBlock = leased.conc === 0 || wantBlock > 0 || this.blocks.current(leased.keyId) !== null;
+    const want = hasBuckets(leased) && !askingSlice && withBlock ? this.slices.want(leased.keyId, leased.rpm, leased.tpm) : null;
+    const old = this.slices.detach(leased.keyId);
+    const keys = keyNames(this.opts.keyTag(leased.keyId));
     const sliceId = newLeaseId();
-    const slotId = a.conc > 0 ? newLeaseId() : '';
-    const had = this.blocks.current(a.keyId);
+    const slotId = leased.conc > 0 ? newLeaseId() : '';
+    const had = this.blocks.current(leased.keyId);
     const blockId = had?.id ?? (wantBlock > 0 ? newLeaseId() : '');
     return { keys, old, want, wantBlock, sliceId, slotId, blockId, had, sentAt: performance.now() };
   }
 
   /** Sends lease.lua (see its header for ARGV), after the queued settlements. */
-  private send(a: LeasedAdmission, q: LeaseAsk): Promise<number[]> {
-    const { keys: k, old, want } = q;
+  private send(leased: LeasedAdmission, ask: LeaseAsk): Promise<number[]> {
+    const { keys: names, old, want } = ask;
     this.batch.flush();
-    const call = this.o.run('keywardLease', [k.rpm, k.tpm, k.conc, k.concw], [
-      a.rpm, a.tpm, a.tokens, this.o.clock.deadline(),
+    const call = this.opts.run('keywardLease', [names.rpm, names.tpm, names.conc, names.concw], [
+      leased.rpm, leased.tpm, leased.tokens, this.opts.clock.deadline(),
       old?.id ?? '', old?.left.rpm ?? 0, old?.left.tpm ?? 0,
-      q.sliceId, want?.rpm ?? 0, want?.tpm ?? 0, this.o.sliceMs * REDIS_LIFETIME_FACTOR, want?.keepRpm ?? 0, want?.keepTpm ?? 0,
-      a.conc, q.slotId, this.o.leaseMs, q.blockId, q.wantBlock, Math.floor(a.conc * BLOCK_KEEP_SHARE),
+      ask.sliceId, want?.rpm ?? 0, want?.tpm ?? 0, this.opts.sliceMs * REDIS_LIFETIME_FACTOR, want?.keepRpm ?? 0, want?.keepTpm ?? 0,
+      leased.conc, ask.slotId, this.opts.leaseMs, ask.blockId, ask.wantBlock, Math.floor(leased.conc * BLOCK_KEEP_SHARE),
     ]) as Promise<number[]>;
-    if (want) this.slices.track(a.keyId, call);
-    if (q.wantBlock > 0) this.blocks.track(a.keyId, call);
+    if (want) this.slices.track(leased.keyId, call);
+    if (ask.wantBlock > 0) this.blocks.track(leased.keyId, call);
     return call;
   }
 
@@ -253,39 +254,39 @@ class SlicedPath implements LeasePath, LeaseOwner {
    * The admission from lease.lua's reply: {admitted (1, 0 denied, -1 stale), code, wait, now,
    * slice granted, rpm remaining, rpm reset, tpm remaining, tpm reset, block granted, block weight}.
    */
-  private answer(a: LeasedAdmission, q: LeaseAsk, v: number[]): AdmitResult {
-    this.o.clock.learn(v[3]);
-    if (v[0] === -1) throw new StaleAdmissionError('admission reached Redis after its deadline');
-    if (q.want && v[4] !== 1) this.slices.refused(a.keyId);
-    if (q.wantBlock > 0 && v[9] !== 1) this.blocks.refused(a.keyId);
-    if (v[0] !== 1) return { ok: false, code: CODES[(v[1] ?? 2) - 1] ?? 'rpm_exceeded', retryAfterMs: v[2] ?? 1 };
-    if (q.want && v[4] === 1) {
-      const seen = { rpm: Number(v[5] ?? 0), tpm: Number(v[7] ?? 0) };
-      this.slices.install(a.keyId, { id: q.sliceId, rpmCap: a.rpm, tpmCap: a.tpm, granted: { rpm: q.want.rpm, tpm: q.want.tpm }, seen }, q.sentAt);
+  private answer(leased: LeasedAdmission, ask: LeaseAsk, reply: number[]): AdmitResult {
+    this.opts.clock.learn(reply[3]);
+    if (reply[0] === -1) throw new StaleAdmissionError('admission reached Redis after its deadline');
+    if (ask.want && reply[4] !== 1) this.slices.refused(leased.keyId);
+    if (ask.wantBlock > 0 && reply[9] !== 1) this.blocks.refused(leased.keyId);
+    if (reply[0] !== 1) return { ok: false, code: CODES[(reply[1] ?? 2) - 1] ?? 'rpm_exceeded', retryAfterMs: reply[2] ?? 1 };
+    if (ask.want && reply[4] === 1) {
+      const seen = { rpm: Number(reply[5] ?? 0), tpm: Number(reply[7] ?? 0) };
+      this.slices.install(leased.keyId, { id: ask.sliceId, rpmCap: leased.rpm, tpmCap: leased.tpm, granted: { rpm: ask.want.rpm, tpm: ask.want.tpm }, seen }, ask.sentAt);
     }
-    const kept = a.conc > 0 ? this.startSlot(a, q, v) : -1;
-    return { ok: true, lease: new SliceLease(this, a, { slotId: q.slotId || undefined, kept }), quota: quotaFromReply(a.rpm, a.tpm, v.slice(5)) };
+    const kept = leased.conc > 0 ? this.startSlot(leased, ask, reply) : -1;
+    return { ok: true, lease: new SliceLease(this, leased, { slotId: ask.slotId || undefined, kept }), quota: quotaFromReply(leased.rpm, leased.tpm, reply.slice(5)) };
   }
 
   /** Keeps the request's own slot alive, and takes the key's block as Redis left it. */
-  private startSlot(a: LeasedAdmission, q: LeaseAsk, v: number[]): LeaseTicket {
-    const kept = this.keeper.add(q.slotId, [q.keys.conc]);
-    this.blocks.started(a.keyId);
-    const now = this.blocks.current(a.keyId);
-    if (q.wantBlock > 0 && v[9] === 1) {
+  private startSlot(leased: LeasedAdmission, ask: LeaseAsk, reply: number[]): LeaseTicket {
+    const kept = this.keeper.add(ask.slotId, [ask.keys.conc]);
+    this.blocks.started(leased.keyId);
+    const current = this.blocks.current(leased.keyId);
+    if (ask.wantBlock > 0 && reply[9] === 1) {
       // A block dropped while the call was out has its resize queued after it: Redis ends
       // up with the smaller weight, so the grant must not be used.
-      if (!q.had || now === q.had) {
-        this.blocks.granted(a.keyId, q.blockId, a.conc, q.wantBlock, q.sentAt);
-        if (!q.had) this.blockTickets.set(q.blockId, this.keeper.add(q.blockId, [q.keys.conc]));
+      if (!ask.had || current === ask.had) {
+        this.blocks.granted(leased.keyId, ask.blockId, leased.conc, ask.wantBlock, ask.sentAt);
+        if (!ask.had) this.blockTickets.set(ask.blockId, this.keeper.add(ask.blockId, [ask.keys.conc]));
       }
-    } else if (q.blockId !== '' && Number(v[10] ?? 0) === 0) {
-      this.blocks.lost(a.keyId, q.blockId);
+    } else if (ask.blockId !== '' && Number(reply[10] ?? 0) === 0) {
+      this.blocks.lost(leased.keyId, ask.blockId);
     }
     return kept;
   }
 }
 
-const hasBuckets = (a: LeasedAdmission): boolean => a.rpm > 0 || a.tpm > 0;
+const hasBuckets = (leased: LeasedAdmission): boolean => leased.rpm > 0 || leased.tpm > 0;
 
 const keyNames = (tag: string): KeyNames => ({ tag, rpm: `${tag}:rpm`, tpm: `${tag}:tpm`, conc: `${tag}:conc`, concw: `${tag}:concw` });

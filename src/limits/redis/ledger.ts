@@ -1,5 +1,6 @@
 /**
- * Spend holds on Redis (single node or Cluster): the rules of ledger.ts in Lua.
+ * Spend holds on Redis (single node or Cluster): the rules of src/limits/ledger.ts in Lua
+ * (lua/hold.lua, lua/ledger.lua, lua/settle.lua).
  *
  * Key layout: every holder of one request under the request's hash tag (team key: its
  * project, personal key: its user), so the hold is one atomic script in a Cluster too:
@@ -163,7 +164,7 @@ class RedisHold implements Hold {
       ledger.holds.remove(kept);
       const cost = settledNano(actual, amount);
       if (amount === 0 && cost === 0) return;
-      ledger.opts.batch.add({ kind: 'h', tag: hashTag, holdId: id, cost, ttlMs: LEDGER_TTL_MS, keys, owner: ledger.settleFailed });
+      ledger.opts.batch.add({ kind: 'hold', tag: hashTag, holdId: id, cost, ttlMs: LEDGER_TTL_MS, keys, owner: ledger.settleFailed });
     } catch (err) {
       ledger.opts.onError('settle', err);
     }

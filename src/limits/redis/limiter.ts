@@ -88,7 +88,7 @@ class SharedLimiter implements RedisLimiter {
       prefix: opts.prefix,
       cluster,
       settle: (leaseId: string, parts: Part[]) => {
-        for (const p of parts) this.batch.add({ kind: 'b', tag: p.tag, leaseId, buckets: p.buckets, sets: p.sets, owner: settleFailed });
+        for (const p of parts) this.batch.add({ kind: 'buckets', tag: p.tag, leaseId, buckets: p.buckets, sets: p.sets, owner: settleFailed });
       },
       failed: (op, err) => this.failed(op, err),
     };

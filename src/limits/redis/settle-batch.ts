@@ -23,10 +23,12 @@ export interface BucketWrite {
   delta: number;
 }
 
+/** One settlement; settle.lua names the kinds 'b', 'h' and 'w'. */
 export type SettleOp = Owner &
   (
+  /** token buckets adjusted and a request's or slice's lease ended */
   | {
-      kind: 'b';
+      kind: 'buckets';
       /** the hash tag of every key of this operation */
       tag: string;
       leaseId: string;
@@ -35,9 +37,10 @@ export type SettleOp = Owner &
       buckets: BucketWrite[];
       sets: string[];
     }
-  | { kind: 'h'; tag: string; holdId: string; cost: number; ttlMs: number; keys: string[] }
+  /** a spend hold replaced by its actual cost */
+  | { kind: 'hold'; tag: string; holdId: string; cost: number; ttlMs: number; keys: string[] }
   /** a block of slots resized (0 ends it); see slot-blocks.ts */
-  | { kind: 'w'; tag: string; set: string; weights: string; blockId: string; weight: number }
+  | { kind: 'blockWeight'; tag: string; set: string; weights: string; blockId: string; weight: number }
   );
 
 export interface SettleBatchOptions {
@@ -79,14 +82,14 @@ function settleCall(ops: SettleOp[]): { keys: string[]; args: (string | number)[
   const keys: string[] = [];
   const args: (string | number)[] = [ops.length];
   for (const op of ops) {
-    if (op.kind === 'b') {
+    if (op.kind === 'buckets') {
       args.push('b', op.leaseId, op.sliceId ?? '', op.buckets.length, op.sets.length);
       for (const b of op.buckets) {
         keys.push(b.key);
         args.push(b.cap, b.delta);
       }
       keys.push(...op.sets);
-    } else if (op.kind === 'w') {
+    } else if (op.kind === 'blockWeight') {
       args.push('w', op.blockId, op.weight);
       keys.push(op.set, op.weights);
     } else {
@@ -111,7 +114,7 @@ class Batch implements SettleBatch {
   constructor(private readonly opts: SettleBatchOptions) {}
 
   add(op: SettleOp): void {
-    if (op.kind === 'b' && op.buckets.length === 0 && op.sets.length === 0) return;
+    if (op.kind === 'buckets' && op.buckets.length === 0 && op.sets.length === 0) return;
     this.queue.push(op);
     if (!this.timer) {
       this.timer = setTimeout(this.flushNow, this.opts.everyMs);

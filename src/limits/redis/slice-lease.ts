@@ -36,35 +36,35 @@ export interface LeaseOwner {
  */
 export class SliceLease implements RedisLease {
   readonly #path: LeaseOwner;
-  readonly #a: LeasedAdmission;
+  readonly #leased: LeasedAdmission;
   readonly #held: Held;
   #done = false;
 
-  constructor(path: LeaseOwner, a: LeasedAdmission, held: Held) {
+  constructor(path: LeaseOwner, leased: LeasedAdmission, held: Held) {
     this.#path = path;
-    this.#a = a;
+    this.#leased = leased;
     this.#held = held;
   }
 
   finish(usage: { tokens: number | null }): void {
-    this.#close({ rpm: 0, tpm: tokensBack(this.#a.tokens, usage) ?? 0 });
+    this.#close({ rpm: 0, tpm: tokensBack(this.#leased.tokens, usage) ?? 0 });
   }
 
   cancel(): void {
-    this.#close({ rpm: 1, tpm: this.#a.tokens });
+    this.#close({ rpm: 1, tpm: this.#leased.tokens });
   }
 
   #close(delta: { rpm: number; tpm: number }): void {
     if (this.#done) return;
     this.#done = true;
-    const a = this.#a;
+    const leased = this.#leased;
     const held = this.#held;
     const path = this.#path;
-    if (a.conc > 0) path.blocks.ended(a.keyId, held.block ?? null);
+    if (leased.conc > 0) path.blocks.ended(leased.keyId, held.block ?? null);
     if (held.slotId) path.keeper.remove(held.kept ?? -1);
     // Nothing to give back or free, or all of it settled in the slice: no operation to build.
     if (!held.slotId && delta.rpm === 0 && delta.tpm === 0) return;
-    if (!held.slotId && held.slice && path.slices.settle(a.keyId, held.slice, delta)) return;
-    path.batch.add(path.settleOp(a.keyId, delta, a, { slotId: held.slotId }));
+    if (!held.slotId && held.slice && path.slices.settle(leased.keyId, held.slice, delta)) return;
+    path.batch.add(path.settleOp(leased.keyId, delta, leased, { slotId: held.slotId }));
   }
 }

@@ -6,7 +6,7 @@
 --                set's block weights (slots.lua), and when the key has a per-model limit
 --                (ARGV[12] or ARGV[13] > 0) the model's RPM and TPM buckets (same hash tag)
 -- Standalone Redis gets both groups in one call. In Cluster each group lives under its own
--- hash tag, so the client sends one call per group in parallel (see redis.ts).
+-- hash tag, so the client sends one call per group in parallel (see request-path.ts).
 --
 -- ARGV: 1 lease id, 2 lease ms, 3 route flag, 4 route concurrency, 5 route rpm,
 --       6 key flag, 7 key rpm, 8 key tpm, 9 key concurrency, 10 tokens (TPM reservation),
