@@ -8,7 +8,7 @@
  * may be deleted (or expire) as soon as it would be full again.
  */
 
-import type { Quota } from './limiter.js';
+import type { LimitCheck, LimitCode, Quota } from './limiter.js';
 
 export const WINDOW_MS = 60_000;
 
@@ -61,8 +61,29 @@ export function concurrencyWaitMs(soonestExpiry: number | undefined, now: number
   return Math.max(1, Math.min(CONCURRENCY_RETRY_MS, Math.ceil(soonestExpiry - now)));
 }
 
-/** Result codes shared with the Lua scripts (admit.lua returns the index). */
+/** Result codes shared with the Lua scripts (admit.lua and lease.lua return the index, from 1). */
 export const CODES = ['route_capacity_exceeded', 'rpm_exceeded', 'tpm_exceeded', 'concurrency_exceeded'] as const;
+
+/** The checks in admit.lua's order; admit.lua returns the refusing one's index, from 1. */
+export const CHECKS: readonly LimitCheck[] = ['route_concurrency', 'route_rpm', 'rpm', 'tpm', 'concurrency', 'model_rpm', 'model_tpm'];
+
+/** The code each check answers with (DESIGN section 5, step 8). */
+export const CHECK_CODES: Readonly<Record<LimitCheck, LimitCode>> = {
+  route_concurrency: 'route_capacity_exceeded',
+  route_rpm: 'route_capacity_exceeded',
+  rpm: 'rpm_exceeded',
+  tpm: 'tpm_exceeded',
+  concurrency: 'concurrency_exceeded',
+  model_rpm: 'rpm_exceeded',
+  model_tpm: 'tpm_exceeded',
+};
+
+/** A refusal's quota figures: as read, with remaining 0 on the key's own bucket that refused. */
+export function refusedQuota(quota: Quota, check: LimitCheck): Quota {
+  if (check === 'rpm' && quota.requests) return { requests: { ...quota.requests, remaining: 0 }, tokens: quota.tokens };
+  if (check === 'tpm' && quota.tokens) return { requests: quota.requests, tokens: { ...quota.tokens, remaining: 0 } };
+  return quota;
+}
 
 /** A bucket's quota figures at `level` (admit.lua and peek.lua compute the same). */
 export function bucketQuota(level: number, capacity: number): { limit: number; remaining: number; resetMs: number } {

@@ -49,6 +49,13 @@ export interface AdmitInput {
 
 export type LimitCode = 'route_capacity_exceeded' | 'rpm_exceeded' | 'tpm_exceeded' | 'concurrency_exceeded';
 
+/**
+ * Which check refused, where codes are shared: the route's concurrency and RPM both answer
+ * route_capacity_exceeded, the key's and its per-model RPM both rpm_exceeded. Shadow limits
+ * (DESIGN section 12) turn off exactly the check that refused and ask again.
+ */
+export type LimitCheck = 'route_concurrency' | 'route_rpm' | 'rpm' | 'tpm' | 'concurrency' | 'model_rpm' | 'model_tpm';
+
 export interface Lease {
   /**
    * Settles the TPM reservation and frees the concurrency slots. `tokens` is the real
@@ -71,9 +78,22 @@ export interface Quota {
   tokens: QuotaFigures | null;
 }
 
+/**
+ * A refusal by a limit: nothing was consumed. `quota` is the key's own RPM/TPM figures as the
+ * refusal found them, with remaining 0 on the bucket that refused (what a 429 for the key's
+ * own RPM or TPM shows, DESIGN section 11).
+ */
+export interface LimitRefusal {
+  ok: false;
+  code: LimitCode;
+  check: LimitCheck;
+  retryAfterMs: number;
+  quota: Quota;
+}
+
 export type AdmitResult =
   | { ok: true; lease: Lease; quota: Quota }
-  | { ok: false; code: LimitCode; retryAfterMs: number }
+  | LimitRefusal
   /** Redis failed and `onError: closed`: the pipeline answers 503 limits_unavailable. */
   | { ok: false; code: 'limits_unavailable'; retryAfterMs: number };
 

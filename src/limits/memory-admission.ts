@@ -3,9 +3,9 @@
  * lua/admit.lua on a MemoryStore. Every check runs before anything is written; the first
  * failure names the code and the longest wait among failures is when the request would fit.
  */
-import { concurrencyWaitMs, refillWaitMs, reservedTokens, tokensBack, tpmAdmits, tpmNeed } from './bucket.js';
+import { CHECK_CODES, concurrencyWaitMs, refillWaitMs, refusedQuota, reservedTokens, tokensBack, tpmAdmits, tpmNeed } from './bucket.js';
 import { type LeaseKeeper, type LeaseTicket, newLeaseId } from './leases.js';
-import { type AdmitInput, type AdmitResult, type Lease, type LimitCode, type Quota, capacityOf, isLimited } from './limiter.js';
+import { type AdmitInput, type Lease, type LimitCheck, type LimitCode, type LimitRefusal, type Quota, capacityOf, isLimited } from './limiter.js';
 import { type MemoryStore, soonestExpiry } from './memory-store.js';
 
 /** What an admission needs of its limiter. */
@@ -38,6 +38,7 @@ export class MemoryAdmission implements Lease {
   #modelRpmLevel = 0;
   #modelTpmLevel = 0;
   #code: LimitCode | null = null;
+  #check: LimitCheck = 'rpm';
   #wait = -Infinity;
   #leaseId = '';
   readonly #setKeys: string[] = [];
@@ -58,19 +59,20 @@ export class MemoryAdmission implements Lease {
   }
 
   /** The denial when any limit refuses the request; null when it fits them all. */
-  denial(): AdmitResult | null {
+  denial(): LimitRefusal | null {
     const { route, limits } = this.#input;
     const r = this.#routePrefix;
     const k = this.#keyPrefix;
     const m = this.#modelPrefix;
-    if (isLimited(route.concurrency)) this.#checkSlots(`${r}:conc`, route.concurrency, 'route_capacity_exceeded');
-    if (isLimited(route.rpm)) this.#routeRpmLevel = this.#checkRequests(`${r}:rpm`, route.rpm, 'route_capacity_exceeded');
-    if (isLimited(limits.rpm)) this.#keyRpmLevel = this.#checkRequests(`${k}:rpm`, limits.rpm, 'rpm_exceeded');
-    if (isLimited(limits.tpm)) this.#keyTpmLevel = this.#checkTokens(`${k}:tpm`, limits.tpm);
-    if (isLimited(limits.concurrency)) this.#checkSlots(`${k}:conc`, limits.concurrency, 'concurrency_exceeded');
-    if (this.#modelRpm > 0) this.#modelRpmLevel = this.#checkRequests(`${m}:rpm`, this.#modelRpm, 'rpm_exceeded');
-    if (this.#modelTpm > 0) this.#modelTpmLevel = this.#checkTokens(`${m}:tpm`, this.#modelTpm);
-    return this.#code === null ? null : { ok: false, code: this.#code, retryAfterMs: this.#wait };
+    if (isLimited(route.concurrency)) this.#checkSlots(`${r}:conc`, route.concurrency, 'route_concurrency');
+    if (isLimited(route.rpm)) this.#routeRpmLevel = this.#checkRequests(`${r}:rpm`, route.rpm, 'route_rpm');
+    if (isLimited(limits.rpm)) this.#keyRpmLevel = this.#checkRequests(`${k}:rpm`, limits.rpm, 'rpm');
+    if (isLimited(limits.tpm)) this.#keyTpmLevel = this.#checkTokens(`${k}:tpm`, limits.tpm, 'tpm');
+    if (isLimited(limits.concurrency)) this.#checkSlots(`${k}:conc`, limits.concurrency, 'concurrency');
+    if (this.#modelRpm > 0) this.#modelRpmLevel = this.#checkRequests(`${m}:rpm`, this.#modelRpm, 'model_rpm');
+    if (this.#modelTpm > 0) this.#modelTpmLevel = this.#checkTokens(`${m}:tpm`, this.#modelTpm, 'model_tpm');
+    if (this.#code === null) return null;
+    return { ok: false, code: this.#code, check: this.#check, retryAfterMs: this.#wait, quota: refusedQuota(this.quota(), this.#check) };
   }
 
   /** Takes a token of each RPM bucket, the reservation of each TPM bucket and a slot of each lease set. */
@@ -109,28 +111,32 @@ export class MemoryAdmission implements Lease {
     if (this.#modelTpm > 0) store.adjust(`${this.#modelPrefix}:tpm`, this.#modelTpm, back);
   }
 
-  #deny(code: LimitCode, wait: number): void {
-    this.#code ??= code;
+  /** The first failing check names the code and the check; the wait is the longest among failures. */
+  #deny(check: LimitCheck, wait: number): void {
+    if (this.#code === null) {
+      this.#code = CHECK_CODES[check];
+      this.#check = check;
+    }
     this.#wait = Math.max(this.#wait, wait);
   }
 
   /** A lease set of `cap` slots has one free. */
-  #checkSlots(setKey: string, cap: number, code: LimitCode): void {
+  #checkSlots(setKey: string, cap: number, check: LimitCheck): void {
     const set = this.#ctx.store.liveSet(setKey, this.#t);
-    if ((set?.size ?? 0) >= cap) this.#deny(code, concurrencyWaitMs(soonestExpiry(set), this.#t));
+    if ((set?.size ?? 0) >= cap) this.#deny(check, concurrencyWaitMs(soonestExpiry(set), this.#t));
   }
 
   /** An RPM bucket holds a token; returns its level. */
-  #checkRequests(key: string, cap: number, code: LimitCode): number {
+  #checkRequests(key: string, cap: number, check: LimitCheck): number {
     const level = this.#ctx.store.level(key, cap, this.#t);
-    if (level < 1) this.#deny(code, refillWaitMs(level, 1, cap));
+    if (level < 1) this.#deny(check, refillWaitMs(level, 1, cap));
     return level;
   }
 
   /** A TPM bucket admits the reservation (bucket.ts, tpmAdmits); returns its level. */
-  #checkTokens(key: string, cap: number): number {
+  #checkTokens(key: string, cap: number, check: LimitCheck): number {
     const level = this.#ctx.store.level(key, cap, this.#t);
-    if (!tpmAdmits(level, this.#tokens, cap)) this.#deny('tpm_exceeded', refillWaitMs(level, tpmNeed(this.#tokens, cap), cap));
+    if (!tpmAdmits(level, this.#tokens, cap)) this.#deny(check, refillWaitMs(level, tpmNeed(this.#tokens, cap), cap));
     return level;
   }
 }

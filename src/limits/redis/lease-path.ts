@@ -6,11 +6,12 @@
  * and, far from the limits, leases a new slice and a bigger block. Keys with a per-model
  * limit or a limited route take the per-request path (request-path.ts).
  */
-import { CODES, bucketQuota, quotaFromReply, reservedTokens } from '../bucket.js';
+import { bucketQuota, quotaFromReply, reservedTokens } from '../bucket.js';
 import { type LeaseKeeper, type LeaseTicket, newLeaseId } from '../leases.js';
 import { type AdmitInput, type AdmitResult, type QuotaFigures, capacityOf, isLimited } from '../limiter.js';
 import { StaleAdmissionError } from './api.js';
 import type { RedisClock } from './clock.js';
+import { knownOutcome, leaseRefusal } from './replies.js';
 import type { RunScript } from './scripts.js';
 import type { SettleBatch, SettleOp } from './settle-batch.js';
 import { type LeaseOwner, SliceLease } from './slice-lease.js';
@@ -254,12 +255,14 @@ class SlicedPath implements LeasePath, LeaseOwner {
    * The admission from lease.lua's reply: {admitted (1, 0 denied, -1 stale), code, wait, now,
    * slice granted, rpm remaining, rpm reset, tpm remaining, tpm reset, block granted, block weight}.
    */
-  private answer(leased: LeasedAdmission, ask: LeaseAsk, reply: number[]): AdmitResult {
+  private answer(leased: LeasedAdmission, ask: LeaseAsk, answered: unknown): AdmitResult {
+    const reply = knownOutcome('lease.lua', answered, [1, 0, -1]);
     this.opts.clock.learn(reply[3]);
     if (reply[0] === -1) throw new StaleAdmissionError('admission reached Redis after its deadline');
+    const refused = reply[0] === 0 ? leaseRefusal(reply, leased) : null;
     if (ask.want && reply[4] !== 1) this.slices.refused(leased.keyId);
     if (ask.wantBlock > 0 && reply[9] !== 1) this.blocks.refused(leased.keyId);
-    if (reply[0] !== 1) return { ok: false, code: CODES[(reply[1] ?? 2) - 1] ?? 'rpm_exceeded', retryAfterMs: reply[2] ?? 1 };
+    if (refused) return refused;
     if (ask.want && reply[4] === 1) {
       const seen = { rpm: Number(reply[5] ?? 0), tpm: Number(reply[7] ?? 0) };
       this.slices.install(leased.keyId, { id: ask.sliceId, rpmCap: leased.rpm, tpmCap: leased.tpm, granted: { rpm: ask.want.rpm, tpm: ask.want.tpm }, seen }, ask.sentAt);

@@ -23,6 +23,7 @@ import { LEDGER_TTL_MS, epochArg, fromNano, holdNano, settledNano, toNano } from
 import type { Holder } from '../../policy/holders.js';
 import type { Hold, HoldInput, HoldResult, LedgerFigure, LedgerInput } from '../limiter.js';
 import type { RedisClock } from './clock.js';
+import { UnknownScriptReplyError } from './replies.js';
 import { callsByHashSlot } from './hash-slot.js';
 import { type RunScript, refreshInChunks } from './scripts.js';
 import type { SettleBatch } from './settle-batch.js';
@@ -112,11 +113,12 @@ class SharedLedger implements RedisLedger {
     try {
       reply = await this.queue.add(hashTag, keys, args);
       if (reply.outcome === -1) throw new StaleHoldError('hold reached Redis after its deadline');
+      if (!knownHoldReply(reply, input.holders.length)) throw new UnknownScriptReplyError('hold.lua', reply);
     } catch (err) {
       this.opts.onError('hold', err);
       throw err;
     }
-    if (reply.outcome !== 1) return { ok: false, code: input.holders[(reply.refusedBy || 1) - 1]!.code };
+    if (reply.outcome !== 1) return { ok: false, code: input.holders[reply.refusedBy - 1]!.code };
     // A zero hold (an unpriced model) is not recorded in Redis (hold.lua), so there is
     // nothing to keep alive, and nothing to settle unless the usage comes to a cost.
     const kept = amount > 0 ? this.holds.add(id, keys.filter((_, i) => i % 2 === 1)) : -1;
@@ -177,6 +179,10 @@ interface HoldReply {
   refusedBy: number;
 }
 
+/** Held, or refused by one of the hold's `holders` holders: anything else is an answer this build does not know. */
+const knownHoldReply = (r: HoldReply, holders: number): boolean =>
+  r.outcome === 1 || (r.outcome === 0 && Number.isInteger(r.refusedBy) && r.refusedBy >= 1 && r.refusedBy <= holders);
+
 /** A hold waiting for the end of the turn: its keys and its part of hold.lua's ARGV. */
 interface Pending {
   /** the request's hash tag */
@@ -223,7 +229,8 @@ class HoldQueue {
       return failed(err);
     }
     reply.then((r) => {
-      const v = r as number[];
+      // Anything but a list is read as no answer for any hold (hold() then names it unknown).
+      const v = Array.isArray(r) ? (r as number[]) : [];
       this.o.clock?.learn(Number(v[0]));
       group.forEach((p, i) => p.resolve({ outcome: Number(v[1 + 2 * i]), refusedBy: Number(v[2 + 2 * i]) }));
     }, failed);

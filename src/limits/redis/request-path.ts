@@ -17,11 +17,12 @@
  *    may see one slot or token fewer than they would have. When only the route or only the
  *    key is limited (the common case) there is a single call and no such window.
  */
-import { CODES, quotaFromReply, reservedTokens, tokensBack } from '../bucket.js';
+import { quotaFromReply, reservedTokens, tokensBack } from '../bucket.js';
 import { type LeaseKeeper, type LeaseTicket, newLeaseId } from '../leases.js';
 import { type AdmitInput, type AdmitResult, NO_QUOTA, capacityOf, hasAnyLimit } from '../limiter.js';
 import { type RedisLease, StaleAdmissionError, errorTags, hashTag } from './api.js';
 import type { RedisClock } from './clock.js';
+import { admitRefusal, checkAdmitRefusal, knownOutcome } from './replies.js';
 import type { RunScript } from './scripts.js';
 import type { BucketWrite } from './settle-batch.js';
 
@@ -114,9 +115,7 @@ class RequestAdmission implements RedisLease {
       this.#ctx.failed('admit', err);
       throw err;
     }
-    if (verdict[0] !== 1) {
-      return { ok: false, code: CODES[(verdict[1] ?? 1) - 1] ?? 'rpm_exceeded', retryAfterMs: verdict[2] ?? 1 };
-    }
+    if (verdict[0] !== 1) return admitRefusal(verdict, { rpm: this.#keyRpm, tpm: this.#keyTpm });
     // Admitted: the request's slots are kept alive until it finishes.
     this.#kept = this.#ctx.keeper.add(this.#leaseId, [...this.#routeUndo.sets, ...this.#keyUndo.sets]);
     return { ok: true, lease: this, quota: quotaFromReply(this.#keyRpm, this.#keyTpm, verdict.slice(4)) };
@@ -151,9 +150,10 @@ class RequestAdmission implements RedisLease {
   async #ask(r: boolean, k: boolean): Promise<number[]> {
     try {
       const keys = [...(r ? this.#routeKeys : []), ...(k ? this.#keyKeys : [])];
-      const v = (await this.#ctx.send('keywardAdmit', keys, this.#argv(r, k))) as number[];
+      const v = knownOutcome('admit.lua', await this.#ctx.send('keywardAdmit', keys, this.#argv(r, k)), [1, 0, -1]);
       this.#ctx.clock.learn(v[3]);
       if (v[0] === -1) throw new StaleAdmissionError('admission reached Redis after its deadline');
+      if (v[0] === 0) checkAdmitRefusal(v);
       return v;
     } catch (err) {
       if (typeof err === 'object' && err !== null) errorTags.set(err, [...(r ? [this.#routeTag] : []), ...(k ? [this.#keyTag] : [])]);
@@ -171,9 +171,11 @@ class RequestAdmission implements RedisLease {
     if (keyAdmitted) this.#ctx.settle(this.#leaseId, [this.#keyUndo]);
     if (r.status === 'rejected') throw r.reason;
     if (k.status === 'rejected') throw k.reason;
-    // Route first: its code wins; the wait is the longest among the failing sides.
+    // Route first: its code and check win; the wait is the longest among the failing sides;
+    // the key's quota figures are the key side's, whatever it answered.
     const denied = [r.value, k.value].filter((v) => v[0] !== 1);
-    return [0, denied[0]![1]!, Math.max(...denied.map((v) => v[2]!))];
+    const [first] = denied;
+    return [0, first![1]!, Math.max(...denied.map((v) => v[2]!)), first![3]!, ...k.value.slice(4, 8), first![8]!];
   }
 
   #close(parts: Part[]): void {

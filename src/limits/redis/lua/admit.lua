@@ -21,11 +21,14 @@
 --
 -- Returns {1, 0, 0, now, rpm remaining, rpm reset ms, tpm remaining, tpm reset ms} when
 -- admitted (the key's own buckets after this admission, bucket.lua's quota: reset = until
--- full again), else {0, code, retryAfterMs, now} with no limit consumed (expired leases are
+-- full again), else {0, code, retryAfterMs, now, rpm remaining, rpm reset ms, tpm remaining,
+-- tpm reset ms, check} with no limit consumed (the key's buckets as found; expired leases are
 -- purged either way), or {-1, 0, 0, now} past the deadline.
 -- code: 1 route_capacity_exceeded, 2 rpm_exceeded, 3 tpm_exceeded, 4 concurrency_exceeded;
--- checks run route, key RPM, key TPM, concurrency, model RPM (2), model TPM (3); the first
--- failing check names the code, retryAfterMs is the longest wait among failures.
+-- check (which one refused, where checks share a code): 1 route concurrency, 2 route RPM,
+-- 3 key RPM, 4 key TPM, 5 key concurrency, 6 model RPM, 7 model TPM: the order they run in.
+-- The first failing check names the code and the check; retryAfterMs is the longest wait
+-- among failures.
 
 -- #include bucket.lua
 -- #include slots.lua
@@ -59,34 +62,46 @@ if has_key then
 end
 
 local code = 0
+local check = 0
 local wait = 0
-local function deny(c, w)
-  if code == 0 then code = c end
+local function deny(c, ch, w)
+  if code == 0 then code, check = c, ch end
   if w > wait then wait = w end
 end
 
 -- A bucket check (bucket.lua's admit_wait; `tpm_tokens` only for TPM) that denies with code
--- c. Returns the bucket's level, which the commit below writes back less what it takes.
-local function checked(c, key, cap, tpm_tokens)
+-- c as check ch. Returns the bucket's level, which the commit below writes back less what it takes.
+local function checked(c, ch, key, cap, tpm_tokens)
   local lvl = level(key, cap)
   local w = admit_wait(lvl, cap, tpm_tokens)
-  if w > 0 then deny(c, w) end
+  if w > 0 then deny(c, ch, w) end
   return lvl
+end
+
+-- The key's own quota figures at the given levels (0s for a limit it does not have).
+local function key_quota(rpm_level, tpm_level)
+  local q = {0, 0, 0, 0}
+  if has_key and key_rpm > 0 then q[1], q[2] = quota(rpm_level, key_rpm) end
+  if has_key and key_tpm > 0 then q[3], q[4] = quota(tpm_level, key_tpm) end
+  return q
 end
 
 local r_rpm_level, k_rpm_level, k_tpm_level, m_rpm_level, m_tpm_level
 if has_route then
-  if route_conc > 0 and held_slots(r_conc_key, nil) >= route_conc then deny(1, conc_wait(r_conc_key)) end
-  if route_rpm > 0 then r_rpm_level = checked(1, r_rpm_key, route_rpm) end
+  if route_conc > 0 and held_slots(r_conc_key, nil) >= route_conc then deny(1, 1, conc_wait(r_conc_key)) end
+  if route_rpm > 0 then r_rpm_level = checked(1, 2, r_rpm_key, route_rpm) end
 end
 if has_key then
-  if key_rpm > 0 then k_rpm_level = checked(2, k_rpm_key, key_rpm) end
-  if key_tpm > 0 then k_tpm_level = checked(3, k_tpm_key, key_tpm, tokens) end
-  if key_conc > 0 and held_slots(k_conc_key, k_conc_w) >= key_conc then deny(4, conc_wait(k_conc_key)) end
-  if model_rpm > 0 then m_rpm_level = checked(2, m_rpm_key, model_rpm) end
-  if model_tpm > 0 then m_tpm_level = checked(3, m_tpm_key, model_tpm, tokens) end
+  if key_rpm > 0 then k_rpm_level = checked(2, 3, k_rpm_key, key_rpm) end
+  if key_tpm > 0 then k_tpm_level = checked(3, 4, k_tpm_key, key_tpm, tokens) end
+  if key_conc > 0 and held_slots(k_conc_key, k_conc_w) >= key_conc then deny(4, 5, conc_wait(k_conc_key)) end
+  if model_rpm > 0 then m_rpm_level = checked(2, 6, m_rpm_key, model_rpm) end
+  if model_tpm > 0 then m_tpm_level = checked(3, 7, m_tpm_key, model_tpm, tokens) end
 end
-if code ~= 0 then return {0, code, wait, now} end
+if code ~= 0 then
+  local q = key_quota(k_rpm_level, k_tpm_level)
+  return {0, code, wait, now, q[1], q[2], q[3], q[4], check}
+end
 
 if has_route then
   if route_rpm > 0 then store(r_rpm_key, route_rpm, r_rpm_level - 1) end
@@ -100,11 +115,7 @@ if has_key then
   if model_tpm > 0 and tokens > 0 then store(m_tpm_key, model_tpm, m_tpm_level - tokens) end
 end
 
-local q = {0, 0, 0, 0}
-if has_key and key_rpm > 0 then q[1], q[2] = quota(k_rpm_level - 1, key_rpm) end
-if has_key and key_tpm > 0 then
-  local lvl = k_tpm_level
-  if tokens > 0 then lvl = lvl - tokens end
-  q[3], q[4] = quota(lvl, key_tpm)
-end
+local tpm_after = k_tpm_level
+if tpm_after and tokens > 0 then tpm_after = tpm_after - tokens end
+local q = key_quota(k_rpm_level and k_rpm_level - 1, tpm_after)
 return {1, 0, 0, now, q[1], q[2], q[3], q[4]}

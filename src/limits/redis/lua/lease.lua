@@ -26,8 +26,9 @@
 -- A slice is all-or-nothing across the buckets asked of.
 -- Returns {1, 0, 0, now, granted (0/1), rpm remaining, rpm reset, tpm remaining, tpm reset,
 -- block granted (0/1), block weight now (0 = no block: never had one, or it expired)}
--- (remaining excludes the new slice), {0, code, retryAfterMs, now} (2 rpm, 3 tpm,
--- 4 concurrency), or {-1, 0, 0, now} past the deadline. A denial leaves the block as it is.
+-- (remaining excludes the new slice), {0, code, retryAfterMs, now, 0, rpm remaining, rpm reset,
+-- tpm remaining, tpm reset} (code 2 rpm, 3 tpm, 4 concurrency; the buckets as found), or
+-- {-1, 0, 0, now} past the deadline. A denial leaves the block as it is.
 
 -- #include bucket.lua
 -- #include slots.lua
@@ -68,10 +69,14 @@ if conc > 0 then
 end
 if code ~= 0 then
   -- The previous slice's remainder is back in the bucket even though this request is not.
+  local q = {0, 0, 0, 0}
   for i = 1, 2 do
-    if caps[i] > 0 and old_id ~= '' then store(KEYS[i], caps[i], lvl[i]) end
+    if caps[i] > 0 then
+      if old_id ~= '' then store(KEYS[i], caps[i], lvl[i]) end
+      q[2 * i - 1], q[2 * i] = quota(lvl[i], caps[i])
+    end
   end
-  return {0, code, wait, now}
+  return {0, code, wait, now, 0, q[1], q[2], q[3], q[4]}
 end
 
 if rpm > 0 then lvl[1] = lvl[1] - 1 end
