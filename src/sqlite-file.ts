@@ -53,6 +53,8 @@ export const V1_RECORD_COLUMNS = {
     ips: 'ips TEXT',
     allow_browser: 'allow_browser INTEGER NOT NULL DEFAULT 0',
     model_limits: 'model_limits TEXT',
+    // the key's shadowed checks as a JSON list; null: none
+    shadow: 'shadow TEXT',
   },
   projects: { epoch: 'epoch INTEGER NOT NULL DEFAULT 0' },
   wallets: { epoch: 'epoch INTEGER NOT NULL DEFAULT 0' },

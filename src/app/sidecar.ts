@@ -15,6 +15,7 @@ import { Traces, traceTuningFromEnv, type TraceTuning } from '../obs/tracing/sin
 import type { UsageEvent } from '../protocol/usage.js';
 import { ReplicaStore } from '../replica/store.js';
 import { parseRange } from '../policy/network.js';
+import { shadowSet } from '../policy/shadow.js';
 import { buildRules } from '../routes.js';
 import type { SyncClient, UsagePusher } from '../sync/client.js';
 import { consoleClients } from './console-clients.js';
@@ -105,6 +106,7 @@ function exchangeDeps(p: ExchangeParts): ExchangeDeps {
       defaultOutputTokens: config.limits.defaultOutputTokens,
       refuseBrowsers: config.server.refuseBrowsers,
       onUnknownRouting: onceEach((mode) => logger.warn({ routing: mode }, 'key routing mode names no upstream; using default')),
+      shadow: shadowSet(config.limits.shadow),
     },
     forwarder: p.forwarder,
     metrics: p.metrics,

@@ -4,6 +4,7 @@
  */
 import { z } from 'zod';
 import { parseRange } from '../policy/network.js';
+import { SHADOW_CHECKS } from '../policy/shadow.js';
 import { parseRedisUrl } from './redis-url.js';
 
 /** Numbers also accept numeric strings, which is what `${VAR}` expansion yields. */
@@ -106,6 +107,8 @@ export const configSchema = z
         leaseMs: num().pipe(z.number().min(1000)).default(30_000),
         /** output tokens reserved (and held for budgets) when a request names no output cap */
         defaultOutputTokens: num().pipe(z.number().nonnegative()).default(1024),
+        /** checks evaluated but not enforced, for every key (DESIGN section 12); a key record's own `shadow` adds to them */
+        shadow: z.array(z.enum(SHADOW_CHECKS)).default([]),
       })
       .prefault({}),
     keys: z

@@ -6,6 +6,7 @@
 import type { IncomingMessage, ServerResponse } from 'node:http';
 import { z } from 'zod';
 import { budgetPeriod, cidr } from '../protocol/records.js';
+import { SHADOW_CHECKS } from '../policy/shadow.js';
 import { resetSpent } from './budgets.js';
 import { idPattern } from './config.js';
 import { ApiError, invalid } from './errors.js';
@@ -33,6 +34,8 @@ const settings = {
     .array(z.strictObject({ models: z.string().min(1).max(256), rpm: count.transform((v) => v ?? null), tpm: count.transform((v) => v ?? null) }))
     .min(1).max(1000).nullable().optional(),
   period: budgetPeriod.optional(),
+  /** checks evaluated but not enforced for this key (DESIGN section 12); [] for none */
+  shadow: z.array(z.enum(SHADOW_CHECKS)).max(SHADOW_CHECKS.length).optional(),
 };
 const createKeyBody = z.discriminatedUnion('kind', [
   z.strictObject({ kind: z.literal('personal'), user: ident, ...settings }),

@@ -3,6 +3,8 @@
  * environment (KEYWARD_ADMIN_TOKEN), never from a flag, so it stays out of shell history
  * and process listings; error messages never include it.
  */
+import { isShadowCheck, SHADOW_CHECKS, type ShadowCheck } from '../policy/shadow.js';
+
 export class CliError extends Error {
   constructor(message: string) {
     super(message);
@@ -114,4 +116,15 @@ export function budgetPeriodArg(raw: string): 'day' | 'week' | 'month' | null {
   if (raw === 'none') return null;
   if (raw === 'day' || raw === 'week' || raw === 'month') return raw;
   throw new CliError('--budget-period must be day, week, month or none');
+}
+
+/** `--shadow rpm,tpm`: the checks a key evaluates without enforcing; `none` clears them. */
+export function shadowList(raw: string): ShadowCheck[] {
+  if (raw.trim() === 'none') return [];
+  const list = raw.split(',').map((s) => s.trim()).filter(Boolean);
+  const unknown = list.filter((c) => !isShadowCheck(c));
+  if (list.length === 0 || unknown.length > 0) {
+    throw new CliError(`--shadow takes a comma-separated list of ${SHADOW_CHECKS.join(', ')}, or "none"${unknown.length ? `; unknown: ${unknown.join(', ')}` : ''}`);
+  }
+  return [...new Set(list as ShadowCheck[])];
 }

@@ -18,16 +18,17 @@ const owner = (k: KeyView) => (k.kind === 'personal' ? `user:${k.user}` : `proje
 const limitText = (l: { models: string; rpm: number | null; tpm: number | null }) =>
   `${l.models}:${[l.rpm !== null ? `rpm=${l.rpm}` : '', l.tpm !== null ? `tpm=${l.tpm}` : ''].filter(Boolean).join(',') || 'none'}`;
 const ipsText = (k: KeyView) => (k.ips === null ? 'any' : k.ips.join(','));
+const shadowText = (k: KeyView) => (k.shadow.length === 0 ? 'none' : k.shadow.join(','));
 const periodText = (p: { period: string | null; resetsAt: string | null }) => (p.period === null ? 'none' : `${p.period} (restarts ${when(p.resetsAt)})`);
 
 export function keysTable(keys: KeyView[]): string {
   if (keys.length === 0) return 'no keys\n';
   return table(
-    ['ID', 'KIND', 'OWNER', 'STATUS', 'MODELS', 'ROUTING', 'RPM', 'TPM', 'CONC', 'BUDGET', 'PERIOD', 'SPENT', 'IPS', 'BROWSER', 'MODEL LIMITS', 'LAST USED', 'NAME'],
+    ['ID', 'KIND', 'OWNER', 'STATUS', 'MODELS', 'ROUTING', 'RPM', 'TPM', 'CONC', 'BUDGET', 'PERIOD', 'SPENT', 'IPS', 'BROWSER', 'MODEL LIMITS', 'SHADOW', 'LAST USED', 'NAME'],
     keys.map((k) => [
       k.id, k.kind, owner(k), k.status, k.models === null ? 'all' : k.models.join(','), k.routing, k.rpm, k.tpm, k.concurrency,
       amount(k.budget), k.period, amount(k.spent), ipsText(k), k.allowBrowser ? 'yes' : 'no',
-      k.modelLimits === null ? null : k.modelLimits.map(limitText).join(' '), when(k.lastUsedAt), k.name,
+      k.modelLimits === null ? null : k.modelLimits.map(limitText).join(' '), k.shadow.length === 0 ? null : k.shadow.join(','), when(k.lastUsedAt), k.name,
     ]),
   );
 }
@@ -39,7 +40,7 @@ export function keyDetails(k: KeyView): string {
     ['rpm', k.rpm], ['tpm', k.tpm], ['concurrency', k.concurrency],
     ['budget', k.kind === 'personal' ? 'wallet' : (amount(k.budget) ?? 'none')], ['budget period', periodText(k)], ['spent', amount(k.spent)],
     ['ips', ipsText(k)], ['allow browser', k.allowBrowser ? 'yes' : 'no'],
-    ['model limits', k.modelLimits === null ? 'none' : k.modelLimits.map(limitText).join(' ')], ['epoch', k.epoch],
+    ['model limits', k.modelLimits === null ? 'none' : k.modelLimits.map(limitText).join(' ')], ['shadow', shadowText(k)], ['epoch', k.epoch],
     ['created', when(k.createdAt)], ['last used', when(k.lastUsedAt)],
   ];
   if (k.deletedAt) rows.push(['deleted', when(k.deletedAt)]);

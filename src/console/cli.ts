@@ -9,12 +9,13 @@ import { Command } from 'commander';
 import pino from 'pino';
 import { ConfigError } from '../config/load.js';
 import {
-  adminClient, budgetPeriodArg, CliError, DEFAULT_CONSOLE_URL, ipList, modelLimits, modelList, numberOrNone, TOKEN_ENV, URL_ENV, type AdminCall,
+  adminClient, budgetPeriodArg, CliError, DEFAULT_CONSOLE_URL, ipList, modelLimits, modelList, numberOrNone, shadowList, TOKEN_ENV, URL_ENV, type AdminCall,
 } from './cli-client.js';
 import { keyDetails, keysTable, lastUsed, projectsTable, walletsTable } from './cli-format.js';
 import { loadConsoleConfig } from './config.js';
 import { MasterKeyError } from './crypto.js';
 import type { KeyView } from './db.js';
+import { SHADOW_CHECKS } from '../policy/shadow.js';
 import { startConsole } from '../app/console.js';
 
 export interface CliIO {
@@ -91,6 +92,7 @@ function withKeySettings(cmd: Command): Command {
     .option('--ips <cidrs>', 'comma-separated CIDR ranges the key works from, or "none"')
     .option('--allow-browser', 'let browsers use the key (requests with Origin or Sec-Fetch-Mode)')
     .option('--no-allow-browser', 'refuse browser requests (the default)')
+    .option('--shadow <checks>', `comma-separated checks to evaluate without enforcing (${SHADOW_CHECKS.join(', ')}), or "none"`)
     .option('--model-limit <glob:limits>', 'per-model limits such as \'gpt-4o*:rpm=10,tpm=20000\' (repeatable, first match applies; "none" clears)', (v: string, prev: string[] = []) => [...prev, v]);
 }
 
@@ -101,6 +103,7 @@ function keySettingsBody(o: Record<string, any>): Record<string, unknown> {
     ...(o.ips !== undefined ? { ips: ipList(o.ips) } : {}),
     ...(o.allowBrowser !== undefined ? { allowBrowser: o.allowBrowser as boolean } : {}),
     ...(o.modelLimit !== undefined ? { modelLimits: modelLimits(o.modelLimit) } : {}),
+    ...(o.shadow !== undefined ? { shadow: shadowList(o.shadow) } : {}),
     ...(o.name !== undefined ? { name: o.name === 'none' ? null : o.name } : {}),
     ...(o.models !== undefined ? { models: modelList(o.models) } : {}),
     ...(o.routing !== undefined ? { routing: o.routing === 'none' ? null : o.routing } : {}),

@@ -7,6 +7,7 @@ import type Database from 'better-sqlite3';
 import type { ParsedKeyRecord, ParsedRecord } from '../protocol/records.js';
 import type { ModelLimit } from '../policy/facts.js';
 import { nextPeriodStart, type BudgetPeriod } from '../policy/period.js';
+import { knownShadowChecks, type ShadowCheck } from '../policy/shadow.js';
 import { migrateConsoleDb } from './migrate.js';
 import { openPrivateDatabase } from '../sqlite-file.js';
 
@@ -104,7 +105,7 @@ export interface KeyRow {
   created_at: number; last_used_at: number | null; deleted_at: number | null;
   secret_iv: Buffer | null; secret_tag: Buffer | null; secret_ct: Buffer | null;
   epoch: number; ips: string | null; allow_browser: number; model_limits: string | null;
-  period: BudgetPeriod | null; period_start: number | null;
+  period: BudgetPeriod | null; period_start: number | null; shadow: string | null;
 }
 export interface ProjectRow {
   id: string; status: 'enabled' | 'disabled'; budget: number | null; spent: number; created_at: number;
@@ -114,7 +115,7 @@ export interface WalletRow { user_id: string; balance: number; updated_at: numbe
 
 /** Column list without the secret, for every query that does not reveal. */
 export const KEY_COLUMNS = `id, name, hash, kind, user_id, project_id, status, budget, spent, models, routing, rpm, tpm,
-  concurrency, created_at, last_used_at, deleted_at, epoch, ips, allow_browser, model_limits, period, period_start`;
+  concurrency, created_at, last_used_at, deleted_at, epoch, ips, allow_browser, model_limits, period, period_start, shadow`;
 
 type Rec<T extends ParsedRecord['type']> = Extract<ParsedRecord, { type: T }>;
 
@@ -126,6 +127,7 @@ export function keyRecordOf(r: KeyRow): ParsedKeyRecord {
     routing: r.routing, rpm: r.rpm, tpm: r.tpm, concurrency: r.concurrency,
     epoch: r.epoch, ips: r.ips === null ? null : (JSON.parse(r.ips) as string[]), allowBrowser: r.allow_browser === 1,
     modelLimits: r.model_limits === null ? null : (JSON.parse(r.model_limits) as ModelLimit[]), period: r.period,
+    shadow: r.shadow === null ? [] : knownShadowChecks(JSON.parse(r.shadow) as string[]),
   };
 }
 
@@ -150,6 +152,8 @@ export interface KeyView {
   status: 'active' | 'deleted'; budget: number | null; spent: number; models: string[] | null; routing: string | null;
   rpm: number | null; tpm: number | null; concurrency: number | null;
   epoch: number; ips: string[] | null; allowBrowser: boolean; modelLimits: ModelLimit[] | null; period: BudgetPeriod | null;
+  /** checks evaluated but not enforced for this key (DESIGN section 12) */
+  shadow: ShadowCheck[];
   /** when the budget period restarts next; null without a period */
   resetsAt: string | null;
   createdAt: string; lastUsedAt: string | null; deletedAt: string | null;

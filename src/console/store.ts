@@ -10,6 +10,7 @@ import type { KeyHasher } from '../auth/hash.js';
 import type { DeleteChange, SyncRecord } from '../protocol/records.js';
 import type { ModelLimit } from '../policy/facts.js';
 import { periodStart, type BudgetPeriod } from '../policy/period.js';
+import { shadowColumn, type ShadowCheck } from '../policy/shadow.js';
 import { budgetChange, jsonOrNull, personalBudgetCheck } from './budgets.js';
 import { open, seal, verifyMasterKey } from './crypto.js';
 import {
@@ -31,6 +32,8 @@ export interface KeySettings {
   allowBrowser?: boolean;
   modelLimits?: ModelLimit[] | null;
   period?: BudgetPeriod | null;
+  /** checks evaluated but not enforced for this key (DESIGN section 12); [] for none */
+  shadow?: ShadowCheck[];
 }
 
 export type NewKey = KeySettings & ({ kind: 'personal'; user: string } | { kind: 'team'; project: string });
@@ -132,14 +135,14 @@ export class ConsoleStore {
       const sealed = seal({ masterKey: this.masterKey, plaintext: secret, aad: id });
       const period = input.period ?? null;
       this.db.prepare(`INSERT INTO keys (id, name, hash, secret_iv, secret_tag, secret_ct, kind, user_id, project_id, status,
-          budget, spent, models, routing, rpm, tpm, concurrency, created_at, ips, allow_browser, model_limits, period, period_start)
-        VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, 'active', ?, 0, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`).run(
+          budget, spent, models, routing, rpm, tpm, concurrency, created_at, ips, allow_browser, model_limits, period, period_start, shadow)
+        VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, 'active', ?, 0, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`).run(
         id, input.name ?? null, this.hasher(secret), sealed.iv, sealed.tag, sealed.ciphertext, input.kind,
         input.kind === 'personal' ? input.user : null, input.kind === 'team' ? input.project : null,
         input.budget ?? null, input.models == null ? null : JSON.stringify(input.models), input.routing ?? null,
         input.rpm ?? null, input.tpm ?? null, input.concurrency ?? null, this.now(),
         jsonOrNull(input.ips), input.allowBrowser ? 1 : 0, jsonOrNull(input.modelLimits), period,
-        period === null ? null : periodStart(period, this.now()),
+        period === null ? null : periodStart(period, this.now()), shadowColumn(input.shadow),
       );
       const row = this.keyRow(id);
       records.push(keyRecordOf(row));
@@ -166,6 +169,7 @@ export class ConsoleStore {
       if (patch.ips !== undefined) cols.ips = jsonOrNull(patch.ips);
       if (patch.modelLimits !== undefined) cols.model_limits = jsonOrNull(patch.modelLimits);
       if (patch.allowBrowser !== undefined) cols.allow_browser = patch.allowBrowser ? 1 : 0;
+      if (patch.shadow !== undefined) cols.shadow = shadowColumn(patch.shadow);
       Object.assign(cols, budgetChange({ row, budget: patch.budget, period: patch.period, now: this.now() }));
       const names = Object.keys(cols);
       if (names.length > 0) {
@@ -195,7 +199,7 @@ export class ConsoleStore {
     const v = keyViewOf(old);
     const settings: KeySettings = {
       name: v.name, models: v.models, routing: v.routing, rpm: v.rpm, tpm: v.tpm, concurrency: v.concurrency,
-      ips: v.ips, allowBrowser: v.allowBrowser, modelLimits: v.modelLimits,
+      ips: v.ips, allowBrowser: v.allowBrowser, modelLimits: v.modelLimits, shadow: v.shadow,
     };
     const created = old.kind === 'personal'
       ? this.createKey({ kind: 'personal', user: old.user_id!, ...settings })

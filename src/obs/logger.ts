@@ -76,6 +76,8 @@ export interface AccessLine {
   api_version: string | null;
   duration_ms: number;
   upstream_ms: number | null;
+  /** codes of shadowed checks that would have refused (DESIGN section 12); the field is written only when there are any */
+  shadow: readonly string[];
 }
 
 export interface AccessWriter {
@@ -132,7 +134,8 @@ function lineFormat(extra: string): (l: AccessLine) => string {
     `"key_kind":${str(l.key_kind)},"project_id":${str(l.project_id)},"user_id":${str(l.user_id)},"model":${str(l.model)},` +
     `"routing":${str(l.routing)},"app_name":${str(l.app_name)},"app_url":${str(l.app_url)},"input_tokens":${l.input_tokens},` +
     `"output_tokens":${l.output_tokens},"usage_estimated":${l.usage_estimated},` +
-    `"client_ip":${str(l.client_ip)},"api_version":${str(l.api_version)},"duration_ms":${l.duration_ms},"upstream_ms":${l.upstream_ms},"msg":"request"}\n`;
+    `"client_ip":${str(l.client_ip)},"api_version":${str(l.api_version)},"duration_ms":${l.duration_ms},"upstream_ms":${l.upstream_ms},` +
+    `${l.shadow.length === 0 ? '' : `"shadow":[${l.shadow.map(str).join(',')}],`}"msg":"request"}\n`;
 }
 
 /** Writes whole lines, each write within chunkBytes (a longer line goes alone). */

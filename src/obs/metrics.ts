@@ -21,6 +21,8 @@ export interface Metrics {
   request(route: string, status: number, code: string): void;
   /** seconds from arrival to allow/deny */
   decision(outcome: 'allow' | 'deny', seconds: number): void;
+  /** one request's would-be refusals by shadowed checks, each code once (DESIGN section 12) */
+  shadowDenials(codes: readonly string[]): void;
   /**
    * Adds the in-flight gauge, read from `read` at scrape time. Separate from the sources:
    * what counts requests in flight (the exchanges) is built after, and with, these metrics.
@@ -56,6 +58,22 @@ function requestCounts(registry: Registry): Map<string, number> {
         const [route, status, code] = k.split('\u0000') as [string, string, string];
         this.inc({ route, status, code }, n);
       }
+    },
+  });
+  return counts;
+}
+
+/** keyward_shadow_denials_total, counted in a plain map by code and handed over at scrape time. */
+function shadowCounts(registry: Registry): Map<string, number> {
+  const counts = new Map<string, number>();
+  new Counter({
+    name: 'keyward_shadow_denials_total',
+    help: 'Requests a shadowed check would have refused, by the code it would have answered (DESIGN section 12)',
+    labelNames: ['code'] as const,
+    registers: [registry],
+    collect() {
+      this.reset();
+      for (const [code, n] of counts) this.inc({ code }, n);
     },
   });
   return counts;
@@ -101,6 +119,7 @@ export function createMetrics(sources: MetricSources): Metrics {
   collectDefaultMetrics({ register: registry, prefix: 'keyward_' });
   const counts = requestCounts(registry);
   const byOutcome = decisionTimes(registry);
+  const shadowed = shadowCounts(registry);
   mirrorSources(registry, sources);
   return {
     registry,
@@ -110,6 +129,9 @@ export function createMetrics(sources: MetricSources): Metrics {
     },
     decision(outcome, seconds) {
       byOutcome[outcome].observe(seconds);
+    },
+    shadowDenials(codes) {
+      for (const code of codes) shadowed.set(code, (shadowed.get(code) ?? 0) + 1);
     },
     trackInFlight(read) {
       mirror(registry, 'gauge', 'keyward_in_flight_requests', 'Requests being handled', read);

@@ -7,6 +7,7 @@ import { deny, type Denial } from '../errors.js';
 import type { RouteClass } from '../routes.js';
 import type { FactsKey, FactsProject } from './facts.js';
 import { globMatch } from './glob.js';
+import { addShadowCode } from './shadow.js';
 
 /** The parts of the facts each decision reads (tests build just these). */
 export type PolicyKey = Pick<FactsKey, 'id' | 'kind' | 'status' | 'budget' | 'spent' | 'models'>;
@@ -26,8 +27,24 @@ export function checkKey(facts: PolicyFacts | null, unknown: () => Denial): Deni
   return null;
 }
 
+/**
+ * Step 5's budget checks under shadow (DESIGN section 12): with `budget` shadowed, an
+ * exhausted budget or wallet adds its code to `codes` and the request goes on.
+ */
+export interface BudgetShadow {
+  budget: boolean;
+  codes: string[];
+}
+
+/** The denial of an exhausted budget or wallet, or null when `budget` is shadowed (its code recorded). */
+function budgetDenial(code: 'key_budget_exhausted' | 'project_budget_exhausted' | 'insufficient_balance', shadow: BudgetShadow | undefined): Denial | null {
+  if (!shadow?.budget) return deny(code);
+  addShadowCode(shadow.codes, code);
+  return null;
+}
+
 /** Steps 4-5: standing of the key's project or wallet for the route's class. */
-export function checkStanding(facts: PolicyFacts, routeClass: RouteClass): Denial | null {
+export function checkStanding(facts: PolicyFacts, routeClass: RouteClass, shadow?: BudgetShadow): Denial | null {
   if (routeClass === 'listing' || routeClass === 'self') return null;
   const { key, project } = facts;
   if (routeClass === 'files') {
@@ -41,14 +58,11 @@ export function checkStanding(facts: PolicyFacts, routeClass: RouteClass): Denia
     if (project === null || project.status !== 'enabled') {
       return deny('project_disabled', { status: 402 });
     }
-    if (exhausted(key.spent, key.budget)) return deny('key_budget_exhausted');
-    if (exhausted(project.spent, project.budget)) {
-      return deny('project_budget_exhausted');
-    }
-    return null;
+    const keyBudget = exhausted(key.spent, key.budget) ? budgetDenial('key_budget_exhausted', shadow) : null;
+    if (keyBudget) return keyBudget;
+    return exhausted(project.spent, project.budget) ? budgetDenial('project_budget_exhausted', shadow) : null;
   }
-  if ((facts.walletBalance ?? 0) <= 0) return deny('insufficient_balance');
-  return null;
+  return (facts.walletBalance ?? 0) <= 0 ? budgetDenial('insufficient_balance', shadow) : null;
 }
 
 export function modelInScope(scope: readonly string[] | null, model: string): boolean {

@@ -3,6 +3,7 @@
  * wallet, as the replica returns them in one lookup. Defined here, beside the decisions
  * that read it; the replica produces it and the proxy carries it.
  */
+import type { ShadowCheck } from './shadow.js';
 
 export interface FactsKey {
   id: string;
@@ -26,6 +27,8 @@ export interface FactsKey {
   modelLimits: ModelLimit[] | null;
   /** UTC calendar period of the key's budget */
   period: 'day' | 'week' | 'month' | null;
+  /** checks evaluated but not enforced for this key, besides the config's (DESIGN section 12) */
+  shadow: readonly ShadowCheck[];
 }
 
 export interface ModelLimit {

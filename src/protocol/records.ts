@@ -4,6 +4,7 @@
  * reference console.
  */
 import { z } from 'zod';
+import { knownShadowChecks } from '../policy/shadow.js';
 import { parseCidr } from './cidr.js';
 
 // Records are objects, not strict objects: a reader ignores fields it does not know
@@ -76,6 +77,12 @@ export const keyRecord = z
     allowBrowser: z.boolean().default(false),
     modelLimits: z.array(modelLimit).max(1000).nullable().default(null),
     period: budgetPeriod.default(null),
+    /**
+     * Checks evaluated but not enforced for this key (DESIGN section 12). A name this build
+     * does not know is dropped rather than refused: a newer console may name more checks, and
+     * such a check stays enforced instead of the key, or the whole snapshot, being refused.
+     */
+    shadow: z.array(z.string().max(64)).max(64).default([]).transform(knownShadowChecks),
   })
   .refine((k) => (k.kind === 'personal' ? k.user !== null : k.project !== null), {
     message: 'a personal key needs a user, a team key needs a project',

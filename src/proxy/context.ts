@@ -152,6 +152,7 @@ export function accessLine(ctx: RequestContext, status: number, now: number): Ac
     api_version: ctx.apiVersion,
     duration_ms: Math.round((now - ctx.start) * 1000) / 1000,
     upstream_ms: ctx.upstreamMs === null ? null : Math.round(ctx.upstreamMs * 1000) / 1000,
+    shadow: ctx.shadow,
   };
 }
 

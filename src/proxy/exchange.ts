@@ -13,6 +13,7 @@ import type { AccessWriter } from '../obs/logger.js';
 import type { Metrics } from '../obs/metrics.js';
 import type { SpanSource } from '../obs/tracing/sink.js';
 import type { KeyFacts } from '../policy/facts.js';
+import type { Quota } from '../limits/limiter.js';
 import type { UsageEvent } from '../protocol/usage.js';
 import { hasBody } from './body/read.js';
 import { watchBodyIdle } from './body/idle.js';
@@ -71,7 +72,11 @@ function leavesLargeBodyUnread(req: IncomingMessage): boolean {
   return !(Number(req.headers['content-length']) <= 65_536);
 }
 
-function sendDenial(req: IncomingMessage, res: ServerResponse, ctx: RequestContext, denial: Denial, style: ErrorStyle): void {
+/** The header naming the codes shadowed checks would have answered with (DESIGN section 12). */
+const SHADOW_HEADER = 'x-keyward-shadow';
+
+/** `quota`: a 429 for the key's own RPM or TPM sends the key's figures too (DESIGN section 11). */
+function sendDenial(req: IncomingMessage, res: ServerResponse, ctx: RequestContext, denial: Denial, style: ErrorStyle, quota: Quota | null = null): void {
   ctx.code = denial.code;
   if (res.headersSent) {
     res.destroy();
@@ -81,6 +86,8 @@ function sendDenial(req: IncomingMessage, res: ServerResponse, ctx: RequestConte
   // Copied, then added to: a spread followed by a new property would build a hidden class per call.
   const headers: Record<string, string> = Object.assign({}, out.headers);
   headers['x-request-id'] = ctx.reqId;
+  if (quota) addQuotaHeaders({ add: (name, value) => void (headers[name] = value) }, quota);
+  if (ctx.shadow.length > 0) headers[SHADOW_HEADER] = ctx.shadow.join(',');
   if (leavesLargeBodyUnread(req)) headers.connection = 'close';
   res.writeHead(out.status, headers);
   res.end(out.body);
@@ -219,9 +226,11 @@ class ExchangeTable implements Exchanges, ForwardHooks {
     ctx.facts = seen.facts;
     ctx.upstream = seen.upstream;
     ctx.model = seen.model;
+    // The context keeps its shared empty list unless a shadowed check would have refused.
+    if (seen.shadow.length > 0) ctx.shadow = seen.shadow;
     ctx.decisionMs = performance.now() - ctx.start;
     this.deps.metrics.decision(decision.allow ? 'allow' : 'deny', ctx.decisionMs / 1000);
-    if (!decision.allow) return sendDenial(req, res, ctx, decision.denial, decision.style);
+    if (!decision.allow) return sendDenial(req, res, ctx, decision.denial, decision.style, decision.quota);
     ctx.lease = decision.lease;
     ctx.metered = decision.metered;
     ctx.estimate = decision.estimate;
@@ -262,6 +271,7 @@ class ExchangeTable implements Exchanges, ForwardHooks {
     // The client can quote the id its access-log line carries, unless the upstream names its own.
     if (head.get('x-request-id') === undefined) head.add('x-request-id', ctx.reqId);
     if (ctx.quota) addQuotaHeaders(head, ctx.quota);
+    if (ctx.shadow.length > 0) head.add(SHADOW_HEADER, ctx.shadow.join(','));
     if (!ctx.metered) return null;
     ctx.tap = createUsageTap({ contentType: head.get('content-type'), contentEncoding: head.get('content-encoding') });
     return ctx.tap;
@@ -313,6 +323,7 @@ class ExchangeTable implements Exchanges, ForwardHooks {
     const status = res.writableFinished ? res.statusCode : 499;
     if (ctx.settled && ctx.facts && this.deps.usageSink) this.deps.usageSink(usageEvent(ctx, ctx.settled, ctx.facts, status));
     this.deps.metrics.request(ctx.route?.name ?? 'none', status, ctx.code ?? '');
+    if (ctx.shadow.length > 0) this.deps.metrics.shadowDenials(ctx.shadow);
     this.deps.access(accessLine(ctx, status, performance.now()));
     ctx.span?.end(spanFacts(ctx, status));
     // A keep-alive connection whose answer began before the drain would otherwise stay

@@ -10,12 +10,14 @@ import { isWellFormedKey } from '../auth/keyformat.js';
 import type { KeyHasher } from '../auth/hash.js';
 import { deny, type Denial, type ErrorStyle } from '../errors.js';
 import { hasAnyLimit, NO_QUOTA, type AdmitInput, type Hold, type Lease, type Limiter, type Quota } from '../limits/limiter.js';
+import { admitShadowed, holdShadowed } from '../limits/shadow.js';
 import { checkKey, checkModel, checkModels, checkStanding, modelLimitFor } from '../policy/decide.js';
 import { holdersOf } from '../policy/holders.js';
 import { costOf, type Price } from '../policy/pricing.js';
 import { checkNetwork, looksLikeBrowser } from '../policy/network.js';
 import { promptTokens } from '../policy/estimate.js';
 import type { KeyFacts } from '../policy/facts.js';
+import { isShadowed, shadowSet, type ShadowSet } from '../policy/shadow.js';
 import { classify, type Route, type RouteRule } from '../routes.js';
 import type { BodyResult, BodySource, ReadOptions } from './body/read.js';
 import type { UploadResult } from './body/upload.js';
@@ -39,6 +41,8 @@ export interface PipelineDeps {
   refuseBrowsers: boolean;
   /** a key's routing mode names no upstream: the request goes to `default` */
   onUnknownRouting: (mode: string) => void;
+  /** `limits.shadow`: checks evaluated but not enforced for every key (DESIGN section 12) */
+  shadow: ShadowSet;
 }
 
 /** What the pipeline reads of a request: its head, and its body only when a step needs it. */
@@ -60,6 +64,8 @@ export interface Seen {
   facts: KeyFacts | null;
   upstream: string | null;
   model: string | null;
+  /** codes of shadowed checks that would have refused, each once, in decision order (DESIGN section 12) */
+  shadow: string[];
 }
 
 export interface Allow {
@@ -92,11 +98,16 @@ export interface Deny {
   seen: Seen;
   denial: Denial;
   style: ErrorStyle;
+  /** a 429 for the key's own RPM or TPM: the key's figures, sent as x-ratelimit-* headers (DESIGN section 11) */
+  quota: Quota | null;
 }
 
 export type Decision = Allow | Deny;
 
-const denied = (seen: Seen, denial: Denial): Deny => ({ allow: false, seen, denial, style: seen.route?.style ?? 'openai' });
+const denied = (seen: Seen, denial: Denial, quota: Quota | null = null): Deny => ({ allow: false, seen, denial, style: seen.route?.style ?? 'openai', quota });
+
+/** The checks shadowed for this key: the config's and the key record's own. */
+const shadowOf = (deps: PipelineDeps, facts: KeyFacts): ShadowSet => deps.shadow | shadowSet(facts.key.shadow);
 
 function chooseUpstream(deps: PipelineDeps, facts: KeyFacts): string {
   const mode = facts.key.routing;
@@ -122,7 +133,7 @@ function authenticate(input: RequestInput, deps: PipelineDeps, seen: Seen): Deni
   return (
     checkKey(facts, () => unknownKeyDenial(key)) ??
     checkNetwork(facts!.key, { clientIp: input.clientIp, browser: looksLikeBrowser(input.rawHeaders), refuseBrowsers: deps.refuseBrowsers }) ??
-    checkStanding(facts!, route.class)
+    checkStanding(facts!, route.class, { budget: isShadowed(shadowOf(deps, facts!), 'budget'), codes: seen.shadow })
   );
 }
 
@@ -166,7 +177,7 @@ function allowed(seen: Allow['seen'], f: Omit<Allow, 'allow' | 'seen'>): Allow {
 const NONE: { readonly prompt: number; readonly output: number } = Object.freeze({ prompt: 0, output: 0 });
 
 export async function decide(input: RequestInput, deps: PipelineDeps, requestId: string): Promise<Decision> {
-  const seen: Seen = { route: null, facts: null, upstream: null, model: null };
+  const seen: Seen = { route: null, facts: null, upstream: null, model: null, shadow: [] };
   const authDenial = authenticate(input, deps, seen);
   if (authDenial) return denied(seen, authDenial);
   const admitted = seen as Allow['seen'];
@@ -199,12 +210,17 @@ export async function decide(input: RequestInput, deps: PipelineDeps, requestId:
   const tokens = estimate.prompt + estimate.output;
 
   const limits = admission(deps, admitted, tokens, requestId);
+  const shadow = { shadow: shadowOf(deps, admitted.facts), codes: seen.shadow };
   let lease: Lease | null = null;
   let quota = NO_QUOTA;
   // Nothing to enforce: no limiter round trip at all.
   if (hasAnyLimit(limits)) {
-    const result = await deps.limiter.admit(limits);
-    if (!result.ok) return denied(seen, deny(result.code, { retryAfterMs: result.retryAfterMs }));
+    const result = await admitShadowed(deps.limiter, limits, shadow);
+    if (!result.ok) {
+      // A key's own RPM or TPM refusal shows the key's figures, as an OpenAI-compatible upstream's 429 does.
+      const figures = result.code !== 'limits_unavailable' && (result.check === 'rpm' || result.check === 'tpm') ? result.quota : null;
+      return denied(seen, deny(result.code, { retryAfterMs: result.retryAfterMs }), figures);
+    }
     lease = result.lease;
     quota = result.quota;
   }
@@ -214,7 +230,7 @@ export async function decide(input: RequestInput, deps: PipelineDeps, requestId:
   const { tag, holders } = holdersOf(admitted.facts);
   if (holders.length === 0) return allowed(admitted, { body, bodyRead, lease, quota, hold: null, price: null, tokens, estimate, metered });
   const price = seen.model === null ? null : deps.priceFor(seen.model);
-  const held = await deps.limiter.hold({ requestId, tag, holders, amount: costOf(price, { input: estimate.prompt, output: estimate.output }) });
+  const held = await holdShadowed(deps.limiter, { requestId, tag, holders, amount: costOf(price, { input: estimate.prompt, output: estimate.output }) }, shadow);
   if (!held.ok) {
     lease?.finish({ tokens: 0 }); // refused before forwarding: nothing was used
     return denied(seen, held.code === 'limits_unavailable' ? deny(held.code, { retryAfterMs: held.retryAfterMs }) : deny(held.code));

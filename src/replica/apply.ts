@@ -4,6 +4,7 @@
  * `keyward import`, by the sync client, and by the snapshot worker (off the event loop).
  */
 import type Database from 'better-sqlite3';
+import { shadowColumn } from '../policy/shadow.js';
 import { recordIdentity, type Change, type ChangeBatch, type SyncRecord } from '../protocol/records.js';
 
 export class ApplyError extends Error {
@@ -36,14 +37,14 @@ function statements(db: Database.Database): Statements {
   if (!s) {
     s = {
       upsertKey: db.prepare(`INSERT INTO keys (id, hash, kind, user_id, project_id, status, budget, spent, models, routing, rpm, tpm,
-          concurrency, epoch, ips, allow_browser, model_limits, period)
+          concurrency, epoch, ips, allow_browser, model_limits, period, shadow)
         VALUES (@id, @hash, @kind, @user, @project, @status, @budget, @spent, @models, @routing, @rpm, @tpm, @concurrency,
-          @epoch, @ips, @allowBrowser, @modelLimits, @period)
+          @epoch, @ips, @allowBrowser, @modelLimits, @period, @shadow)
         ON CONFLICT(id) DO UPDATE SET hash = excluded.hash, kind = excluded.kind, user_id = excluded.user_id,
           project_id = excluded.project_id, status = excluded.status, budget = excluded.budget, spent = excluded.spent,
           models = excluded.models, routing = excluded.routing, rpm = excluded.rpm, tpm = excluded.tpm,
           concurrency = excluded.concurrency, epoch = excluded.epoch, ips = excluded.ips, allow_browser = excluded.allow_browser,
-          model_limits = excluded.model_limits, period = excluded.period`),
+          model_limits = excluded.model_limits, period = excluded.period, shadow = excluded.shadow`),
       upsertProject: db.prepare(`INSERT INTO projects (id, status, budget, spent, epoch, period) VALUES (@id, @status, @budget, @spent, @epoch, @period)
         ON CONFLICT(id) DO UPDATE SET status = excluded.status, budget = excluded.budget, spent = excluded.spent,
           epoch = excluded.epoch, period = excluded.period`),
@@ -79,7 +80,7 @@ export function writeRecord(db: Database.Database, rec: SyncRecord): void {
       budget: rec.budget, spent: rec.spent, models: json(rec.models), routing: rec.routing, rpm: rec.rpm, tpm: rec.tpm,
       concurrency: rec.concurrency, epoch: rec.epoch ?? 0, ips: json(rec.ips), allowBrowser: rec.allowBrowser ? 1 : 0,
       modelLimits: rec.modelLimits == null ? null : JSON.stringify(rec.modelLimits.map((m) => ({ models: m.models, rpm: m.rpm ?? null, tpm: m.tpm ?? null }))),
-      period: rec.period ?? null,
+      period: rec.period ?? null, shadow: shadowColumn(rec.shadow),
     });
   } else if (rec.type === 'project') {
     s.upsertProject.run({ id: rec.id, status: rec.status, budget: rec.budget, spent: rec.spent, epoch: rec.epoch ?? 0, period: rec.period ?? null });

@@ -5,8 +5,8 @@
 import type Database from 'better-sqlite3';
 import { addMissingColumns, V1_RECORD_COLUMNS, type AddedColumns } from '../sqlite-file.js';
 
-/** 2: v1 protocol additions (epochs, key network policy and per-model limits, periods, prices) */
-export const SCHEMA_VERSION = 2;
+/** 2: v1 protocol additions (epochs, key network policy and per-model limits, periods, prices); 3: key shadow checks */
+export const SCHEMA_VERSION = 3;
 
 const DDL = `
 CREATE TABLE IF NOT EXISTS meta (
@@ -33,7 +33,8 @@ CREATE TABLE IF NOT EXISTS keys (
   ips TEXT,
   allow_browser INTEGER NOT NULL DEFAULT 0,
   model_limits TEXT,
-  period TEXT
+  period TEXT,
+  shadow TEXT
 );
 CREATE TABLE IF NOT EXISTS projects (
   id TEXT PRIMARY KEY,

@@ -10,6 +10,7 @@ import { openPrivateDatabase } from '../sqlite-file.js';
 import type { ChangeBatch } from '../protocol/records.js';
 import type { KeyFacts, ModelLimit } from '../policy/facts.js';
 import { pickPrice, type Price, type PriceEntry } from '../policy/pricing.js';
+import { knownShadowChecks, type ShadowCheck } from '../policy/shadow.js';
 
 
 export interface ReplicaStatus {
@@ -32,12 +33,15 @@ interface Row {
   id: string; kind: 'personal' | 'team'; user_id: string | null; project_id: string | null;
   status: 'active' | 'deleted'; budget: number | null; spent: number; models: string | null;
   routing: string | null; rpm: number | null; tpm: number | null; concurrency: number | null;
-  epoch: number; ips: string | null; allow_browser: number; model_limits: string | null; period: Period;
+  epoch: number; ips: string | null; allow_browser: number; model_limits: string | null; period: Period; shadow: string | null;
   p_id: string | null; p_status: 'enabled' | 'disabled' | null; p_budget: number | null; p_spent: number | null;
   p_epoch: number | null; p_period: Period;
   w_balance: number | null; w_epoch: number | null;
 }
 type Period = 'day' | 'week' | 'month' | null;
+
+/** A key without shadowed checks (most keys; shared: facts are only read). */
+const NO_SHADOW_CHECKS: readonly ShadowCheck[] = Object.freeze([]);
 
 function toFacts(r: Row): KeyFacts {
   return {
@@ -47,6 +51,7 @@ function toFacts(r: Row): KeyFacts {
       routing: r.routing, rpm: r.rpm, tpm: r.tpm, concurrency: r.concurrency,
       epoch: r.epoch, ips: r.ips === null ? null : (JSON.parse(r.ips) as string[]), allowBrowser: r.allow_browser === 1,
       modelLimits: r.model_limits === null ? null : (JSON.parse(r.model_limits) as ModelLimit[]), period: r.period,
+      shadow: r.shadow === null ? NO_SHADOW_CHECKS : knownShadowChecks(JSON.parse(r.shadow) as string[]),
     },
     project: r.p_id === null ? null : { id: r.p_id, status: r.p_status!, budget: r.p_budget, spent: r.p_spent!, epoch: r.p_epoch!, period: r.p_period },
     walletBalance: r.w_balance,

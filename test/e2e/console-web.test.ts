@@ -53,7 +53,7 @@ before(async () => {
     return r.body.key.id as string;
   };
   await create('laptop', { kind: 'personal', user: 'alice', name: 'alice laptop', rpm: 60, tpm: 100_000, concurrency: 4 });
-  await create('bot', { kind: 'team', project: 'research', name: 'ci bot', models: ['gpt-4o*', 'claude-*'], rpm: 120, budget: 40 });
+  await create('bot', { kind: 'team', project: 'research', name: 'ci bot', models: ['gpt-4o*', 'claude-*'], rpm: 120, budget: 40, shadow: ['budget', 'rpm'] });
   await create('bob', { kind: 'personal', user: 'bob', name: 'bob notebook' });
 
   const config = configSchema.parse({
@@ -122,7 +122,8 @@ test('admin: sign in, reveal and hide a key, see its usage, delete it; the sidec
   await signIn(page, fx.tokens.admin);
   const row = page.locator('tr', { hasText: 'ci bot' });
   await row.waitFor();
-  for (const text of ['research', 'gpt-4o*', '120 rpm', 'of 40', 'never', 'active']) assert.ok((await row.innerText()).includes(text), `row shows ${text}`);
+  for (const text of ['research', 'gpt-4o*', '120 rpm', 'shadow: rpm, budget', 'of 40', 'never', 'active']) assert.ok((await row.innerText()).includes(text), `row shows ${text}`);
+  assert.doesNotMatch(await page.locator('tr', { hasText: 'alice laptop' }).innerText(), /shadow/, 'a key with nothing shadowed says nothing of it');
   await page.screenshot({ path: join(shots, '2-keys.png') });
 
   // The key works through the sidecar; its usage reaches the console and the page.

@@ -91,6 +91,44 @@ test('the CLI flags round-trip through the sync feed into a sidecar replica\'s l
   assert.match((await cli('projects', 'update', 'p_net', '--budget-period', 'day')).stdout, /p_net\s+enabled\s+50\s+day \(restarts/);
 });
 
+test("a key's shadow list: set by the CLI, in the snapshot and the change feed, through to the replica; shown, kept on rotation, cleared", async () => {
+  const made = await cli('keys', 'create', '--personal', 'sam', '--rpm', '2', '--shadow', 'tpm,rpm', '--json');
+  assert.equal(made.code, 0, made.stderr);
+  const { key, secret } = JSON.parse(made.stdout) as { key: { id: string; shadow: string[] }; secret: string };
+  assert.deepEqual(key.shadow, ['rpm', 'tpm']);
+
+  // The change feed carried it to the replica, and a fresh snapshot has it too.
+  await whenReplica(replica, () => lookupSecret(replica, secret) !== null);
+  assert.deepEqual(lookupSecret(replica, secret)!.key.shadow, ['rpm', 'tpm']);
+  const snap = parseSnapshotText((await syncGet(fx, '/sync/v1/snapshot')).text);
+  const inSnapshot = snap.records.map((r) => r.record).find((r) => r.type === 'key' && r.id === key.id);
+  assert.deepEqual(inSnapshot && inSnapshot.type === 'key' && inSnapshot.shadow, ['rpm', 'tpm']);
+  const fresh = new ReplicaStore({ path: join(dir, 'from-snapshot.sqlite') });
+  fresh.applySnapshot({ ...snap, source: 'test' });
+  assert.deepEqual(lookupSecret(fresh, secret)!.key.shadow, ['rpm', 'tpm']);
+  fresh.close();
+
+  assert.match((await cli('keys', 'show', key.id)).stdout, /shadow\s+rpm,tpm/);
+  assert.match((await cli('keys', 'list', '--user', 'sam')).stdout, /SHADOW[\s\S]*rpm,tpm/);
+
+  const rot = JSON.parse((await cli('keys', 'rotate', key.id, '--json')).stdout) as { secret: string };
+  await whenReplica(replica, () => lookupSecret(replica, rot.secret) !== null);
+  assert.deepEqual(lookupSecret(replica, rot.secret)!.key.shadow, ['rpm', 'tpm']);
+
+  const upd = await cli('keys', 'update', key.id, '--shadow', 'budget');
+  assert.equal(upd.code, 0, upd.stderr);
+  await whenReplica(replica, () => lookupSecret(replica, secret)!.key.shadow.join() === 'budget');
+  assert.equal((await cli('keys', 'update', key.id, '--shadow', 'none')).code, 0);
+  await whenReplica(replica, () => lookupSecret(replica, secret)!.key.shadow.length === 0);
+  assert.match((await cli('keys', 'show', key.id)).stdout, /shadow\s+none/);
+
+  const bad = await cli('keys', 'update', key.id, '--shadow', 'rpm,speed');
+  assert.equal(bad.code, 1);
+  assert.match(bad.stderr, /--shadow takes a comma-separated list of rpm, tpm, concurrency, route, model, budget, or "none"; unknown: speed/);
+  const api = await fx.api('PATCH', `/admin/v1/keys/${key.id}`, { body: { shadow: ['speed'] } });
+  assert.equal(api.status, 400);
+});
+
 test('the console publishes its price table; a changed table reaches replicas as upserts and deletes', async () => {
   // On start: every configured glob, and the non-zero `unpriced` rate as the catch-all.
   const snap = parseSnapshotText((await syncGet(fx, '/sync/v1/snapshot')).text);

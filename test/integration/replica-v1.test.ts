@@ -50,7 +50,7 @@ test('a replica file from schema 1 is migrated in place: rows kept, ready, v1 fi
   const f = replica.lookup(sha256('k_old'))!;
   assert.deepEqual(f.key, {
     id: 'k_old', kind: 'team', userId: null, projectId: 'p_1', status: 'active', budget: 3, spent: 1, models: ['gpt-4o*'],
-    routing: null, rpm: 60, tpm: null, concurrency: null, epoch: 0, ips: null, allowBrowser: false, modelLimits: null, period: null,
+    routing: null, rpm: 60, tpm: null, concurrency: null, epoch: 0, ips: null, allowBrowser: false, modelLimits: null, period: null, shadow: [],
   });
   assert.deepEqual(f.project, { id: 'p_1', status: 'enabled', budget: 100, spent: 12.5, epoch: 0, period: null });
   assert.equal(f.walletEpoch, null, 'a team key with no wallet row');
@@ -68,13 +68,30 @@ test('a replica file from schema 1 is migrated in place: rows kept, ready, v1 fi
   again.close();
 });
 
+test("a replica file from schema 2 gains the keys' shadow column in place: rows kept, no key shadowed, shadow lists then stored", () => {
+  const path = join(dir, 'schema2.sqlite');
+  const made = new ReplicaStore({ path });
+  made.applySnapshot({ ...parseSnapshotText(lines(4, [key('k_two')])), source: 'test' });
+  made.close();
+  const older = new Database(path);
+  older.exec('ALTER TABLE keys DROP COLUMN shadow; PRAGMA user_version = 2;');
+  older.close();
+
+  const replica = new ReplicaStore({ path });
+  assert.equal(replica.db.pragma('user_version', { simple: true }), SCHEMA_VERSION);
+  assert.deepEqual(replica.lookup(sha256('k_two'))!.key.shadow, []);
+  replica.applyChanges({ version: 5, changes: [{ op: 'upsert', ...(parseSnapshotText(lines(0, [key('k_two', { shadow: ['concurrency'] })])).records[0]!.record) }] }, 'test');
+  assert.deepEqual(replica.lookup(sha256('k_two'))!.key.shadow, ['concurrency']);
+  replica.close();
+});
+
 test('a v1 snapshot: every new field reaches lookup; old-style records load with defaults; prices served by priceFor', () => {
   const replica = new ReplicaStore({ path: join(dir, 'v1.sqlite') });
   const snap = parseSnapshotText(lines(3, [
     { type: 'project', id: 'p_1', status: 'enabled', budget: 50, spent: 2, epoch: 4, period: 'week' },
     { type: 'wallet', user: 'u_1', balance: 9, epoch: 6 },
     { type: 'wallet', user: 'u_2', balance: 1 },
-    key('k_new', { epoch: 5, ips: ['10.0.0.0/8', '2001:db8::/32'], allowBrowser: true, period: 'month', modelLimits: [{ models: 'gpt-4o*', rpm: 10, tpm: 20000 }], unknownField: true }),
+    key('k_new', { epoch: 5, ips: ['10.0.0.0/8', '2001:db8::/32'], allowBrowser: true, period: 'month', modelLimits: [{ models: 'gpt-4o*', rpm: 10, tpm: 20000 }], shadow: ['tpm', 'rpm'], unknownField: true }),
     key('k_plain'),
     { type: 'key', id: 'k_u2', hash: sha256('k_u2'), kind: 'personal', user: 'u_2', project: null, status: 'active', budget: null, spent: 0, models: null, routing: null, rpm: null, tpm: null, concurrency: null },
     { type: 'price', model: 'gpt-4o*', input: 2.5, output: 10, per: 1000000 },
@@ -88,10 +105,11 @@ test('a v1 snapshot: every new field reaches lookup; old-style records load with
   assert.equal(f.key.allowBrowser, true);
   assert.deepEqual(f.key.modelLimits, [{ models: 'gpt-4o*', rpm: 10, tpm: 20000 }]);
   assert.equal(f.key.period, 'month');
+  assert.deepEqual(f.key.shadow, ['rpm', 'tpm']);
   assert.equal(f.project!.epoch, 4);
   assert.equal(f.project!.period, 'week');
   const plain = replica.lookup(sha256('k_plain'))!.key;
-  assert.deepEqual([plain.epoch, plain.ips, plain.allowBrowser, plain.modelLimits, plain.period], [0, null, false, null, null]);
+  assert.deepEqual([plain.epoch, plain.ips, plain.allowBrowser, plain.modelLimits, plain.period, plain.shadow], [0, null, false, null, null, []]);
   const u2 = replica.lookup(sha256('k_u2'))!;
   assert.deepEqual([u2.walletBalance, u2.walletEpoch], [1, 0]);
 
@@ -127,7 +145,7 @@ test('the snapshot worker and the change worker apply prices and v1 fields too',
   const replica = new ReplicaStore({ path: join(dir, 'worker.sqlite') });
   const chunks = buildSnapshot({ keys: 5000, version: 2 });
   chunks.push(Buffer.from(
-    JSON.stringify(key('k_v1', { project: 'p_big', ips: ['192.168.0.0/16'], modelLimits: [{ models: 'o1*', rpm: 1, tpm: null }], epoch: 9 })) + '\n' +
+    JSON.stringify(key('k_v1', { project: 'p_big', ips: ['192.168.0.0/16'], modelLimits: [{ models: 'o1*', rpm: 1, tpm: null }], epoch: 9, shadow: ['budget'] })) + '\n' +
     JSON.stringify({ type: 'price', model: 'o1*', input: 15, output: 60, per: 1e6 }) + '\n',
   ));
   assert.ok(chunks.reduce((n, c) => n + c.length, 0) > 256 * 1024, 'large enough to go to the worker');
@@ -139,7 +157,7 @@ test('the snapshot worker and the change worker apply prices and v1 fields too',
   assert.equal(applied.keys, 5001);
   assert.deepEqual(replica.priceFor('o1-preview'), { input: 15, output: 60, per: 1e6 });
   const f = replica.lookup(sha256('k_v1'))!;
-  assert.deepEqual([f.key.epoch, f.key.ips, f.key.modelLimits], [9, ['192.168.0.0/16'], [{ models: 'o1*', rpm: 1, tpm: null }]]);
+  assert.deepEqual([f.key.epoch, f.key.ips, f.key.modelLimits, f.key.shadow], [9, ['192.168.0.0/16'], [{ models: 'o1*', rpm: 1, tpm: null }], ['budget']]);
 
   const text = JSON.stringify({ version: 3, changes: [{ op: 'delete', type: 'price', model: 'o1*' }, { op: 'upsert', type: 'price', model: 'o3', input: 2, output: 8, per: 1e6 }] });
   assert.deepEqual(await applyChangeTextOffThread({ replica, text, source: 'test' }), { version: 3, changes: 2, applied: true });

@@ -13,6 +13,7 @@ import type { FactsKey, FactsProject, KeyFacts } from '../../src/policy/facts.js
 import type { BodyResult } from '../../src/proxy/body/read.js';
 import { decide, type PipelineDeps } from '../../src/proxy/pipeline.js';
 import { buildRules } from '../../src/routes.js';
+import { shadowSet } from '../../src/policy/shadow.js';
 
 const hashKey = makeKeyHasher({ hash: 'sha256' });
 
@@ -20,7 +21,7 @@ function facts(over: { key?: Partial<FactsKey>; project?: Partial<FactsProject> 
   const key: FactsKey = {
     id: 'k_1', kind: 'team', userId: null, projectId: 'p_1', status: 'active', budget: null, spent: 0,
     models: null, routing: null, rpm: null, tpm: null, concurrency: null,
-    epoch: 0, ips: null, allowBrowser: false, modelLimits: null, period: null, ...over.key,
+    epoch: 0, ips: null, allowBrowser: false, modelLimits: null, period: null, shadow: [], ...over.key,
   };
   const project: FactsProject | null = over.project === null ? null : { id: 'p_1', status: 'enabled', budget: null, spent: 0, epoch: 0, ...over.project };
   return { key, project, walletBalance: over.wallet ?? null, walletEpoch: over.wallet === undefined || over.wallet === null ? null : 0 };
@@ -50,7 +51,11 @@ interface Row {
   /** requests already admitted for this key this minute (with rpm 1 set on the key) */
   rpmUsed?: boolean;
   clientIp?: string;
+  /** the config's `limits.shadow` */
+  shadow?: string[];
   expect: string;
+  /** the codes of shadowed checks that would have refused, comma separated; default none */
+  shadowed?: string;
 }
 
 const deleted = { key: { status: 'deleted' as const } };
@@ -88,6 +93,14 @@ const ROWS: Row[] = [
   { name: 'model: all checks pass', state: personal(5, { models: ['gpt-4o*'], rpm: 1 }), expect: 'allow' },
   { name: 'listing needs only steps 1-3: a spent budget and a disabled project pass', method: 'GET', url: '/v1/models', state: facts(everyLaterFailure), rpmUsed: true, expect: 'allow' },
   { name: 'messages: x-api-key is read', url: '/v1/messages', headers: ['x-api-key', 'sk-good'], state: personal(5), expect: 'allow' },
+  // Shadow limits (DESIGN section 12): a shadowed check that would refuse records its code and the request goes on.
+  { name: 'shadow: an empty wallet with budget shadowed (config) goes on', state: personal(0), shadow: ['budget'], expect: 'allow', shadowed: 'insufficient_balance' },
+  { name: "shadow: the key's own shadow list counts too", state: personal(0, { shadow: ['budget'] }), expect: 'allow', shadowed: 'insufficient_balance' },
+  { name: 'shadow: both budgets spent, each code once, in order', state: facts({ key: { budget: 1, spent: 1 }, project: { budget: 1, spent: 2 } }), shadow: ['budget'], expect: 'allow', shadowed: 'key_budget_exhausted,project_budget_exhausted' },
+  { name: 'shadow: a disabled project is not a budget check', state: facts({ key: { budget: 1, spent: 1 }, project: { status: 'disabled' } }), shadow: ['budget'], expect: '402 project_disabled' },
+  { name: 'shadow: a shadowed budget does not shadow the body, scope or limits', state: facts({ key: { budget: 1, spent: 1, models: ['claude-*'] } }), shadow: ['budget'], expect: '403 model_not_allowed', shadowed: 'key_budget_exhausted' },
+  { name: 'shadow: rpm shadowed goes on', state: facts({ key: { rpm: 1 } }), shadow: ['rpm'], rpmUsed: true, expect: 'allow', shadowed: 'rpm_exceeded' },
+  { name: 'shadow: tpm shadowed does not cover rpm', state: facts({ key: { rpm: 1 } }), shadow: ['tpm', 'budget'], rpmUsed: true, expect: '429 rpm_exceeded' },
 ];
 
 const BODY_ROUTES = new Set(['/v1/chat/completions', '/v1/messages']);
@@ -110,6 +123,7 @@ for (const row of ROWS) {
       defaultOutputTokens: 1024,
       refuseBrowsers: true,
       onUnknownRouting: () => {},
+      shadow: shadowSet(row.shadow),
     };
     if (row.rpmUsed && state) {
       const first = await limiter.admit({ keyId: state.key.id, limits: { rpm: 1, tpm: null, concurrency: null }, tokens: 0, route: { name: 'default', concurrency: 0, rpm: 0 }, requestId: 'earlier' });
@@ -134,6 +148,7 @@ for (const row of ROWS) {
     );
     const summary = decision.allow ? 'allow' : `${statusOf(decision.denial)} ${decision.denial.code}`;
     assert.equal(summary, row.expect);
+    assert.equal(decision.seen.shadow.join(','), row.shadowed ?? '');
     // The body is read only once steps 1-5 have passed, and only on model routes.
     const stepsBeforeBody = /^(404|400 invalid_path|503|401|402|403 (project_disabled|ip_not_allowed|browser_request_refused))/.test(row.expect);
     if (stepsBeforeBody || !BODY_ROUTES.has(url)) assert.equal(bodyReads, 0, 'body read before its step');

@@ -34,7 +34,7 @@ test('period boundaries are UTC calendar days, Monday weeks and months', () => {
 
 test('key view: figures, live spend and balance, never the hash', () => {
   const facts: KeyFacts = {
-    key: { id: 'k_1', kind: 'team', userId: null, projectId: 'p_1', status: 'active', budget: 10, spent: 2, models: ['gpt-4o*'], routing: null, rpm: 60, tpm: null, concurrency: 2, epoch: 3, ips: null, allowBrowser: false, modelLimits: null, period: 'month' },
+    key: { id: 'k_1', kind: 'team', userId: null, projectId: 'p_1', status: 'active', budget: 10, spent: 2, models: ['gpt-4o*'], routing: null, rpm: 60, tpm: null, concurrency: 2, epoch: 3, ips: null, allowBrowser: false, modelLimits: null, period: 'month', shadow: [] },
     project: { id: 'p_1', status: 'enabled', budget: 100, spent: 50, epoch: 0 },
     walletBalance: null,
     walletEpoch: null,

@@ -22,7 +22,7 @@ function capture(): { writes: string[]; destination: pino.DestinationStream } {
 const line = (i: number): AccessLine => ({
   req_id: `req-${i}`, method: 'POST', path: '/v1/chat/completions', route: 'chat.completions', status: 200, code: null,
   key_id: 'k_1', key_kind: 'personal', project_id: null, user_id: 'u_1', model: 'gpt-4o-mini', routing: 'default',
-  app_name: 'é'.repeat(100), app_url: null, input_tokens: 10, output_tokens: 5, usage_estimated: false, client_ip: '127.0.0.1', api_version: null, duration_ms: 1.5, upstream_ms: 1,
+  app_name: 'é'.repeat(100), app_url: null, input_tokens: 10, output_tokens: 5, usage_estimated: false, client_ip: '127.0.0.1', api_version: null, duration_ms: 1.5, upstream_ms: 1, shadow: [],
 });
 
 test('shared stdout: access lines leave in whole-line writes within PIPE_ATOMIC_BYTES, each with the worker id', () => {
@@ -100,4 +100,17 @@ test("shared stdout: pino's own lines are cut to fit too (a reload error naming 
   assert.equal((err!.problems as string[]).length, 40, 'every problem is still named');
   assert.equal(err!.file, '/etc/keyward/keyward.yaml', 'short fields are kept whole');
   assert.equal(fits!.truncated, undefined);
+});
+
+test('the access line says "shadow" only when a shadowed check would have refused (DESIGN section 12)', () => {
+  const { writes, destination } = capture();
+  const logger = createLogger({ level: 'info', destination });
+  logger.access(line(1));
+  logger.access({ ...line(2), shadow: ['rpm_exceeded', 'tpm_exceeded'] });
+  logger.access.flush();
+  const [plain, shadowed] = writes.join('').split('\n').filter(Boolean).map((l) => JSON.parse(l) as Record<string, unknown>);
+  assert.equal('shadow' in plain!, false);
+  assert.deepEqual(shadowed!.shadow, ['rpm_exceeded', 'tpm_exceeded']);
+  assert.equal(shadowed!.msg, 'request');
+  assert.equal(shadowed!.upstream_ms, 1);
 });

@@ -78,3 +78,13 @@ test('the in-flight gauge is added once its source exists, and reads it at each 
   inFlight = 0;
   assert.match(await m.registry.getSingleMetricAsString('keyward_in_flight_requests'), /^keyward_in_flight_requests 0$/m);
 });
+
+test('shadow denials are counted by code, each code of a request once', async () => {
+  const m = createMetrics(sources);
+  m.shadowDenials(['rpm_exceeded']);
+  m.shadowDenials(['rpm_exceeded', 'tpm_exceeded']);
+  const text = await m.registry.getSingleMetricAsString('keyward_shadow_denials_total');
+  assert.match(text, /keyward_shadow_denials_total\{code="rpm_exceeded"\} 2/);
+  assert.match(text, /keyward_shadow_denials_total\{code="tpm_exceeded"\} 1/);
+  assert.equal(await m.registry.getSingleMetricAsString('keyward_shadow_denials_total'), text);
+});

@@ -14,7 +14,7 @@ const oldKey = {
 test('an old-style key, project and wallet without the v1 fields load with the defaults', () => {
   const k = parseRecord(oldKey);
   assert.ok(k.ok);
-  assert.deepEqual(k.value, { ...oldKey, epoch: 0, ips: null, allowBrowser: false, modelLimits: null, period: null });
+  assert.deepEqual(k.value, { ...oldKey, epoch: 0, ips: null, allowBrowser: false, modelLimits: null, period: null, shadow: [] });
   const p = parseRecord({ type: 'project', id: 'p_1', status: 'enabled', budget: null, spent: 0 });
   assert.ok(p.ok);
   assert.deepEqual(p.value, { type: 'project', id: 'p_1', status: 'enabled', budget: null, spent: 0, epoch: 0, period: null });
@@ -47,6 +47,17 @@ test('the v1 key fields are read and validated', () => {
   assert.match(bad({ modelLimits: [{ models: 'x', rpm: -1 }] }), /modelLimits\.0\.rpm/);
   // unknown fields do not excuse bad known ones
   assert.match(bad({ futureField: 1, rpm: 'many' }), /rpm/);
+  assert.match(bad({ shadow: 'rpm' }), /shadow/);
+  assert.match(bad({ shadow: [1] }), /shadow\.0/);
+});
+
+test("a key record's shadow list: known checks kept once each; a name this build does not know is dropped, the record kept", () => {
+  const k = parseRecord({ ...oldKey, shadow: ['tpm', 'rpm', 'tpm', 'budget'] });
+  assert.ok(k.ok && k.value.type === 'key');
+  assert.deepEqual(k.value.shadow, ['rpm', 'tpm', 'budget']);
+  const newer = parseRecord({ ...oldKey, shadow: ['rpm', 'some-future-check'] });
+  assert.ok(newer.ok && newer.value.type === 'key', 'a newer console naming more checks does not lose the key');
+  assert.deepEqual(newer.value.shadow, ['rpm']);
 });
 
 test('a reader ignores fields it does not know, in records, changes, meta and usage events', () => {

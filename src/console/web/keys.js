@@ -23,6 +23,11 @@ function limits(k) {
   return parts.length ? parts.join(' · ') : h('span.muted', {}, 'none');
 }
 
+/** Checks the key evaluates without enforcing (sidecars add the config's `limits.shadow`). */
+const shadowNote = (k) => (k.shadow && k.shadow.length
+  ? h('div.small.shadow', { title: 'evaluated but not enforced' }, `shadow: ${k.shadow.join(', ')}`)
+  : null);
+
 /** Team keys: spent of budget (per period when the console sends one); personal keys draw on the wallet. */
 function budget(k) {
   const period = k.period ? ` per ${k.period}` : '';
@@ -67,7 +72,7 @@ export async function renderKeys(panel, ctx) {
       h('td', {}, h('div.strong', {}, k.name ?? h('span.muted', {}, 'unnamed')), h('code.small.muted', {}, k.id)),
       h('td', {}, owner(k)),
       h('td.scope', {}, scope(k)),
-      h('td', {}, limits(k), k.routing ? h('div.small.muted', {}, `routing ${k.routing}`) : null),
+      h('td', {}, limits(k), k.routing ? h('div.small.muted', {}, `routing ${k.routing}`) : null, shadowNote(k)),
       h('td', {}, budget(k)),
       h('td', {}, when(k.lastUsedAt)),
       h('td', {}, h(`span.status.${k.status}`, {}, k.status)),

@@ -1,0 +1,84 @@
+/**
+ * Shadow evaluation over the Limiter contract (DESIGN section 12): the enforced algorithm
+ * with a shadowed refusal turned into a forward. Admissions and holds are all or nothing and
+ * name what refused; when that check is shadowed for the key, its code is recorded and the
+ * limiter is asked again with that one check turned off (its limit treated as unlimited; for
+ * a hold, without the refusing holder), until it admits or an enforced check refuses. A
+ * would-be refusal so takes nothing from that check's bucket, slots or ledger, and every
+ * other check takes and settles exactly as if all were enforced. The limiters and their
+ * scripts stay as they are; a request with nothing shadowed makes the one call it always did.
+ */
+import { addShadowCode, isShadowed, type ShadowCheck, type ShadowSet } from '../policy/shadow.js';
+import type { AdmitInput, AdmitResult, HoldInput, HoldResult, LimitCheck, Limiter, QuotaFigures } from './limiter.js';
+
+/** The shadow name that covers each check. */
+const SHADOW_NAME: Readonly<Record<LimitCheck, ShadowCheck>> = {
+  route_concurrency: 'route',
+  route_rpm: 'route',
+  rpm: 'rpm',
+  tpm: 'tpm',
+  concurrency: 'concurrency',
+  model_rpm: 'model',
+  model_tpm: 'model',
+};
+
+/** A conforming limiter refuses each check at most once: then it is off. The bound guards against one that does not. */
+const MAX_ASKS = Object.keys(SHADOW_NAME).length + 1;
+
+export interface ShadowOptions {
+  /** the checks shadowed for this key (the config's and the key's own) */
+  shadow: ShadowSet;
+  /** the request's would-be refusal codes so far; each new one is added once, in decision order */
+  codes: string[];
+}
+
+/** The admission with `check` turned off: its limit treated as unlimited. */
+export function withoutCheck(input: AdmitInput, check: LimitCheck): AdmitInput {
+  const { route, limits, modelLimit } = input;
+  switch (check) {
+    case 'route_concurrency':
+      return { ...input, route: { ...route, concurrency: 0 } };
+    case 'route_rpm':
+      return { ...input, route: { ...route, rpm: 0 } };
+    case 'rpm':
+    case 'tpm':
+    case 'concurrency':
+      return { ...input, limits: { ...limits, [check]: null } };
+    case 'model_rpm':
+      return { ...input, modelLimit: modelLimit ? { ...modelLimit, rpm: null } : null };
+    case 'model_tpm':
+      return { ...input, modelLimit: modelLimit ? { ...modelLimit, tpm: null } : null };
+  }
+}
+
+/**
+ * Step 8 under shadow. The admitted quota shows a key's own RPM or TPM bucket that was turned
+ * off as the refusal found it (remaining 0), as for an enforced limit: nothing took from it since.
+ */
+export async function admitShadowed(limiter: Pick<Limiter, 'admit'>, input: AdmitInput, o: ShadowOptions): Promise<AdmitResult> {
+  let ask = input;
+  let requests: QuotaFigures | null = null;
+  let tokens: QuotaFigures | null = null;
+  for (let n = 1; ; n++) {
+    const r = await limiter.admit(ask);
+    if (r.ok) return requests || tokens ? { ok: true, lease: r.lease, quota: { requests: requests ?? r.quota.requests, tokens: tokens ?? r.quota.tokens } } : r;
+    if (r.code === 'limits_unavailable' || !isShadowed(o.shadow, SHADOW_NAME[r.check]) || n >= MAX_ASKS) return r;
+    addShadowCode(o.codes, r.code);
+    if (r.check === 'rpm') requests = r.quota.requests;
+    if (r.check === 'tpm') tokens = r.quota.tokens;
+    ask = withoutCheck(ask, r.check);
+  }
+}
+
+/** Step 9 under shadow: with `budget` shadowed, a holder that cannot fit the hold is left out of it. */
+export async function holdShadowed(limiter: Pick<Limiter, 'hold'>, input: HoldInput, o: ShadowOptions): Promise<HoldResult> {
+  let ask = input;
+  for (;;) {
+    const r = await limiter.hold(ask);
+    if (r.ok || r.code === 'limits_unavailable' || !isShadowed(o.shadow, 'budget')) return r;
+    const holders = ask.holders.filter((h) => h.code !== r.code);
+    if (holders.length === ask.holders.length) return r;
+    addShadowCode(o.codes, r.code);
+    ask = { ...ask, holders };
+  }
+}
