@@ -1,8 +1,9 @@
 /**
  * The Limiter conformance suite: the same tests against the in-process limiter (fake clock),
  * a single Redis and a Redis Cluster. Per-model limits and quota figures are in
- * limits-conformance-quota.ts, spend holds in limits-conformance-ledger.ts; both run here. Each test uses its own key ids and route names, so the
- * implementations never see each other's state.
+ * limits-conformance-quota.ts, spend holds in limits-conformance-ledger.ts, refusals and shadow
+ * limits in limits-conformance-shadow.ts; all run here. Each test uses its own key ids and
+ * route names, so the implementations never see each other's state.
  */
 import assert from 'node:assert/strict';
 import { randomBytes } from 'node:crypto';
@@ -10,6 +11,7 @@ import { after, before, describe, test } from 'node:test';
 import type { AdmitInput, AdmitResult, KeyLimits, Lease, Limiter, RouteCapacity } from '../../src/limits/limiter.js';
 import { ledgerConformance } from './limits-conformance-ledger.js';
 import { quotaConformance } from './limits-conformance-quota.js';
+import { shadowConformance } from './limits-conformance-shadow.js';
 
 export type TestLimiter = Limiter & { refreshLeases(): Promise<void> };
 
@@ -311,5 +313,6 @@ export function runLimiterConformance(name: string, setup: () => Promise<Harness
 
     quotaConformance(() => h);
     ledgerConformance(() => h);
+    shadowConformance(() => h);
   });
 }

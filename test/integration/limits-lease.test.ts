@@ -8,6 +8,8 @@ import assert from 'node:assert/strict';
 import { after, describe, test } from 'node:test';
 import { Redis } from 'ioredis';
 import type { AdmitResult } from '../../src/limits/limiter.js';
+import { admitShadowed } from '../../src/limits/shadow.js';
+import { shadowSet } from '../../src/policy/shadow.js';
 import { leasingInstances, redisHarness } from '../helpers/redis-harness.js';
 import { waitFor } from '../helpers/redis-server.js';
 import { input, runLimiterConformance, uid } from '../helpers/redis-limits-conformance.js';
@@ -108,6 +110,49 @@ describe('bucket slices', { timeout: 60_000 }, () => {
     assert.ok(admitted <= bound, `admitted ${admitted}, limit ${bound} in ${Math.round(elapsed)} ms`);
     // Slices still out elsewhere may refuse a little early, never more than three slices' worth.
     assert.ok(admitted >= 600 - 3 * Math.floor(60_000 / 16 / 100), `admitted ${admitted}`);
+  });
+
+  test('shadow rpm with slices: admitted from slices while within the limit, then shadowed at Redis taking nothing; TPM takes throughout', async () => {
+    const a = await instance(200);
+    const b = await instance(200);
+    const key = uid('k');
+    const limits = { rpm: 64, tpm: 640_000 };
+    const tokens = 1000;
+    const shadow = { shadow: shadowSet(['rpm']), codes: [] as string[] };
+    let sawSlice = false;
+    let plain = 0;
+    let shadowed = 0;
+    const started = performance.now();
+    for (let i = 0; shadowed < 20; i++) {
+      assert.ok(i < 200, `${plain} admitted, ${shadowed} shadowed after ${i} requests`);
+      const codes: string[] = [];
+      const r = await admitShadowed((i % 4 ? a : b).lim, input(key, { limits, tokens }), { ...shadow, codes });
+      assert.ok(r.ok, 'rpm is shadowed and TPM far from its limit');
+      r.lease.finish({ tokens: null });
+      if (codes.length === 0) plain++;
+      else {
+        assert.deepEqual(codes, ['rpm_exceeded']);
+        assert.equal(r.quota.requests?.remaining, 0);
+        shadowed++;
+      }
+      sawSlice ||= a.lim.slicesHeld() > 0;
+    }
+    const elapsed = performance.now() - started;
+    assert.ok(sawSlice, 'far from its limit the key was leased a slice');
+    // Exact: 64 and what refilled (one every 937.5 ms), less at most the slices still out.
+    const refilled = Math.ceil(elapsed / 937.5);
+    assert.ok(plain <= 64 + refilled && plain >= 64 - 2 * 4, `${plain} admitted in ${Math.round(elapsed)} ms`);
+    // The twenty shadowed took no token: enforcing now lacks one token at most, not twenty.
+    const wait = (await a.lim.admit(input(key, { limits, tokens })));
+    assert.ok(!wait.ok && wait.code === 'rpm_exceeded' && wait.retryAfterMs <= 940, JSON.stringify(wait));
+    // TPM is not shadowed: every request reserved on it, shadowed or not.
+    await waitFor(() => a.lim.slicesHeld() + b.lim.slicesHeld() === 0, 5_000, 'the slices are given back');
+    await waitFor(async () => (await leased(a.client, key, 'tpm')) === 0, 5_000, 'the slices are closed in Redis');
+    const q = await b.lim.peek({ keyId: key, limits: { ...limits, concurrency: null } });
+    const taken = 640_000 - q.tokens!.remaining;
+    const sent = (plain + shadowed) * tokens;
+    const refill = ((performance.now() - started) * 640_000) / 60_000;
+    assert.ok(taken <= sent && taken >= sent - refill - tokens, `${taken} tokens taken for ${sent} reserved`);
   });
 
   test("a dead instance's slice comes back by expiry; a live one gives back what is left", async () => {

@@ -45,6 +45,13 @@ test('defaults are the ones in DESIGN section 2', () => {
   assert.deepEqual(c.messages, { vendor: 'keyward' });
   assert.deepEqual(c.logging, { level: 'info' });
   assert.deepEqual(c.routes, []);
+  assert.deepEqual(c.limits, { leaseMs: 30_000, defaultOutputTokens: 1024, shadow: [] });
+});
+
+test('limits.shadow: a list of the checks DESIGN section 12 names, anything else refused with the names listed', () => {
+  assert.deepEqual(parse(`${MINIMAL}limits: { shadow: [rpm, budget] }\n`).limits.shadow, ['rpm', 'budget']);
+  hasProblem(problems(`${MINIMAL}limits: { shadow: [rpm, speed] }\n`), 'limits.shadow.1', /rpm.*tpm.*concurrency.*route.*model.*budget/);
+  hasProblem(problems(`${MINIMAL}limits: { shadow: rpm }\n`), 'limits.shadow');
 });
 
 test('defaults inside optional sections', () => {
