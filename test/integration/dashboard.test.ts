@@ -32,6 +32,8 @@ before(async () => {
   upstream = await startFakeUpstream();
   await fx.api('PUT', '/admin/v1/wallets/alice', { body: { balance: 5 } });
   const { body } = await fx.api('POST', '/admin/v1/keys', { body: { kind: 'personal', user: 'alice', rpm: 100 } });
+  // A key whose RPM of 1 is shadowed: its second request is a shadow denial.
+  const shadowed = (await fx.api('POST', '/admin/v1/keys', { body: { kind: 'personal', user: 'alice', rpm: 1, shadow: ['rpm'] } })).body;
   const config = configSchema.parse({
     server: { port: 0 }, admin: { port: 0 },
     upstreams: { default: { url: upstream.url } },
@@ -41,10 +43,16 @@ before(async () => {
   replica = new ReplicaStore({ path: config.replica.path });
   const logger = createLogger({ level: 'warn', destination: new Writable({ write: (_c, _e, cb) => cb() }) });
   sidecar = await startSidecar({ config, logger, replica });
-  await whenReplica(replica, () => lookupSecret(replica, body.secret) !== null, 10_000);
-  // Traffic of both outcomes, so labelled series (requests, decision latency) exist.
+  await whenReplica(replica, () => lookupSecret(replica, shadowed.secret) !== null, 10_000);
+  // Traffic of both outcomes and a shadow denial, so labelled series (requests, decision latency, shadow denials) exist.
   for (const key of [body.secret, 'not-a-key']) {
     await (await fetch(`${sidecar.url}/v1/models`, { headers: { authorization: `Bearer ${key}` } })).arrayBuffer();
+  }
+  for (let i = 0; i < 2; i++) {
+    const chat = { method: 'POST', headers: { authorization: `Bearer ${shadowed.secret}`, 'content-type': 'application/json' }, body: JSON.stringify({ model: 'gpt-4o', messages: [] }) };
+    const res = await fetch(`${sidecar.url}/v1/chat/completions`, chat);
+    await res.arrayBuffer();
+    assert.equal(res.status, 200);
   }
   const text = await (await fetch(`http://127.0.0.1:${sidecar.adminPort}/metrics`)).text();
   exported = new Set(text.split('\n').filter((l) => l && !l.startsWith('#')).map((l) => /^[a-zA-Z_:][a-zA-Z0-9_:]*/.exec(l)![0]));
@@ -91,7 +99,7 @@ test('exported metric names have no doubled prefix, and the design\'s metrics ar
   assert.deepEqual([...exported].filter((n) => /process_process|nodejs_nodejs|keyward_keyward/.test(n)), []);
   for (const name of ['keyward_process_cpu_seconds_total', 'keyward_nodejs_eventloop_lag_p99_seconds', 'keyward_requests_total', 'keyward_decision_seconds_bucket',
     'keyward_replica_version', 'keyward_replica_sync_lag_seconds', 'keyward_redis_errors_total', 'keyward_fail_open_admissions_total', 'keyward_in_flight_requests',
-    'keyward_trace_spans_dropped_total']) {
+    'keyward_trace_spans_dropped_total', 'keyward_shadow_denials_total']) {
     assert.ok(exported.has(name), name);
   }
 });
