@@ -46,6 +46,8 @@ before(async () => {
       k_limited: { rpm: 5, tpm: 10_000, concurrency: 3, models: ['gpt-4o*'] },
       k_free: {},
       k_team: { project: 'p_q', budget: 2, spent: 0.5 },
+      k_tpm: { rpm: 100, tpm: 1000 },
+      k_conc: { rpm: 100, concurrency: 1 },
     },
     records: [{ type: 'project', id: 'p_q', status: 'enabled', budget: null, spent: 0 }],
   });
@@ -105,6 +107,47 @@ describe('quota headers and GET /v1/key', () => {
     assert.deepEqual(v.budget, { limit: 2, spent: 0.5, remaining: 1.5, period: null, resets_at: null });
     assert.equal(v.balance, null);
     assert.deepEqual(v.remaining, { requests: null, tokens: null });
+  });
+
+  test("a 429 for the key's TPM carries the key's figures, tokens remaining 0; a concurrency 429 carries none", async () => {
+    // 50 output tokens and a small prompt: about 70 of 1000 tokens a request.
+    const first = await ask(h.keys.k_tpm!);
+    const left = Number(first.response.headers.get('x-ratelimit-remaining-tokens'));
+    assert.ok(left > 900 && left < 1000, `remaining tokens ${left}`);
+    const big = await client(h.keys.k_tpm!)
+      .chat.completions.create({ model: 'gpt-4o-mini', messages: [{ role: 'user', content: 'hi' }], max_tokens: 990 })
+      .then(() => null, (e: unknown) => e);
+    assert.ok(big instanceof OpenAI.RateLimitError, `expected a RateLimitError, got ${String(big)}`);
+    const hd = big.headers!;
+    assert.equal(hd.get('x-keyward-error'), 'tpm_exceeded');
+    assert.deepEqual(
+      ['x-ratelimit-limit-tokens', 'x-ratelimit-remaining-tokens', 'x-ratelimit-limit-requests', 'x-ratelimit-remaining-requests'].map((n) => hd.get(n)),
+      ['1000', '0', '100', '99'],
+      'the refused bucket shows 0; the RPM bucket as it is (the refusal took nothing)',
+    );
+    assert.match(hd.get('x-ratelimit-reset-tokens') ?? '', /^\d+(\.\d+)?(ms|s)$/);
+
+    // A concurrency refusal says nothing of RPM or TPM: only Retry-After.
+    const held = new Promise<void>((resolve) => up.arrivals.once('head', () => resolve()));
+    let release = () => {};
+    up.setHandler(async (req, res, rec) => {
+      await new Promise<void>((r) => (release = r));
+      return chatWithItsOwnLimits(req, res, rec);
+    });
+    const slow = ask(h.keys.k_conc!);
+    await held;
+    const conc = await fetch(`${h.url}/v1/chat/completions`, {
+      method: 'POST', headers: { authorization: `Bearer ${h.keys.k_conc}`, 'content-type': 'application/json' },
+      body: JSON.stringify({ model: 'gpt-4o-mini', messages: [] }),
+    });
+    await conc.arrayBuffer();
+    assert.equal(conc.status, 429);
+    assert.equal(conc.headers.get('x-keyward-error'), 'concurrency_exceeded');
+    assert.ok(Number(conc.headers.get('retry-after')) >= 1);
+    assert.equal(conc.headers.get('x-ratelimit-remaining-requests'), null);
+    up.setHandler(chatWithItsOwnLimits);
+    release();
+    assert.equal((await slow).response.status, 200);
   });
 
   test('GET /v1/key without a key is 401; another method is 404', async () => {

@@ -73,7 +73,7 @@ describe('limits.shadow: [rpm] through keyward serve and the openai client', () 
   test('an RPM-2 key makes 4 requests: all answered by the upstream; the 3rd and 4th say rpm_exceeded in the header, the access line and the metric', async () => {
     const p = await serve('shadowed', [`replica: { path: ${join(dir, 'shadowed.sqlite')} }`, 'limits: { shadow: [rpm] }']);
     const reached = up.received.length;
-    const rs = [];
+    const rs: Awaited<ReturnType<typeof ask>>[] = [];
     for (let i = 0; i < 4; i++) rs.push(await ask(p, secret));
     assert.equal(up.received.length - reached, 4, 'every request was forwarded');
     for (const r of rs) assert.deepEqual(r.data, ANSWER, "the upstream's answer, unchanged");

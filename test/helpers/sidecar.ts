@@ -49,6 +49,7 @@ export function keyRecord(id: string, spec: KeySpec, hash: string): KeyRecord {
     ...(spec.allowBrowser !== undefined ? { allowBrowser: spec.allowBrowser } : {}),
     ...(spec.modelLimits !== undefined ? { modelLimits: spec.modelLimits } : {}),
     ...(spec.period !== undefined ? { period: spec.period } : {}),
+    ...(spec.shadow !== undefined ? { shadow: spec.shadow } : {}),
   };
 }
 

@@ -117,7 +117,7 @@ describe('traces', () => {
   test('denials are spans with their code and status; only a 5xx is an error', async () => {
     const deadPort = await closedPort();
     const h = await sidecar({ otlpUrl: rx.url }, {
-      keys: { k_ok: { project: 'p_traces' }, k_rpm: { rpm: 1 }, k_dead: { routing: 'dead' } },
+      keys: { k_ok: { project: 'p_traces' }, k_rpm: { rpm: 1 }, k_dead: { routing: 'dead' }, k_shadow: { rpm: 1, shadow: ['rpm'] } },
       config: { upstreams: { default: { url: up.url }, dead: { url: `http://127.0.0.1:${deadPort}` } } },
     });
     const status = async (call: Promise<unknown>) => call.then(() => 200, (err: APIError) => err.status);
@@ -126,6 +126,7 @@ describe('traces', () => {
     assert.equal(await status(openai(h, h.keys.k_rpm!).chat.completions.create(chatBody)), 429);
     assert.equal(await status(openai(h, h.keys.k_dead!).chat.completions.create(chatBody)), 502);
     assert.equal(await status(openai(h, h.keys.k_ok!).models.list()), 200);
+    for (let i = 0; i < 2; i++) assert.equal(await status(openai(h, h.keys.k_shadow!).chat.completions.create(chatBody)), 200);
 
     const denied = await rx.waitFor(spanWith('/v1/models', (s) => s.attributes['keyward.code'] === 'invalid_api_key'));
     assert.equal(denied.name, 'keyward listing');
@@ -143,6 +144,12 @@ describe('traces', () => {
     const listed = await rx.waitFor(spanWith('/v1/models', (s) => s.attributes['keyward.key_id'] === 'k_ok'));
     assert.equal(listed.attributes['keyward.project_id'], 'p_traces');
     assert.equal(listed.attributes['keyward.code'], undefined);
+
+    // A shadowed RPM that would have refused: forwarded, its span says what it would have been.
+    const shadowed = await rx.waitFor((s) => s.attributes['keyward.key_id'] === 'k_shadow' && s.attributes['keyward.shadow'] !== undefined);
+    assert.deepEqual(shadowed.attributes['keyward.shadow'], ['rpm_exceeded']);
+    assert.equal(shadowed.attributes['http.response.status_code'], 200);
+    assert.equal(shadowed.attributes['keyward.code'], undefined);
 
     // A path no route knows: `keyward none`, and the query never recorded.
     assert.equal((await send(h.url, { path: '/nowhere?api_key=abc' })).status, 404);
