@@ -8,7 +8,7 @@
  * other check takes and settles exactly as if all were enforced. The limiters and their
  * scripts stay as they are; a request with nothing shadowed makes the one call it always did.
  */
-import { addShadowCode, isShadowed, type ShadowCheck, type ShadowSet } from '../policy/shadow.js';
+import { addShadowCode, isShadowed, NO_SHADOW, type ShadowCheck, type ShadowSet } from '../policy/shadow.js';
 import type { AdmitInput, AdmitResult, HoldInput, HoldResult, LimitCheck, Limiter, QuotaFigures } from './limiter.js';
 
 /** The shadow name that covers each check. */
@@ -55,7 +55,12 @@ export function withoutCheck(input: AdmitInput, check: LimitCheck): AdmitInput {
  * Step 8 under shadow. The admitted quota shows a key's own RPM or TPM bucket that was turned
  * off as the refusal found it (remaining 0), as for an enforced limit: nothing took from it since.
  */
-export async function admitShadowed(limiter: Pick<Limiter, 'admit'>, input: AdmitInput, o: ShadowOptions): Promise<AdmitResult> {
+export function admitShadowed(limiter: Pick<Limiter, 'admit'>, input: AdmitInput, o: ShadowOptions): Promise<AdmitResult> {
+  // Nothing shadowed (most keys): the limiter's own answer, with nothing in between.
+  return o.shadow === NO_SHADOW ? limiter.admit(input) : askUntilEnforced(limiter, input, o);
+}
+
+async function askUntilEnforced(limiter: Pick<Limiter, 'admit'>, input: AdmitInput, o: ShadowOptions): Promise<AdmitResult> {
   let ask = input;
   let requests: QuotaFigures | null = null;
   let tokens: QuotaFigures | null = null;
@@ -71,11 +76,15 @@ export async function admitShadowed(limiter: Pick<Limiter, 'admit'>, input: Admi
 }
 
 /** Step 9 under shadow: with `budget` shadowed, a holder that cannot fit the hold is left out of it. */
-export async function holdShadowed(limiter: Pick<Limiter, 'hold'>, input: HoldInput, o: ShadowOptions): Promise<HoldResult> {
+export function holdShadowed(limiter: Pick<Limiter, 'hold'>, input: HoldInput, o: ShadowOptions): Promise<HoldResult> {
+  return isShadowed(o.shadow, 'budget') ? holdUntilEnforced(limiter, input, o) : limiter.hold(input);
+}
+
+async function holdUntilEnforced(limiter: Pick<Limiter, 'hold'>, input: HoldInput, o: ShadowOptions): Promise<HoldResult> {
   let ask = input;
   for (;;) {
     const r = await limiter.hold(ask);
-    if (r.ok || r.code === 'limits_unavailable' || !isShadowed(o.shadow, 'budget')) return r;
+    if (r.ok || r.code === 'limits_unavailable') return r;
     const holders = ask.holders.filter((h) => h.code !== r.code);
     if (holders.length === ask.holders.length) return r;
     addShadowCode(o.codes, r.code);
