@@ -16,6 +16,15 @@ import type { ConfigStatus, Metrics } from '../obs/metrics.js';
 
 export type ReloadTrigger = 'SIGHUP' | 'file';
 
+/**
+ * SIGHUP's default action ends the process. `serve` answers it from its first moment, so a
+ * SIGHUP while it starts, or while it drains after SIGTERM, never cuts a stream.
+ */
+function ignoreSighup(): void {}
+export function holdSighup(): void {
+  if (!process.listeners('SIGHUP').includes(ignoreSighup)) process.on('SIGHUP', ignoreSighup);
+}
+
 export interface ReloaderOptions {
   file: string;
   /** what the process started with */
@@ -31,9 +40,9 @@ export class ConfigReloader {
   private hash: string;
   private readonly reloads = { ok: 0, error: 0 };
   private lastSuccessAt: number;
-  /** the reload under way, and whether another was asked for meanwhile */
+  /** the reload under way, and the one that will run after it (asked for meanwhile) */
   private busy: Promise<void> | null = null;
-  private again: ReloadTrigger | null = null;
+  private queued: Promise<void> | null = null;
   private watch: ConfigWatch | null = null;
   private readonly onSighup = () => void this.reload('SIGHUP');
   private readonly now: () => number;
@@ -47,6 +56,7 @@ export class ConfigReloader {
 
   /** Reloads on SIGHUP and on a change of the file's content. */
   start(): void {
+    holdSighup();
     process.on('SIGHUP', this.onSighup);
     this.watch = new ConfigWatch({ file: this.o.file, hash: this.hash, log: this.o.log, onChange: () => void this.reload('file') });
   }
@@ -61,18 +71,27 @@ export class ConfigReloader {
     return { reloads: { ...this.reloads }, lastSuccessAt: this.lastSuccessAt, hash: this.hash };
   }
 
-  /** Reads the file and puts it in force if it is valid; resolves once that is done (never rejects). */
+  /**
+   * Reads the file and puts it in force if it is valid; resolves once that is done (never
+   * rejects). Asked while a reload runs, it reads once more after it: triggers that come
+   * meanwhile share that read, which sees the file as it is by then.
+   */
   reload(trigger: ReloadTrigger): Promise<void> {
-    if (this.busy) {
-      this.again = trigger;
-      return this.busy;
-    }
-    this.busy = this.once(trigger).finally(() => {
-      this.busy = null;
-      const next = this.again;
-      this.again = null;
-      if (next) void this.reload(next);
+    if (this.queued) return this.queued;
+    if (!this.busy) return this.run(trigger);
+    this.queued = this.busy.then(() => {
+      this.queued = null;
+      return this.run(trigger);
     });
+    return this.queued;
+  }
+
+  private run(trigger: ReloadTrigger): Promise<void> {
+    this.busy = this.once(trigger)
+      .catch((err: Error) => this.failed({ trigger, problems: [err.message] }, 'config reload failed'))
+      .finally(() => {
+        this.busy = null;
+      });
     return this.busy;
   }
 

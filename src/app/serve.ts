@@ -6,7 +6,7 @@
 import cluster from 'node:cluster';
 import { loadConfig } from '../config/file.js';
 import { createLogger, flushed } from '../obs/logger.js';
-import { startReloading } from './reload.js';
+import { holdSighup, startReloading } from './reload.js';
 import { startSidecar } from './sidecar.js';
 import { runWorker } from './worker.js';
 import { startWorkers } from './workers.js';
@@ -22,6 +22,7 @@ export async function serveWorker(): Promise<void> {
 }
 
 export async function serve(o: { file: string; workers: number }): Promise<Serving> {
+  holdSighup();
   const loaded = loadConfig(o.file);
   const { config } = loaded;
   if (o.workers > 1) {
