@@ -15,7 +15,7 @@
  * Redis, so it is not on while timing).
  */
 import { Redis } from 'ioredis';
-import { createLimiter } from '../src/limits/failover.js';
+import { createLimiter } from '../src/limits/create.js';
 import type { Limiter } from '../src/limits/limiter.js';
 
 const env = (name: string, def: number): number => {
@@ -109,7 +109,7 @@ async function cleanup(): Promise<void> {
 
 const variantsOf = (tag: string): [string, Limiter][] => [false, true].map((enabled) => [
   enabled ? 'lease on ' : 'lease off',
-  createLimiter({ redis: { url: REDIS_URL, prefix: `${PREFIX}-${tag}-${enabled ? 'on' : 'off'}`, timeoutMs: 5_000, onError: 'closed', lease: { enabled, sliceMs: 1000 } } }),
+  createLimiter({ redis: { url: REDIS_URL, prefix: `${PREFIX}-${tag}-${enabled ? 'on' : 'off'}`, timeoutMs: 5_000, onError: 'closed', lease: { enabled, sliceMs: 1000 } }, leaseMs: 30_000 }),
 ]);
 const cases: [string, typeof limits][] = [
   ['rpm+tpm', { rpm: 1e9, tpm: 1e12, concurrency: null }],

@@ -9,7 +9,7 @@ import { createServer, type Server } from 'node:http';
 import { makeKeyHasher } from '../auth/hash.js';
 import type { Config } from '../config/schema.js';
 import type { Limiter } from '../limits/limiter.js';
-import { createLimiter } from '../limits/failover.js';
+import { createLimiter } from '../limits/create.js';
 import { startAdmin, type AdminServer } from '../obs/admin.js';
 import type { Logger } from '../obs/logger.js';
 import { createMetrics, type Metrics } from '../obs/metrics.js';

@@ -84,6 +84,7 @@ export const configSchema = z
         waitMs: num().pipe(z.number().min(0).max(60_000)).default(25_000),
       })
       .optional(),
+    /** The defaults of `redis` and `limits.leaseMs` are stated here only: createLimiter (src/limits/create.ts) takes every value as given. */
     redis: z
       .strictObject({
         url: redisUrl,

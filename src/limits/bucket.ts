@@ -1,7 +1,7 @@
 /**
  * Token-bucket and lease arithmetic shared by the in-process limiter. lua/bucket.lua (used by
  * admit, lease, settle and peek) implements the same formulas, plus the slice ceiling of
- * redis-lease.ts; the conformance suite holds both to them.
+ * redis/slices.ts; the conformance suite holds both to them.
  *
  * A bucket of capacity N refills continuously at N per WINDOW_MS. It is stored as
  * (tokens, ts): the level at time ts. An absent bucket is full, which is why a bucket
@@ -11,9 +11,6 @@
 import type { Quota } from './limiter.js';
 
 export const WINDOW_MS = 60_000;
-
-/** Default lease lifetime: a crashed instance's slots come back after this long. */
-export const DEFAULT_LEASE_MS = 30_000;
 
 /**
  * Upper bound on retryAfterMs for a concurrency denial. A slot frees when any in-flight
@@ -77,9 +74,25 @@ export function bucketQuota(level: number, capacity: number): { limit: number; r
 }
 
 /** The key's own quota from a script reply [rpm remaining, rpm reset, tpm remaining, tpm reset]; 0 = no limit. */
-export function quotaOf(rpm: number, tpm: number, v: number[]): Quota {
+export function quotaFromReply(rpm: number, tpm: number, v: number[]): Quota {
   return {
     requests: rpm > 0 ? { limit: rpm, remaining: Number(v[0] ?? 0), resetMs: Number(v[1] ?? 0) } : null,
     tokens: tpm > 0 ? { limit: tpm, remaining: Number(v[2] ?? 0), resetMs: Number(v[3] ?? 0) } : null,
   };
+}
+
+/** The tokens a request reserves for its estimate: whole, never negative. */
+export function reservedTokens(estimate: number): number {
+  return Math.max(0, Math.ceil(estimate));
+}
+
+/**
+ * What settling a TPM reservation to the real usage gives back: reserved minus real
+ * (positive refunds, negative charges the difference). Null when the usage is unknown or
+ * equals the reservation: then the reservation stands as it is.
+ */
+export function tokensBack(reserved: number, usage: { tokens: number | null } | undefined): number | null {
+  const real = usage?.tokens;
+  if (typeof real !== 'number' || !Number.isFinite(real) || real === reserved) return null;
+  return reserved - reservedTokens(real);
 }

@@ -1,114 +1,90 @@
 /**
- * The failover rules of createLimiter (failover.ts) for quota reads and spend holds: each
- * call waits on Redis at most timeoutMs (plus a small slack), shares createLimiter's breaker
- * and first-connection wait, and on failure
+ * The failover rules (failover.ts) for quota reads and spend holds: each call waits on Redis
+ * at most timeoutMs (plus a small slack), shares the admissions' breaker and first-connection
+ * wait, and on failure
  *  - hold: `onError: open` holds in the in-process ledger (counted in failOpenHolds),
  *    `closed` answers limits_unavailable. A hold Redis grants after the guard gave up is
  *    released at once (settled at 0), so it cannot sit on a budget until it expires.
  *  - peek, ledger: read the in-process figures in either mode. They only inform the caller
  *    (GET /v1/key); refusing them would turn a display into an outage.
+ * Calls that need no Redis skip the guard: their success says nothing about Redis.
  */
-import { type HoldInput, type HoldResult, type Limiter, isLimited } from './limiter.js';
+import { type Failover, unavailable } from './failover.js';
+import type { GuardedCall } from './failover-guard.js';
+import type { HoldInput, HoldResult, KeyLimits, LedgerFigure, LedgerInput, Limiter, Quota } from './limiter.js';
+import { isLimited } from './limiter.js';
 
-/** createLimiter's breaker and connection state, shared so that admissions and holds agree. */
-export interface FailoverGate {
-  /** True while the breaker sends calls on this hash tag's shard to the fallback. */
-  skip(tag: string): boolean;
-  /** While the first connection is being made: resolves when it is up or after timeoutMs. */
-  ready(): Promise<void> | undefined;
-  succeeded(tag: string): void;
-  /** `slow`: the call failed by waiting out the timeout (what trips the breaker) */
-  failed(tag: string, err: unknown, slow: boolean): void;
+export function holdWithFailover(failover: Failover, input: HoldInput): Promise<HoldResult> {
+  // Nothing to hold: nothing can be unavailable either.
+  if (input.holders.length === 0) return failover.shared.hold(input);
+  return guarded(failover, new HoldCall(failover, failover.tags.ledger(input.tag), input));
 }
 
-export interface MoneyFailoverOptions {
-  shared: Pick<Limiter, 'peek' | 'hold' | 'ledger'>;
-  local: Pick<Limiter, 'peek' | 'hold' | 'ledger'>;
-  timeoutMs: number;
-  onError: 'open' | 'closed';
-  gate: FailoverGate;
-  /** the Redis hash tags calls land on, for per-shard failure tracking */
-  tags: { key: (keyId: string) => string; ledger: (tag: string) => string };
+export function peekWithFailover(failover: Failover, input: { keyId: string; limits: KeyLimits }): Promise<Quota> {
+  if (!isLimited(input.limits.rpm) && !isLimited(input.limits.tpm)) return failover.shared.peek(input);
+  return guarded(failover, new ReadCall(failover, failover.tags.key(input.keyId), (from) => from.peek(input)));
 }
 
-export type MoneyFailover = Pick<Limiter, 'peek' | 'hold' | 'ledger'> & {
-  failOpenHolds(): number;
-  guardTimeouts(): number;
-};
+export function ledgerWithFailover(failover: Failover, input: LedgerInput): Promise<LedgerFigure[]> {
+  if (input.holders.length === 0) return Promise.resolve([]);
+  return guarded(failover, new ReadCall(failover, failover.tags.ledger(input.tag), (from) => from.ledger(input)));
+}
 
-const GUARD_SLACK_MS = 25;
-const UNAVAILABLE_RETRY_MS = 1_000;
+const guarded = <T>(failover: Failover, call: OneTagCall<T>): Promise<T> => failover.guard.run(failover.shards.skipping(failover.shards.of(call.tag), performance.now()), call);
 
-class RedisTimeout extends Error {}
+/** A call whose keys all live under one hash tag; its shard is looked up at each step, as the map may change meanwhile. */
+abstract class OneTagCall<T> implements GuardedCall<T> {
+  constructor(
+    protected readonly failover: Failover,
+    readonly tag: string,
+  ) {}
 
-export function createMoneyFailover(o: MoneyFailoverOptions): MoneyFailover {
-  let failOpenHolds = 0;
-  let guardTimeouts = 0;
+  abstract send(): Promise<T>;
+  abstract fallback(): Promise<T>;
 
-  /** Runs one Redis call under the breaker and the deadline; `late` undoes what arrives too late. */
-  const guarded = <T>(tag: string, call: () => Promise<T>, fallback: () => Promise<T>, late?: (v: T) => void): Promise<T> => {
-    if (o.gate.skip(tag)) return fallback();
-    const waiting = o.gate.ready();
-    return waiting ? waiting.then(() => underDeadline(tag, call, fallback, late)) : underDeadline(tag, call, fallback, late);
-  };
+  answered(): void {
+    this.failover.shards.succeeded(this.failover.shards.of(this.tag));
+  }
 
-  /**
-   * The call's answer, or the fallback's once the call fails or outlives the deadline. One
-   * promise and one timer per call: every request's hold comes through here, and a race
-   * against a guard promise cost two more promises and their reactions.
-   */
-  const underDeadline = <T>(tag: string, call: () => Promise<T>, fallback: () => Promise<T>, late?: (v: T) => void): Promise<T> =>
-    new Promise<T>((resolve) => {
-      const p = call();
-      let gaveUp = false;
-      const started = performance.now();
-      const fail = (err: unknown): void => {
-        o.gate.failed(tag, err, performance.now() - started >= o.timeoutMs * 0.9);
-        resolve(fallback());
-      };
-      const timer = setTimeout(() => {
-        gaveUp = true;
-        guardTimeouts++;
-        fail(new RedisTimeout(`redis did not answer within ${o.timeoutMs} ms`));
-      }, o.timeoutMs + GUARD_SLACK_MS);
-      p.then(
-        (v) => {
-          if (gaveUp) return late?.(v);
-          clearTimeout(timer);
-          o.gate.succeeded(tag);
-          resolve(v);
-        },
-        (err: unknown) => {
-          // After the deadline the Redis side counted this failure itself; do not count it twice.
-          if (gaveUp) return void guardTimeouts--;
-          clearTimeout(timer);
-          fail(err);
-        },
-      );
-    });
+  // Holds and quota reads trip a shard's breaker as admissions do: only slow failures count.
+  failed(err: unknown, slow: boolean): void {
+    this.failover.shards.failed(this.failover.shards.of(this.tag), err, slow);
+  }
 
-  const degradeHold = (input: HoldInput): Promise<HoldResult> => {
-    if (o.onError === 'closed') {
-      return Promise.resolve({ ok: false, code: 'limits_unavailable', retryAfterMs: UNAVAILABLE_RETRY_MS });
-    }
-    failOpenHolds++;
-    return o.local.hold(input);
-  };
+  late(_answer: T): void {}
+}
 
-  return {
-    // Nothing to hold: nothing can be unavailable either.
-    hold: (input) =>
-      input.holders.length === 0
-        ? o.shared.hold(input)
-        : guarded(o.tags.ledger(input.tag), () => o.shared.hold(input), () => degradeHold(input), (r) => r.ok && r.hold.settle(0)),
-    // Calls that need no Redis skip the gate: their success says nothing about Redis.
-    peek: (input) =>
-      !isLimited(input.limits.rpm) && !isLimited(input.limits.tpm)
-        ? o.shared.peek(input)
-        : guarded(o.tags.key(input.keyId), () => o.shared.peek(input), () => o.local.peek(input)),
-    ledger: (input) =>
-      input.holders.length === 0 ? Promise.resolve([]) : guarded(o.tags.ledger(input.tag), () => o.shared.ledger(input), () => o.local.ledger(input)),
-    failOpenHolds: () => failOpenHolds,
-    guardTimeouts: () => guardTimeouts,
-  };
+class HoldCall extends OneTagCall<HoldResult> {
+  constructor(failover: Failover, tag: string, private readonly input: HoldInput) {
+    super(failover, tag);
+  }
+
+  send(): Promise<HoldResult> {
+    return this.failover.shared.hold(this.input);
+  }
+
+  fallback(): Promise<HoldResult> {
+    if (this.failover.onError === 'closed') return Promise.resolve(unavailable());
+    this.failover.failedOpen.holds++;
+    return this.failover.local.hold(this.input);
+  }
+
+  override late(answer: HoldResult): void {
+    if (answer.ok) answer.hold.settle(0);
+  }
+}
+
+/** A read: Redis' figures in time, else the in-process ones, in either mode. */
+class ReadCall<T> extends OneTagCall<T> {
+  constructor(failover: Failover, tag: string, private readonly read: (from: Pick<Limiter, 'peek' | 'ledger'>) => Promise<T>) {
+    super(failover, tag);
+  }
+
+  send(): Promise<T> {
+    return this.read(this.failover.shared);
+  }
+
+  fallback(): Promise<T> {
+    return this.read(this.failover.local);
+  }
 }

@@ -14,6 +14,9 @@ export interface LeaseKeeperOptions {
   onError: (err: unknown) => void;
 }
 
+/** What a ledger shows of the keeper of its holds: refresh now, count, stop. */
+export type KeptHolds = Pick<LeaseKeeper, 'refreshNow' | 'count' | 'stop'>;
+
 /** What `add` hands back and `remove` takes (-1: nothing was kept). */
 export type LeaseTicket = number;
 
@@ -29,10 +32,10 @@ export interface LeaseKeeper {
   stop(): void;
 }
 
-// Random, not derived from the request id: nothing a client sends ends up in Redis. A
-// fresh random id per lease cost more CPU than any other step of an admission, so the
-// randomness is drawn once per process (96 bits, which other instances and workers
-// cannot guess or collide with) and a counter makes each id unique within the process.
+// Random, not derived from the request id: nothing a client sends ends up in Redis. The
+// randomness is drawn once per process (96 bits, which other instances and workers cannot
+// guess or collide with) and a counter makes each id unique within the process, so taking a
+// lease id is a string concatenation, not a call into the random source per request.
 const leasePrefix = randomBytes(12).toString('base64url');
 let leaseCount = 0;
 
@@ -40,65 +43,92 @@ export function newLeaseId(): string {
   return leasePrefix + (++leaseCount).toString(36);
 }
 
+/** The default refresh period of live leases and holds: several refreshes fall within one lifetime, so one that fails or comes late does not let a live lease expire. */
+export function defaultRefreshEveryMs(leaseMs: number): number {
+  return Math.floor(leaseMs / 3);
+}
+
 export function createLeaseKeeper(opts: LeaseKeeperOptions): LeaseKeeper {
+  return new Keeper(opts);
+}
+
+interface KeptLease {
+  id: string;
+  setKeys: string[];
+}
+
+class Keeper implements LeaseKeeper {
   // One add and one remove per request: array cells, not Maps keyed by lease id (a Map with
   // that churn keeps replacing its hash table: src/dense-set.ts). Grouped by set only to refresh.
-  const leases = new DenseSet<{ id: string; setKeys: string[] }>();
-  let timer: NodeJS.Timeout | null = null;
-  let running: Promise<void> | null = null;
-  let stopped = false;
+  private readonly leases = new DenseSet<KeptLease>();
+  private timer: NodeJS.Timeout | null = null;
+  private running: Promise<void> | null = null;
+  private stopped = false;
 
-  const refreshNow = (): Promise<void> => {
+  constructor(private readonly opts: LeaseKeeperOptions) {}
+
+  add(leaseId: string, setKeys: string[]): LeaseTicket {
+    if (setKeys.length === 0) return -1;
+    const ticket = this.leases.add({ id: leaseId, setKeys });
+    this.syncTimer();
+    return ticket;
+  }
+
+  remove(ticket: LeaseTicket): void {
+    if (ticket < 0) return;
+    this.leases.delete(ticket);
+    this.syncTimer();
+  }
+
+  count(): number {
+    return this.leases.size;
+  }
+
+  refreshNow(): Promise<void> {
     // A slow Redis must not stack refresh rounds on top of each other.
-    if (running) return running;
+    if (this.running) return this.running;
+    const rounds = [...this.idsBySet()].map(([setKey, ids]) => this.opts.refresh(setKey, ids).catch((err: unknown) => this.opts.onError(err)));
+    this.running = Promise.all(rounds)
+      .then(
+        () => undefined,
+        () => undefined,
+      )
+      .finally(() => {
+        this.running = null;
+      });
+    return this.running;
+  }
+
+  timerRunning(): boolean {
+    return this.timer !== null;
+  }
+
+  stop(): void {
+    this.stopped = true;
+    if (this.timer) clearInterval(this.timer);
+    this.timer = null;
+  }
+
+  /** The ids of the live leases, per set. */
+  private idsBySet(): Map<string, string[]> {
     const bySet = new Map<string, string[]>();
-    leases.forEach((l) => {
+    this.leases.forEach((l) => {
       for (const k of l.setKeys) {
         const ids = bySet.get(k);
         if (ids) ids.push(l.id);
         else bySet.set(k, [l.id]);
       }
     });
-    running = Promise.all(
-      [...bySet].map(([setKey, ids]) => opts.refresh(setKey, ids).catch((err: unknown) => opts.onError(err))),
-    ).then(
-      () => undefined,
-      () => undefined,
-    ).finally(() => {
-      running = null;
-    });
-    return running;
-  };
+    return bySet;
+  }
 
-  const syncTimer = (): void => {
-    if (leases.size > 0 && !timer && !stopped && opts.everyMs > 0) {
-      timer = setInterval(() => void refreshNow(), opts.everyMs);
-      timer.unref();
-    } else if (leases.size === 0 && timer) {
-      clearInterval(timer);
-      timer = null;
+  private syncTimer(): void {
+    if (this.leases.size > 0 && !this.timer && !this.stopped && this.opts.everyMs > 0) {
+      this.timer = setInterval(() => void this.refreshNow(), this.opts.everyMs);
+      this.timer.unref();
+    } else if (this.leases.size === 0 && this.timer) {
+      clearInterval(this.timer);
+      this.timer = null;
     }
-  };
-
-  return {
-    add(leaseId, setKeys) {
-      if (setKeys.length === 0) return -1;
-      const ticket = leases.add({ id: leaseId, setKeys });
-      syncTimer();
-      return ticket;
-    },
-    remove(ticket) {
-      if (ticket < 0) return;
-      leases.delete(ticket);
-      syncTimer();
-    },
-    count: () => leases.size,
-    refreshNow,
-    timerRunning: () => timer !== null,
-    stop() {
-      stopped = true;
-      if (timer) clearInterval(timer);
-      timer = null;
-    },
-  };
+  }
 }

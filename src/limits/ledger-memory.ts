@@ -3,9 +3,10 @@
  * the fail-open fallback. Holds are leases: they expire `leaseMs` after they were taken or
  * last refreshed, so a hold whose request never settles comes back by itself.
  */
-import { createLeaseKeeper, newLeaseId, type LeaseTicket } from './leases.js';
-import { LEDGER_TTL_MS, effectiveBase, fromNano, holdFits, holdNano, liveNano, toNano } from './ledger.js';
-import type { Hold, HoldInput, HoldResult, LedgerFigure, LedgerHolder, LedgerInput } from './limiter.js';
+import { type KeptHolds, type LeaseKeeper, type LeaseTicket, createLeaseKeeper, newLeaseId } from './leases.js';
+import { LEDGER_TTL_MS, effectiveBase, fromNano, holdFits, holdNano, liveNano, settledNano, toNano } from './ledger.js';
+import type { Holder } from '../policy/holders.js';
+import type { Hold, HoldInput, HoldResult, LedgerFigure, LedgerInput } from './limiter.js';
 
 export interface MemoryLedgerOptions {
   now: () => number;
@@ -17,9 +18,8 @@ export interface MemoryLedgerOptions {
 export interface MemoryLedger {
   hold(input: HoldInput): HoldResult;
   ledger(input: LedgerInput): LedgerFigure[];
-  refresh(): Promise<void>;
-  count(): number;
-  stop(): void;
+  /** the live holds, kept alive until settled */
+  readonly holds: KeptHolds;
 }
 
 interface Entry {
@@ -42,28 +42,38 @@ interface HoldOwner {
   release(kept: LeaseTicket): void;
 }
 
-/** One hold: a small object with its settle method, no closures per hold. */
+/**
+ * One hold: a small object with its settle method, no closures per hold. Its state is in ES
+ * private fields: a hold may be printed or logged, and shows nothing of its ledger.
+ */
 class MemoryHold implements Hold {
-  private done = false;
+  readonly #owner: HoldOwner;
+  readonly #id: string;
+  readonly #keys: string[];
+  readonly #amount: number;
+  readonly #kept: LeaseTicket;
+  #done = false;
 
-  constructor(
-    private readonly owner: HoldOwner,
-    private readonly id: string,
-    private readonly keys: string[],
-    private readonly amount: number,
-    private readonly kept: LeaseTicket,
-  ) {}
+  constructor(owner: HoldOwner, id: string, keys: string[], amount: number, kept: LeaseTicket) {
+    this.#owner = owner;
+    this.#id = id;
+    this.#keys = keys;
+    this.#amount = amount;
+    this.#kept = kept;
+  }
 
   settle(actual: number): void {
-    if (this.done) return;
-    this.done = true;
-    const { owner, id, amount } = this;
-    owner.release(this.kept);
-    const t2 = owner.now();
-    // An unreadable figure keeps what was held rather than charging nothing.
-    const cost = Number.isFinite(actual) ? toNano(Math.max(0, actual)) : amount;
-    for (const key of this.keys) {
-      const e = owner.live(key, t2);
+    if (this.#done) return;
+    this.#done = true;
+    const owner = this.#owner;
+    const id = this.#id;
+    const amount = this.#amount;
+    const keys = this.#keys;
+    owner.release(this.#kept);
+    const t = owner.now();
+    const cost = settledNano(actual, amount);
+    for (const key of keys) {
+      const e = owner.live(key, t);
       if (!e) continue;
       const h = e.holds.get(id);
       if (h) {
@@ -71,39 +81,82 @@ class MemoryHold implements Hold {
         e.held -= h.amount;
       }
       e.settled += cost;
-      e.lastUse = t2;
+      e.lastUse = t;
     }
   }
 }
 
 export function createMemoryLedger(opts: MemoryLedgerOptions): MemoryLedger {
-  const { now, leaseMs } = opts;
-  const entries = new Map<string, Entry>();
-  let holdsTaken = 0;
+  return new InProcessLedger(opts);
+}
 
-  const keeper = createLeaseKeeper({
-    everyMs: opts.refreshEveryMs,
-    refresh: async (entryKey, ids) => {
-      const e = entries.get(entryKey);
-      if (!e) return;
-      const until = now() + leaseMs;
-      // Only holds still present (ZADD XX in Redis): one that was purged stays gone.
-      for (const id of ids) {
-        const h = e.holds.get(id);
-        if (h) h.expires = until;
+/** A holder's entry: `${tag}\0${holder id}`. */
+const entryKey = (tag: string, holder: Holder): string => `${tag}\u0000${holder.id}`;
+
+class InProcessLedger implements MemoryLedger, HoldOwner {
+  readonly now: () => number;
+  private readonly leaseMs: number;
+  private readonly entries = new Map<string, Entry>();
+  /** keeps the live holds alive until settled */
+  readonly holds: LeaseKeeper;
+  private holdsTaken = 0;
+
+  constructor(opts: MemoryLedgerOptions) {
+    this.now = opts.now;
+    this.leaseMs = opts.leaseMs;
+    this.holds = createLeaseKeeper({
+      everyMs: opts.refreshEveryMs,
+      refresh: async (key, ids) => this.refreshHolds(key, ids),
+      onError: () => undefined,
+    });
+  }
+
+  hold(input: HoldInput): HoldResult {
+    if (input.holders.length === 0) return { ok: true, hold: NOOP_HOLD };
+    const t = this.now();
+    if (++this.holdsTaken % SWEEP_EVERY === 0) this.sweep(t);
+    const amount = holdNano(input.amount);
+    const keys: string[] = [];
+    const states: Entry[] = [];
+    let refused: Holder['code'] | null = null;
+    for (const holder of input.holders) {
+      const key = entryKey(input.tag, holder);
+      keys.push(key);
+      let e = this.live(key, t);
+      const { restart, base } = effectiveBase(e, holder, toNano(holder.base));
+      if (!e || restart) {
+        // A first or newer epoch: the ledger starts again from the replica's figure.
+        e = { epoch: holder.epoch, base0: base, settled: 0, held: 0, holds: new Map(), lastUse: t };
+        this.entries.set(key, e);
       }
-    },
-    onError: () => undefined,
-  });
+      e.lastUse = t;
+      states.push(e);
+      const limit = holder.limit === null ? null : toNano(holder.limit);
+      if (refused === null && !holdFits(holder.kind, liveNano(holder.kind, base, e), amount, limit)) refused = holder.code;
+    }
+    if (refused !== null) return { ok: false, code: refused };
+    return { ok: true, hold: this.record(keys, states, amount, t) };
+  }
 
-  const keyOf = (tag: string, holder: LedgerHolder): string => `${tag}\u0000${holder.id}`;
+  ledger(input: LedgerInput): LedgerFigure[] {
+    const t = this.now();
+    return input.holders.map((holder) => {
+      const e = this.entries.get(entryKey(input.tag, holder));
+      const fresh = e && e.lastUse + LEDGER_TTL_MS > t ? e : undefined;
+      const { restart, base } = effectiveBase(fresh, holder, toNano(holder.base));
+      if (!fresh || restart) return { id: holder.id, live: fromNano(base) };
+      let held = 0;
+      for (const h of fresh.holds.values()) if (h.expires > t) held += h.amount;
+      return { id: holder.id, live: fromNano(liveNano(holder.kind, base, { epoch: fresh.epoch, base0: fresh.base0, settled: fresh.settled, held })) };
+    });
+  }
 
   /** The live entry (expired holds dropped), as Redis would have it; undefined once its TTL ran out. */
-  const live = (key: string, t: number): Entry | undefined => {
-    const e = entries.get(key);
+  live(key: string, t: number): Entry | undefined {
+    const e = this.entries.get(key);
     if (!e) return undefined;
     if (e.lastUse + LEDGER_TTL_MS <= t) {
-      entries.delete(key);
+      this.entries.delete(key);
       return undefined;
     }
     for (const [id, h] of e.holds) {
@@ -113,71 +166,42 @@ export function createMemoryLedger(opts: MemoryLedgerOptions): MemoryLedger {
       }
     }
     return e;
-  };
+  }
 
-  const sweep = (t: number): void => {
-    for (const key of [...entries.keys()]) live(key, t);
-  };
+  release(kept: LeaseTicket): void {
+    this.holds.remove(kept);
+  }
 
-  const hold = (input: HoldInput): HoldResult => {
-    if (input.holders.length === 0) return { ok: true, hold: NOOP_HOLD };
-    const t = now();
-    if (++holdsTaken % SWEEP_EVERY === 0) sweep(t);
-    const amount = holdNano(input.amount);
-    const keys: string[] = [];
-    const states: Entry[] = [];
-    let refused: LedgerHolder['code'] | null = null;
-    for (const holder of input.holders) {
-      const key = keyOf(input.tag, holder);
-      keys.push(key);
-      let e = live(key, t);
-      const { restart, base } = effectiveBase(e, holder, toNano(holder.base));
-      if (!e || restart) {
-        // A first or newer epoch: the ledger starts again from the replica's figure.
-        e = { epoch: holder.epoch, base0: base, settled: 0, held: 0, holds: new Map(), lastUse: t };
-        entries.set(key, e);
-      }
-      e.lastUse = t;
-      states.push(e);
-      const limit = holder.limit === null ? null : toNano(holder.limit);
-      if (refused === null && !holdFits(holder.kind, liveNano(holder.kind, base, e), amount, limit)) refused = holder.code;
-    }
-    if (refused !== null) return { ok: false, code: refused };
-
+  /**
+   * Records a hold that fits on every holder's entry. A zero hold (an unpriced model) adds
+   * nothing to what is held, so nothing records it or keeps it alive; its settlement still
+   * counts whatever cost the usage comes to.
+   */
+  private record(keys: string[], states: Entry[], amount: number, t: number): Hold {
     const id = newLeaseId();
-    // A zero hold (an unpriced model) adds nothing to what is held, so nothing records it
-    // or keeps it alive; its settlement still counts whatever cost the usage comes to.
     let kept: LeaseTicket = -1;
     if (amount > 0) {
       for (const e of states) {
-        e.holds.set(id, { amount, expires: t + leaseMs });
+        e.holds.set(id, { amount, expires: t + this.leaseMs });
         e.held += amount;
       }
-      kept = keeper.add(id, keys);
+      kept = this.holds.add(id, keys);
     }
-    return { ok: true, hold: new MemoryHold(owner, id, keys, amount, kept) };
-  };
+    return new MemoryHold(this, id, keys, amount, kept);
+  }
 
-  const owner: HoldOwner = { now, live, release: (kept) => keeper.remove(kept) };
+  /** Only holds still present (ZADD XX in Redis): one that was purged stays gone. */
+  private refreshHolds(key: string, ids: string[]): void {
+    const e = this.entries.get(key);
+    if (!e) return;
+    const until = this.now() + this.leaseMs;
+    for (const id of ids) {
+      const h = e.holds.get(id);
+      if (h) h.expires = until;
+    }
+  }
 
-  const ledger = (input: LedgerInput): LedgerFigure[] => {
-    const t = now();
-    return input.holders.map((holder) => {
-      const e = entries.get(keyOf(input.tag, holder));
-      const fresh = e && e.lastUse + LEDGER_TTL_MS > t ? e : undefined;
-      const { restart, base } = effectiveBase(fresh, holder, toNano(holder.base));
-      if (!fresh || restart) return { id: holder.id, live: fromNano(base) };
-      let held = 0;
-      for (const h of fresh.holds.values()) if (h.expires > t) held += h.amount;
-      return { id: holder.id, live: fromNano(liveNano(holder.kind, base, { epoch: fresh.epoch, base0: fresh.base0, settled: fresh.settled, held })) };
-    });
-  };
-
-  return {
-    hold,
-    ledger,
-    refresh: () => keeper.refreshNow(),
-    count: () => keeper.count(),
-    stop: () => keeper.stop(),
-  };
+  private sweep(t: number): void {
+    for (const key of [...this.entries.keys()]) this.live(key, t);
+  }
 }

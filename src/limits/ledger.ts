@@ -15,7 +15,7 @@
  * The max/min keeps a settled cost from counting twice once the console's own figure
  * includes it.
  */
-import type { LedgerHolder } from './limiter.js';
+import type { Holder } from '../policy/holders.js';
 
 export const NANO = 1e9;
 /** Ledger state is dropped a day after its last use; the next hold restarts it from the replica. */
@@ -30,6 +30,10 @@ export function holdNano(amount: number): number {
   return Math.min(Number.MAX_SAFE_INTEGER, Math.ceil(amount * NANO - NOISE));
 }
 export const toNano = (amount: number): number => Math.round(amount * NANO);
+/** What a hold of `heldNano` settles at: the actual cost, or, when that figure is unreadable, what was held rather than nothing. */
+export const settledNano = (actual: number, heldNano: number): number => (Number.isFinite(actual) ? toNano(Math.max(0, actual)) : heldNano);
+/** An epoch as the scripts take it: a whole number, never negative. */
+export const epochArg = (epoch: number): number => Math.max(0, Math.floor(epoch));
 export const fromNano = (nano: number): number => nano / NANO;
 
 export interface LedgerState {
@@ -44,13 +48,13 @@ export interface LedgerState {
  * a lower epoch (this instance's replica lags) keeps the stored ledger and trusts base0
  * over the stale figure.
  */
-export function effectiveBase(state: LedgerState | undefined, holder: Pick<LedgerHolder, 'epoch'>, baseNano: number): { restart: boolean; base: number } {
+export function effectiveBase(state: LedgerState | undefined, holder: Pick<Holder, 'epoch'>, baseNano: number): { restart: boolean; base: number } {
   if (!state || holder.epoch > state.epoch) return { restart: true, base: baseNano };
   return { restart: false, base: holder.epoch < state.epoch ? state.base0 : baseNano };
 }
 
 /** Live spend (budget) or live balance (wallet) in nano-units. */
-export function liveNano(kind: LedgerHolder['kind'], base: number, s: LedgerState): number {
+export function liveNano(kind: Holder['kind'], base: number, s: LedgerState): number {
   return kind === 'wallet' ? Math.min(base, s.base0 - s.settled) - s.held : Math.max(base, s.base0 + s.settled) + s.held;
 }
 
@@ -58,7 +62,7 @@ export function liveNano(kind: LedgerHolder['kind'], base: number, s: LedgerStat
  * Whether a hold of `amount` nano fits one holder. A budget already at or over its limit
  * refuses even a zero hold (it is exhausted); a wallet needs a positive live balance.
  */
-export function holdFits(kind: LedgerHolder['kind'], live: number, amount: number, limitNano: number | null): boolean {
+export function holdFits(kind: Holder['kind'], live: number, amount: number, limitNano: number | null): boolean {
   if (kind === 'wallet') return live > 0 && amount <= live;
   if (limitNano === null) return true;
   return live < limitNano && live + amount <= limitNano;

@@ -1,10 +1,19 @@
 /**
  * The Limiter contract (DESIGN section 6). The pipeline calls `admit` once per model
  * request after the policy check, and `finish` on the returned lease exactly when the
- * response has ended or either side has gone away. Implementations: redis.ts
+ * response has ended or either side has gone away. Implementations: redis/limiter.ts
  * (shared, exact across instances) and memory.ts (one process; also the fail-open
  * fallback). Both pass the same conformance suite.
+ *
+ * Where things are: create.ts builds the limiter the sidecar runs with; failover.ts,
+ * failover-guard.ts and failover-money.ts say what happens when Redis fails; memory.ts (with
+ * memory-store.ts, memory-admission.ts) and ledger-memory.ts are the in-process limiter and
+ * ledger; bucket.ts, ledger.ts and leases.ts hold the arithmetic and lease keeping they share
+ * with Redis. redis/ holds the Redis limiter (limiter.ts), its two admission paths
+ * (request-path.ts, lease-path.ts), its ledger (ledger.ts), the settlement batch and the Lua.
  */
+
+import type { Holder } from '../policy/holders.js';
 
 /** A key's own limits; null or 0 means unlimited. */
 export interface KeyLimits {
@@ -78,31 +87,24 @@ export interface LimiterStats {
   holdsHeld: number;
 }
 
-/** A budget holder's live ledger (DESIGN section 6, "Money"). */
-export interface LedgerHolder {
-  /** e.g. 'key:k_1', 'project:p_1', 'wallet:u_1' */
-  id: string;
-  kind: 'budget' | 'wallet';
-  /** replica figure: budget holders' `spent`, the wallet's `balance` */
-  base: number;
-  /** budget holders: the budget; wallets: null */
-  limit: number | null;
-  epoch: number;
-  code: 'key_budget_exhausted' | 'project_budget_exhausted' | 'insufficient_balance';
-}
-
 export interface HoldInput {
   requestId: string;
   /** one Redis Cluster hash tag for all of this request's holders: team key -> its project id, personal key -> its user id */
   tag: string;
-  holders: LedgerHolder[];
+  /**
+   * Each budget holder's live ledger (DESIGN section 6, "Money"), from policy/holders.ts:
+   * id (`key:k_1`, `project:p_1`, `wallet:u_1`), kind, base (the replica's figure: a budget
+   * holder's `spent`, a wallet's `balance`), limit (the budget; null for a wallet), epoch,
+   * and the code that refuses a hold it cannot fit.
+   */
+  holders: Holder[];
   /** the cost estimate (>= 0, in the console's currency) */
   amount: number;
 }
 
 export type HoldResult =
   | { ok: true; hold: Hold }
-  | { ok: false; code: LedgerHolder['code']; retryAfterMs?: undefined }
+  | { ok: false; code: Holder['code']; retryAfterMs?: undefined }
   | { ok: false; code: 'limits_unavailable'; retryAfterMs: number };
 
 export interface Hold {
@@ -112,7 +114,7 @@ export interface Hold {
 
 export interface LedgerInput {
   tag: string;
-  holders: LedgerHolder[];
+  holders: Holder[];
 }
 
 /** Live spend (budget) or live balance (wallet), holds included. */
@@ -135,6 +137,11 @@ export interface Limiter {
 /** Treats null and non-positive limits alike: no limit. */
 export function isLimited(n: number | null | undefined): n is number {
   return typeof n === 'number' && n > 0;
+}
+
+/** A limit as a capacity: 0 when there is no limit. */
+export function capacityOf(n: number | null | undefined): number {
+  return isLimited(n) ? n : 0;
 }
 
 /** Whether the request is subject to any limit at all; if not, no store needs to be asked. */

@@ -3,6 +3,7 @@
  * field list, never from headers, so no credential can slip into a log line.
  */
 import pino from 'pino';
+import { fitLine } from './line-fit.js';
 
 /**
  * The sidecar's logger: pino, plus the access-line writer that shares its destination
@@ -41,6 +42,8 @@ export function createLogger(opts: {
       base: { service: 'keyward', ...fields },
       timestamp: pino.stdTimeFunctions.isoTime,
       formatters: { level: (label) => ({ level: label }) },
+      // Shared stdout: every line within one atomic pipe write (line-fit.ts).
+      ...(opts.shared ? { hooks: { streamWrite: (line: string) => fitLine(line, PIPE_ATOMIC_BYTES) } } : {}),
       // Defence in depth: should a header object ever be logged by mistake, these never print.
       redact: { paths: ['authorization', '*.authorization', 'headers.authorization', 'headers["x-api-key"]', 'key', '*.key'], censor: '[redacted]' },
     },
@@ -101,20 +104,6 @@ function plain(v: string): boolean {
     if (c < 0x20 || c > 0x7e || c === 0x22 || c === 0x5c) return false;
   }
   return true;
-}
-
-/** Characters each client-chosen field of an over-long line keeps. */
-const CLIPPED_CHARS = 64;
-
-/**
- * The line with its client-chosen text fields cut to CLIPPED_CHARS, for shared stdout:
- * a line over PIPE_ATOMIC_BYTES could interleave with another worker's. Six such fields,
- * each character at worst a 6-byte \u escape in JSON, take 6 x 64 x 6 bytes at most: well
- * within PIPE_ATOMIC_BYTES, with room for the rest of the line.
- */
-function clipped(l: AccessLine): AccessLine {
-  const cut = (v: string | null) => (v !== null && v.length > CLIPPED_CHARS ? v.slice(0, CLIPPED_CHARS) : v);
-  return { ...l, req_id: cut(l.req_id)!, path: cut(l.path)!, model: cut(l.model), app_name: cut(l.app_name), app_url: cut(l.app_url), api_version: cut(l.api_version) };
 }
 
 /** JSON text of a string field, or null. */
@@ -190,12 +179,12 @@ function accessWriter(opts: { stream: pino.DestinationStream; extra: string; chu
   });
   // A line only gets near chunkBytes when clients send long non-ASCII paths, models and
   // attribution headers; a UTF-16 unit is at most 3 UTF-8 bytes, so the length test spares
-  // every other line the byte count.
+  // every other line the work.
   const mayOverflow = opts.chunkBytes / 3;
   const write = ((l: AccessLine) => {
     if (!opts.enabled()) return;
     let line = format(l);
-    if (line.length > mayOverflow && Buffer.byteLength(line) > opts.chunkBytes) line = format(clipped(l));
+    if (line.length > mayOverflow) line = fitLine(line, opts.chunkBytes);
     held.push(line);
     if (held.length >= ACCESS_BATCH_LINES) flush();
     else if (timer === null) timer = setTimeout(flush, ACCESS_FLUSH_MS);

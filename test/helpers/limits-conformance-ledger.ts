@@ -4,21 +4,22 @@
  */
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
-import type { HoldInput, HoldResult, LedgerHolder, Limiter } from '../../src/limits/limiter.js';
+import type { HoldInput, HoldResult, Limiter } from '../../src/limits/limiter.js';
+import type { Holder } from '../../src/policy/holders.js';
 import { type Harness, uid } from './redis-limits-conformance.js';
 
 type Fig = { base: number; epoch?: number };
-export const keyBudget = (id: string, o: Fig & { limit: number }): LedgerHolder => ({
+export const keyBudget = (id: string, o: Fig & { limit: number }): Holder => ({
   id: `key:${id}`, kind: 'budget', base: o.base, limit: o.limit, epoch: o.epoch ?? 0, code: 'key_budget_exhausted',
 });
-export const projectBudget = (id: string, o: Fig & { limit: number }): LedgerHolder => ({
+export const projectBudget = (id: string, o: Fig & { limit: number }): Holder => ({
   id: `project:${id}`, kind: 'budget', base: o.base, limit: o.limit, epoch: o.epoch ?? 0, code: 'project_budget_exhausted',
 });
-export const wallet = (id: string, o: Fig): LedgerHolder => ({
+export const wallet = (id: string, o: Fig): Holder => ({
   id: `wallet:${id}`, kind: 'wallet', base: o.base, limit: null, epoch: o.epoch ?? 0, code: 'insufficient_balance',
 });
 
-const req = (tag: string, holders: LedgerHolder[], amount: number): HoldInput => ({ requestId: uid('req'), tag, holders, amount });
+const req = (tag: string, holders: Holder[], amount: number): HoldInput => ({ requestId: uid('req'), tag, holders, amount });
 
 function held(r: HoldResult): { settle(actual: number): void } {
   assert.ok(r.ok, `expected a hold, got ${JSON.stringify(r)}`);
@@ -28,7 +29,7 @@ function refused(r: HoldResult, code: string): void {
   assert.equal(r.ok, false, `expected ${code}, got a hold`);
   if (!r.ok) assert.equal(r.code, code);
 }
-async function live(lim: Limiter, tag: string, holder: LedgerHolder): Promise<number> {
+async function live(lim: Limiter, tag: string, holder: Holder): Promise<number> {
   const [fig] = await lim.ledger({ tag, holders: [holder] });
   assert.equal(fig?.id, holder.id);
   return fig!.live;
@@ -37,7 +38,7 @@ const near = (actual: number, expected: number, what: string): void =>
   assert.ok(Math.abs(actual - expected) < 1e-9, `${what}: ${actual}, expected ${expected}`);
 
 /** 20 holds of R/2.5 at once against R left: exactly two fit; the others name the holder. */
-async function twoOfTwenty(lims: Limiter[], tag: string, holders: LedgerHolder[], r: number, code: string): Promise<void> {
+async function twoOfTwenty(lims: Limiter[], tag: string, holders: Holder[], r: number, code: string): Promise<void> {
   const rs = await Promise.all(Array.from({ length: 20 }, (_, i) => lims[i % lims.length]!.hold(req(tag, holders, r / 2.5))));
   assert.equal(rs.filter((x) => x.ok).length, 2);
   for (const x of rs) if (!x.ok) assert.equal(x.code, code);

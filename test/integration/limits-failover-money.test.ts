@@ -6,9 +6,10 @@ import assert from 'node:assert/strict';
 import { join } from 'node:path';
 import { after, before, describe, test } from 'node:test';
 import { Redis } from 'ioredis';
-import { createLimiter } from '../../src/limits/failover.js';
+import { createLimiter } from '../../src/limits/create.js';
 import { createRedisLimiter } from '../../src/limits/redis/limiter.js';
-import type { HoldInput, HoldResult, LedgerHolder, Limiter } from '../../src/limits/limiter.js';
+import type { HoldInput, HoldResult, Limiter } from '../../src/limits/limiter.js';
+import type { Holder } from '../../src/policy/holders.js';
 import { keyBudget, projectBudget, wallet } from '../helpers/limits-conformance-ledger.js';
 import { input, leaseOf, uid } from '../helpers/redis-limits-conformance.js';
 import { type RedisProcess, makeTmpDir, spawnRedis, waitFor } from '../helpers/redis-server.js';
@@ -34,9 +35,9 @@ after(async () => {
 });
 
 const make = (onError: 'open' | 'closed'): Limiter =>
-  createLimiter({ redis: { url: `unix://${sock}`, prefix: uid('kwfm'), timeoutMs: TIMEOUT_MS, onError }, leaseMs: 5_000 });
+  createLimiter({ redis: { url: `unix://${sock}`, prefix: uid('kwfm'), timeoutMs: TIMEOUT_MS, onError, lease: { enabled: true, sliceMs: 1_000 } }, leaseMs: 5_000 });
 
-const req = (tag: string, holders: LedgerHolder[], amount: number): HoldInput => ({ requestId: uid('req'), tag, holders, amount });
+const req = (tag: string, holders: Holder[], amount: number): HoldInput => ({ requestId: uid('req'), tag, holders, amount });
 
 async function timed<T>(p: Promise<T>): Promise<T> {
   const start = performance.now();
@@ -54,7 +55,7 @@ async function redisHolds(lim: Limiter): Promise<boolean> {
   return r.ok && lim.stats().failOpenHolds === before;
 }
 
-const liveOf = async (lim: Limiter, tag: string, h: LedgerHolder): Promise<number> => (await lim.ledger({ tag, holders: [h] }))[0]!.live;
+const liveOf = async (lim: Limiter, tag: string, h: Holder): Promise<number> => (await lim.ledger({ tag, holders: [h] }))[0]!.live;
 
 describe('spend holds with onError: open', { timeout: 30_000 }, () => {
   test('Redis paused: holds come from the in-process ledger within the timeout and are counted; a late hold changes nothing', async (t) => {

@@ -6,7 +6,7 @@ import assert from 'node:assert/strict';
 import { join } from 'node:path';
 import { after, before, describe, test } from 'node:test';
 import { Redis } from 'ioredis';
-import { createLimiter } from '../../src/limits/failover.js';
+import { createLimiter } from '../../src/limits/create.js';
 import type { AdmitInput, AdmitResult, Limiter } from '../../src/limits/limiter.js';
 import { createRedisLimiter } from '../../src/limits/redis/limiter.js';
 import { denied, input, leaseOf, uid } from '../helpers/redis-limits-conformance.js';
@@ -41,7 +41,7 @@ after(async () => {
 
 function make(onError: 'open' | 'closed', events: string[] = []): Limiter {
   return createLimiter({
-    redis: { url: `unix://${sock}`, prefix: uid('kwfo'), timeoutMs: TIMEOUT_MS, onError },
+    redis: { url: `unix://${sock}`, prefix: uid('kwfo'), timeoutMs: TIMEOUT_MS, onError, lease: { enabled: true, sliceMs: 1_000 } },
     leaseMs: 5_000,
     log: (event) => void events.push(event),
   });
@@ -142,7 +142,8 @@ describe('createLimiter with onError: open', { timeout: 30_000 }, () => {
 
   test('Redis never reachable: fails open within the timeout', async () => {
     const lim = createLimiter({
-      redis: { url: `unix://${join(tmp.dir, 'nobody-here.sock')}`, timeoutMs: TIMEOUT_MS },
+      redis: { url: `unix://${join(tmp.dir, 'nobody-here.sock')}`, prefix: 'kw', timeoutMs: TIMEOUT_MS, onError: 'open', lease: { enabled: true, sliceMs: 1_000 } },
+      leaseMs: 30_000,
     });
     for (let i = 0; i < 5; i++) assert.ok((await timed(lim, limited())).ok);
     assert.equal(lim.stats().failOpenAdmissions, 5);
@@ -193,7 +194,7 @@ describe('redis limiter on a private server', () => {
 
 test('without a Redis URL createLimiter is the in-process limiter', async () => {
   let t = 0;
-  const lim = createLimiter({ now: () => t });
+  const lim = createLimiter({ leaseMs: 30_000, now: () => t });
   const key = uid('k');
   leaseOf(await lim.admit(input(key, { limits: { rpm: 1 } })));
   denied(await lim.admit(input(key, { limits: { rpm: 1 } })), 'rpm_exceeded');

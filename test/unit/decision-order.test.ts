@@ -99,7 +99,7 @@ const BODY_ROUTES = new Set(['/v1/chat/completions', '/v1/messages']);
 
 for (const row of ROWS) {
   test(`decision order: ${row.name} -> ${row.expect}`, async () => {
-    const limiter = createMemoryLimiter();
+    const limiter = createMemoryLimiter({ leaseMs: 30_000 });
     const state = row.state === undefined ? facts() : row.state;
     const deps: PipelineDeps = {
       hashKey,

@@ -25,7 +25,7 @@ runLimiterConformance('memory (fake clock)', async () => {
 
 test('memory: RPM refills continuously at N per minute', async () => {
   const clock = fakeClock();
-  const lim = createMemoryLimiter({ now: clock.now });
+  const lim = createMemoryLimiter({ now: clock.now, leaseMs: 30_000 });
   const key = uid('k');
   const limits = { rpm: 2 };
   leaseOf(await lim.admit(input(key, { limits })));

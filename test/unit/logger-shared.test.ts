@@ -49,7 +49,7 @@ test('a single process keeps one write per batch and no worker field', () => {
   assert.equal((JSON.parse(writes[0]!.split('\n')[0]!) as Record<string, unknown>).worker, undefined);
 });
 
-test('shared stdout: a line over PIPE_ATOMIC_BYTES (long non-ASCII client fields) is clipped to fit one write; a single process keeps it whole', () => {
+test('shared stdout: a line over PIPE_ATOMIC_BYTES (long non-ASCII client fields) is cut to fit one write, marked; a single process keeps it whole', () => {
   const long = (c: string, n: number) => c.repeat(n);
   const big: AccessLine = {
     ...line(7), path: `/v1/${long('€', 508)}`, model: long('€', 256), app_name: long('€', 256), app_url: long('\u0001', 256), api_version: long('€', 256),
@@ -61,14 +61,20 @@ test('shared stdout: a line over PIPE_ATOMIC_BYTES (long non-ASCII client fields
   logger.access(line(2));
   logger.access.flush();
   for (const w of shared.writes) assert.ok(Buffer.byteLength(w) <= PIPE_ATOMIC_BYTES, `a write of ${Buffer.byteLength(w)} bytes`);
-  const lines = shared.writes.join('').split('\n').filter(Boolean).map((l) => JSON.parse(l) as Record<string, string>);
+  const lines = shared.writes.join('').split('\n').filter(Boolean).map((l) => JSON.parse(l) as Record<string, unknown>);
   assert.deepEqual(lines.map((l) => l.req_id), ['req-1', 'req-7', 'req-2']);
-  const clippedLine = lines[1]!;
-  assert.equal(clippedLine.path, `/v1/${long('€', 60)}`, 'the path keeps its first 64 characters');
-  assert.equal(clippedLine.model, long('€', 64));
-  assert.equal(clippedLine.app_url, long('\u0001', 64));
-  assert.equal(clippedLine.key_id, 'k_1', 'the fields keyward sets are kept');
-  assert.equal(lines[0]!.app_name, 'é'.repeat(100), 'a line that fits is not clipped');
+  const cut = lines[1]!;
+  assert.equal(cut.truncated, true, 'the line says it was cut');
+  for (const [field, whole] of Object.entries({ path: big.path, model: big.model, app_name: big.app_name, app_url: big.app_url, api_version: big.api_version })) {
+    const v = cut[field] as string;
+    assert.ok(whole!.startsWith(v.endsWith('\u2026') ? v.slice(0, -1) : v), `${field} keeps its start`);
+    assert.ok(v.length >= 64, `${field} keeps at least 64 characters`);
+  }
+  assert.ok((cut.path as string).endsWith('\u2026'), 'the longest field is cut and marked');
+  assert.equal(cut.key_id, 'k_1', 'the fields keyward sets are kept');
+  assert.equal(cut.worker, 1);
+  assert.equal(lines[0]!.app_name, 'é'.repeat(100), 'a line that fits is not cut');
+  assert.equal(lines[0]!.truncated, undefined);
 
   const single = capture();
   const one = createLogger({ level: 'info', destination: single.destination });
@@ -76,4 +82,22 @@ test('shared stdout: a line over PIPE_ATOMIC_BYTES (long non-ASCII client fields
   one.access.flush();
   const whole = JSON.parse(single.writes.join('').trim()) as Record<string, string>;
   assert.equal(whole.model, long('€', 256), 'nothing to interleave with: the line stays whole');
+});
+
+test("shared stdout: pino's own lines are cut to fit too (a reload error naming many long problems), still JSON", async () => {
+  const shared = capture();
+  const logger = createLogger({ level: 'info', destination: shared.destination, fields: { worker: 2 }, shared: true });
+  const problems = Array.from({ length: 40 }, (_, i) => `routes.${i}.path: ${'x'.repeat(200)} is not a path`);
+  logger.error({ problems, file: '/etc/keyward/keyward.yaml' }, 'config reload failed');
+  logger.info({ short: 'ok' }, 'fits');
+  await new Promise((r) => setImmediate(r));
+  const lines = shared.writes.join('').split('\n').filter(Boolean);
+  assert.equal(lines.length, 2);
+  for (const l of lines) assert.ok(Buffer.byteLength(l) + 1 <= PIPE_ATOMIC_BYTES, `${Buffer.byteLength(l)} bytes`);
+  const [err, fits] = lines.map((l) => JSON.parse(l) as Record<string, unknown>);
+  assert.equal(err!.msg, 'config reload failed');
+  assert.equal(err!.truncated, true);
+  assert.equal((err!.problems as string[]).length, 40, 'every problem is still named');
+  assert.equal(err!.file, '/etc/keyward/keyward.yaml', 'short fields are kept whole');
+  assert.equal(fits!.truncated, undefined);
 });

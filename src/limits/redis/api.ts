@@ -1,5 +1,5 @@
 /**
- * The Redis limiter's options and interface (redis.ts implements them), where a key's and an
+ * The Redis limiter's options and interface (limiter.ts implements them), where a key's and an
  * upstream's counters live, and which of them an error concerns.
  */
 import type { Cluster, Redis } from 'ioredis';
@@ -9,7 +9,8 @@ export interface RedisLimiterOptions {
   redis: Redis | Cluster;
   /** Namespace of every key, e.g. `kw`. */
   prefix: string;
-  leaseMs?: number;
+  /** A concurrency slot's or spend hold's lifetime without a refresh (the config's `limits.leaseMs`). */
+  leaseMs: number;
   /** Lease refresh period; default leaseMs / 3; 0 disables the timer (see refreshLeases). */
   refreshEveryMs?: number;
   /**
@@ -20,7 +21,7 @@ export interface RedisLimiterOptions {
   staleAfterMs?: number;
   /** Told about every Redis failure; each is also counted in stats().redisErrors. */
   onError?: (op: 'admit' | 'settle' | 'refresh' | 'hold' | 'peek', err: unknown) => void;
-  /** Bucket slices and blocks of concurrency slots (redis-lease.ts); off when absent. */
+  /** Bucket slices and blocks of concurrency slots (lease-path.ts); off when absent. */
   lease?: { sliceMs: number } | null;
   /** Longest a settlement waits to leave with others; default DEFAULT_SETTLE_EVERY_MS. */
   settleEveryMs?: number;
@@ -47,9 +48,11 @@ export interface RedisLimiter extends Limiter {
   slotBlocksHeld(): number;
 }
 
-
 /** The hash tag under which a key's (`k`) or an upstream's (`r`) counters live. */
 export const hashTag = (prefix: string, kind: 'k' | 'r', id: string): string => `{${prefix}:${kind}:${encodeURIComponent(id)}}`;
+
+/** Admission reached Redis after its deadline: it changed nothing. */
+export class StaleAdmissionError extends Error {}
 
 /** Which hash tags an admission error came from, so a caller can tell a failing shard from the rest. */
 export const errorTags = new WeakMap<object, string[]>();

@@ -5,7 +5,7 @@
  */
 import { once } from 'node:events';
 import { Cluster, Redis, type RedisOptions } from 'ioredis';
-import { parseRedisUrl } from '../../config/redis-url.js';
+import { type RedisTarget, parseRedisUrl } from '../../config/redis-url.js';
 
 export { parseRedisUrl };
 
@@ -39,54 +39,62 @@ export function createRedisClient(opts: RedisClientOptions): Redis | Cluster {
 
   let client: Redis | Cluster;
   if (target.kind === 'cluster') {
-    client = new Cluster(target.nodes, {
-      enableOfflineQueue: false,
-      clusterRetryStrategy: reconnectDelayMs,
-      slotsRefreshTimeout: Math.max(1_000, opts.timeoutMs * 10),
-      scaleReads: 'master',
-      // Off: a Cluster groups a pipelined call by its first argument, which for a script
-      // with a variable number of keys is the key count (scripts.ts).
-      enableAutoPipelining: false,
-      // While a master is gone, its slots answer with a redirection to it, a refused connection
-      // or CLUSTERDOWN. ioredis waits 100 ms before each retry by default, which spends the
-      // whole timeout; without the wait the admission fails in a few round trips and falls
-      // back, and the next one tries again, so a promoted replica is used as soon as it serves.
-      retryDelayOnFailover: 0,
-      retryDelayOnClusterDown: 0,
-      retryDelayOnTryAgain: 0,
-      maxRedirections: MAX_REDIRECTIONS,
-      redisOptions: {
-        ...common,
-        ...(target.username ? { username: target.username } : {}),
-        ...(target.password ? { password: target.password } : {}),
-        ...(target.tls ? { tls: {} } : {}),
-      },
-    });
+    client = clusterClient(target, common, opts.timeoutMs);
   } else {
     const options: RedisOptions = { ...common, enableOfflineQueue: false, retryStrategy: reconnectDelayMs };
     client = target.kind === 'unix' ? new Redis({ ...options, path: target.path }) : new Redis(target.url, options);
   }
+  reportState(client, opts.onState);
+  return client;
+}
 
+function clusterClient(target: Extract<RedisTarget, { kind: 'cluster' }>, common: RedisOptions, timeoutMs: number): Cluster {
+  return new Cluster(target.nodes, {
+    enableOfflineQueue: false,
+    clusterRetryStrategy: reconnectDelayMs,
+    slotsRefreshTimeout: Math.max(1_000, timeoutMs * 10),
+    scaleReads: 'master',
+    // Off: a Cluster groups a pipelined call by its first argument, which for a script
+    // with a variable number of keys is the key count (scripts.ts).
+    enableAutoPipelining: false,
+    // While a master is gone, its hash slots answer with a redirection to it, a refused
+    // connection or CLUSTERDOWN. ioredis waits 100 ms before each retry by default, which
+    // spends the whole timeout; without the wait the admission fails in a few round trips and
+    // falls back, and the next one tries again, so a promoted replica is used as soon as it serves.
+    retryDelayOnFailover: 0,
+    retryDelayOnClusterDown: 0,
+    retryDelayOnTryAgain: 0,
+    maxRedirections: MAX_REDIRECTIONS,
+    redisOptions: {
+      ...common,
+      ...(target.username ? { username: target.username } : {}),
+      ...(target.password ? { password: target.password } : {}),
+      ...(target.tls ? { tls: {} } : {}),
+    },
+  });
+}
+
+/** Tells `onState` when the connection comes up or goes down. */
+function reportState(client: Redis | Cluster, onState: RedisClientOptions['onState']): void {
   // Without an 'error' listener ioredis would crash the process on the first failure.
   let up = false;
   client.on('ready', () => {
-    if (!up) opts.onState?.('up', {});
+    if (!up) onState?.('up', {});
     up = true;
   });
   client.on('error', (err: Error) => {
-    if (up) opts.onState?.('down', { error: err.message });
+    if (up) onState?.('down', { error: err.message });
     up = false;
   });
   client.on('close', () => {
-    if (up) opts.onState?.('down', { error: 'connection closed' });
+    if (up) onState?.('down', { error: 'connection closed' });
     up = false;
   });
-  return client;
 }
 
 /**
  * Resolves once the client can serve every key: a single node when it is ready, a Cluster
- * when its slot map is known and each master's own connection is ready (a command for a
+ * when its hash-slot map is known and each master's own connection is ready (a command for a
  * master still connecting fails at once, with no offline queue).
  */
 export async function whenServing(client: Redis | Cluster): Promise<void> {

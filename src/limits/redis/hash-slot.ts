@@ -12,15 +12,15 @@ export function hashSlot(key: string): number {
 
 /**
  * Items grouped by the hash slot of the tag `tagOf` names (one group in all when `cluster` is false),
- * each group cut into calls of at most `max`: one script call may only touch one slot, and
- * Redis serves nothing else while a script runs.
+ * each group cut into calls of at most `max`: one script call may only touch one hash slot,
+ * and Redis serves nothing else while a script runs.
  */
-export function callsBySlot<T>(items: T[], o: { cluster: boolean; tagOf: (item: T) => string; max: number }): T[][] {
+export function callsByHashSlot<T>(items: T[], o: { cluster: boolean; tagOf: (item: T) => string; max: number }): T[][] {
   const groups = new Map<number, T[]>();
   for (const item of items) {
-    const slot = o.cluster ? hashSlot(o.tagOf(item)) : 0;
-    let list = groups.get(slot);
-    if (!list) groups.set(slot, (list = []));
+    const n = o.cluster ? hashSlot(o.tagOf(item)) : 0;
+    let list = groups.get(n);
+    if (!list) groups.set(n, (list = []));
     list.push(item);
   }
   const calls: T[][] = [];

@@ -4,16 +4,18 @@
  * admitted with no round trip while this instance's slice covers it and its block has a
  * free slot, else by one lease.lua call that also gives back what is left of the old slice
  * and, far from the limits, leases a new slice and a bigger block. Keys with a per-model
- * limit or a limited route take the per-request path (redis.ts).
+ * limit or a limited route take the per-request path (request-path.ts).
  */
-import { CODES, WINDOW_MS } from '../bucket.js';
+import { CODES, bucketQuota, quotaFromReply, reservedTokens } from '../bucket.js';
 import { type LeaseKeeper, type LeaseTicket, newLeaseId } from '../leases.js';
-import { type AdmitInput, type AdmitResult, type QuotaFigures, isLimited } from '../limiter.js';
+import { type AdmitInput, type AdmitResult, type QuotaFigures, capacityOf, isLimited } from '../limiter.js';
+import { StaleAdmissionError } from './api.js';
 import type { RedisClock } from './clock.js';
 import type { RunScript } from './scripts.js';
 import type { SettleBatch, SettleOp } from './settle-batch.js';
-import { BLOCK_SHARE, type Block, BlockTable, KEEP_SHARE } from './slot-blocks.js';
-import { REDIS_LIFETIME_FACTOR, type Slice, SliceTable } from './slices.js';
+import { type LeaseOwner, SliceLease } from './slice-lease.js';
+import { BLOCK_KEEP_SHARE, BLOCK_SHARE, type Block, BlockTable } from './slot-blocks.js';
+import { REDIS_LIFETIME_FACTOR, type Slice, SliceTable, type Want } from './slices.js';
 
 export interface LeasePathOptions {
   run: RunScript;
@@ -24,7 +26,7 @@ export interface LeasePathOptions {
   sliceMs: number;
   /** the key's hash tag */
   keyTag: (keyId: string) => string;
-  /** keeps per-request slots and blocks alive (redis.ts tells the path what it refreshed) */
+  /** keeps per-request slots and blocks alive (limiter.ts tells the path what it refreshed) */
   keeper: LeaseKeeper;
   leaseMs: number;
 }
@@ -42,23 +44,20 @@ export function leasable(input: AdmitInput): LeasedAdmission | null {
   const { route, limits } = input;
   if (isLimited(route.concurrency) || isLimited(route.rpm)) return null;
   if (isLimited(input.modelLimit?.rpm) || isLimited(input.modelLimit?.tpm)) return null;
-  const rpm = isLimited(limits.rpm) ? limits.rpm : 0;
-  const tpm = isLimited(limits.tpm) ? limits.tpm : 0;
-  const conc = isLimited(limits.concurrency) ? limits.concurrency : 0;
+  const rpm = capacityOf(limits.rpm);
+  const tpm = capacityOf(limits.tpm);
+  const conc = capacityOf(limits.concurrency);
   if (rpm === 0 && tpm === 0 && conc === 0) return null;
   // A limit too small for a block of one slot: admit.lua per request, as without leasing.
   if (conc > 0 && Math.floor(conc * BLOCK_SHARE) < 1) return null;
-  return { keyId: input.keyId, rpm, tpm, conc, tokens: Math.max(0, Math.ceil(input.tokens)) };
+  return { keyId: input.keyId, rpm, tpm, conc, tokens: reservedTokens(input.tokens) };
 }
-
-/** Admission reached Redis after its deadline: it changed nothing. */
-export class StaleAdmissionError extends Error {}
 
 export interface LeasePath {
   /** Admits from a live slice, with no I/O; null when no slice covers the request. Call once per request, first. */
-  admitLocal(a: LeasedAdmission): AdmitResult | null;
+  admitLocal(leased: LeasedAdmission): AdmitResult | null;
   /** The round trip for a request admitLocal refused. Rejects when Redis fails; the caller applies onError. */
-  admit(a: LeasedAdmission): Promise<AdmitResult>;
+  admit(leased: LeasedAdmission): Promise<AdmitResult>;
   /** Slices held now. */
   held(): number;
   /** Blocks of slots held now. */
@@ -71,188 +70,223 @@ export interface LeasePath {
   close(): void;
 }
 
-const figures = (cap: number, remaining: number): QuotaFigures | null =>
-  cap > 0
-    ? { limit: cap, remaining: Math.max(0, Math.floor(remaining)), resetMs: remaining >= cap ? 0 : Math.ceil(((cap - remaining) * WINDOW_MS) / cap) }
-    : null;
+/** A bucket's figures from what is left of it; null without a limit. */
+const figures = (cap: number, remaining: number): QuotaFigures | null => (cap > 0 ? bucketQuota(remaining, cap) : null);
+
+/** The names of a key's buckets and lease set, under its hash tag. */
+interface KeyNames {
+  tag: string;
+  rpm: string;
+  tpm: string;
+  conc: string;
+  /** the lease set's block weights (slots.lua) */
+  concw: string;
+}
+
+/** One lease.lua call: what it gives back, what it asks for, and the ids it uses. */
+interface LeaseAsk {
+  keys: KeyNames;
+  /** the key's slice until now, given back in the call */
+  old: Slice | null;
+  /** the slice asked for */
+  want: Want | null;
+  /** the block weight asked for, 0 = none */
+  wantBlock: number;
+  sliceId: string;
+  /** this request's own slot ('' without a concurrency limit) */
+  slotId: string;
+  /** the key's block, held or asked for ('' = none) */
+  blockId: string;
+  /** the key's block when the call was sent */
+  had: Block | null;
+  /** performance.now() when the call was sent */
+  sentAt: number;
+}
 
 export function createLeasePath(o: LeasePathOptions): LeasePath {
-  const keysOf = (keyId: string): { tag: string; rpm: string; tpm: string; conc: string; concw: string } => {
-    const tag = o.keyTag(keyId);
-    return { tag, rpm: `${tag}:rpm`, tpm: `${tag}:tpm`, conc: `${tag}:conc`, concw: `${tag}:concw` };
-  };
+  return new SlicedPath(o);
+}
+
+class SlicedPath implements LeasePath, LeaseOwner {
+  readonly blocks: BlockTable;
+  readonly slices: SliceTable;
+  readonly keeper: LeaseKeeper;
+  readonly batch: SettleBatch;
+  /** the keeper's ticket of each block this instance keeps alive (few: one a key at most) */
+  private readonly blockTickets = new Map<string, LeaseTicket>();
+
+  constructor(private readonly opts: LeasePathOptions) {
+    const { sliceMs, leaseMs } = opts;
+    this.keeper = opts.keeper;
+    this.batch = opts.batch;
+    this.blocks = new BlockTable({ sliceMs, leaseMs, resize: (keyId, block, weight, dropped) => this.resized(keyId, block, weight, dropped) });
+    this.slices = new SliceTable({
+      sliceMs,
+      giveBack: (keyId, slice) => this.batch.add(this.settleOp(keyId, slice.left, { rpm: slice.rpmCap, tpm: slice.tpmCap }, { sliceId: slice.id })),
+    });
+  }
+
+  /** Counts the request toward the key's demand and admits it locally if it can. */
+  admitLocal(leased: LeasedAdmission): AdmitResult | null {
+    if (hasBuckets(leased)) this.slices.note(leased.keyId, leased.tokens);
+    if (leased.conc > 0) this.blocks.note(leased.keyId);
+    return this.take(leased);
+  }
+
+  /** The round trip, for a request admitLocal did not admit. */
+  async admit(leased: LeasedAdmission): Promise<AdmitResult> {
+    // Another request of this key is asking for a slice or a block: it may cover this one too.
+    const askingSlice = hasBuckets(leased) ? this.slices.asking(leased.keyId) : null;
+    const askingBlock = leased.conc > 0 ? this.blocks.asking(leased.keyId) : null;
+    if (askingSlice || askingBlock) {
+      await Promise.all([askingSlice, askingBlock]);
+      const res = this.take(leased);
+      if (res) return res;
+    }
+    const ask = this.prepare(leased, askingSlice !== null, askingBlock !== null);
+    const reply = await this.send(leased, ask);
+    return this.answer(leased, ask, reply);
+  }
+
+  held(): number {
+    return this.slices.held();
+  }
+
+  blocksHeld(): number {
+    return this.blocks.held();
+  }
+
+  onBlocks(): number {
+    return this.blocks.inUse();
+  }
+
+  refreshed(ids: string[], sentAt: number, missing: readonly string[]): void {
+    this.blocks.refreshed(ids, sentAt, missing);
+  }
+
+  close(): void {
+    this.slices.sweep(true);
+    this.slices.stop();
+    this.blocks.sweep(true);
+    this.blocks.stop();
+  }
+
   /**
-   * Adjusts the key's buckets by `rpm` and `tpm` (positive gives back), and frees the
-   * request's own slot when it has one, in the next batch.
+   * The settlement that adjusts the key's buckets by `delta` (positive gives back) and frees
+   * the request's own slot when it has one (`slotId`); `sliceId` when a slice is returned.
    */
-  const adjust = (keyId: string, a: { rpm: number; tpm: number }, caps: { rpm: number; tpm: number }, sliceId?: string, slotId?: string): SettleOp => {
-    const k = keysOf(keyId);
+  settleOp(keyId: string, delta: { rpm: number; tpm: number }, caps: { rpm: number; tpm: number }, ids: { sliceId?: string; slotId?: string }): SettleOp {
+    const names = keyNames(this.opts.keyTag(keyId));
+    const { sliceId, slotId } = ids;
     return {
-      kind: 'b',
-      tag: k.tag,
+      kind: 'buckets',
+      tag: names.tag,
       leaseId: slotId ?? sliceId ?? '',
       ...(sliceId ? { sliceId } : {}),
       buckets: [
-        ...(caps.rpm > 0 && (sliceId || a.rpm !== 0) ? [{ key: k.rpm, cap: caps.rpm, delta: a.rpm }] : []),
-        ...(caps.tpm > 0 && (sliceId || a.tpm !== 0) ? [{ key: k.tpm, cap: caps.tpm, delta: a.tpm }] : []),
+        ...(caps.rpm > 0 && (sliceId || delta.rpm !== 0) ? [{ key: names.rpm, cap: caps.rpm, delta: delta.rpm }] : []),
+        ...(caps.tpm > 0 && (sliceId || delta.tpm !== 0) ? [{ key: names.tpm, cap: caps.tpm, delta: delta.tpm }] : []),
       ],
-      sets: slotId ? [k.conc] : [],
-      owner: o.owner,
+      sets: slotId ? [names.conc] : [],
+      owner: this.opts.owner,
     };
-  };
-  /** the keeper's ticket of each block this instance keeps alive (few: one a key at most) */
-  const blockTickets = new Map<string, LeaseTicket>();
-  const blocks = new BlockTable({
-    sliceMs: o.sliceMs,
-    leaseMs: o.leaseMs,
-    resize: (keyId, b, weight, dropped) => {
-      // A dropped block's slots still in use stay refreshed until the last of them ends
-      // (weight 0); otherwise Redis would forget them while their requests run.
-      if (dropped && weight === 0) {
-        o.keeper.remove(blockTickets.get(b.id) ?? -1);
-        blockTickets.delete(b.id);
-      }
-      const k = keysOf(keyId);
-      o.batch.add({ kind: 'w', tag: k.tag, set: k.conc, weights: k.concw, blockId: b.id, weight, owner: o.owner });
-    },
-  });
-  const slices = new SliceTable({
-    sliceMs: o.sliceMs,
-    giveBack: (keyId, s) => o.batch.add(adjust(keyId, s.left, { rpm: s.rpmCap, tpm: s.tpmCap }, s.id)),
-  });
+  }
 
-  /**
-   * The lease of an admitted request: settlement and undo go into the slice it was admitted
-   * from while that slice is live, else into the batch. Its slot is either one of this
-   * instance's block (given back to the block) or its own (slotId).
-   */
-  const leaseOf = (a: LeasedAdmission, held: { block?: Block; slice?: Slice; slotId?: string; kept?: LeaseTicket }): { finish(u: { tokens: number | null }): void; cancel(): void } => {
-    let done = false;
-    const caps = { rpm: a.rpm, tpm: a.tpm };
-    const close = (delta: { rpm: number; tpm: number }): void => {
-      if (done) return;
-      done = true;
-      if (a.conc > 0) blocks.ended(a.keyId, held.block ?? null);
-      if (held.slotId) o.keeper.remove(held.kept ?? -1);
-      // Nothing to give back or free, or all of it settled in the slice: no operation to build.
-      if (!held.slotId && delta.rpm === 0 && delta.tpm === 0) return;
-      if (!held.slotId && held.slice && slices.settle(a.keyId, held.slice, delta)) return;
-      o.batch.add(adjust(a.keyId, delta, caps, undefined, held.slotId));
-    };
-    return {
-      finish(usage) {
-        const real = usage?.tokens;
-        const known = typeof real === 'number' && Number.isFinite(real) && real !== a.tokens;
-        // Reserved minus real: positive refunds, negative charges the difference.
-        close({ rpm: 0, tpm: known ? a.tokens - Math.max(0, Math.ceil(real)) : 0 });
-      },
-      cancel: () => close({ rpm: 1, tpm: a.tokens }),
-    };
-  };
-
-  const buckets = (a: LeasedAdmission): boolean => a.rpm > 0 || a.tpm > 0;
-  const local = (a: LeasedAdmission, s: Slice | null, block: Block | undefined): AdmitResult => ({
-    ok: true,
-    lease: leaseOf(a, { block, slice: s ?? undefined }),
-    quota: {
-      requests: s && figures(a.rpm, s.seen.rpm - (s.granted.rpm - s.left.rpm)),
-      tokens: s && figures(a.tpm, s.seen.tpm - (s.granted.tpm - s.left.tpm)),
-    },
-  });
+  private resized(keyId: string, block: Block, weight: number, dropped: boolean): void {
+    // A dropped block's slots still in use stay refreshed until the last of them ends
+    // (weight 0); otherwise Redis would forget them while their requests run.
+    if (dropped && weight === 0) {
+      this.keeper.remove(this.blockTickets.get(block.id) ?? -1);
+      this.blockTickets.delete(block.id);
+    }
+    const names = keyNames(this.opts.keyTag(keyId));
+    this.batch.add({ kind: 'blockWeight', tag: names.tag, set: names.conc, weights: names.concw, blockId: block.id, weight, owner: this.opts.owner });
+  }
 
   /** Admits from this instance's slice and block when both cover the request (all or nothing). */
-  const take = (a: LeasedAdmission): AdmitResult | null => {
-    const b = a.conc > 0 ? blocks.free(a.keyId, a.conc) : null;
-    if (a.conc > 0 && !b) return null;
-    const s = buckets(a) ? slices.take(a.keyId, a.rpm, a.tpm, a.tokens) : null;
-    if (buckets(a) && !s) return null;
-    if (b) blocks.take(a.keyId, b);
-    return local(a, s, b ?? undefined);
-  };
-
-  /** Counts the request toward the key's demand and admits it locally if it can. */
-  const admitLocal = (a: LeasedAdmission): AdmitResult | null => {
-    if (buckets(a)) slices.note(a.keyId, a.tokens);
-    if (a.conc > 0) blocks.note(a.keyId);
-    return take(a);
-  };
-
-  /** The round trip, for a request admitLocal did not admit. */
-  const admit = async (a: LeasedAdmission): Promise<AdmitResult> => {
-    // Another request of this key is asking for a slice or a block: it may cover this one too.
-    const askingSlice = buckets(a) ? slices.asking(a.keyId) : null;
-    const askingBlock = a.conc > 0 ? blocks.asking(a.keyId) : null;
-    if (askingSlice || askingBlock) {
-      await Promise.all([askingSlice, askingBlock]);
-      const res = take(a);
-      if (res) return res;
-    }
-    const wantBlock = a.conc > 0 && !askingBlock ? blocks.want(a.keyId, a.conc) : 0;
-    // A slice serves a concurrency-limited key only together with a block of its slots.
-    const sliceOf = a.conc === 0 || wantBlock > 0 || blocks.current(a.keyId) !== null;
-    const want = buckets(a) && !askingSlice && sliceOf ? slices.want(a.keyId, a.rpm, a.tpm) : null;
-    const old = slices.detach(a.keyId);
-    const k = keysOf(a.keyId);
-    const id = newLeaseId();
-    const slotId = a.conc > 0 ? newLeaseId() : '';
-    const had = blocks.current(a.keyId);
-    const blockId = had?.id ?? (wantBlock > 0 ? newLeaseId() : '');
-    const sentAt = performance.now();
-    o.batch.flush();
-    const call = o.run('keywardLease', [k.rpm, k.tpm, k.conc, k.concw], [
-      a.rpm, a.tpm, a.tokens, o.clock.deadline(),
-      old?.id ?? '', old?.left.rpm ?? 0, old?.left.tpm ?? 0,
-      id, want?.rpm ?? 0, want?.tpm ?? 0, o.sliceMs * REDIS_LIFETIME_FACTOR, want?.keepRpm ?? 0, want?.keepTpm ?? 0,
-      a.conc, slotId, o.leaseMs, blockId, wantBlock, Math.floor(a.conc * KEEP_SHARE),
-    ]) as Promise<number[]>;
-    if (want) slices.track(a.keyId, call);
-    if (wantBlock > 0) blocks.track(a.keyId, call);
-    const v = await call;
-    o.clock.learn(v[3]);
-    if (v[0] === -1) throw new StaleAdmissionError('admission reached Redis after its deadline');
-    if (want && v[4] !== 1) slices.refused(a.keyId);
-    if (wantBlock > 0 && v[9] !== 1) blocks.refused(a.keyId);
-    if (v[0] !== 1) return { ok: false, code: CODES[(v[1] ?? 2) - 1] ?? 'rpm_exceeded', retryAfterMs: v[2] ?? 1 };
-    const seen = { rpm: Number(v[5] ?? 0), tpm: Number(v[7] ?? 0) };
-    if (want && v[4] === 1) {
-      slices.install(a.keyId, { id, rpmCap: a.rpm, tpmCap: a.tpm, granted: { rpm: want.rpm, tpm: want.tpm }, seen }, sentAt);
-    }
-    let kept: LeaseTicket = -1;
-    if (a.conc > 0) {
-      kept = o.keeper.add(slotId, [k.conc]);
-      blocks.started(a.keyId);
-      const now = blocks.current(a.keyId);
-      if (wantBlock > 0 && v[9] === 1) {
-        // A block dropped while the call was out has its resize queued after it: Redis ends
-        // up with the smaller weight, so the grant must not be used.
-        if (!had || now === had) {
-          blocks.granted(a.keyId, blockId, a.conc, wantBlock, sentAt);
-          if (!had) blockTickets.set(blockId, o.keeper.add(blockId, [k.conc]));
-        }
-      } else if (blockId !== '' && Number(v[10] ?? 0) === 0) {
-        blocks.lost(a.keyId, blockId);
-      }
-    }
+  private take(leased: LeasedAdmission): AdmitResult | null {
+    const block = leased.conc > 0 ? this.blocks.free(leased.keyId, leased.conc) : null;
+    if (leased.conc > 0 && !block) return null;
+    const slice = hasBuckets(leased) ? this.slices.take(leased.keyId, leased.rpm, leased.tpm, leased.tokens) : null;
+    if (hasBuckets(leased) && !slice) return null;
+    if (block) this.blocks.take(leased.keyId, block);
     return {
       ok: true,
-      lease: leaseOf(a, { slotId: slotId || undefined, kept }),
-      quota: { requests: a.rpm > 0 ? { limit: a.rpm, remaining: seen.rpm, resetMs: Number(v[6] ?? 0) } : null,
-        tokens: a.tpm > 0 ? { limit: a.tpm, remaining: seen.tpm, resetMs: Number(v[8] ?? 0) } : null },
+      lease: new SliceLease(this, leased, { block: block ?? undefined, slice: slice ?? undefined }),
+      quota: {
+        requests: slice && figures(leased.rpm, slice.seen.rpm - (slice.granted.rpm - slice.left.rpm)),
+        tokens: slice && figures(leased.tpm, slice.seen.tpm - (slice.granted.tpm - slice.left.tpm)),
+      },
     };
-  };
+  }
 
-  return {
-    admit,
-    admitLocal,
-    held: () => slices.held(),
-    blocksHeld: () => blocks.held(),
-    onBlocks: () => blocks.inUse(),
-    refreshed: (ids, sentAt, missing) => blocks.refreshed(ids, sentAt, missing),
-    close() {
-      slices.sweep(true);
-      slices.stop();
-      blocks.sweep(true);
-      blocks.stop();
-    },
-  };
+  /** What the lease call gives back and asks for; `askingSlice`/`askingBlock`: another request of the key already asks. */
+  private prepare(leased: LeasedAdmission, askingSlice: boolean, askingBlock: boolean): LeaseAsk {
+    const wantBlock = leased.conc > 0 && !askingBlock ? this.blocks.want(leased.keyId, leased.conc) : 0;
+    // A slice serves a concurrency-limited key only together with a block of its slots.
+    const withBlock = leased.conc === 0 || wantBlock > 0 || this.blocks.current(leased.keyId) !== null;
+    const want = hasBuckets(leased) && !askingSlice && withBlock ? this.slices.want(leased.keyId, leased.rpm, leased.tpm) : null;
+    const old = this.slices.detach(leased.keyId);
+    const keys = keyNames(this.opts.keyTag(leased.keyId));
+    const sliceId = newLeaseId();
+    const slotId = leased.conc > 0 ? newLeaseId() : '';
+    const had = this.blocks.current(leased.keyId);
+    const blockId = had?.id ?? (wantBlock > 0 ? newLeaseId() : '');
+    return { keys, old, want, wantBlock, sliceId, slotId, blockId, had, sentAt: performance.now() };
+  }
+
+  /** Sends lease.lua (see its header for ARGV), after the queued settlements. */
+  private send(leased: LeasedAdmission, ask: LeaseAsk): Promise<number[]> {
+    const { keys: names, old, want } = ask;
+    this.batch.flush();
+    const call = this.opts.run('keywardLease', [names.rpm, names.tpm, names.conc, names.concw], [
+      leased.rpm, leased.tpm, leased.tokens, this.opts.clock.deadline(),
+      old?.id ?? '', old?.left.rpm ?? 0, old?.left.tpm ?? 0,
+      ask.sliceId, want?.rpm ?? 0, want?.tpm ?? 0, this.opts.sliceMs * REDIS_LIFETIME_FACTOR, want?.keepRpm ?? 0, want?.keepTpm ?? 0,
+      leased.conc, ask.slotId, this.opts.leaseMs, ask.blockId, ask.wantBlock, Math.floor(leased.conc * BLOCK_KEEP_SHARE),
+    ]) as Promise<number[]>;
+    if (want) this.slices.track(leased.keyId, call);
+    if (ask.wantBlock > 0) this.blocks.track(leased.keyId, call);
+    return call;
+  }
+
+  /**
+   * The admission from lease.lua's reply: {admitted (1, 0 denied, -1 stale), code, wait, now,
+   * slice granted, rpm remaining, rpm reset, tpm remaining, tpm reset, block granted, block weight}.
+   */
+  private answer(leased: LeasedAdmission, ask: LeaseAsk, reply: number[]): AdmitResult {
+    this.opts.clock.learn(reply[3]);
+    if (reply[0] === -1) throw new StaleAdmissionError('admission reached Redis after its deadline');
+    if (ask.want && reply[4] !== 1) this.slices.refused(leased.keyId);
+    if (ask.wantBlock > 0 && reply[9] !== 1) this.blocks.refused(leased.keyId);
+    if (reply[0] !== 1) return { ok: false, code: CODES[(reply[1] ?? 2) - 1] ?? 'rpm_exceeded', retryAfterMs: reply[2] ?? 1 };
+    if (ask.want && reply[4] === 1) {
+      const seen = { rpm: Number(reply[5] ?? 0), tpm: Number(reply[7] ?? 0) };
+      this.slices.install(leased.keyId, { id: ask.sliceId, rpmCap: leased.rpm, tpmCap: leased.tpm, granted: { rpm: ask.want.rpm, tpm: ask.want.tpm }, seen }, ask.sentAt);
+    }
+    const kept = leased.conc > 0 ? this.startSlot(leased, ask, reply) : -1;
+    return { ok: true, lease: new SliceLease(this, leased, { slotId: ask.slotId || undefined, kept }), quota: quotaFromReply(leased.rpm, leased.tpm, reply.slice(5)) };
+  }
+
+  /** Keeps the request's own slot alive, and takes the key's block as Redis left it. */
+  private startSlot(leased: LeasedAdmission, ask: LeaseAsk, reply: number[]): LeaseTicket {
+    const kept = this.keeper.add(ask.slotId, [ask.keys.conc]);
+    this.blocks.started(leased.keyId);
+    const current = this.blocks.current(leased.keyId);
+    if (ask.wantBlock > 0 && reply[9] === 1) {
+      // A block dropped while the call was out has its resize queued after it: Redis ends
+      // up with the smaller weight, so the grant must not be used.
+      if (!ask.had || current === ask.had) {
+        this.blocks.granted(leased.keyId, ask.blockId, leased.conc, ask.wantBlock, ask.sentAt);
+        if (!ask.had) this.blockTickets.set(ask.blockId, this.keeper.add(ask.blockId, [ask.keys.conc]));
+      }
+    } else if (ask.blockId !== '' && Number(reply[10] ?? 0) === 0) {
+      this.blocks.lost(leased.keyId, ask.blockId);
+    }
+    return kept;
+  }
 }
+
+const hasBuckets = (leased: LeasedAdmission): boolean => leased.rpm > 0 || leased.tpm > 0;
+
+const keyNames = (tag: string): KeyNames => ({ tag, rpm: `${tag}:rpm`, tpm: `${tag}:tpm`, conc: `${tag}:conc`, concw: `${tag}:concw` });

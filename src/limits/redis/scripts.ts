@@ -70,3 +70,26 @@ export function atTurnEnd(client: Redis | Cluster, fn: () => void): void {
     for (const f of fns) f();
   });
 }
+
+/** Lua's unpack is bounded by the C stack: long lists of lease ids are refreshed in chunks. */
+const REFRESH_CHUNK = 1000;
+
+export interface RefreshOptions {
+  run: RunScript;
+  /** refresh.lua's KEYS: the lease set (and, for slots, its block weights) */
+  keys: string[];
+  leaseMs: number;
+  ids: string[];
+  /** Hears each chunk: when it was sent (performance.now()) and the ids Redis no longer recorded. */
+  refreshed?: (chunk: string[], sentAt: number, missing: readonly string[]) => void;
+}
+
+/** Pushes the expiry of the leases `ids` in one lease set forward (refresh.lua), chunk by chunk. */
+export async function refreshInChunks(o: RefreshOptions): Promise<void> {
+  for (let i = 0; i < o.ids.length; i += REFRESH_CHUNK) {
+    const chunk = o.ids.slice(i, i + REFRESH_CHUNK);
+    const sentAt = performance.now();
+    const missing = (await o.run('keywardRefresh', o.keys, [o.leaseMs, ...chunk])) as string[];
+    o.refreshed?.(chunk, sentAt, missing);
+  }
+}

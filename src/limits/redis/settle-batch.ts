@@ -1,7 +1,7 @@
 /**
  * Settlements (TPM refunds and charges, freed slots, returned slices and block slots,
- * spend-hold settlements) are queued and sent once per tick: one settle.lua call per hash slot in a
- * Cluster, one call in all on a single node, instead of one round trip each.
+ * spend-hold settlements) are queued and sent once per tick: one settle.lua call per hash
+ * slot in a Cluster, one call in all on a single node, instead of one round trip each.
  *
  * What waits is only ever a release or an after-the-fact charge, never a hold or an
  * admission: holds and reservations stay per request and exact. Until the batch leaves,
@@ -10,27 +10,37 @@
  * first (`flush()`): the queued settlements are written before that call, on the same
  * connection, and Redis runs them in order. Close flushes and waits.
  */
-import { callsBySlot } from './hash-slot.js';
+import { callsByHashSlot } from './hash-slot.js';
 import type { RunScript } from './scripts.js';
 
 /** Told when the call that carried the operation failed (the limiter that queued it counts it). */
 type Owner = { owner?: (err: unknown) => void };
 
+/** One token bucket's change: `delta` tokens given back (negative: taken), never above `cap`. */
+export interface BucketWrite {
+  key: string;
+  cap: number;
+  delta: number;
+}
+
+/** One settlement; settle.lua names the kinds 'b', 'h' and 'w'. */
 export type SettleOp = Owner &
   (
+  /** token buckets adjusted and a request's or slice's lease ended */
   | {
-      kind: 'b';
+      kind: 'buckets';
       /** the hash tag of every key of this operation */
       tag: string;
       leaseId: string;
       /** a slice being returned: its remainder is each bucket's delta */
       sliceId?: string;
-      buckets: { key: string; cap: number; delta: number }[];
+      buckets: BucketWrite[];
       sets: string[];
     }
-  | { kind: 'h'; tag: string; holdId: string; cost: number; ttlMs: number; keys: string[] }
+  /** a spend hold replaced by its actual cost */
+  | { kind: 'hold'; tag: string; holdId: string; cost: number; ttlMs: number; keys: string[] }
   /** a block of slots resized (0 ends it); see slot-blocks.ts */
-  | { kind: 'w'; tag: string; set: string; weights: string; blockId: string; weight: number }
+  | { kind: 'blockWeight'; tag: string; set: string; weights: string; blockId: string; weight: number }
   );
 
 export interface SettleBatchOptions {
@@ -64,70 +74,81 @@ export function settleBatchOf(client: object, opts: SettleBatchOptions): SettleB
 }
 
 export function createSettleBatch(opts: SettleBatchOptions): SettleBatch {
-  let queue: SettleOp[] = [];
-  let timer: NodeJS.Timeout | null = null;
+  return new Batch(opts);
+}
+
+/** settle.lua's KEYS and ARGV for `ops` (see its header). */
+function settleCall(ops: SettleOp[]): { keys: string[]; args: (string | number)[] } {
+  const keys: string[] = [];
+  const args: (string | number)[] = [ops.length];
+  for (const op of ops) {
+    if (op.kind === 'buckets') {
+      args.push('b', op.leaseId, op.sliceId ?? '', op.buckets.length, op.sets.length);
+      for (const b of op.buckets) {
+        keys.push(b.key);
+        args.push(b.cap, b.delta);
+      }
+      keys.push(...op.sets);
+    } else if (op.kind === 'blockWeight') {
+      args.push('w', op.blockId, op.weight);
+      keys.push(op.set, op.weights);
+    } else {
+      args.push('h', op.holdId, op.cost, op.ttlMs, op.keys.length / 2);
+      keys.push(...op.keys);
+    }
+  }
+  return { keys, args };
+}
+
+class Batch implements SettleBatch {
+  private queue: SettleOp[] = [];
+  private timer: NodeJS.Timeout | null = null;
   // Calls sent and not yet answered, counted rather than kept in a Set: a Set with an add
   // and a delete per batch keeps replacing its hash table, and a replaced table that has
   // been promoted holds on to its successor and its promises (and through them the batch's
-  // operations), so each young-generation GC would promote them (see src/dense-set.ts).
-  let inFlight = 0;
-  let onIdle: (() => void)[] = [];
+  // operations), so each young-generation collection would promote them (see src/dense-set.ts).
+  private inFlight = 0;
+  private onIdle: (() => void)[] = [];
+  private readonly flushNow = (): void => this.flush();
 
-  const send = (ops: SettleOp[]): void => {
-    const keys: string[] = [];
-    const args: (string | number)[] = [ops.length];
-    for (const op of ops) {
-      if (op.kind === 'b') {
-        args.push('b', op.leaseId, op.sliceId ?? '', op.buckets.length, op.sets.length);
-        for (const b of op.buckets) {
-          keys.push(b.key);
-          args.push(b.cap, b.delta);
-        }
-        keys.push(...op.sets);
-      } else if (op.kind === 'w') {
-        args.push('w', op.blockId, op.weight);
-        keys.push(op.set, op.weights);
-      } else {
-        args.push('h', op.holdId, op.cost, op.ttlMs, op.keys.length / 2);
-        keys.push(...op.keys);
-      }
+  constructor(private readonly opts: SettleBatchOptions) {}
+
+  add(op: SettleOp): void {
+    if (op.kind === 'buckets' && op.buckets.length === 0 && op.sets.length === 0) return;
+    this.queue.push(op);
+    if (!this.timer) {
+      this.timer = setTimeout(this.flushNow, this.opts.everyMs);
+      this.timer.unref();
     }
-    const p = opts.run('keywardSettle', keys, args).catch((err: unknown) => {
+  }
+
+  flush(): void {
+    if (this.timer) {
+      clearTimeout(this.timer);
+      this.timer = null;
+    }
+    if (this.queue.length === 0) return;
+    const ops = this.queue;
+    this.queue = [];
+    for (const call of callsByHashSlot(ops, { cluster: this.opts.cluster, tagOf: (op) => op.tag, max: MAX_OPS })) this.send(call);
+  }
+
+  async close(): Promise<void> {
+    this.flush();
+    if (this.inFlight > 0) await new Promise<void>((resolve) => this.onIdle.push(resolve));
+  }
+
+  private send(ops: SettleOp[]): void {
+    const { keys, args } = settleCall(ops);
+    const p = this.opts.run('keywardSettle', keys, args).catch((err: unknown) => {
       for (const owner of new Set(ops.map((op) => op.owner))) owner?.(err);
     });
-    inFlight++;
+    this.inFlight++;
     void p.finally(() => {
-      if (--inFlight > 0) return;
-      const waiting = onIdle;
-      onIdle = [];
+      if (--this.inFlight > 0) return;
+      const waiting = this.onIdle;
+      this.onIdle = [];
       for (const resolve of waiting) resolve();
     });
-  };
-
-  const flush = (): void => {
-    if (timer) {
-      clearTimeout(timer);
-      timer = null;
-    }
-    if (queue.length === 0) return;
-    const ops = queue;
-    queue = [];
-    for (const call of callsBySlot(ops, { cluster: opts.cluster, tagOf: (op) => op.tag, max: MAX_OPS })) send(call);
-  };
-
-  return {
-    add(op) {
-      if (op.kind === 'b' && op.buckets.length === 0 && op.sets.length === 0) return;
-      queue.push(op);
-      if (!timer) {
-        timer = setTimeout(flush, opts.everyMs);
-        timer.unref();
-      }
-    },
-    flush,
-    async close() {
-      flush();
-      if (inFlight > 0) await new Promise<void>((resolve) => onIdle.push(resolve));
-    },
-  };
+  }
 }

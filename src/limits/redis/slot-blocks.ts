@@ -9,7 +9,7 @@
  * the limit:
  *  - a block is about this instance's peak in flight of the key over the last sliceMs plus
  *    one, at most BLOCK_SHARE of C;
- *  - Redis grants it only while slots in use, blocks included, stay within KEEP_SHARE of C
+ *  - Redis grants it only while slots in use, blocks included, stay within BLOCK_KEEP_SHARE of C
  *    (lease.lua); past that every instance is back to one call per request.
  * Redis keeps a block for leaseMs after its grant or its last refresh (the lease keeper's);
  * this instance stops taking slots from it leaseMs after it sent that grant or refresh, so it
@@ -21,7 +21,7 @@ import { DemandTable, type DemandEntry } from './demand-table.js';
 /** Largest block, as a share of the concurrency limit. */
 export const BLOCK_SHARE = 1 / 16;
 /** Slots in use (blocks included) past which no block is granted, as a share of the limit. */
-export const KEEP_SHARE = 1 / 2;
+export const BLOCK_KEEP_SHARE = 1 / 2;
 
 export interface Block {
   id: string;

@@ -6,7 +6,7 @@
 --                set's block weights (slots.lua), and when the key has a per-model limit
 --                (ARGV[12] or ARGV[13] > 0) the model's RPM and TPM buckets (same hash tag)
 -- Standalone Redis gets both groups in one call. In Cluster each group lives under its own
--- hash tag, so the client sends one call per group in parallel (see redis.ts).
+-- hash tag, so the client sends one call per group in parallel (see request-path.ts).
 --
 -- ARGV: 1 lease id, 2 lease ms, 3 route flag, 4 route concurrency, 5 route rpm,
 --       6 key flag, 7 key rpm, 8 key tpm, 9 key concurrency, 10 tokens (TPM reservation),
@@ -65,38 +65,26 @@ local function deny(c, w)
   if w > wait then wait = w end
 end
 
--- A bucket check (bucket.lua's admit_wait; `tpm_tokens` only for TPM) that denies with code c.
-local function check(c, lvl, cap, tpm_tokens)
+-- A bucket check (bucket.lua's admit_wait; `tpm_tokens` only for TPM) that denies with code
+-- c. Returns the bucket's level, which the commit below writes back less what it takes.
+local function checked(c, key, cap, tpm_tokens)
+  local lvl = level(key, cap)
   local w = admit_wait(lvl, cap, tpm_tokens)
   if w > 0 then deny(c, w) end
+  return lvl
 end
 
 local r_rpm_level, k_rpm_level, k_tpm_level, m_rpm_level, m_tpm_level
 if has_route then
   if route_conc > 0 and held_slots(r_conc_key, nil) >= route_conc then deny(1, conc_wait(r_conc_key)) end
-  if route_rpm > 0 then
-    r_rpm_level = level(r_rpm_key, route_rpm)
-    check(1, r_rpm_level, route_rpm)
-  end
+  if route_rpm > 0 then r_rpm_level = checked(1, r_rpm_key, route_rpm) end
 end
 if has_key then
-  if key_rpm > 0 then
-    k_rpm_level = level(k_rpm_key, key_rpm)
-    check(2, k_rpm_level, key_rpm)
-  end
-  if key_tpm > 0 then
-    k_tpm_level = level(k_tpm_key, key_tpm)
-    check(3, k_tpm_level, key_tpm, tokens)
-  end
+  if key_rpm > 0 then k_rpm_level = checked(2, k_rpm_key, key_rpm) end
+  if key_tpm > 0 then k_tpm_level = checked(3, k_tpm_key, key_tpm, tokens) end
   if key_conc > 0 and held_slots(k_conc_key, k_conc_w) >= key_conc then deny(4, conc_wait(k_conc_key)) end
-  if model_rpm > 0 then
-    m_rpm_level = level(m_rpm_key, model_rpm)
-    check(2, m_rpm_level, model_rpm)
-  end
-  if model_tpm > 0 then
-    m_tpm_level = level(m_tpm_key, model_tpm)
-    check(3, m_tpm_level, model_tpm, tokens)
-  end
+  if model_rpm > 0 then m_rpm_level = checked(2, m_rpm_key, model_rpm) end
+  if model_tpm > 0 then m_tpm_level = checked(3, m_tpm_key, model_tpm, tokens) end
 end
 if code ~= 0 then return {0, code, wait, now} end
 

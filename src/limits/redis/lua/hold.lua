@@ -10,12 +10,12 @@
 --       that runs later, so it must change nothing), number of holders n,
 --       then four per holder: kind ('budget' | 'wallet'), base (the replica's figure),
 --       limit ('' = none; budgets only), epoch
--- Money is integer nano-units throughout (see ledger.ts); numbers go back to Redis as
+-- Money is integer nano-units throughout (see src/limits/ledger.ts); numbers go back to Redis as
 -- '%.0f' strings so that large values are never written in exponent form.
 --
 -- A first or higher epoch restarts the holder's ledger from base (old holds forgotten); a
 -- lower epoch keeps the ledger and uses its b0 in place of the stale base. Live figure and
--- fit: ledger-rules.lua (the rules of ledger.ts).
+-- fit: ledger-rules.lua (the rules of src/limits/ledger.ts).
 -- A zero hold is checked like any other but not recorded.
 -- Returns {now, r1, j1, r2, j2, ...}, two per hold: r = 1 when held on every holder, 0 with
 -- j the first holder it does not fit (nothing held), -1 past its deadline.

@@ -1,7 +1,7 @@
 -- lease.lua: admit one request on a key's own RPM/TPM buckets and concurrency slots, give
 -- back what is left of the calling instance's previous slice, and lease it a new slice and
 -- a (bigger) block of slots when the key is far from its limits, in one call. Only for
--- requests limited by the key's own RPM/TPM/concurrency alone (redis-lease.ts).
+-- requests limited by the key's own RPM/TPM/concurrency alone (lease-path.ts).
 --
 -- KEYS[1] key RPM bucket, KEYS[2] key TPM bucket (bucket.lua), KEYS[3] key lease set,
 -- KEYS[4] its block weights (slots.lua); all under the key's hash tag

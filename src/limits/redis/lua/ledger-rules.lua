@@ -1,4 +1,4 @@
--- ledger-rules.lua: the spend-hold rules of ledger.ts (liveNano, holdFits), stated once for
+-- ledger-rules.lua: the spend-hold rules of src/limits/ledger.ts (liveNano, holdFits), stated once for
 -- the scripts (hold.lua, ledger.lua include it; scripts.ts pastes it in). No KEYS or ARGV.
 -- Money is integer nano-units.
 

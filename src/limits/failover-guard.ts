@@ -1,0 +1,104 @@
+/**
+ * The guard every Redis call of createLimiter goes through (failover.ts). While the first
+ * connection is being made, a call waits for it (at most timeoutMs) rather than failing at
+ * once, so a freshly started instance does not fail open. Then each call waits at most
+ * timeoutMs plus a small slack: ioredis' commandTimeout normally answers first, and the guard
+ * also bounds what it does not (a NOSCRIPT resend, Cluster redirections). An answer Redis
+ * gives after the guard gave up is undone at once (`late`), so it cannot hold a slot or a
+ * budget nobody will release.
+ */
+import type { Cluster, Redis } from 'ioredis';
+import { whenServing } from './redis/client.js';
+
+/** Slack on top of timeoutMs for the guard that bounds a whole call. */
+const GUARD_SLACK_MS = 25;
+/** A failure that came after this share of timeoutMs waited the timeout out: a slow one. */
+const SLOW_SHARE = 0.9;
+
+class RedisTimeout extends Error {}
+
+/** One call on Redis and what becomes of it: Redis' answer in time, the fallback's, or a late answer undone. */
+export interface GuardedCall<T> {
+  /** Sends the call to Redis. */
+  send(): Promise<T>;
+  /** Redis answered in time. */
+  answered(): void;
+  /** Redis failed or the guard gave up (`slow`: the call waited the timeout out); fallback() answers. */
+  failed(err: unknown, slow: boolean): void;
+  fallback(): Promise<T>;
+  /** Redis answered after the guard gave up: undo what the answer took. */
+  late(answer: T): void;
+}
+
+/** The first-connection wait and the deadline of every call. */
+export class RedisGuard {
+  private connecting = true;
+  private readonly firstAttempt: Promise<void>;
+  private gaveUp = 0;
+
+  constructor(
+    client: Redis | Cluster,
+    private readonly timeoutMs: number,
+  ) {
+    this.firstAttempt = new Promise<void>((resolve) => {
+      const settled = (): void => {
+        this.connecting = false;
+        resolve();
+      };
+      whenServing(client).then(settled, settled);
+      for (const event of ['error', 'close', 'end']) client.once(event, settled);
+    });
+  }
+
+  /** The call's answer, or the fallback's when `skip` (the breaker is open), the call fails or it outlives the deadline. */
+  run<T>(skip: boolean, call: GuardedCall<T>): Promise<T> {
+    if (skip) return call.fallback();
+    return this.connecting ? this.firstConnection().then(() => this.underDeadline(call)) : this.underDeadline(call);
+  }
+
+  /** Calls the guard gave up on that Redis did not count as failed itself. */
+  timeouts(): number {
+    return this.gaveUp;
+  }
+
+  /** Resolves when the first connection attempt is over, or after timeoutMs. */
+  private firstConnection(): Promise<void> {
+    let timer: NodeJS.Timeout | undefined;
+    const bound = new Promise<void>((resolve) => {
+      timer = setTimeout(resolve, this.timeoutMs);
+    });
+    return Promise.race([this.firstAttempt, bound]).finally(() => clearTimeout(timer));
+  }
+
+  /** One promise and one timer per call (every admission and hold comes through here), no race of promises. */
+  private underDeadline<T>(call: GuardedCall<T>): Promise<T> {
+    return new Promise<T>((resolve) => {
+      const p = call.send();
+      let late = false;
+      const started = performance.now();
+      const fail = (err: unknown): void => {
+        call.failed(err, performance.now() - started >= this.timeoutMs * SLOW_SHARE);
+        resolve(call.fallback());
+      };
+      const timer = setTimeout(() => {
+        late = true;
+        this.gaveUp++;
+        fail(new RedisTimeout(`redis did not answer within ${this.timeoutMs} ms`));
+      }, this.timeoutMs + GUARD_SLACK_MS);
+      p.then(
+        (v) => {
+          if (late) return call.late(v);
+          clearTimeout(timer);
+          call.answered();
+          resolve(v);
+        },
+        (err: unknown) => {
+          // After the deadline the Redis side counted this failure itself; do not count it twice.
+          if (late) return void this.gaveUp--;
+          clearTimeout(timer);
+          fail(err);
+        },
+      );
+    });
+  }
+}

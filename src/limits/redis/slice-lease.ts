@@ -1,0 +1,70 @@
+/**
+ * The lease of a request admitted on the lease path (lease-path.ts).
+ */
+import { tokensBack } from '../bucket.js';
+import type { LeaseKeeper, LeaseTicket } from '../leases.js';
+import type { RedisLease } from './api.js';
+import type { LeasedAdmission } from './lease-path.js';
+import type { SettleBatch, SettleOp } from './settle-batch.js';
+import type { Block, BlockTable } from './slot-blocks.js';
+import type { Slice, SliceTable } from './slices.js';
+
+/** What an admitted request holds: the slice and block it was admitted from, or its own slot. */
+export interface Held {
+  block?: Block;
+  slice?: Slice;
+  slotId?: string;
+  kept?: LeaseTicket;
+}
+
+/** What a lease needs of the lease path that admitted it. */
+export interface LeaseOwner {
+  blocks: BlockTable;
+  slices: SliceTable;
+  keeper: LeaseKeeper;
+  batch: SettleBatch;
+  /** the settlement of `delta` on the key's buckets, and of its own slot (`slotId`) */
+  settleOp(keyId: string, delta: { rpm: number; tpm: number }, caps: { rpm: number; tpm: number }, ids: { sliceId?: string; slotId?: string }): SettleOp;
+}
+
+/**
+ * The lease of an admitted request: settlement and undo go into the slice it was admitted
+ * from while that slice is live, else into the batch. Its slot is either one of this
+ * instance's block (given back to the block) or its own (slotId). Its state is in ES private
+ * fields: a lease may be printed or logged with its admission result, and shows nothing of
+ * its limiter.
+ */
+export class SliceLease implements RedisLease {
+  readonly #path: LeaseOwner;
+  readonly #leased: LeasedAdmission;
+  readonly #held: Held;
+  #done = false;
+
+  constructor(path: LeaseOwner, leased: LeasedAdmission, held: Held) {
+    this.#path = path;
+    this.#leased = leased;
+    this.#held = held;
+  }
+
+  finish(usage: { tokens: number | null }): void {
+    this.#close({ rpm: 0, tpm: tokensBack(this.#leased.tokens, usage) ?? 0 });
+  }
+
+  cancel(): void {
+    this.#close({ rpm: 1, tpm: this.#leased.tokens });
+  }
+
+  #close(delta: { rpm: number; tpm: number }): void {
+    if (this.#done) return;
+    this.#done = true;
+    const leased = this.#leased;
+    const held = this.#held;
+    const path = this.#path;
+    if (leased.conc > 0) path.blocks.ended(leased.keyId, held.block ?? null);
+    if (held.slotId) path.keeper.remove(held.kept ?? -1);
+    // Nothing to give back or free, or all of it settled in the slice: no operation to build.
+    if (!held.slotId && delta.rpm === 0 && delta.tpm === 0) return;
+    if (!held.slotId && held.slice && path.slices.settle(leased.keyId, held.slice, delta)) return;
+    path.batch.add(path.settleOp(leased.keyId, delta, leased, { slotId: held.slotId }));
+  }
+}
