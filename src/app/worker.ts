@@ -10,6 +10,7 @@
 import type { Config } from '../config/schema.js';
 import { flushed, type Logger } from '../obs/logger.js';
 import type { UsageEvent } from '../protocol/usage.js';
+import { holdSighup } from './reload.js';
 import { startSidecar, type Sidecar } from './sidecar.js';
 import { isMessage, type ToPrimary, type ToWorker } from './worker-messages.js';
 
@@ -159,7 +160,7 @@ export async function runWorker(opts: WorkerOptions): Promise<Sidecar> {
   // either way the worker drains instead of dying with requests in flight.
   for (const sig of ['SIGTERM', 'SIGINT'] as const) process.on(sig, () => worker.drain(null));
   // The primary reads the file and sends the config; a SIGHUP to the whole group must not end a worker.
-  process.on('SIGHUP', () => {});
+  holdSighup();
   void send({ type: 'keyward:hello' });
   return worker.start();
 }
