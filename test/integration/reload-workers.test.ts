@@ -53,7 +53,11 @@ after(async () => {
 
 /** One rerank request on a new connection (the cluster hands connections to the workers in turn); its request id. */
 async function rerank(): Promise<{ status: number; id: string }> {
-  const r = await send(kw.url, { method: 'POST', path: '/v1/rerank', headers: { ...bearer(secret), 'content-type': 'application/json' }, body: '{"model":"m"}' });
+  const sent = send(kw.url, { method: 'POST', path: '/v1/rerank', headers: { ...bearer(secret), 'content-type': 'application/json' }, body: '{"model":"m"}' });
+  // A connection handed to a worker that died never gets an answer: fail rather than wait forever.
+  let timer: NodeJS.Timeout | undefined;
+  const late = new Promise<never>((_, reject) => (timer = setTimeout(() => reject(new Error('no answer within 5 s')), 5_000)));
+  const r = await Promise.race([sent, late]).finally(() => clearTimeout(timer));
   return { status: r.status, id: String(r.headers['x-request-id']) };
 }
 
@@ -95,4 +99,9 @@ test('a reload reaches both workers, and a worker started after it runs the relo
   process.kill(pids[0]!, 'SIGKILL');
   await untilScraped(kw, (m) => metricSum(m, 'keyward_worker_restarts_total') === 1 && metricSum(m, 'keyward_workers') === 2, 'the replacement worker', 10_000);
   await answeredBy([3], 200);
+
+  // SIGHUP to a worker (a closing terminal signals the whole process group) is left to the primary: the worker lives on.
+  process.kill(pids[1]!, 'SIGHUP');
+  await answeredBy([2, 3], 200);
+  assert.equal(metricSum(await scrape(kw), 'keyward_worker_restarts_total'), 1);
 });
