@@ -4,19 +4,13 @@
  */
 import cluster from 'node:cluster';
 import { Command, Option } from 'commander';
-import { ConfigError, loadConfigFile } from './config/load.js';
-import { configSchema, type Config } from './config/schema.js';
-import { createLogger, flushed } from './obs/logger.js';
-import { startSidecar } from './app/sidecar.js';
-import { runWorker } from './app/worker.js';
-import { parseWorkers, startWorkers } from './app/workers.js';
+import { ConfigError } from './config/load.js';
+import { loadConfig } from './config/file.js';
+import { serve, serveWorker } from './app/serve.js';
+import { parseWorkers } from './app/workers.js';
 import { importSnapshotFile, ImportError } from './app/import.js';
 import { runDemo } from './app/demo.js';
 import { registerConsoleCommands } from './console/cli.js';
-
-function loadConfig(file: string): Config {
-  return loadConfigFile({ file, schema: configSchema });
-}
 
 /** Runs `fn` until SIGTERM/SIGINT, then `stop` once, then exits 0. */
 function untilSignal(stop: () => Promise<void>): void {
@@ -47,32 +41,11 @@ function fail(err: unknown): never {
 }
 
 /** `keyward serve`: one sidecar, or a cluster primary and its workers, until a signal. */
-async function serve(o: { config: string; workers: string }): Promise<void> {
-  const config = loadConfig(o.config);
-  const workers = parseWorkers(o.workers);
-  if (cluster.isWorker) {
-    // A worker of the primary below: the same command line, run again by node:cluster.
-    const logger = createLogger({ level: config.logging.level, fields: { worker: cluster.worker!.id }, shared: true });
-    await runWorker({ config, logger });
-    return;
-  }
-  if (workers > 1) {
-    const logger = createLogger({ level: config.logging.level, fields: { worker: 0 }, shared: true });
-    const pool = await startWorkers({ config, logger, workers });
-    logger.info({ listen: pool.url, admin_port: pool.adminPort, workers, pids: pool.pids() }, 'keyward listening');
-    untilSignal(async () => {
-      await pool.close();
-      await flushed(logger);
-    });
-    return;
-  }
-  const logger = createLogger({ level: config.logging.level });
-  const sidecar = await startSidecar({ config, logger });
-  logger.info({ listen: sidecar.url, admin_port: sidecar.adminPort }, 'keyward listening');
-  untilSignal(async () => {
-    await sidecar.close();
-    await flushed(logger);
-  });
+async function serveCommand(o: { config: string; workers: string }): Promise<void> {
+  // A worker of the primary: the same command line, run again by node:cluster. Its config comes from the primary.
+  if (cluster.isWorker) return serveWorker();
+  const serving = await serve({ file: o.config, workers: parseWorkers(o.workers) });
+  untilSignal(() => serving.stop());
 }
 
 export function buildProgram(): Command {
@@ -86,13 +59,14 @@ export function buildProgram(): Command {
     .description('run the sidecar')
     .requiredOption('-c, --config <file>', 'YAML config file')
     .option('-w, --workers <n>', 'worker processes sharing the proxy port (a number, or "auto" for one per core); more than 1 needs redis', '1')
-    .action(serve);
+    .action(serveCommand);
 
   program
     .command('check-config')
     .description('validate a config file; exit 0 when valid, 1 with every problem otherwise')
     .requiredOption('-c, --config <file>', 'YAML config file')
     .action((o: { config: string }) => {
+      // The same validation a reload applies (src/app/reload.ts).
       loadConfig(o.config);
       process.stdout.write(`${o.config}: ok\n`);
     });
@@ -104,7 +78,7 @@ export function buildProgram(): Command {
     .addOption(new Option('-c, --config <file>', 'config file naming replica.path').conflicts('replica'))
     .option('--replica <path>', 'replica file (instead of --config)')
     .action(async (file: string, o: { config?: string; replica?: string }) => {
-      const path = o.replica ?? (o.config ? loadConfig(o.config).replica.path : undefined);
+      const path = o.replica ?? (o.config ? loadConfig(o.config).config.replica.path : undefined);
       if (!path) throw new Error('import needs --config <file> or --replica <path>');
       // Every line is validated inside the one transaction: a bad file changes nothing.
       const counts = await importSnapshotFile({ replicaPath: path, file });

@@ -1,10 +1,9 @@
 /**
  * One worker of the benchmark's `--workers N` keyward (bench/servers/keyward.ts is the
- * primary): runWorker, as `keyward serve` runs it in a worker, with the primary's config
- * and its access log formatted as in production but written to /dev/null.
+ * primary): runWorker, as `keyward serve` runs it in a worker, with the config the primary
+ * sends and its access log formatted as in production but written to /dev/null.
  */
 import cluster from 'node:cluster';
-import type { Config } from '../../src/config/schema.js';
 import { load } from './build.js';
 
 const [{ createLogger, logDestination }, { runWorker }] = await Promise.all([
@@ -12,6 +11,4 @@ const [{ createLogger, logDestination }, { runWorker }] = await Promise.all([
   load<typeof import('../../src/app/worker.js')>('app/worker.js'),
 ]);
 
-const config = JSON.parse(process.env.KW_BENCH_CONFIG!) as Config;
-const logger = createLogger({ level: 'info', destination: logDestination('/dev/null', { shared: true }), fields: { worker: cluster.worker!.id }, shared: true });
-await runWorker({ config, logger });
+await runWorker({ logger: () => createLogger({ level: 'info', destination: logDestination('/dev/null', { shared: true }), fields: { worker: cluster.worker!.id }, shared: true }) });

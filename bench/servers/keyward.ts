@@ -95,9 +95,8 @@ const logger = createLogger({ level: process.env.KW_BENCH_LOG_LEVEL ?? 'info', d
 let close: () => Promise<void>;
 if (workers > 1) {
   replica.close();
-  // The workers run keyward-worker.ts with this config.
+  // The workers run keyward-worker.ts with the config startWorkers sends them.
   cluster.setupPrimary({ exec: join(import.meta.dirname, 'keyward-worker.ts'), execArgv: process.execArgv });
-  process.env.KW_BENCH_CONFIG = JSON.stringify(config);
   const pool = await startWorkers({ config, logger, workers });
   ready({ port: pool.port, adminPort: pool.adminPort, key, mode, workers, prefix, redisTimeoutMs: config.redis?.timeoutMs, pids: pool.pids() });
   close = () => pool.close({ graceMs: 500 });

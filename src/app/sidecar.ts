@@ -2,6 +2,8 @@
  * Composition: builds the replica, limiter, sync client, usage pusher, forwarder, metrics
  * and admin listener from the config and hands them to the exchanges, which own each
  * request's life. Adapters meet only here. Shutdown drains in the order that loses nothing.
+ * A reload (DESIGN section 12) puts a new snapshot of the config in force; the adapters
+ * built from restart-only settings (listeners, replica, limiter, console clients) stay.
  */
 import { createServer, type Server } from 'node:http';
 import { makeKeyHasher } from '../auth/hash.js';
@@ -14,13 +16,11 @@ import { createMetrics, type Metrics } from '../obs/metrics.js';
 import { Traces, traceTuningFromEnv, type TraceTuning } from '../obs/tracing/sink.js';
 import type { UsageEvent } from '../protocol/usage.js';
 import { ReplicaStore } from '../replica/store.js';
-import { parseRange } from '../policy/network.js';
-import { shadowSet } from '../policy/shadow.js';
-import { buildRules } from '../routes.js';
 import type { SyncClient, UsagePusher } from '../sync/client.js';
 import { consoleClients } from './console-clients.js';
 import { answerClientError, createExchanges, type ExchangeDeps, type Exchanges } from '../proxy/exchange.js';
 import { createForwarder, type Forwarder } from '../proxy/upstream/forward.js';
+import { snapshotOf, Snapshots } from '../proxy/snapshot.js';
 import { QUOTA_HEADER_NAMES } from '../proxy/quota-headers.js';
 import { describeKey } from '../proxy/self.js';
 import { httpUrl, listen } from './listen.js';
@@ -49,6 +49,15 @@ export interface Sidecar {
   metrics: Metrics;
   /** the tracer in force; `configure` swaps it for a new `tracing` block */
   traces: Traces;
+  /** the config requests arriving now are decided under */
+  config(): Config;
+  /**
+   * Puts `next` in force for every request that arrives from now on (DESIGN section 12);
+   * requests in flight finish under the config they arrived with. Settings that need new
+   * listeners or stores are not read from `next`: the caller passes their running values
+   * (src/config/reload-plan.ts).
+   */
+  reconfigure(next: Config): Promise<void>;
   /** present when `console` is configured */
   sync: SyncClient | null;
   usage: UsagePusher | null;
@@ -86,6 +95,7 @@ interface ExchangeParts {
   forwarder: Forwarder;
   metrics: Metrics;
   traces: Traces;
+  snapshots: Snapshots;
   usageSink: ((event: UsageEvent) => void) | null;
 }
 
@@ -93,33 +103,28 @@ function exchangeDeps(p: ExchangeParts): ExchangeDeps {
   const { config, logger, replica, limiter } = p;
   return {
     pipeline: {
-      rules: buildRules(config.routes),
+      // keys.* needs a restart: the hasher is built once
       hashKey: makeKeyHasher(config.keys),
       keyFormat: config.keys.format,
       lookup: (hash) => replica.lookup(hash),
       ready: () => replica.status().ready,
       limiter,
       priceFor: (model) => replica.priceFor(model),
-      upstreams: new Map(Object.entries(config.upstreams).map(([name, u]) => [name, u.capacity])),
-      maxJsonBodyBytes: config.server.maxJsonBodyBytes,
-      maxUploadBytes: config.server.maxUploadBytes,
-      defaultOutputTokens: config.limits.defaultOutputTokens,
-      refuseBrowsers: config.server.refuseBrowsers,
       onUnknownRouting: onceEach((mode) => logger.warn({ routing: mode }, 'key routing mode names no upstream; using default')),
-      shadow: shadowSet(config.limits.shadow),
     },
     forwarder: p.forwarder,
     metrics: p.metrics,
     access: logger.access,
     usageSink: p.usageSink,
     log: logger,
-    versionHeader: `${config.messages.vendor}-version`,
-    bodyIdleTimeoutMs: config.server.bodyIdleTimeoutMs,
-    trustedProxies: config.server.trustedProxies.map((c) => parseRange(c)!),
+    snapshots: p.snapshots,
     describeKey: (facts) => describeKey(limiter, facts),
     traces: p.traces,
   };
 }
+
+/** Budget alerts (DESIGN section 13) are not built yet: a reload hands them its `alerts` settings here. */
+function configureAlerts(_config: Config): void {}
 
 function proxyServer(exchanges: Exchanges): Server {
   const server = createServer({ keepAliveTimeout: 65_000, requestTimeout: 0, headersTimeout: 60_000 });
@@ -168,7 +173,7 @@ export async function startSidecar(opts: SidecarOptions): Promise<Sidecar> {
   const replica = opts.replica ?? new ReplicaStore({ path: config.replica.path });
   const limiter = opts.limiter ?? limiterFor(config, logger);
   const { sync, usage } = consoleClients({ config, replica, logger, pushUsage: !opts.usageSink });
-  const forwarder = createForwarder({ upstreams: config.upstreams, replacedResponseHeaders: QUOTA_HEADER_NAMES });
+  const forwarder = createForwarder({ replacedResponseHeaders: QUOTA_HEADER_NAMES });
   const traces = new Traces({ log: logger, tuning: opts.traceTuning ?? traceTuningFromEnv(process.env) });
   await traces.configure(config.tracing);
   const metrics = createMetrics({
@@ -179,7 +184,9 @@ export async function startSidecar(opts: SidecarOptions): Promise<Sidecar> {
     traces: () => traces.stats(),
   });
   const usageSink = opts.usageSink ?? (usage ? (e: UsageEvent) => usage.push(e) : null);
-  const exchanges = createExchanges(exchangeDeps({ config, logger, replica, limiter, forwarder, metrics, traces, usageSink }));
+  const snapshots = new Snapshots(snapshotOf(config, forwarder.targets(config.upstreams, null)));
+  configureAlerts(config);
+  const exchanges = createExchanges(exchangeDeps({ config, logger, replica, limiter, forwarder, metrics, traces, snapshots, usageSink }));
   metrics.trackInFlight(() => exchanges.inFlight());
 
   const server = proxyServer(exchanges);
@@ -200,6 +207,7 @@ export async function startSidecar(opts: SidecarOptions): Promise<Sidecar> {
   // Not awaited: the replica serves what it has (a previous run's data) while the first sync runs.
   void sync?.start();
 
+  let applying = Promise.resolve();
   const running: Running = { server, exchanges, logger, forwarder, admin, usage, sync, limiter, traces, ownReplica: opts.replica ? null : replica };
   return {
     port,
@@ -211,7 +219,19 @@ export async function startSidecar(opts: SidecarOptions): Promise<Sidecar> {
     limiter,
     metrics,
     traces,
-    close({ graceMs = config.server.shutdownGraceMs } = {}) {
+    config: () => snapshots.inForce.config,
+    reconfigure(next) {
+      // One at a time, in the order asked: an earlier config must never land after a later one.
+      const done = applying.then(async () => {
+        logger.level = next.logging.level;
+        snapshots.swap(snapshotOf(next, forwarder.targets(next.upstreams, snapshots.inForce.targets)));
+        configureAlerts(next);
+        await traces.configure(next.tracing);
+      });
+      applying = done.catch(() => undefined);
+      return done;
+    },
+    close({ graceMs = snapshots.inForce.config.server.shutdownGraceMs } = {}) {
       draining = true;
       return shutdown(running, graceMs);
     },

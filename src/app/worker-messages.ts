@@ -5,11 +5,17 @@
  */
 import type { Worker } from 'node:cluster';
 import type { MetricObjectWithValues, MetricValue } from 'prom-client';
+import type { Config } from '../config/schema.js';
 import type { UsageEvent } from '../protocol/usage.js';
 
 /** primary -> worker */
 export type ToWorker =
   | { type: 'keyward:metrics'; id: number }
+  /**
+   * The config to run with: the answer to a worker's hello, and every reload after it. The
+   * primary alone reads the file; `generation` counts the configs it has put in force.
+   */
+  | { type: 'keyward:config'; generation: number; config: Config }
   /** stop accepting, let in-flight requests finish within graceMs, send what is left, exit 0 */
   | { type: 'keyward:drain'; graceMs: number }
   /** the primary wrote the replica file (sync): look now rather than at the next data_version poll */
@@ -17,6 +23,10 @@ export type ToWorker =
 
 /** worker -> primary */
 export type ToPrimary =
+  /** the worker listens for messages now: it waits for its config */
+  | { type: 'keyward:hello' }
+  /** config `generation` is in force in the worker (error: it could not be applied whole) */
+  | { type: 'keyward:configured'; generation: number; error?: string }
   | { type: 'keyward:metrics'; id: number; metrics: MetricObjectWithValues<MetricValue<string>>[] }
   /** usage events for the console, in the order the worker produced them */
   | { type: 'keyward:usage'; events: UsageEvent[] }

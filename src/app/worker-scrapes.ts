@@ -9,8 +9,11 @@ import { sendTo } from './worker-messages.js';
 
 /** A worker that does not answer a scrape within this is left out of that scrape. */
 const SCRAPE_TIMEOUT_MS = 2_000;
-/** Metrics the primary owns: the workers read the same replica file, so theirs would only repeat it. */
-const PRIMARY_ONLY = /^keyward_replica_/;
+/**
+ * Metrics the primary owns: the workers read the same replica file, so theirs would only
+ * repeat it, and only the primary reads the config file.
+ */
+const PRIMARY_ONLY = /^keyward_(replica|config)_/;
 
 type MetricsJson = MetricObjectWithValues<MetricValue<string>>[];
 

@@ -16,6 +16,8 @@
  *   requests within server.shutdownGraceMs and hands over its last usage events, then
  *   the primary pushes them, stops syncing and exits 0.
  * - A worker that dies unexpectedly is replaced after a pause.
+ * - The primary reads the config file; each worker gets the config from it over IPC, at
+ *   start and at every reload (worker-configs.ts), so all of them run the same config.
  */
 import cluster, { type Worker } from 'node:cluster';
 import { availableParallelism } from 'node:os';
@@ -23,15 +25,18 @@ import { Gauge, Counter, type Registry } from 'prom-client';
 import type { Config } from '../config/schema.js';
 import { startAdmin } from '../obs/admin.js';
 import type { Logger } from '../obs/logger.js';
-import { createMetrics } from '../obs/metrics.js';
+import { createMetrics, type Metrics } from '../obs/metrics.js';
 import { ReplicaStore } from '../replica/store.js';
 import type { UsagePusher } from '../sync/client.js';
 import { consoleClients } from './console-clients.js';
 import { httpUrl } from './listen.js';
+import { WorkerConfigs } from './worker-configs.js';
 import { isMessage, sendTo, type ToPrimary, type ToWorker } from './worker-messages.js';
 import { WorkerScrapes } from './worker-scrapes.js';
 
 const RESTART_DELAY_MS = 1_000;
+/** A reload is logged as not confirmed by the workers that have not applied it within this. */
+const RECONFIGURE_TIMEOUT_MS = 5_000;
 
 /** `--workers` value: a positive integer, or `auto` for the number of cores. */
 export function parseWorkers(value: string): number {
@@ -51,8 +56,14 @@ export interface WorkerPool {
   url: string;
   port: number;
   adminPort: number;
+  /** the primary's own metrics, which /metrics adds the workers' to */
+  metrics: Metrics;
   /** pids of the live workers */
   pids(): number[];
+  /** the config the workers run */
+  config(): Config;
+  /** Puts `next` in force in every worker; resolves once each has confirmed it (or did not in time: logged). */
+  reconfigure(next: Config): Promise<void>;
   /** drain every worker within `graceMs`, push the last usage, stop syncing */
   close(opts?: { graceMs?: number }): Promise<void>;
 }
@@ -70,9 +81,11 @@ class Workers {
   /** set while the first workers start: a worker that exits then fails the start */
   private startupFailed: ((err: Error) => void) | null = null;
   readonly scrapes: WorkerScrapes;
+  readonly configs: WorkerConfigs;
 
-  constructor(private readonly o: { logger: Logger; usage: UsagePusher | null; registry: Registry }) {
+  constructor(private readonly o: { config: Config; logger: Logger; usage: UsagePusher | null; registry: Registry }) {
     this.scrapes = new WorkerScrapes({ own: o.registry, workers: () => this.live.values() });
+    this.configs = new WorkerConfigs(o.config, { workers: () => this.live.values(), log: o.logger });
     const listening = () => this.listening.size;
     const restarts = () => this.restarts;
     new Gauge({ name: 'keyward_workers', help: 'Workers serving the proxy port', registers: [o.registry], collect() { this.set(listening()); } });
@@ -152,7 +165,9 @@ class Workers {
 
   private heard(w: Worker, msg: unknown): void {
     if (!isMessage<ToPrimary>(msg)) return;
-    if (msg.type === 'keyward:usage') {
+    if (msg.type === 'keyward:hello') this.configs.hello(w);
+    else if (msg.type === 'keyward:configured') this.configs.confirmed(w, msg.generation, msg.error);
+    else if (msg.type === 'keyward:usage') {
       if (this.o.usage) for (const e of msg.events) this.o.usage.push(e);
     } else if (msg.type === 'keyward:metrics') this.scrapes.answered(msg.id, msg.metrics);
     else if (msg.type === 'keyward:replica') this.ready.set(w.id, msg.ready);
@@ -163,6 +178,7 @@ class Workers {
     this.live.delete(w.id);
     this.listening.delete(w.id);
     this.ready.delete(w.id);
+    this.configs.gone(w);
     this.drained.get(w.id)?.();
     if (this.closing) return;
     if (this.startupFailed) return this.startupFailed(new Error(`worker ${w.id} exited (${signal ?? `code ${code}`}) before listening`));
@@ -190,7 +206,7 @@ export async function startWorkers(opts: WorkersOptions): Promise<WorkerPool> {
     ...(sync ? { sync: () => sync.status() } : {}),
     ...(usage ? { usage: () => usage.stats() } : {}),
   });
-  const workers = new Workers({ logger, usage, registry: metrics.registry });
+  const workers = new Workers({ config, logger, usage, registry: metrics.registry });
   const admin = await startAdmin({
     host: config.admin.host,
     port: config.admin.port,
@@ -216,8 +232,15 @@ export async function startWorkers(opts: WorkersOptions): Promise<WorkerPool> {
     url: httpUrl(config.server.host, port),
     port,
     adminPort: admin.port,
+    metrics,
     pids: () => [...workers.live.values()].map((w) => w.process.pid!).filter(Boolean),
-    async close({ graceMs = config.server.shutdownGraceMs } = {}) {
+    config: () => workers.configs.current,
+    async reconfigure(next) {
+      logger.level = next.logging.level;
+      const behind = await workers.configs.distribute(next, RECONFIGURE_TIMEOUT_MS);
+      if (behind.length > 0) logger.warn({ workers: behind }, `workers ${behind.join(', ')} did not confirm the new config within ${RECONFIGURE_TIMEOUT_MS} ms`);
+    },
+    async close({ graceMs = workers.configs.current.server.shutdownGraceMs } = {}) {
       await workers.drain(graceMs);
       await admin.close();
       // Last: the workers' final usage events arrived before their "drained".

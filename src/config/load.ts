@@ -99,12 +99,16 @@ export function parseConfigText<T>(opts: { text: string; file: string; schema: z
   return result.data;
 }
 
-export function loadConfigFile<T>(opts: { file: string; schema: z.ZodType<T>; env?: NodeJS.ProcessEnv }): T {
-  let text: string;
+/** The file's bytes (through any symlinks); throws ConfigError when it cannot be read. */
+export function readConfigFile(file: string): Buffer {
   try {
-    text = readFileSync(opts.file, 'utf8');
+    return readFileSync(file);
   } catch (err) {
-    throw new ConfigError(opts.file, [`cannot read file: ${(err as NodeJS.ErrnoException).code ?? String(err)}`]);
+    throw new ConfigError(file, [`cannot read file: ${(err as NodeJS.ErrnoException).code ?? String(err)}`]);
   }
+}
+
+export function loadConfigFile<T>(opts: { file: string; schema: z.ZodType<T>; env?: NodeJS.ProcessEnv }): T {
+  const text = readConfigFile(opts.file).toString('utf8');
   return parseConfigText({ text, file: opts.file, schema: opts.schema, ...(opts.env ? { env: opts.env } : {}) });
 }

@@ -15,6 +15,15 @@ export interface MetricSources {
   now?: () => number;
 }
 
+/** The config file in force and its reloads (DESIGN section 12). */
+export interface ConfigStatus {
+  reloads: { ok: number; error: number };
+  /** ms since the epoch: the start, then each reload that succeeded */
+  lastSuccessAt: number;
+  /** sha256 of the file in force, first 12 hex digits */
+  hash: string;
+}
+
 export interface Metrics {
   registry: Registry;
   /** one finished request */
@@ -28,6 +37,8 @@ export interface Metrics {
    * what counts requests in flight (the exchanges) is built after, and with, these metrics.
    */
   trackInFlight(read: () => number): void;
+  /** Adds the config metrics, read from `read` at scrape time: only where the config file is read. */
+  trackConfig(read: () => ConfigStatus): void;
 }
 
 type Outcome = 'allow' | 'deny';
@@ -113,6 +124,36 @@ function mirrorSources(registry: Registry, sources: MetricSources): void {
   mirror(registry, 'counter', 'keyward_trace_spans_dropped_total', 'Trace spans that never reached the collector: the export queue was full or the export failed', () => traces?.().dropped ?? 0);
 }
 
+/**
+ * keyward_config_*: reloads by result (both series from the start), the last success, and
+ * the hash in force as an info metric with one series, so the previous hash's goes away.
+ */
+function configMetrics(registry: Registry, read: () => ConfigStatus): void {
+  new Counter({
+    name: 'keyward_config_reloads_total',
+    help: 'Config reloads (SIGHUP or a change of the file) by result: ok, or error when the file was refused and the running config kept',
+    labelNames: ['result'] as const,
+    registers: [registry],
+    collect() {
+      const { reloads } = read();
+      this.reset();
+      this.inc({ result: 'ok' }, reloads.ok);
+      this.inc({ result: 'error' }, reloads.error);
+    },
+  });
+  mirror(registry, 'gauge', 'keyward_config_last_reload_success_timestamp_seconds', 'When the config in force was loaded: the start, or the last reload that succeeded (seconds since the epoch)', () => read().lastSuccessAt / 1000);
+  new Gauge({
+    name: 'keyward_config_info',
+    help: 'The config file in force: hash is the first 12 hex digits of its sha256',
+    labelNames: ['hash'] as const,
+    registers: [registry],
+    collect() {
+      this.reset();
+      this.set({ hash: read().hash }, 1);
+    },
+  });
+}
+
 export function createMetrics(sources: MetricSources): Metrics {
   const registry = new Registry();
   // prom-client's names already start with process_ or nodejs_: keyward_process_cpu_seconds_total, not keyward_process_process_….
@@ -135,6 +176,9 @@ export function createMetrics(sources: MetricSources): Metrics {
     },
     trackInFlight(read) {
       mirror(registry, 'gauge', 'keyward_in_flight_requests', 'Requests being handled', read);
+    },
+    trackConfig(read) {
+      configMetrics(registry, read);
     },
   };
 }

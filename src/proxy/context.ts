@@ -13,9 +13,12 @@ import type { KeyFacts } from '../policy/facts.js';
 import type { Settled } from '../policy/estimate.js';
 import type { BodyWatch } from './body/idle.js';
 import type { Forwarding } from './upstream/forward.js';
+import type { Snapshot } from './snapshot.js';
 import type { UsageTap } from './usage/tap.js';
 
 export interface RequestContext {
+  /** the config the request arrived under, held until it ends */
+  snapshot: Snapshot;
   reqId: string;
   start: number;
   method: string;
@@ -86,11 +89,12 @@ export function saneRequestId(value: string | string[] | undefined): string | nu
   return v !== undefined && SANE_REQUEST_ID.test(v) ? v : null;
 }
 
-export function newContext(req: IncomingMessage, opts: { versionHeader: string; now: number; clientIp: string | null }): RequestContext {
+export function newContext(req: IncomingMessage, opts: { snapshot: Snapshot; now: number; clientIp: string | null }): RequestContext {
   const url = req.url ?? '/';
   const q = url.indexOf('?');
-  const version = req.headers[opts.versionHeader];
+  const version = req.headers[opts.snapshot.versionHeader];
   return {
+    snapshot: opts.snapshot,
     reqId: saneRequestId(req.headers['x-request-id']) ?? randomUUID(),
     start: opts.now,
     method: req.method ?? 'GET',

@@ -25,8 +25,8 @@ import type { BodyWatcher, ResponseHead } from './upstream/relay.js';
 import { settleUsage, type Settled } from '../policy/estimate.js';
 import { costOf } from '../policy/pricing.js';
 import { addQuotaHeaders } from './quota-headers.js';
-import type { Cidr } from '../policy/network.js';
 import { decide, type Allow, type Decision, type PipelineDeps } from './pipeline.js';
+import type { Snapshots } from './snapshot.js';
 import { createUsageTap } from './usage/tap.js';
 import { DenseSet } from '../dense-set.js';
 
@@ -38,12 +38,11 @@ export interface ExchangeDeps {
   /** receives one event per model response that reported usage; null: nobody listens */
   usageSink: ((event: UsageEvent) => void) | null;
   log: LogSink;
-  /** `<vendor>-version`, logged as api_version */
-  versionHeader: string;
-  /** `server.trustedProxies`: peers whose X-Forwarded-For is believed */
-  trustedProxies: readonly Cidr[];
-  /** a request body with no byte for this long is cut with 408 (0: never) */
-  bodyIdleTimeoutMs: number;
+  /**
+   * The config in force: each request takes the snapshot in force when it arrives and is
+   * decided, forwarded and timed under it until it ends (a reload swaps it).
+   */
+  snapshots: Snapshots;
   /** GET /v1/key: the caller's own key and live figures (DESIGN section 11) */
   describeKey: (facts: KeyFacts) => Promise<unknown>;
   /** one span per request (DESIGN section 13); it starts none while tracing is off */
@@ -172,13 +171,14 @@ class ExchangeTable implements Exchanges, ForwardHooks {
   }
 
   handle(req: IncomingMessage, res: ServerResponse, expectContinue: boolean): void {
-    const clientIp = clientIpOf(req, this.deps.trustedProxies);
-    const ctx = newContext(req, { versionHeader: this.deps.versionHeader, now: performance.now(), clientIp });
+    const snapshot = this.deps.snapshots.take();
+    const clientIp = clientIpOf(req, snapshot.trustedProxies);
+    const ctx = newContext(req, { snapshot, now: performance.now(), clientIp });
     ctx.span = this.deps.traces.start(req.headers);
     ctx.openIndex = this.open.add(res);
     (req.socket as TrackedSocket)[CURRENT] = res;
     // Only a body still to come can stall; watchBodyIdle watches nothing otherwise.
-    ctx.bodyWatch = watchBodyIdle(req, { idleMs: this.deps.bodyIdleTimeoutMs, onIdle: this.cutStalledResponse, subject: res });
+    ctx.bodyWatch = watchBodyIdle(req, { idleMs: snapshot.config.server.bodyIdleTimeoutMs, onIdle: this.cutStalledResponse, subject: res });
     (res as ContextResponse)[CONTEXT] = ctx;
     res.once('close', this.onResponseClose);
     // Not a header: headers set ahead would make the forwarder's one-shot head merge into them.
@@ -212,7 +212,7 @@ class ExchangeTable implements Exchanges, ForwardHooks {
 
   private async run(req: IncomingMessage, res: ServerResponse, ctx: RequestContext, input: Arrival): Promise<void> {
     try {
-      const decision = await decide(input, this.deps.pipeline, ctx.reqId);
+      const decision = await decide(input, this.deps.pipeline, ctx.snapshot, ctx.reqId);
       this.apply(req, res, ctx, decision, input.expectContinue);
     } catch (err) {
       this.deps.log.error({ req_id: ctx.reqId, err: (err as Error).message }, 'request failed');
@@ -246,7 +246,7 @@ class ExchangeTable implements Exchanges, ForwardHooks {
   private forward(req: IncomingMessage, res: ServerResponse, ctx: RequestContext, allow: Allow, expectContinue: boolean): void {
     if (expectContinue && !allow.bodyRead) res.writeContinue();
     ctx.upstreamStart = performance.now();
-    ctx.forwarding = this.deps.forwarder.forward(req, res, { upstream: allow.seen.upstream, body: allow.body, hooks: this, traceparent: ctx.span?.traceparent ?? null });
+    ctx.forwarding = this.deps.forwarder.forward(req, res, { targets: ctx.snapshot.targets, upstream: allow.seen.upstream, body: allow.body, hooks: this, traceparent: ctx.span?.traceparent ?? null });
   }
 
   private answerSelf(res: ServerResponse, ctx: RequestContext, facts: KeyFacts): void {
@@ -297,7 +297,7 @@ class ExchangeTable implements Exchanges, ForwardHooks {
     req.socket.pause();
     res.shouldKeepAlive = false;
     if (res.headersSent) return void res.destroy();
-    sendDenial(req, res, ctx, deny('invalid_request', { variant: 'stalled', params: { ms: this.deps.bodyIdleTimeoutMs }, status: 408 }), ctx.route?.style ?? 'openai');
+    sendDenial(req, res, ctx, deny('invalid_request', { variant: 'stalled', params: { ms: ctx.snapshot.config.server.bodyIdleTimeoutMs }, status: 408 }), ctx.route?.style ?? 'openai');
     // Half-close so the client reads the answer, then let go of the socket.
     res.once('finish', () => setTimeout(() => req.socket.destroy(), 1000).unref());
   }
@@ -326,6 +326,7 @@ class ExchangeTable implements Exchanges, ForwardHooks {
     if (ctx.shadow.length > 0) this.deps.metrics.shadowDenials(ctx.shadow);
     this.deps.access(accessLine(ctx, status, performance.now()));
     ctx.span?.end(spanFacts(ctx, status));
+    this.deps.snapshots.release(ctx.snapshot);
     // A keep-alive connection whose answer began before the drain would otherwise stay
     // open, and in use by its client, until the drain ends and every connection is cut.
     if (this.draining) this.closeIdle?.();

@@ -18,12 +18,16 @@ import { checkNetwork, looksLikeBrowser } from '../policy/network.js';
 import { promptTokens } from '../policy/estimate.js';
 import type { KeyFacts } from '../policy/facts.js';
 import { isShadowed, shadowSet, type ShadowSet } from '../policy/shadow.js';
-import { classify, type Route, type RouteRule } from '../routes.js';
+import { classify, type Route } from '../routes.js';
 import type { BodyResult, BodySource, ReadOptions } from './body/read.js';
 import type { UploadResult } from './body/upload.js';
+import type { Snapshot } from './snapshot.js';
 
+/**
+ * What the pipeline decides with besides the config: the replica, the limiter, the key
+ * hasher. The config's settings come with each request, in the snapshot it arrived under.
+ */
 export interface PipelineDeps {
-  rules: readonly RouteRule[];
   hashKey: KeyHasher;
   keyFormat: 'any' | 'keyward';
   lookup: (hash: string) => KeyFacts | null;
@@ -31,18 +35,8 @@ export interface PipelineDeps {
   limiter: Limiter;
   /** the console's price for a model (most specific record), null when unpriced */
   priceFor: (model: string) => Price | null;
-  upstreams: ReadonlyMap<string, { concurrency: number; rpm: number }>;
-  maxJsonBodyBytes: number;
-  /** multipart and files bodies, streamed; 0 = no limit */
-  maxUploadBytes: number;
-  /** output tokens a request that names no cap is expected to generate */
-  defaultOutputTokens: number;
-  /** `server.refuseBrowsers` */
-  refuseBrowsers: boolean;
   /** a key's routing mode names no upstream: the request goes to `default` */
   onUnknownRouting: (mode: string) => void;
-  /** `limits.shadow`: checks evaluated but not enforced for every key (DESIGN section 12) */
-  shadow: ShadowSet;
 }
 
 /** What the pipeline reads of a request: its head, and its body only when a step needs it. */
@@ -106,19 +100,19 @@ export type Decision = Allow | Deny;
 
 const denied = (seen: Seen, denial: Denial, quota: Quota | null = null): Deny => ({ allow: false, seen, denial, style: seen.route?.style ?? 'openai', quota });
 
-/** The checks shadowed for this key: the config's and the key record's own. */
-const shadowOf = (deps: PipelineDeps, facts: KeyFacts): ShadowSet => deps.shadow | shadowSet(facts.key.shadow);
+/** The checks shadowed for this key: the config's `limits.shadow` and the key record's own. */
+const shadowOf = (snap: Snapshot, facts: KeyFacts): ShadowSet => snap.shadow | shadowSet(facts.key.shadow);
 
-function chooseUpstream(deps: PipelineDeps, facts: KeyFacts): string {
+function chooseUpstream(deps: PipelineDeps, snap: Snapshot, facts: KeyFacts): string {
   const mode = facts.key.routing;
-  if (mode === null || deps.upstreams.has(mode)) return mode ?? 'default';
+  if (mode === null || snap.capacity.has(mode)) return mode ?? 'default';
   deps.onUnknownRouting(mode);
   return 'default';
 }
 
 /** Steps 1-5: route, readiness, credential, key, network policy, standing. */
-function authenticate(input: RequestInput, deps: PipelineDeps, seen: Seen): Denial | null {
-  const classified = classify(deps.rules, input.method, input.url);
+function authenticate(input: RequestInput, deps: PipelineDeps, snap: Snapshot, seen: Seen): Denial | null {
+  const classified = classify(snap.rules, input.method, input.url);
   if (!classified.ok) {
     return classified.code === 'not_found' ? deny('not_found', { params: { method: input.method } }) : deny('invalid_path', { detail: classified.message });
   }
@@ -132,15 +126,15 @@ function authenticate(input: RequestInput, deps: PipelineDeps, seen: Seen): Deni
   seen.facts = facts;
   return (
     checkKey(facts, () => unknownKeyDenial(key)) ??
-    checkNetwork(facts!.key, { clientIp: input.clientIp, browser: looksLikeBrowser(input.rawHeaders), refuseBrowsers: deps.refuseBrowsers }) ??
-    checkStanding(facts!, route.class, { budget: isShadowed(shadowOf(deps, facts!), 'budget'), codes: seen.shadow })
+    checkNetwork(facts!.key, { clientIp: input.clientIp, browser: looksLikeBrowser(input.rawHeaders), refuseBrowsers: snap.config.server.refuseBrowsers }) ??
+    checkStanding(facts!, route.class, { budget: isShadowed(shadowOf(snap, facts!), 'budget'), codes: seen.shadow })
   );
 }
 
 /** Step 8's input: the key's limits, the TPM reservation and the upstream's capacity. */
-function admission(deps: PipelineDeps, seen: Allow['seen'], tokens: number, requestId: string): AdmitInput {
+function admission(snap: Snapshot, seen: Allow['seen'], tokens: number, requestId: string): AdmitInput {
   const key = seen.facts.key;
-  const capacity = deps.upstreams.get(seen.upstream) ?? { concurrency: 0, rpm: 0 };
+  const capacity = snap.capacity.get(seen.upstream) ?? { concurrency: 0, rpm: 0 };
   return {
     keyId: key.id,
     limits: { rpm: key.rpm, tpm: key.tpm, concurrency: key.concurrency },
@@ -176,12 +170,14 @@ function allowed(seen: Allow['seen'], f: Omit<Allow, 'allow' | 'seen'>): Allow {
 /** the estimate of a request that is not metered (shared: estimates are only read) */
 const NONE: { readonly prompt: number; readonly output: number } = Object.freeze({ prompt: 0, output: 0 });
 
-export async function decide(input: RequestInput, deps: PipelineDeps, requestId: string): Promise<Decision> {
+/** Decides `input` under the settings of `snap`, the snapshot the request arrived under. */
+export async function decide(input: RequestInput, deps: PipelineDeps, snap: Snapshot, requestId: string): Promise<Decision> {
   const seen: Seen = { route: null, facts: null, upstream: null, model: null, shadow: [] };
-  const authDenial = authenticate(input, deps, seen);
+  const authDenial = authenticate(input, deps, snap, seen);
   if (authDenial) return denied(seen, authDenial);
   const admitted = seen as Allow['seen'];
-  admitted.upstream = chooseUpstream(deps, admitted.facts);
+  admitted.upstream = chooseUpstream(deps, snap, admitted.facts);
+  const { server, limits: limitSettings } = snap.config;
   const route = admitted.route;
   if (route.class === 'listing' || route.class === 'self') {
     return allowed(admitted, { body: null, bodyRead: false, lease: null, quota: NO_QUOTA, hold: null, price: null, tokens: 0, estimate: NONE, metered: false });
@@ -192,7 +188,7 @@ export async function decide(input: RequestInput, deps: PipelineDeps, requestId:
   let body: BodySource | null;
   const bodyRead = route.class === 'model';
   if (route.class === 'model') {
-    const read = await input.readBody({ limit: deps.maxJsonBodyBytes, uploadLimit: deps.maxUploadBytes, modelRequired: route.modelRequired });
+    const read = await input.readBody({ limit: server.maxJsonBodyBytes, uploadLimit: server.maxUploadBytes, modelRequired: route.modelRequired });
     if (!read.ok) return denied(seen, read.denial);
     body = read.body.replay;
     seen.model = read.body.model;
@@ -200,17 +196,17 @@ export async function decide(input: RequestInput, deps: PipelineDeps, requestId:
     const scope = body === null ? null : (checkModel(admitted.facts.key, read.body.model) ?? checkModels(admitted.facts.key, read.body.models));
     if (scope) return denied(seen, scope);
     metered = body !== null && !route.countTokens;
-    if (metered) estimate = { prompt: promptTokens(read.body.estimateBytes), output: outputCap(read.body.maxOutputTokens, deps.defaultOutputTokens) };
+    if (metered) estimate = { prompt: promptTokens(read.body.estimateBytes), output: outputCap(read.body.maxOutputTokens, limitSettings.defaultOutputTokens) };
   } else {
     // Files bodies stream through unread; one declared over the upload limit goes no further.
-    const upload = input.openUpload({ limit: deps.maxUploadBytes });
+    const upload = input.openUpload({ limit: server.maxUploadBytes });
     if (!upload.ok) return denied(seen, upload.denial);
     body = upload.source;
   }
   const tokens = estimate.prompt + estimate.output;
 
-  const limits = admission(deps, admitted, tokens, requestId);
-  const shadow = { shadow: shadowOf(deps, admitted.facts), codes: seen.shadow };
+  const limits = admission(snap, admitted, tokens, requestId);
+  const shadow = { shadow: shadowOf(snap, admitted.facts), codes: seen.shadow };
   let lease: Lease | null = null;
   let quota = NO_QUOTA;
   // Nothing to enforce: no limiter round trip at all.

@@ -71,6 +71,31 @@ export function metricSum(m: Map<string, number>, name: string): number {
   return sum;
 }
 
+/**
+ * Scrapes /metrics until `cond` holds (every 20 ms), and returns that scrape: for what a
+ * process does on its own time, such as a reload after a file change.
+ */
+export async function untilScraped(p: SidecarProcess, cond: (m: Map<string, number>) => boolean, what: string, timeoutMs = 5_000): Promise<Map<string, number>> {
+  const deadline = Date.now() + timeoutMs;
+  for (;;) {
+    const m = await scrape(p);
+    if (cond(m)) return m;
+    if (Date.now() > deadline) throw new Error(`timed out after ${timeoutMs} ms waiting for ${what}`);
+    await new Promise((r) => setTimeout(r, 20));
+  }
+}
+
+/** The config metrics of a scrape: reloads by result and the hash label(s) of keyward_config_info. */
+export function configMetrics(m: Map<string, number>): { ok: number; error: number; hashes: string[]; lastSuccess: number } {
+  const hashes = [...m.keys()].flatMap((series) => /^keyward_config_info\{hash="([0-9a-f]+)"\}$/.exec(series)?.[1] ?? []);
+  return {
+    ok: m.get('keyward_config_reloads_total{result="ok"}') ?? NaN,
+    error: m.get('keyward_config_reloads_total{result="error"}') ?? NaN,
+    hashes,
+    lastSuccess: m.get('keyward_config_last_reload_success_timestamp_seconds') ?? NaN,
+  };
+}
+
 export async function readyz(p: SidecarProcess): Promise<number> {
   return (await send(admin(p), { path: '/readyz' })).status;
 }

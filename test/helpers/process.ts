@@ -30,14 +30,17 @@ export interface SidecarProcess {
 export async function spawnSidecar(opts: {
   dir: string;
   name: string;
-  yaml: string;
+  /** written to `<dir>/<name>.yaml`, which is served (unless `file` names another) */
+  yaml?: string;
+  /** an existing config file to serve instead, e.g. one in a ConfigMap-style volume */
+  file?: string;
   /** after `serve --config FILE` */
   args?: string[];
   /** added to this process's environment */
   env?: Record<string, string>;
 }): Promise<SidecarProcess> {
-  const cfg = join(opts.dir, `${opts.name}.yaml`);
-  writeFileSync(cfg, opts.yaml);
+  const cfg = opts.file ?? join(opts.dir, `${opts.name}.yaml`);
+  if (opts.file === undefined) writeFileSync(cfg, opts.yaml ?? '');
   const child = spawn(process.execPath, [...KEYWARD_ARGS, 'serve', '--config', cfg, ...(opts.args ?? [])], { stdio: ['ignore', 'pipe', 'inherit'], ...(opts.env ? { env: { ...process.env, ...opts.env } } : {}) });
   const lines: string[] = [];
   const closed = new Promise<number | null>((resolve) => child.once('close', (code) => resolve(code)));

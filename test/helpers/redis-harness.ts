@@ -118,3 +118,14 @@ export function countWrites(client: Redis | Cluster): { counts(): number[]; rest
     restore: () => socks.forEach((s) => ['_write', '_writev'].forEach((m) => delete (s as Record<string, unknown>)[m])),
   };
 }
+
+/** The blocks among a lease set's members (`<block id>#<j>`, lua/slots.lua): each one's member numbers, in order. */
+export function blocksIn(members: string[]): Map<string, number[]> {
+  const blocks = new Map<string, number[]>();
+  for (const m of members) {
+    const [, id, j] = /^(.+)#(\d+)$/.exec(m) ?? [];
+    if (id) blocks.set(id, [...(blocks.get(id) ?? []), Number(j)]);
+  }
+  for (const js of blocks.values()) js.sort((x, y) => x - y);
+  return blocks;
+}

@@ -1,17 +1,19 @@
 /**
  * deploy/grafana/keyward.json: every metric its queries name is one a live sidecar (synced
- * with a console, after real traffic) exports on /metrics, and the exported names carry no
- * doubled prefix.
+ * with a console, after real traffic, reloading its config file) exports on /metrics, and
+ * the exported names carry no doubled prefix.
  */
 import { after, before, test } from 'node:test';
 import assert from 'node:assert/strict';
-import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
+import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { Writable } from 'node:stream';
-import { configSchema } from '../../src/config/schema.js';
+import { stringify } from 'yaml';
+import { loadConfig } from '../../src/config/file.js';
 import { createLogger } from '../../src/obs/logger.js';
 import { startSidecar, type Sidecar } from '../../src/app/sidecar.js';
+import { startReloading, type ConfigReloader } from '../../src/app/reload.js';
 import { ReplicaStore } from '../../src/replica/store.js';
 import { startConsoleFixture, type ConsoleFixture } from '../helpers/console-fixture.js';
 import { lookupSecret, whenReplica } from '../helpers/console-replica.js';
@@ -23,6 +25,7 @@ let fx: ConsoleFixture;
 let upstream: FakeUpstream;
 let replica: ReplicaStore;
 let sidecar: Sidecar;
+let reloader: ConfigReloader;
 let dir: string;
 let exported: Set<string>;
 
@@ -34,15 +37,20 @@ before(async () => {
   const { body } = await fx.api('POST', '/admin/v1/keys', { body: { kind: 'personal', user: 'alice', rpm: 100 } });
   // A key whose RPM of 1 is shadowed: its second request is a shadow denial.
   const shadowed = (await fx.api('POST', '/admin/v1/keys', { body: { kind: 'personal', user: 'alice', rpm: 1, shadow: ['rpm'] } })).body;
-  const config = configSchema.parse({
+  // A config file, reloaded as `serve` reloads it: the config metrics are on /metrics too.
+  const file = join(dir, 'keyward.yaml');
+  writeFileSync(file, stringify({
     server: { port: 0 }, admin: { port: 0 },
     upstreams: { default: { url: upstream.url } },
     replica: { path: join(dir, 'replica.sqlite') },
     console: { url: fx.url, token: fx.tokens.sync, waitMs: 2000 },
-  });
+  }));
+  const loaded = loadConfig(file);
+  const { config } = loaded;
   replica = new ReplicaStore({ path: config.replica.path });
   const logger = createLogger({ level: 'warn', destination: new Writable({ write: (_c, _e, cb) => cb() }) });
   sidecar = await startSidecar({ config, logger, replica });
+  reloader = startReloading({ file, loaded, log: logger, metrics: sidecar.metrics, apply: (c) => sidecar.reconfigure(c) });
   await whenReplica(replica, () => lookupSecret(replica, shadowed.secret) !== null, 10_000);
   // Traffic of both outcomes and a shadow denial, so labelled series (requests, decision latency, shadow denials) exist.
   for (const key of [body.secret, 'not-a-key']) {
@@ -59,6 +67,7 @@ before(async () => {
 });
 
 after(async () => {
+  reloader?.close();
   await sidecar?.close({ graceMs: 100 });
   replica?.close();
   await upstream?.close();
@@ -86,6 +95,11 @@ test('every metric the dashboard queries is exported by a live sidecar', () => {
   const dash = JSON.parse(readFileSync(DASHBOARD, 'utf8'));
   const all = queries(dash);
   assert.ok(all.length >= 15, 'the dashboard has queries');
+  // The reload panels: reloads by result, time since the last success, the hash in force.
+  for (const name of ['keyward_config_reloads_total', 'keyward_config_last_reload_success_timestamp_seconds', 'keyward_config_info',
+    'keyward_shadow_denials_total']) {
+    assert.ok(all.some(({ expr }) => expr.includes(name)), `a panel queries ${name}`);
+  }
   const missing: string[] = [];
   for (const { where, expr } of all) {
     const names = expr.match(/\bkeyward_[a-zA-Z0-9_]+/g) ?? [];
@@ -99,7 +113,7 @@ test('exported metric names have no doubled prefix, and the design\'s metrics ar
   assert.deepEqual([...exported].filter((n) => /process_process|nodejs_nodejs|keyward_keyward/.test(n)), []);
   for (const name of ['keyward_process_cpu_seconds_total', 'keyward_nodejs_eventloop_lag_p99_seconds', 'keyward_requests_total', 'keyward_decision_seconds_bucket',
     'keyward_replica_version', 'keyward_replica_sync_lag_seconds', 'keyward_redis_errors_total', 'keyward_fail_open_admissions_total', 'keyward_in_flight_requests',
-    'keyward_trace_spans_dropped_total', 'keyward_shadow_denials_total']) {
+    'keyward_trace_spans_dropped_total', 'keyward_config_reloads_total', 'keyward_config_last_reload_success_timestamp_seconds', 'keyward_config_info']) {
     assert.ok(exported.has(name), name);
   }
 });

@@ -3,7 +3,8 @@
  * (kubernetes-models), and the properties operators rely on hold: the sidecar shape,
  * probes on the admin port, secrets only by reference, non-root and read-only containers,
  * a volume for the replica, a grace period above the drain, a PodDisruptionBudget,
- * configs that keyward's own validation accepts, and the collector its traces go to.
+ * configs that keyward's own validation accepts, a config mount that ConfigMap edits reach
+ * (live reload), and the collector its traces go to.
  */
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
@@ -156,6 +157,28 @@ test('gateway pod: the gateway and keyward side by side, probes on the admin por
   // Several replicas share one Redis, so limits hold across them.
   assert.ok(config.redis, 'redis configured');
   assert.match(config.console!.url, /^http:\/\/keyward-console:/);
+});
+
+test('the config reaches running pods: the ConfigMap is mounted as a directory, without subPath, under a fixed name', () => {
+  const dep = find('Deployment', 'model-gateway');
+  const pod = dep.spec.template.spec;
+  const kw = container(dep, 'keyward');
+  const file: string = kw.args[kw.args.indexOf('--config') + 1];
+  const mount = (kw.volumeMounts as Doc[]).find((m) => file.startsWith(`${m.mountPath}/`));
+  assert.ok(mount, `${file} is on a mounted volume`);
+  // A subPath mount is a copy made at start: the kubelet never updates it, so a reload would never see an edit.
+  assert.equal(mount.subPath, undefined, 'no subPath on the config mount');
+  assert.equal(mount.subPathExpr, undefined, 'no subPathExpr on the config mount');
+  const volume = (pod.volumes as Doc[]).find((v) => v.name === mount.name);
+  assert.ok(volume?.configMap, 'the config mount is a ConfigMap volume');
+  // The file is the ConfigMap key under the mount (no items remapping it away), and the
+  // ConfigMap has a fixed name: an edit updates this one rather than rolling out a new one.
+  assert.equal(volume.configMap.items, undefined);
+  const cm = find('ConfigMap', volume.configMap.name);
+  assert.ok(file.slice(mount.mountPath.length + 1) in cm.data, `${file} is a key of ${cm.metadata.name}`);
+  assert.equal(cm.immutable, undefined, 'an immutable ConfigMap could not be edited');
+  const kustomization = parse(readFileSync(join(DIR, 'kustomization.yaml'), 'utf8')) as Doc;
+  assert.equal(kustomization.configMapGenerator, undefined, 'generated (hash-suffixed) ConfigMaps would roll pods instead of reloading them');
 });
 
 test('console: its own Deployment and Service, config accepted, store on a persistent volume', () => {

@@ -4,7 +4,7 @@ import type { Cluster } from 'ioredis';
 import { createRedisClient, whenServing } from '../../src/limits/redis/client.js';
 import type { Limiter } from '../../src/limits/limiter.js';
 import { type LocalCluster, startRedisCluster } from '../helpers/redis-cluster.js';
-import { redisHarness } from '../helpers/redis-harness.js';
+import { blocksIn, redisHarness } from '../helpers/redis-harness.js';
 import { keyBudget, projectBudget, wallet } from '../helpers/limits-conformance-ledger.js';
 import { input, leaseOf, runLimiterConformance, uid } from '../helpers/redis-limits-conformance.js';
 import { createRedisLimiter } from '../../src/limits/redis/limiter.js';
@@ -118,7 +118,11 @@ describe('redis cluster: blocks of concurrency slots', () => {
       Array.from({ length: 6 }, async () => {
         const key = uid('k');
         for (let i = 0; i < 10; i++) leaseOf(await a.admit(input(key, { limits }))).finish({ tokens: null });
-        assert.equal(await clients[0]!.hlen(`{${prefix}:k:${key}}:concw`), 1, 'a block is recorded under the key');
+        const blocks = blocksIn(await clients[0]!.zrange(`{${prefix}:k:${key}}:conc`, '0', '-1'));
+        assert.equal(blocks.size, 1, 'a block is recorded under the key');
+        const [slots] = [...blocks.values()];
+        assert.deepEqual(slots, Array.from({ length: slots!.length }, (_, j) => j + 1), 'its members are #1..#k');
+        assert.ok(slots!.length >= 2, `a block of several slots (${slots!.length})`);
         const held = [];
         for (let i = 0; i < 40; i++) held.push(leaseOf(await (i % 2 ? a : b).admit(input(key, { limits }))));
         const rs = await Promise.all(Array.from({ length: C - 40 + 1 }, (_, i) => (i % 2 ? a : b).admit(input(key, { limits }))));

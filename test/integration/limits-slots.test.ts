@@ -11,7 +11,7 @@ import { Redis } from 'ioredis';
 import type { AdmitResult, Lease } from '../../src/limits/limiter.js';
 import type { RedisLimiter } from '../../src/limits/redis/limiter.js';
 import { scriptRunner } from '../../src/limits/redis/scripts.js';
-import { leasingInstances } from '../helpers/redis-harness.js';
+import { blocksIn, leasingInstances } from '../helpers/redis-harness.js';
 import { waitFor } from '../helpers/redis-server.js';
 import { input, uid } from '../helpers/redis-limits-conformance.js';
 import { TEST_REDIS_URL } from '../helpers/redis-url.js';
@@ -24,16 +24,16 @@ describe('blocks of concurrency slots', { timeout: 60_000 }, () => {
   const instance = (o: { sliceMs?: number; leaseMs?: number } = {}) => fleet.instance(o);
   after(() => fleet.close());
   const ok = (rs: AdmitResult[]): Lease[] => rs.flatMap((r) => (r.ok ? [r.lease] : []));
-  /** Slots Redis counts in use for the key now (live leases, a block's whole weight), read in one MULTI. */
+  /** Slots Redis counts in use for the key now: its live members (a block of k is k), read in one MULTI. */
   const inUse = async (client: Redis, key: string): Promise<number> => {
     const set = `{${prefix}:k:${key}}:conc`;
-    const res = (await client.multi().time().zrange(set, '0', '-1', 'WITHSCORES').hgetall(`${set}w`).exec())!;
+    const res = (await client.multi().time().zrange(set, '0', '-1', 'WITHSCORES').exists(`${set}w`).exec())!;
+    assert.equal(res[2]![1], 0, 'no version 2 block weights are written');
     const [sec, usec] = res[0]![1] as [string, string];
     const now = Number(sec) * 1000 + Math.floor(Number(usec) / 1000);
     const members = res[1]![1] as string[];
-    const weights = res[2]![1] as Record<string, string>;
     let n = 0;
-    for (let i = 0; i < members.length; i += 2) if (Number(members[i + 1]) > now) n += Number(weights[members[i]!] ?? 1);
+    for (let i = 1; i < members.length; i += 2) if (Number(members[i]) > now) n++;
     return n;
   };
   /** Sequential admit + finish: builds demand history, so the instance asks for a block. */
@@ -85,8 +85,8 @@ describe('blocks of concurrency slots', { timeout: 60_000 }, () => {
         for (const l of ok(rs)) l.finish({ tokens: null });
       }
     }
-    const weights = await all[0]!.client.hvals(`{${prefix}:k:${key}}:concw`);
-    assert.deepEqual(weights.map(Number), [3, 3, 3], 'three blocks of C/16 slots');
+    const blocks = blocksIn(await all[0]!.client.zrange(`{${prefix}:k:${key}}:conc`, '0', '-1'));
+    assert.deepEqual([...blocks.values()], [[1, 2, 3], [1, 2, 3], [1, 2, 3]], 'three blocks of C/16 slots, members #1..#3');
     let inFlight = 0;
     let maxInFlight = 0;
     let admitted = 0;
@@ -172,17 +172,19 @@ describe('blocks of concurrency slots', { timeout: 60_000 }, () => {
     const set = `{${prefix}:k:${uid('k')}}:conc`;
     const [sec] = await client.time();
     const soon = Number(sec) * 1000 + 500;
-    await client.zadd(set, soon, 'block-1', soon, 'slot-1');
-    await client.hset(`${set}w`, 'block-1', 4);
+    const block = ['block-1#1', 'block-1#2', 'block-1#3', 'block-1#4'];
+    await client.zadd(set, ...block.flatMap((m) => [soon, m]), soon, 'slot-1');
+    await client.pexpire(set, 500);
     // slot-2 expired and was purged (or was never there): it must not come back
-    const missing = await run('keywardRefresh', [set, `${set}w`], [60_000, 'block-1', 'slot-2', 'slot-1']);
+    const missing = await run('keywardRefresh', [set], [60_000, 'block-1', 'slot-2', 'slot-1']);
     assert.deepEqual(missing, ['slot-2']);
     const scores = await client.zrange(set, '0', '-1', 'WITHSCORES');
-    assert.deepEqual(scores.filter((_, i) => i % 2 === 0).sort(), ['block-1', 'slot-1'], 'slot-2 not re-added');
-    for (let i = 1; i < scores.length; i += 2) assert.ok(Number(scores[i]) > soon + 50_000, 'both present leases pushed a lease ahead');
-    assert.ok((await client.pttl(`${set}w`)) > 50_000, 'the block weights live as long as the set');
-    assert.deepEqual(await run('keywardRefresh', [set, `${set}w`], [60_000, 'block-1']), [], 'all found: nothing missing');
-    await client.del(set, `${set}w`);
+    assert.deepEqual(scores.filter((_, i) => i % 2 === 0).sort(), [...block, 'slot-1'], 'slot-2 not re-added');
+    for (let i = 1; i < scores.length; i += 2) assert.ok(Number(scores[i]) > soon + 50_000, 'every present lease, each slot of the block, pushed a lease ahead');
+    assert.ok((await client.pttl(set)) > 50_000, 'the set lives as long as its leases');
+    assert.deepEqual(await run('keywardRefresh', [set], [60_000, 'block-1']), [], 'all found: nothing missing');
+    assert.deepEqual(await run('keywardRefresh', [set], [60_000, 'block-2']), ['block-2'], 'a block with no member is missing');
+    await client.del(set);
   });
 
   test('far from its limit a concurrency-limited request costs well under one Redis call', async (t) => {

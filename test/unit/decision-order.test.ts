@@ -12,10 +12,16 @@ import { createMemoryLimiter } from '../../src/limits/memory.js';
 import type { FactsKey, FactsProject, KeyFacts } from '../../src/policy/facts.js';
 import type { BodyResult } from '../../src/proxy/body/read.js';
 import { decide, type PipelineDeps } from '../../src/proxy/pipeline.js';
-import { buildRules } from '../../src/routes.js';
-import { shadowSet } from '../../src/policy/shadow.js';
+import { snapshotOf } from '../../src/proxy/snapshot.js';
+import { TargetSet } from '../../src/proxy/upstream/targets.js';
+import { configSchema } from '../../src/config/schema.js';
 
 const hashKey = makeKeyHasher({ hash: 'sha256' });
+/** The config the requests arrive under: the schema's defaults, a smaller JSON body limit, and a row's `limits.shadow`. */
+function snapshotWith(shadow: string[] = []) {
+  const config = configSchema.parse({ server: { maxJsonBodyBytes: 1 << 20, maxUploadBytes: 0, refuseBrowsers: true }, limits: { defaultOutputTokens: 1024, shadow }, upstreams: { default: { url: 'http://127.0.0.1:9' } } });
+  return snapshotOf(config, TargetSet.build({ upstreams: config.upstreams, previous: null, created: () => {}, destroyed: () => {} }));
+}
 
 function facts(over: { key?: Partial<FactsKey>; project?: Partial<FactsProject> | null; wallet?: number | null } = {}): KeyFacts {
   const key: FactsKey = {
@@ -110,20 +116,13 @@ for (const row of ROWS) {
     const limiter = createMemoryLimiter({ leaseMs: 30_000 });
     const state = row.state === undefined ? facts() : row.state;
     const deps: PipelineDeps = {
-      rules: buildRules([]),
       hashKey,
       keyFormat: 'any',
       lookup: (hash) => (hash === hashKey('sk-good') ? state : null),
       ready: () => row.ready ?? true,
       limiter,
       priceFor: () => ({ input: 1, output: 1, per: 1_000_000 }),
-      upstreams: new Map([['default', { concurrency: 0, rpm: 0 }]]),
-      maxJsonBodyBytes: 1 << 20,
-      maxUploadBytes: 0,
-      defaultOutputTokens: 1024,
-      refuseBrowsers: true,
       onUnknownRouting: () => {},
-      shadow: shadowSet(row.shadow),
     };
     if (row.rpmUsed && state) {
       const first = await limiter.admit({ keyId: state.key.id, limits: { rpm: 1, tpm: null, concurrency: null }, tokens: 0, route: { name: 'default', concurrency: 0, rpm: 0 }, requestId: 'earlier' });
@@ -144,6 +143,7 @@ for (const row of ROWS) {
         openUpload: () => ({ ok: true, source: null }),
       },
       deps,
+      snapshotWith(row.shadow),
       'req-1',
     );
     const summary = decision.allow ? 'allow' : `${statusOf(decision.denial)} ${decision.denial.code}`;

@@ -80,7 +80,7 @@ interface KeyNames {
   rpm: string;
   tpm: string;
   conc: string;
-  /** the lease set's block weights (slots.lua) */
+  /** the lease set's version 2 block weights (slots.lua), read by the scripts and never written */
   concw: string;
 }
 
@@ -201,7 +201,7 @@ class SlicedPath implements LeasePath, LeaseOwner {
       this.blockTickets.delete(block.id);
     }
     const names = keyNames(this.opts.keyTag(keyId));
-    this.batch.add({ kind: 'blockWeight', tag: names.tag, set: names.conc, weights: names.concw, blockId: block.id, weight, owner: this.opts.owner });
+    this.batch.add({ kind: 'blockWeight', tag: names.tag, set: names.conc, blockId: block.id, weight, owner: this.opts.owner });
   }
 
   /** Admits from this instance's slice and block when both cover the request (all or nothing). */

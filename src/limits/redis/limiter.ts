@@ -62,8 +62,7 @@ class SharedLimiter implements RedisLimiter {
     };
     this.keeper = createLeaseKeeper({
       everyMs: refreshEveryMs,
-      // The set's block weights (slots.lua) live as long as the set.
-      refresh: (setKey, ids) => refreshInChunks({ run, keys: [setKey, `${setKey}w`], leaseMs, ids, refreshed: (chunk, sentAt, missing) => this.leasePath?.refreshed(chunk, sentAt, missing) }),
+      refresh: (setKey, ids) => refreshInChunks({ run, keys: [setKey], leaseMs, ids, refreshed: (chunk, sentAt, missing) => this.leasePath?.refreshed(chunk, sentAt, missing) }),
       onError: (err) => this.failed('refresh', err),
     });
     this.money = createRedisLedger({

@@ -185,7 +185,7 @@ class RequestAdmission implements RedisLease {
     this.#ctx.settle(this.#leaseId, parts);
   }
 
-  /** RPM, TPM, lease set and its block weights; the model's buckets ride along only when the key has a per-model limit. */
+  /** RPM, TPM, lease set and its version 2 block weights (lua/slots.lua); the model's buckets ride along only when the key has a per-model limit. */
   #keyKeysOf(pattern: string | undefined): string[] {
     const t = this.#keyTag;
     const keys = [`${t}:rpm`, `${t}:tpm`, `${t}:conc`, `${t}:concw`];

@@ -76,7 +76,7 @@ const REFRESH_CHUNK = 1000;
 
 export interface RefreshOptions {
   run: RunScript;
-  /** refresh.lua's KEYS: the lease set (and, for slots, its block weights) */
+  /** refresh.lua's KEYS: the lease set */
   keys: string[];
   leaseMs: number;
   ids: string[];

@@ -39,8 +39,8 @@ export type SettleOp = Owner &
     }
   /** a spend hold replaced by its actual cost */
   | { kind: 'hold'; tag: string; holdId: string; cost: number; ttlMs: number; keys: string[] }
-  /** a block of slots resized (0 ends it); see slot-blocks.ts */
-  | { kind: 'blockWeight'; tag: string; set: string; weights: string; blockId: string; weight: number }
+  /** a block of slots shrunk (0 ends it); see slot-blocks.ts */
+  | { kind: 'blockWeight'; tag: string; set: string; blockId: string; weight: number }
   );
 
 export interface SettleBatchOptions {
@@ -91,7 +91,7 @@ function settleCall(ops: SettleOp[]): { keys: string[]; args: (string | number)[
       keys.push(...op.sets);
     } else if (op.kind === 'blockWeight') {
       args.push('w', op.blockId, op.weight);
-      keys.push(op.set, op.weights);
+      keys.push(op.set);
     } else {
       args.push('h', op.holdId, op.cost, op.ttlMs, op.keys.length / 2);
       keys.push(...op.keys);

@@ -4,8 +4,9 @@
  * admits one request; later requests of that key on this instance take a free slot of the
  * block with no round trip, and give it back to the block (not to Redis) when they end.
  *
- * Exactness: Redis counts the block's whole weight as in use while it is recorded, so the
- * requests in flight on all instances never exceed C. Sizing keeps blocks out of the way near
+ * Exactness: Redis records a block of k slots as k members of the key's lease set, which
+ * every build counts, those before blocks included (lua/slots.lua), so the requests in
+ * flight on all instances never exceed C. Sizing keeps blocks out of the way near
  * the limit:
  *  - a block is about this instance's peak in flight of the key over the last sliceMs plus
  *    one, at most BLOCK_SHARE of C;

@@ -6,27 +6,22 @@
  * except for hop-by-hop headers, which belong to each connection and are dropped both ways,
  * and a `traceparent` the call names (DESIGN section 13: keyward's span as the parent).
  */
-import type http from 'node:http';
 import type { IncomingMessage, ServerResponse } from 'node:http';
 import type { Socket } from 'node:net';
 import type { Readable, Stream, Writable } from 'node:stream';
 import type { BodySource } from '../body/read.js';
 import { createProxyServer } from 'http-proxy-3';
-import { createUpstreamAgent } from './agent.js';
 import { framingProblem } from './framing.js';
 import { outgoingHeaders } from './header-lines.js';
 import { relay, ResponseHead, type BodyWatcher } from './relay.js';
+import { TargetSet, type Target, type UpstreamTarget } from './targets.js';
 
-export interface UpstreamTarget {
-  url: string;
-  timeoutMs: number;
-}
+export type { UpstreamTarget } from './targets.js';
 
 /** rejected: the body stream refused its own content midway (see multipart's late-field guard) */
 export type ForwardFailure = 'timeout' | 'unavailable' | 'rejected';
 
 export interface ForwarderOptions {
-  upstreams: Record<string, UpstreamTarget>;
   /** response headers the sidecar always writes itself: the upstream's are dropped (the key's rate-limit figures) */
   replacedResponseHeaders?: readonly string[];
 }
@@ -46,6 +41,8 @@ export interface ForwardHooks {
 }
 
 export interface ForwardCall {
+  /** the targets of the config the request arrived under */
+  targets: TargetSet;
   upstream: string;
   /** what to send instead of `req` (a body read for the checks); null streams `req` itself */
   body: BodySource | null;
@@ -61,7 +58,14 @@ export interface Forwarding {
 }
 
 export interface Forwarder {
+  /**
+   * The targets of a config's `upstreams`, keeping those of `previous` (the set in force
+   * until now) whose URL and timeout are unchanged. The caller releases a set once no
+   * request uses it.
+   */
+  targets(upstreams: Record<string, UpstreamTarget>, previous: TargetSet | null): TargetSet;
   forward(req: IncomingMessage, res: ServerResponse, call: ForwardCall): Forwarding;
+  /** destroys every agent, of every set not yet released */
   close(): void;
 }
 
@@ -127,22 +131,11 @@ function receivedHeaderLines(req: IncomingMessage, res: ServerResponse): void {
   req.headers = outgoingHeaders(req.rawHeaders, (res as HookedResponse)[TRACEPARENT] ?? null);
 }
 
-interface Target {
-  url: URL;
-  agent: http.Agent;
-  /** false for a target at the root: the request's path alone, without a URL join per request */
-  prependPath: boolean;
-}
-
 export function createForwarder(opts: ForwarderOptions): Forwarder {
   const proxy = createProxyServer({ xfwd: false, changeOrigin: false, ws: false, selfHandleResponse: true });
   proxy.before('web', 'stream', receivedHeaderLines);
-  const targets = new Map<string, Target>();
-  for (const [name, up] of Object.entries(opts.upstreams)) {
-    const url = new URL(up.url);
-    const agent = createUpstreamAgent({ tls: url.protocol === 'https:', timeoutMs: up.timeoutMs });
-    targets.set(name, { url, agent, prependPath: !(url.pathname === '/' && url.search === '') });
-  }
+  /** every target whose agent is not destroyed yet, for close */
+  const live = new Set<Target>();
   const replaced = new Set(opts.replacedResponseHeaders ?? []);
   proxy.on('proxyRes', (proxyRes, req, res) => {
     const server = res as ServerResponse;
@@ -157,8 +150,11 @@ export function createForwarder(opts: ForwarderOptions): Forwarder {
   proxy.on('econnreset', () => {});
 
   return {
-    forward(req, res, { upstream, body, hooks, traceparent }) {
-      const target = targets.get(upstream) ?? targets.get('default')!;
+    targets(upstreams, previous) {
+      return TargetSet.build({ upstreams, previous, created: (t) => live.add(t), destroyed: (t) => live.delete(t) });
+    },
+    forward(req, res, { targets, upstream, body, hooks, traceparent }) {
+      const target = targets.get(upstream);
       const framing = framingProblem(req);
       if (framing) {
         hooks.onFailure(res, 'rejected', Object.assign(new Error(framing), { code: 'KW_BODY_REJECTED' }));
@@ -171,7 +167,8 @@ export function createForwarder(opts: ForwarderOptions): Forwarder {
       return tracked;
     },
     close() {
-      for (const t of targets.values()) t.agent.destroy();
+      for (const t of live) t.agent.destroy();
+      live.clear();
       proxy.close();
     },
   };

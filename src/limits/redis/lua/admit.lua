@@ -3,8 +3,9 @@
 -- KEYS, by group; a group is present only when its flag is 1, route group first:
 --   route group (ARGV[3] = 1): route RPM bucket, route lease set
 --   key group   (ARGV[6] = 1): key RPM bucket, key TPM bucket, key lease set, key lease
---                set's block weights (slots.lua), and when the key has a per-model limit
---                (ARGV[12] or ARGV[13] > 0) the model's RPM and TPM buckets (same hash tag)
+--                set's version 2 block weights (slots.lua: read, never written), and when
+--                the key has a per-model limit (ARGV[12] or ARGV[13] > 0) the model's RPM
+--                and TPM buckets (same hash tag)
 -- Standalone Redis gets both groups in one call. In Cluster each group lives under its own
 -- hash tag, so the client sends one call per group in parallel (see request-path.ts).
 --
@@ -16,8 +17,8 @@
 --
 -- Buckets: see bucket.lua (slices leased from a key's buckets lower their ceiling). Every
 -- RPM and TPM check (route, key, model) is bucket.lua's admit_wait, the rule and retry wait
--- lease.lua applies too. Lease sets: see slots.lua (a block of slots leased to an instance
--- counts its whole weight).
+-- lease.lua applies too. Lease sets: see slots.lua (one member per slot, a block of k slots
+-- leased to an instance is k members; its stored encoding across versions).
 --
 -- Returns {1, 0, 0, now, rpm remaining, rpm reset ms, tpm remaining, tpm reset ms} when
 -- admitted (the key's own buckets after this admission, bucket.lua's quota: reset = until

@@ -4,7 +4,8 @@
 -- requests limited by the key's own RPM/TPM/concurrency alone (lease-path.ts).
 --
 -- KEYS[1] key RPM bucket, KEYS[2] key TPM bucket (bucket.lua), KEYS[3] key lease set,
--- KEYS[4] its block weights (slots.lua); all under the key's hash tag
+-- KEYS[4] its version 2 block weights (slots.lua: read, never written); all under the key's
+-- hash tag
 -- ARGV: 1 rpm capacity, 2 tpm capacity (0 = no such limit), 3 tokens (TPM reservation),
 --       4 deadline in Redis time ms (0 = none; as admit.lua: past it nothing changes),
 --       5 previous slice id ('' = none), 6 its rpm left, 7 its tpm left,
@@ -105,9 +106,9 @@ local block_grant, weight = 0, 0
 if conc > 0 then
   take_slot(KEYS[3], slot_id, lease_ms)
   in_use = in_use + 1
-  weight = block_weight(KEYS[3], KEYS[4], block_id)
+  weight = block_weight(KEYS[3], block_id)
   if want_w > weight and in_use - weight + want_w <= keep_w then
-    set_block(KEYS[3], KEYS[4], block_id, want_w, lease_ms)
+    set_block(KEYS[3], block_id, want_w, lease_ms)
     block_grant, weight = 1, want_w
   end
 end

@@ -10,9 +10,9 @@
 --       back) and delta is what was left of it, given back only if the slice had not
 --       expired. The lease is removed from each lease set (its slot freed).
 --       Used for TPM settlement, undoing a Cluster admission half, slice returns.
---   'w' (block of slots, slots.lua): block id, new weight; KEYS: lease set, its weights.
---       Weight 0 ends the block; else a block still recorded is resized (one that expired
---       stays gone). Used to give back a block's unused slots.
+--   'w' (block of slots, slots.lua): block id, new weight; KEYS: lease set. The block's
+--       slots above the new weight are freed (0 ends it); one that expired stays gone, and
+--       none grows. Used to give back a block's unused slots.
 --   'h' (spend hold): hold id, actual cost (integer nano-units), ledger TTL ms, holders n;
 --       KEYS: two per holder, as hold.lua (ledger hash, hold set). The hold is removed
 --       where still present (it may have expired, or a new epoch restarted the ledger); the
@@ -21,6 +21,7 @@
 -- Returns the number of operations applied.
 
 -- #include bucket.lua
+-- #include slots.lua
 
 local k = 1
 local a = 2
@@ -48,15 +49,6 @@ local function settle_buckets(lease_id, slice_id, buckets, sets)
     end
   end
   for _, z in ipairs(sets) do redis.call('ZREM', z, lease_id) end
-end
-
-local function settle_block(set, weights, id, w)
-  if w <= 0 then
-    redis.call('ZREM', set, id)
-    redis.call('HDEL', weights, id)
-  elseif redis.call('ZSCORE', set, id) then
-    redis.call('HSET', weights, id, tostring(w))
-  end
 end
 
 -- Whether each ledger this call has looked at exists: time stands still in a script and no
@@ -91,7 +83,7 @@ for _ = 1, ops do
   local kind = arg()
   if kind == 'w' then
     local id, w = arg(), tonumber(arg())
-    ok = pcall(settle_block, key(), key(), id, w)
+    ok = pcall(shrink_block, key(), id, w)
   elseif kind == 'b' then
     local lease_id, slice_id, nb, ns = arg(), arg(), tonumber(arg()), tonumber(arg())
     local buckets, sets = {}, {}
