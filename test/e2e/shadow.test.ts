@@ -4,7 +4,8 @@
  *  - `limits.shadow: [rpm]`: an RPM-2 key's four requests are all answered by the upstream,
  *    unchanged; the third and fourth carry `x-keyward-shadow: rpm_exceeded` and the RPM
  *    figures of an enforced limit (remaining 0), their access lines say `"shadow"`, and
- *    `keyward_shadow_denials_total{code="rpm_exceeded"}` counts them;
+ *    `keyward_shadow_denials_total{code="rpm_exceeded"}` counts them; taken out of the list
+ *    and reloaded, the limit refuses the next request at once;
  *  - the same without shadow: the third is the client's RateLimitError, a 429 carrying the
  *    key's x-ratelimit-* figures (DESIGN section 11) besides Retry-After;
  *  - a key whose console record shadows `budget`, on a wallet at 0: forwarded, and billed
@@ -20,7 +21,7 @@ import OpenAI from 'openai';
 import { generateKey } from '../../src/auth/keyformat.js';
 import { makeKeyHasher } from '../../src/auth/hash.js';
 import { startConsoleFixture, type ConsoleFixture } from '../helpers/console-fixture.js';
-import { accessOf, importReplica, readyz, scrape } from '../helpers/instance.js';
+import { accessOf, configMetrics, importReplica, readyz, scrape, untilScraped } from '../helpers/instance.js';
 import { spawnSidecar, type SidecarProcess } from '../helpers/process.js';
 import { keyRecord } from '../helpers/sidecar.js';
 import { startFakeUpstream, type FakeUpstream } from '../helpers/upstream.js';
@@ -58,9 +59,10 @@ after(async () => {
   rmSync(dir, { recursive: true, force: true });
 });
 
+const yaml = (lines: string[]): string => ['server: { port: 0 }', 'admin: { port: 0 }', `upstreams: { default: { url: ${up.url} } }`, 'logging: { level: info }', ...lines, ''].join('\n');
+
 async function serve(name: string, lines: string[]): Promise<SidecarProcess> {
-  const yaml = ['server: { port: 0 }', 'admin: { port: 0 }', `upstreams: { default: { url: ${up.url} } }`, 'logging: { level: info }', ...lines, ''].join('\n');
-  const p = await spawnSidecar({ dir, name, yaml });
+  const p = await spawnSidecar({ dir, name, yaml: yaml(lines) });
   running.push(p);
   return p;
 }
@@ -94,6 +96,20 @@ describe('limits.shadow: [rpm] through keyward serve and the openai client', () 
     // GET /v1/key shows the shadowed limit as an enforced one: nothing left this minute.
     const view = (await (await fetch(`${p.url}/v1/key`, { headers: { authorization: `Bearer ${secret}` } })).json()) as { limits: { rpm: number }; remaining: { requests: number } };
     assert.deepEqual([view.limits.rpm, view.remaining.requests], [2, 0]);
+
+    // Enforce it: out of the shadow list, and a reload. The shadowed requests took no token,
+    // so the bucket is where the first two left it and the next request is refused at once,
+    // its wait one token's (30 s at 2 a minute), not three.
+    const before = configMetrics(await scrape(p));
+    writeFileSync(join(dir, 'shadowed.yaml'), yaml([`replica: { path: ${join(dir, 'shadowed.sqlite')} }`]));
+    p.child.kill('SIGHUP');
+    await untilScraped(p, (m) => configMetrics(m).ok > before.ok, 'the reload');
+    const err = await ask(p, secret).then(() => null, (e: unknown) => e);
+    assert.ok(err instanceof OpenAI.RateLimitError, `expected a RateLimitError, got ${String(err)}`);
+    assert.equal(err.headers!.get('x-keyward-shadow'), null);
+    assert.equal(err.headers!.get('x-ratelimit-remaining-requests'), '0');
+    assert.ok(Number(err.headers!.get('retry-after-ms')) <= 30_000, `retry after ${err.headers!.get('retry-after-ms')} ms`);
+    assert.equal(up.received.length - reached, 4, 'the refused request did not reach the upstream');
   });
 
   test('the same without shadow: the 3rd request is a 429 the client sees, with the key\'s x-ratelimit-* figures', async () => {
