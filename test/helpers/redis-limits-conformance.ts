@@ -1,13 +1,15 @@
 /**
  * The Limiter conformance suite: the same tests against the in-process limiter (fake clock),
  * a single Redis and a Redis Cluster. Per-model limits and quota figures are in
- * limits-conformance-quota.ts, spend holds in limits-conformance-ledger.ts; both run here. Each test uses its own key ids and route names, so the
+ * limits-conformance-quota.ts, spend holds in limits-conformance-ledger.ts, claims in
+ * limits-conformance-claims.ts; all run here. Each test uses its own key ids and route names, so the
  * implementations never see each other's state.
  */
 import assert from 'node:assert/strict';
 import { randomBytes } from 'node:crypto';
 import { after, before, describe, test } from 'node:test';
 import type { AdmitInput, AdmitResult, KeyLimits, Lease, Limiter, RouteCapacity } from '../../src/limits/limiter.js';
+import { claimConformance } from './limits-conformance-claims.js';
 import { ledgerConformance } from './limits-conformance-ledger.js';
 import { quotaConformance } from './limits-conformance-quota.js';
 
@@ -311,5 +313,6 @@ export function runLimiterConformance(name: string, setup: () => Promise<Harness
 
     quotaConformance(() => h);
     ledgerConformance(() => h);
+    claimConformance(() => h);
   });
 }
