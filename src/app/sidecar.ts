@@ -8,6 +8,8 @@ import { makeKeyHasher } from '../auth/hash.js';
 import type { Config } from '../config/schema.js';
 import type { Limiter } from '../limits/limiter.js';
 import { createLimiter } from '../limits/create.js';
+import { watchHolds } from '../limits/hold-watch.js';
+import { Alerts, type AlertTuning } from '../obs/alerts/alerts.js';
 import { startAdmin, type AdminServer } from '../obs/admin.js';
 import type { Logger } from '../obs/logger.js';
 import { createMetrics, type Metrics } from '../obs/metrics.js';
@@ -37,6 +39,8 @@ export interface SidecarOptions {
   admin?: boolean;
   /** trace export timings; by default the OTEL_BSP_* environment (`config.tracing` says whether there are traces) */
   traceTuning?: TraceTuning;
+  /** budget alerts' check delay and retry schedule; by default the operated ones (`config.alerts` says whether there are alerts) */
+  alertTuning?: AlertTuning;
 }
 
 export interface Sidecar {
@@ -48,6 +52,8 @@ export interface Sidecar {
   metrics: Metrics;
   /** the tracer in force; `configure` swaps it for a new `tracing` block */
   traces: Traces;
+  /** budget alerts; `configure` puts a new `alerts` block in force */
+  alerts: Alerts;
   /** present when `console` is configured */
   sync: SyncClient | null;
   usage: UsagePusher | null;
@@ -55,8 +61,10 @@ export interface Sidecar {
   close(opts?: { graceMs?: number }): Promise<void>;
 }
 
-/** At shutdown, how long the last spans may take to reach the collector. */
+/** At shutdown, how long the last spans may take to reach the collector... */
 const TRACE_FLUSH_MS = 2_000;
+/** ...and the last budget alerts the webhook. */
+const ALERT_FLUSH_MS = 2_000;
 
 /** Warns once per distinct value (at most 100 of them): a misrouted key must not flood the log. */
 function onceEach(warn: (value: string) => void): (value: string) => void {
@@ -138,6 +146,7 @@ interface Running {
   sync: SyncClient | null;
   limiter: Limiter;
   traces: Traces;
+  alerts: Alerts;
   /** null when the caller handed the replica in (and closes it) */
   ownReplica: ReplicaStore | null;
 }
@@ -154,6 +163,8 @@ async function shutdown(r: Running, graceMs: number): Promise<void> {
   await r.admin?.close();
   // Every request has finished, so every span has ended: the last batch goes out.
   await r.traces.close(TRACE_FLUSH_MS);
+  // Every hold has settled: what the last requests crossed is found and gets its last attempt.
+  await r.alerts.close(ALERT_FLUSH_MS);
   // Last: the responses above may still have produced usage to push.
   await r.usage?.stop();
   await r.sync?.stop();
@@ -169,15 +180,19 @@ export async function startSidecar(opts: SidecarOptions): Promise<Sidecar> {
   const forwarder = createForwarder({ upstreams: config.upstreams, replacedResponseHeaders: QUOTA_HEADER_NAMES });
   const traces = new Traces({ log: logger, tuning: opts.traceTuning ?? traceTuningFromEnv(process.env) });
   await traces.configure(config.tracing);
+  const alerts = new Alerts({ store: limiter, log: logger, ...(opts.alertTuning ? { tuning: opts.alertTuning } : {}) });
+  alerts.configure(config.alerts);
   const metrics = createMetrics({
     replica: () => replica.status(),
     limiter: () => limiter.stats(),
     ...(sync ? { sync: () => sync.status() } : {}),
     ...(usage ? { usage: () => usage.stats() } : {}),
     traces: () => traces.stats(),
+    alerts: () => alerts.stats(),
   });
   const usageSink = opts.usageSink ?? (usage ? (e: UsageEvent) => usage.push(e) : null);
-  const exchanges = createExchanges(exchangeDeps({ config, logger, replica, limiter, forwarder, metrics, traces, usageSink }));
+  // The pipeline's holds and settlements tell the alerts which holders to check.
+  const exchanges = createExchanges(exchangeDeps({ config, logger, replica, limiter: watchHolds(limiter, alerts), forwarder, metrics, traces, usageSink }));
   metrics.trackInFlight(() => exchanges.inFlight());
 
   const server = proxyServer(exchanges);
@@ -198,7 +213,7 @@ export async function startSidecar(opts: SidecarOptions): Promise<Sidecar> {
   // Not awaited: the replica serves what it has (a previous run's data) while the first sync runs.
   void sync?.start();
 
-  const running: Running = { server, exchanges, logger, forwarder, admin, usage, sync, limiter, traces, ownReplica: opts.replica ? null : replica };
+  const running: Running = { server, exchanges, logger, forwarder, admin, usage, sync, limiter, traces, alerts, ownReplica: opts.replica ? null : replica };
   return {
     port,
     adminPort: admin?.port ?? 0,
@@ -209,6 +224,7 @@ export async function startSidecar(opts: SidecarOptions): Promise<Sidecar> {
     limiter,
     metrics,
     traces,
+    alerts,
     close({ graceMs = config.server.shutdownGraceMs } = {}) {
       draining = true;
       return shutdown(running, graceMs);
