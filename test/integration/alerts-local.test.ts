@@ -58,6 +58,38 @@ describe('in process, no Redis', { timeout: 30_000 }, () => {
   });
 });
 
+describe('an alerts block put in force at run time', { timeout: 30_000 }, () => {
+  test('configure: on, new thresholds and a secret, off; each applies to the next check', async () => {
+    const h = await start({ keys: { k_live: budgetKey(7.9) }, alertTuning: { checkDelayMs: 5 } });
+    try {
+      const mine = () => eventsOf(hook.accepted(), 'key:k_live');
+      // Off: crossing 80 % sends nothing.
+      assert.equal(await spend(h, 'k_live', 100), 200);
+      await alertsIdle(h);
+      assert.deepEqual(mine(), []);
+      // On: the next check finds 8.1 of 10 past the threshold.
+      h.sidecar.alerts.configure({ webhookUrl: hook.url, thresholds: [0.8] });
+      assert.equal(await spend(h, 'k_live', 10), 200);
+      await alertsIdle(h);
+      assert.deepEqual(mine().map((e) => e.threshold), [0.8]);
+      // A threshold added, and a secret: 0.9 is sent once reached, signed.
+      h.sidecar.alerts.configure({ webhookUrl: hook.url, thresholds: [0.8, 0.9], secret: 'rotated-secret' });
+      assert.equal(await spend(h, 'k_live', 800), 200);
+      await alertsIdle(h);
+      assert.deepEqual(mine().map((e) => e.threshold), [0.8, 0.9]);
+      assert.match(String(hook.received.at(-1)!.headers['x-keyward-signature']), /^sha256=[0-9a-f]{64}$/);
+      // Off again: 9.11 to 9.61 of 10 crosses 95 % unsent, though the last block named it.
+      h.sidecar.alerts.configure({ webhookUrl: hook.url, thresholds: [0.8, 0.9, 0.95] });
+      h.sidecar.alerts.configure(undefined);
+      assert.equal(await spend(h, 'k_live', 400), 200);
+      await alertsIdle(h);
+      assert.deepEqual(mine().map((e) => e.threshold), [0.8, 0.9]);
+    } finally {
+      await h.close();
+    }
+  });
+});
+
 /** The admin port's /metrics as series -> value. */
 async function scrapeMetrics(port: number): Promise<Map<string, number>> {
   const text = await (await fetch(`http://127.0.0.1:${port}/metrics`)).text();

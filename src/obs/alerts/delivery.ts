@@ -52,6 +52,8 @@ interface Pending extends Outgoing {
   attempts: number;
   /** performance.now() of the next attempt */
   dueAt: number;
+  /** its attempt started while closing: the last one */
+  last: boolean;
 }
 
 export class Delivery {
@@ -86,7 +88,7 @@ export class Delivery {
       return;
     }
     const now = performance.now();
-    const p: Pending = { ...event, foundAt: now, attempts: 0, dueAt: now };
+    const p: Pending = { ...event, foundAt: now, attempts: 0, dueAt: now, last: false };
     const lane = this.lanes.get(event.lane);
     if (lane) lane.push(p);
     else this.lanes.set(event.lane, [p]);
@@ -156,6 +158,7 @@ export class Delivery {
 
   private async attempt(name: string, p: Pending): Promise<void> {
     p.attempts++;
+    p.last = this.closing;
     const problem = await this.post(p);
     this.busy.delete(name);
     this.inFlight--;
@@ -164,11 +167,12 @@ export class Delivery {
       this.sent++;
       this.log.info({ ...p.about, attempts: p.attempts }, 'budget alert sent');
       this.done(name);
-    } else if (this.closing || now - p.foundAt >= this.t.retryWindowMs) {
+    } else if (p.last || (!this.closing && now - p.foundAt >= this.t.retryWindowMs)) {
       this.giveUp(p, problem);
       this.done(name);
     } else {
-      p.dueAt = now + Math.min(this.t.maxRetryMs, this.t.firstRetryMs * 2 ** (p.attempts - 1));
+      // Closing: an attempt under way when it began failed; the last one goes now.
+      p.dueAt = this.closing ? 0 : now + Math.min(this.t.maxRetryMs, this.t.firstRetryMs * 2 ** (p.attempts - 1));
     }
     this.pump();
   }
