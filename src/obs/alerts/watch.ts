@@ -44,7 +44,11 @@ export interface WatchOptions {
  * an epoch's claims outlive the epoch; a newer epoch's first claim drops them anyway.
  */
 export const CLAIM_TTL_MS = 400 * 86_400_000;
-const CHECK_DELAY_MS = 10;
+/**
+ * Touches gather this long before a check: a busy holder is read once per check, not once
+ * per hold and settlement, and an alert is found this long after the request that crossed.
+ */
+const CHECK_DELAY_MS = 100;
 const CLAIM_RETRY_MS = 5_000;
 /** Holders waiting for a check; past this a touch is dropped (the holder's next hold or settlement queues it again). */
 const MAX_QUEUED = 10_000;
