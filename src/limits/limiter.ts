@@ -7,10 +7,11 @@
  *
  * Where things are: create.ts builds the limiter the sidecar runs with; failover.ts,
  * failover-guard.ts and failover-money.ts say what happens when Redis fails; memory.ts (with
- * memory-store.ts, memory-admission.ts) and ledger-memory.ts are the in-process limiter and
- * ledger; bucket.ts, ledger.ts and leases.ts hold the arithmetic and lease keeping they share
- * with Redis. redis/ holds the Redis limiter (limiter.ts), its two admission paths
- * (request-path.ts, lease-path.ts), its ledger (ledger.ts), the settlement batch and the Lua.
+ * memory-store.ts, memory-admission.ts), ledger-memory.ts and claims-memory.ts are the
+ * in-process limiter, ledger and claims; bucket.ts, ledger.ts and leases.ts hold the arithmetic
+ * and lease keeping they share with Redis; hold-watch.ts reports holds to the budget alerts.
+ * redis/ holds the Redis limiter (limiter.ts), its two admission paths (request-path.ts,
+ * lease-path.ts), its ledger (ledger.ts), claims (claims.ts), the settlement batch and the Lua.
  */
 
 import type { Holder } from '../policy/holders.js';

@@ -101,6 +101,24 @@ test('delivery: the queue is bounded, an event past it is dropped, logged and co
   }
 });
 
+test('delivery: close waits at most its timeout for a webhook that never answers, then gives the event up', async () => {
+  const hook = await startWebhookReceiver();
+  try {
+    hook.hang(true);
+    const { warn, log } = recordingLog();
+    const d = new Delivery(log, { attemptTimeoutMs: 60_000 });
+    d.add(out(hook.url, 'wallet:u_1', 1));
+    await hook.until(() => hook.received.length === 1, 'the attempt');
+    const t0 = performance.now();
+    await d.close(100);
+    assert.ok(performance.now() - t0 < 2_000, `close took ${(performance.now() - t0).toFixed(0)} ms`);
+    assert.deepEqual(d.stats(), { sent: 0, failed: 1, queued: 0 });
+    assert.deepEqual(warn.map((w) => w.obj), [{ n: 1, attempts: 1, reason: 'shutting down' }]);
+  } finally {
+    await hook.close();
+  }
+});
+
 test('watch: a claim the store cannot answer is asked again later with the same token, thresholds in order', async () => {
   const limiter = createMemoryLimiter({ leaseMs: 30_000 });
   const asked: ClaimInput[] = [];

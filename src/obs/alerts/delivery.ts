@@ -219,10 +219,11 @@ export class Delivery {
   }
 }
 
-/** A failed fetch's cause (`ECONNREFUSED`, a timeout), without the URL. */
+/** A failed fetch's cause (`ECONNREFUSED`, a timeout, the cut at shutdown), without the URL. */
 function problemOf(err: unknown): string {
   if (!(err instanceof Error)) return String(err);
   if (err.name === 'TimeoutError') return 'no answer in time';
+  if (err.name === 'AbortError') return 'shutting down';
   const code = (err.cause as { code?: unknown } | undefined)?.code;
   return typeof code === 'string' ? code : err.message;
 }
