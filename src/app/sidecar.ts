@@ -10,6 +10,8 @@ import { makeKeyHasher } from '../auth/hash.js';
 import type { Config } from '../config/schema.js';
 import type { Limiter } from '../limits/limiter.js';
 import { createLimiter } from '../limits/create.js';
+import { watchHolds } from '../limits/hold-watch.js';
+import { Alerts, type AlertTuning } from '../obs/alerts/alerts.js';
 import { startAdmin, type AdminServer } from '../obs/admin.js';
 import type { Logger } from '../obs/logger.js';
 import { createMetrics, type Metrics } from '../obs/metrics.js';
@@ -38,6 +40,8 @@ export interface SidecarOptions {
   admin?: boolean;
   /** trace export timings; by default the OTEL_BSP_* environment (`config.tracing` says whether there are traces) */
   traceTuning?: TraceTuning;
+  /** budget alerts' check delay and retry schedule; by default the operated ones (`config.alerts` says whether there are alerts) */
+  alertTuning?: AlertTuning;
 }
 
 export interface Sidecar {
@@ -58,6 +62,8 @@ export interface Sidecar {
    * (src/config/reload-plan.ts).
    */
   reconfigure(next: Config): Promise<void>;
+  /** budget alerts; `configure` puts a new `alerts` block in force */
+  alerts: Alerts;
   /** present when `console` is configured */
   sync: SyncClient | null;
   usage: UsagePusher | null;
@@ -65,8 +71,10 @@ export interface Sidecar {
   close(opts?: { graceMs?: number }): Promise<void>;
 }
 
-/** At shutdown, how long the last spans may take to reach the collector. */
+/** At shutdown, how long the last spans may take to reach the collector... */
 const TRACE_FLUSH_MS = 2_000;
+/** ...and the last budget alerts the webhook. */
+const ALERT_FLUSH_MS = 2_000;
 
 /** Warns once per distinct value (at most 100 of them): a misrouted key must not flood the log. */
 function onceEach(warn: (value: string) => void): (value: string) => void {
@@ -123,8 +131,6 @@ function exchangeDeps(p: ExchangeParts): ExchangeDeps {
   };
 }
 
-/** Budget alerts (DESIGN section 13) are not built yet: a reload hands them its `alerts` settings here. */
-function configureAlerts(_config: Config): void {}
 
 function proxyServer(exchanges: Exchanges): Server {
   const server = createServer({ keepAliveTimeout: 65_000, requestTimeout: 0, headersTimeout: 60_000 });
@@ -145,6 +151,7 @@ interface Running {
   sync: SyncClient | null;
   limiter: Limiter;
   traces: Traces;
+  alerts: Alerts;
   /** null when the caller handed the replica in (and closes it) */
   ownReplica: ReplicaStore | null;
 }
@@ -161,6 +168,8 @@ async function shutdown(r: Running, graceMs: number): Promise<void> {
   await r.admin?.close();
   // Every request has finished, so every span has ended: the last batch goes out.
   await r.traces.close(TRACE_FLUSH_MS);
+  // Every hold has settled: what the last requests crossed is found and gets its last attempt.
+  await r.alerts.close(ALERT_FLUSH_MS);
   // Last: the responses above may still have produced usage to push.
   await r.usage?.stop();
   await r.sync?.stop();
@@ -176,17 +185,20 @@ export async function startSidecar(opts: SidecarOptions): Promise<Sidecar> {
   const forwarder = createForwarder({ replacedResponseHeaders: QUOTA_HEADER_NAMES });
   const traces = new Traces({ log: logger, tuning: opts.traceTuning ?? traceTuningFromEnv(process.env) });
   await traces.configure(config.tracing);
+  const alerts = new Alerts({ store: limiter, log: logger, ...(opts.alertTuning ? { tuning: opts.alertTuning } : {}) });
+  alerts.configure(config.alerts);
   const metrics = createMetrics({
     replica: () => replica.status(),
     limiter: () => limiter.stats(),
     ...(sync ? { sync: () => sync.status() } : {}),
     ...(usage ? { usage: () => usage.stats() } : {}),
     traces: () => traces.stats(),
+    alerts: () => alerts.stats(),
   });
   const usageSink = opts.usageSink ?? (usage ? (e: UsageEvent) => usage.push(e) : null);
   const snapshots = new Snapshots(snapshotOf(config, forwarder.targets(config.upstreams, null)));
-  configureAlerts(config);
-  const exchanges = createExchanges(exchangeDeps({ config, logger, replica, limiter, forwarder, metrics, traces, snapshots, usageSink }));
+  // The pipeline's holds and settlements tell the alerts which holders to check.
+  const exchanges = createExchanges(exchangeDeps({ config, logger, replica, limiter: watchHolds(limiter, alerts), forwarder, metrics, traces, snapshots, usageSink }));
   metrics.trackInFlight(() => exchanges.inFlight());
 
   const server = proxyServer(exchanges);
@@ -208,7 +220,7 @@ export async function startSidecar(opts: SidecarOptions): Promise<Sidecar> {
   void sync?.start();
 
   let applying = Promise.resolve();
-  const running: Running = { server, exchanges, logger, forwarder, admin, usage, sync, limiter, traces, ownReplica: opts.replica ? null : replica };
+  const running: Running = { server, exchanges, logger, forwarder, admin, usage, sync, limiter, traces, alerts, ownReplica: opts.replica ? null : replica };
   return {
     port,
     adminPort: admin?.port ?? 0,
@@ -225,12 +237,13 @@ export async function startSidecar(opts: SidecarOptions): Promise<Sidecar> {
       const done = applying.then(async () => {
         logger.level = next.logging.level;
         snapshots.swap(snapshotOf(next, forwarder.targets(next.upstreams, snapshots.inForce.targets)));
-        configureAlerts(next);
+        alerts.configure(next.alerts);
         await traces.configure(next.tracing);
       });
       applying = done.catch(() => undefined);
       return done;
     },
+    alerts,
     close({ graceMs = snapshots.inForce.config.server.shutdownGraceMs } = {}) {
       draining = true;
       return shutdown(running, graceMs);

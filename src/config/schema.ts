@@ -26,6 +26,8 @@ const redisUrl = z.string().superRefine((url, ctx) => {
   }
 });
 const ms = (def: number) => num().pipe(z.number().nonnegative()).default(def);
+/** A fraction such as 0.8; also from a numeric string, as `${VAR}` expansion yields. */
+const fraction = z.preprocess((v) => (typeof v === 'string' && v.trim() !== '' && !Number.isNaN(Number(v)) ? Number(v) : v), z.number());
 const httpUrl = z.url({ protocol: /^https?$/, error: 'expected an http:// or https:// URL' });
 
 const capacity = z
@@ -140,6 +142,21 @@ export const configSchema = z
         propagate: bool().default(true),
       })
       .optional(),
+    /** Budget alerts (DESIGN section 13); without this block nothing is watched or sent */
+    alerts: z
+      .strictObject({
+        /** where each `budget.threshold` event is POSTed */
+        webhookUrl: httpUrl,
+        /** fractions of a budget (of a wallet's balance at its epoch), each alerted once per epoch */
+        thresholds: z
+          .array(fraction.pipe(z.number().gt(0, 'expected a fraction above 0').max(1, 'expected a fraction of at most 1')))
+          .min(1, 'expected at least one threshold')
+          .refine((ts) => ts.every((t, i) => i === 0 || t > ts[i - 1]!), { message: 'expected thresholds in ascending order, each once, e.g. [0.8, 0.95, 1]' })
+          .default([0.8, 0.95, 1]),
+        /** signs each body: `x-keyward-signature: sha256=<hex HMAC-SHA256 of the body>` */
+        secret: z.string().min(1, 'the secret must not be empty').optional(),
+      })
+      .optional(),
   })
   .superRefine((c, ctx) => {
     const wildcard = (h: string) => h === '0.0.0.0' || h === '::' || h === '[::]';
@@ -152,3 +169,4 @@ export const configSchema = z
 export type Config = z.infer<typeof configSchema>;
 export type RouteEntry = z.infer<typeof routeEntry>;
 export type UpstreamConfig = z.infer<typeof upstream>;
+export type AlertsConfig = NonNullable<Config['alerts']>;

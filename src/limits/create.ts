@@ -9,7 +9,7 @@
  */
 import { admitWithFailover, type Failover, HashTags, type LimitsLog, type OnError, Shards } from './failover.js';
 import { RedisGuard } from './failover-guard.js';
-import { holdWithFailover, ledgerWithFailover, peekWithFailover } from './failover-money.js';
+import { claimWithFailover, holdWithFailover, ledgerWithFailover, peekWithFailover } from './failover-money.js';
 import type { Limiter } from './limiter.js';
 import { createMemoryLimiter } from './memory.js';
 import { closeRedisClient, createRedisClient } from './redis/client.js';
@@ -80,6 +80,7 @@ function failoverLimiter(cfg: RedisLimitsConfig, local: Limiter, opts: CreateLim
     peek: (input) => peekWithFailover(failover, input),
     hold: (input) => holdWithFailover(failover, input),
     ledger: (input) => ledgerWithFailover(failover, input),
+    claimOnce: (input) => claimWithFailover(failover, input),
     stats() {
       const s = shared.stats();
       const l = local.stats();

@@ -7,11 +7,15 @@
  *    released at once (settled at 0), so it cannot sit on a budget until it expires.
  *  - peek, ledger: read the in-process figures in either mode. They only inform the caller
  *    (GET /v1/key); refusing them would turn a display into an outage.
+ *  - claimOnce: `unavailable` in either mode, never a claim in the in-process store: a claim
+ *    made by one instance alone could be made again by another, and an alert sent twice is
+ *    worse than one sent late (the caller asks again). A grant Redis gives after the guard
+ *    gave up stays: the claimer's token makes its next ask answer `claimed` again.
  * Calls that need no Redis skip the guard: their success says nothing about Redis.
  */
 import { type Failover, unavailable } from './failover.js';
 import type { GuardedCall } from './failover-guard.js';
-import type { HoldInput, HoldResult, KeyLimits, LedgerFigure, LedgerInput, Limiter, Quota } from './limiter.js';
+import type { ClaimInput, ClaimResult, HoldInput, HoldResult, KeyLimits, LedgerFigure, LedgerInput, Limiter, Quota } from './limiter.js';
 import { isLimited } from './limiter.js';
 
 export function holdWithFailover(failover: Failover, input: HoldInput): Promise<HoldResult> {
@@ -28,6 +32,10 @@ export function peekWithFailover(failover: Failover, input: { keyId: string; lim
 export function ledgerWithFailover(failover: Failover, input: LedgerInput): Promise<LedgerFigure[]> {
   if (input.holders.length === 0) return Promise.resolve([]);
   return guarded(failover, new ReadCall(failover, failover.tags.ledger(input.tag), (from) => from.ledger(input)));
+}
+
+export function claimWithFailover(failover: Failover, input: ClaimInput): Promise<ClaimResult> {
+  return guarded(failover, new ClaimCall(failover, failover.tags.ledger(input.tag), input));
 }
 
 const guarded = <T>(failover: Failover, call: OneTagCall<T>): Promise<T> => failover.guard.run(failover.shards.skipping(failover.shards.of(call.tag), performance.now()), call);
@@ -86,5 +94,20 @@ class ReadCall<T> extends OneTagCall<T> {
 
   fallback(): Promise<T> {
     return this.read(this.failover.local);
+  }
+}
+
+/** A claim: Redis' answer in time, else `unavailable` (never the in-process store). */
+class ClaimCall extends OneTagCall<ClaimResult> {
+  constructor(failover: Failover, tag: string, private readonly input: ClaimInput) {
+    super(failover, tag);
+  }
+
+  send(): Promise<ClaimResult> {
+    return this.failover.shared.claimOnce(this.input);
+  }
+
+  fallback(): Promise<ClaimResult> {
+    return Promise.resolve('unavailable');
   }
 }

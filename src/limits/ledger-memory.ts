@@ -144,10 +144,11 @@ class InProcessLedger implements MemoryLedger, HoldOwner {
       const e = this.entries.get(entryKey(input.tag, holder));
       const fresh = e && e.lastUse + LEDGER_TTL_MS > t ? e : undefined;
       const { restart, base } = effectiveBase(fresh, holder, toNano(holder.base));
-      if (!fresh || restart) return { id: holder.id, live: fromNano(base) };
+      if (!fresh || restart) return { id: holder.id, live: fromNano(base), epoch: holder.epoch, start: fromNano(base) };
       let held = 0;
       for (const h of fresh.holds.values()) if (h.expires > t) held += h.amount;
-      return { id: holder.id, live: fromNano(liveNano(holder.kind, base, { epoch: fresh.epoch, base0: fresh.base0, settled: fresh.settled, held })) };
+      const live = fromNano(liveNano(holder.kind, base, { epoch: fresh.epoch, base0: fresh.base0, settled: fresh.settled, held }));
+      return { id: holder.id, live, epoch: fresh.epoch, start: fromNano(fresh.base0) };
     });
   }
 

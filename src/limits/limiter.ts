@@ -7,10 +7,11 @@
  *
  * Where things are: create.ts builds the limiter the sidecar runs with; failover.ts,
  * failover-guard.ts and failover-money.ts say what happens when Redis fails; memory.ts (with
- * memory-store.ts, memory-admission.ts) and ledger-memory.ts are the in-process limiter and
- * ledger; bucket.ts, ledger.ts and leases.ts hold the arithmetic and lease keeping they share
- * with Redis. redis/ holds the Redis limiter (limiter.ts), its two admission paths
- * (request-path.ts, lease-path.ts), its ledger (ledger.ts), the settlement batch and the Lua.
+ * memory-store.ts, memory-admission.ts), ledger-memory.ts and claims-memory.ts are the
+ * in-process limiter, ledger and claims; bucket.ts, ledger.ts and leases.ts hold the arithmetic
+ * and lease keeping they share with Redis; hold-watch.ts reports holds to the budget alerts.
+ * redis/ holds the Redis limiter (limiter.ts), its two admission paths (request-path.ts,
+ * lease-path.ts), its ledger (ledger.ts), claims (claims.ts), the settlement batch and the Lua.
  */
 
 import type { Holder } from '../policy/holders.js';
@@ -141,7 +142,41 @@ export interface LedgerInput {
 export interface LedgerFigure {
   id: string;
   live: number;
+  /**
+   * The epoch these figures belong to: the holder's, or a newer one the store has seen
+   * already (this instance's replica lags behind another's).
+   */
+  epoch: number;
+  /** The holder's figure when that epoch was first seen (a wallet: its balance at its epoch). */
+  start: number;
 }
+
+/**
+ * A claim (budget alerts, DESIGN section 13): `name` for one holder's epoch, granted to one
+ * claimer across every instance and worker sharing the store.
+ */
+export interface ClaimInput {
+  /** the holder's ledger hash tag (HoldInput.tag): the claim lives beside its ledger */
+  tag: string;
+  /** the holder's id (`key:k_1`, `project:p_1`, `wallet:u_1`) */
+  holder: string;
+  epoch: number;
+  /** what is claimed, e.g. one alert threshold */
+  name: string;
+  /**
+   * The claimer's mark. Asking again with the same token answers `claimed` again: a claim
+   * whose answer was lost to a timeout can be asked for once more without losing it.
+   */
+  token: string;
+  /** how long the holder's claims are kept after the last one */
+  ttlMs: number;
+}
+
+/**
+ * `claimed`: this token holds the claim; `taken`: another one does, or the claim is for an
+ * epoch older than one claimed already; `unavailable`: the store could not answer (ask again later).
+ */
+export type ClaimResult = 'claimed' | 'taken' | 'unavailable';
 
 export interface Limiter {
   admit(input: AdmitInput): Promise<AdmitResult>;
@@ -150,6 +185,12 @@ export interface Limiter {
   /** Takes the request's spend hold on every holder at once, or none (step 9). */
   hold(input: HoldInput): Promise<HoldResult>;
   ledger(input: LedgerInput): Promise<LedgerFigure[]>;
+  /**
+   * Claims `name` once per holder and epoch, across every instance sharing the store. A claim
+   * of a newer epoch forgets the holder's older ones. Never falls back to this process alone:
+   * when the store fails the answer is `unavailable`, never a second grant.
+   */
+  claimOnce(input: ClaimInput): Promise<ClaimResult>;
   stats(): LimiterStats;
   close(): Promise<void>;
 }

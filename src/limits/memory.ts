@@ -3,9 +3,10 @@
  * for a single instance without Redis and as the fail-open fallback. The clock is
  * injected so tests can move time instead of sleeping.
  */
+import { MemoryClaims } from './claims-memory.js';
 import { createLeaseKeeper, defaultRefreshEveryMs, type LeaseKeeper } from './leases.js';
 import { type MemoryLedger, createMemoryLedger } from './ledger-memory.js';
-import type { AdmitInput, AdmitResult, HoldInput, HoldResult, KeyLimits, LedgerFigure, LedgerInput, Limiter, LimiterStats, Quota } from './limiter.js';
+import type { AdmitInput, AdmitResult, ClaimInput, ClaimResult, HoldInput, HoldResult, KeyLimits, LedgerFigure, LedgerInput, Limiter, LimiterStats, Quota } from './limiter.js';
 import { MemoryAdmission } from './memory-admission.js';
 import { MemoryStore } from './memory-store.js';
 
@@ -38,6 +39,7 @@ class InProcessLimiter implements MemoryLimiter {
   readonly keeper: LeaseKeeper;
   readonly leaseMs: number;
   private readonly money: MemoryLedger;
+  private readonly claims: MemoryClaims;
   private admissions = 0;
 
   constructor(opts: MemoryLimiterOptions) {
@@ -51,6 +53,7 @@ class InProcessLimiter implements MemoryLimiter {
       onError: () => undefined,
     });
     this.money = createMemoryLedger({ now, leaseMs: opts.leaseMs, refreshEveryMs: everyMs });
+    this.claims = new MemoryClaims(now);
   }
 
   async admit(input: AdmitInput): Promise<AdmitResult> {
@@ -73,6 +76,10 @@ class InProcessLimiter implements MemoryLimiter {
 
   async ledger(input: LedgerInput): Promise<LedgerFigure[]> {
     return this.money.ledger(input);
+  }
+
+  async claimOnce(input: ClaimInput): Promise<ClaimResult> {
+    return this.claims.claim(input);
   }
 
   stats(): LimiterStats {

@@ -12,6 +12,8 @@ export interface MetricSources {
   usage?: () => { buffered: number; sent: number; dropped: number };
   /** the tracer's lost spans (DESIGN section 13); absent: none are made here */
   traces?: () => { dropped: number };
+  /** budget alerts delivered and given up (DESIGN section 13); absent: none are sent here */
+  alerts?: () => { sent: number; failed: number };
   now?: () => number;
 }
 
@@ -122,6 +124,23 @@ function mirrorSources(registry: Registry, sources: MetricSources): void {
   }
   // Always there (0 without tracing), so a dashboard panel and an alert on it never go blank.
   mirror(registry, 'counter', 'keyward_trace_spans_dropped_total', 'Trace spans that never reached the collector: the export queue was full or the export failed', () => traces?.().dropped ?? 0);
+  alertCounts(registry, sources.alerts);
+}
+
+/** keyward_alerts_total{result}: both series always there (0 without alerts), as the dropped spans are. */
+function alertCounts(registry: Registry, alerts: MetricSources['alerts']): void {
+  new Counter({
+    name: 'keyward_alerts_total',
+    help: 'Budget alert events: sent (the webhook answered 2xx) or failed (given up after the retry window, or dropped)',
+    labelNames: ['result'] as const,
+    registers: [registry],
+    collect() {
+      const n = alerts?.() ?? { sent: 0, failed: 0 };
+      this.reset();
+      this.inc({ result: 'sent' }, n.sent);
+      this.inc({ result: 'failed' }, n.failed);
+    },
+  });
 }
 
 /**

@@ -4,6 +4,7 @@
  * a hold on all of them is one atomic step. Pure.
  */
 import type { KeyFacts } from './facts.js';
+import type { BudgetPeriod } from './period.js';
 
 export interface Holder {
   id: string;
@@ -12,6 +13,8 @@ export interface Holder {
   limit: number | null;
   epoch: number;
   code: 'key_budget_exhausted' | 'project_budget_exhausted' | 'insufficient_balance';
+  /** the budget's UTC calendar period, named in budget alerts (absent or null: none; a wallet has none) */
+  period?: BudgetPeriod | null;
 }
 
 export interface Holders {
@@ -37,11 +40,11 @@ function build(facts: KeyFacts): Holders {
   const { key, project } = facts;
   const holders: Holder[] = [];
   if (key.budget !== null) {
-    holders.push({ id: `key:${key.id}`, kind: 'budget', base: key.spent, limit: key.budget, epoch: key.epoch, code: 'key_budget_exhausted' });
+    holders.push({ id: `key:${key.id}`, kind: 'budget', base: key.spent, limit: key.budget, epoch: key.epoch, code: 'key_budget_exhausted', period: key.period });
   }
   if (key.kind === 'team') {
     if (project && project.budget !== null) {
-      holders.push({ id: `project:${project.id}`, kind: 'budget', base: project.spent, limit: project.budget, epoch: project.epoch, code: 'project_budget_exhausted' });
+      holders.push({ id: `project:${project.id}`, kind: 'budget', base: project.spent, limit: project.budget, epoch: project.epoch, code: 'project_budget_exhausted', period: project.period ?? null });
     }
     return { tag: `p:${key.projectId ?? key.id}`, holders };
   }

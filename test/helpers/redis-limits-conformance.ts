@@ -2,13 +2,15 @@
  * The Limiter conformance suite: the same tests against the in-process limiter (fake clock),
  * a single Redis and a Redis Cluster. Per-model limits and quota figures are in
  * limits-conformance-quota.ts, spend holds in limits-conformance-ledger.ts, refusals and shadow
- * limits in limits-conformance-shadow.ts; all run here. Each test uses its own key ids and
- * route names, so the implementations never see each other's state.
+ * limits in limits-conformance-shadow.ts, claims in limits-conformance-claims.ts; all run here.
+ * Each test uses its own key ids and route names, so the implementations never see each
+ * other's state.
  */
 import assert from 'node:assert/strict';
 import { randomBytes } from 'node:crypto';
 import { after, before, describe, test } from 'node:test';
 import type { AdmitInput, AdmitResult, KeyLimits, Lease, Limiter, RouteCapacity } from '../../src/limits/limiter.js';
+import { claimConformance } from './limits-conformance-claims.js';
 import { ledgerConformance } from './limits-conformance-ledger.js';
 import { quotaConformance } from './limits-conformance-quota.js';
 import { shadowConformance } from './limits-conformance-shadow.js';
@@ -314,5 +316,6 @@ export function runLimiterConformance(name: string, setup: () => Promise<Harness
     quotaConformance(() => h);
     ledgerConformance(() => h);
     shadowConformance(() => h);
+    claimConformance(() => h);
   });
 }

@@ -14,6 +14,7 @@ import type { Limiter } from '../../src/limits/limiter.js';
 import { createLogger } from '../../src/obs/logger.js';
 import { startSidecar, type Sidecar } from '../../src/app/sidecar.js';
 import type { TraceTuning } from '../../src/obs/tracing/sink.js';
+import type { AlertTuning } from '../../src/obs/alerts/alerts.js';
 import { ReplicaStore } from '../../src/replica/store.js';
 import type { KeyRecord, SyncRecord } from '../../src/protocol/records.js';
 import type { UsageEvent } from '../../src/protocol/usage.js';
@@ -64,6 +65,8 @@ export interface HarnessOptions {
   empty?: boolean;
   /** trace export timings, shortened so a test need not wait for the SDK's batch delay */
   traceTuning?: TraceTuning;
+  /** budget alerts' retry schedule, shortened so a test need not wait minutes */
+  alertTuning?: AlertTuning;
 }
 
 export async function startHarness(opts: HarnessOptions): Promise<Harness> {
@@ -98,7 +101,7 @@ export async function startHarness(opts: HarnessOptions): Promise<Harness> {
   });
   const usage: UsageEvent[] = [];
   const logger = createLogger({ level: 'info', destination });
-  const sidecar = await startSidecar({ config, logger, replica, usageSink: (e) => usage.push(e), ...(opts.limiter ? { limiter: opts.limiter } : {}), ...(opts.traceTuning ? { traceTuning: opts.traceTuning } : {}) });
+  const sidecar = await startSidecar({ config, logger, replica, usageSink: (e) => usage.push(e), ...(opts.limiter ? { limiter: opts.limiter } : {}), ...(opts.traceTuning ? { traceTuning: opts.traceTuning } : {}), ...(opts.alertTuning ? { alertTuning: opts.alertTuning } : {}) });
   return {
     sidecar, url: sidecar.url, replica, dir, keys, logs, logEvents, usage, config,
     async close() {

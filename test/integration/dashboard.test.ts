@@ -28,6 +28,8 @@ let sidecar: Sidecar;
 let reloader: ConfigReloader;
 let dir: string;
 let exported: Set<string>;
+/** the /metrics text the set above was read from */
+let text: string;
 
 before(async () => {
   fx = await startConsoleFixture();
@@ -62,7 +64,7 @@ before(async () => {
     await res.arrayBuffer();
     assert.equal(res.status, 200);
   }
-  const text = await (await fetch(`http://127.0.0.1:${sidecar.adminPort}/metrics`)).text();
+  text = await (await fetch(`http://127.0.0.1:${sidecar.adminPort}/metrics`)).text();
   exported = new Set(text.split('\n').filter((l) => l && !l.startsWith('#')).map((l) => /^[a-zA-Z_:][a-zA-Z0-9_:]*/.exec(l)![0]));
 });
 
@@ -113,7 +115,21 @@ test('exported metric names have no doubled prefix, and the design\'s metrics ar
   assert.deepEqual([...exported].filter((n) => /process_process|nodejs_nodejs|keyward_keyward/.test(n)), []);
   for (const name of ['keyward_process_cpu_seconds_total', 'keyward_nodejs_eventloop_lag_p99_seconds', 'keyward_requests_total', 'keyward_decision_seconds_bucket',
     'keyward_replica_version', 'keyward_replica_sync_lag_seconds', 'keyward_redis_errors_total', 'keyward_fail_open_admissions_total', 'keyward_in_flight_requests',
-    'keyward_trace_spans_dropped_total', 'keyward_config_reloads_total', 'keyward_config_last_reload_success_timestamp_seconds', 'keyward_config_info']) {
+    'keyward_trace_spans_dropped_total', 'keyward_config_reloads_total', 'keyward_config_last_reload_success_timestamp_seconds', 'keyward_config_info',
+    'keyward_alerts_total']) {
     assert.ok(exported.has(name), name);
   }
+});
+
+test('the budget alerts row charts keyward_alerts_total by result, and both series exist before any alert', () => {
+  const dash = JSON.parse(readFileSync(DASHBOARD, 'utf8'));
+  const row = dash.panels.findIndex((p: any) => p.type === 'row' && p.title === 'Budget alerts');
+  assert.ok(row >= 0, 'a Budget alerts row');
+  const panels = dash.panels.slice(row + 1).filter((p: any) => p.type !== 'row');
+  const exprs = queries({ panels }).map((q) => q.expr).filter((e) => e.includes('keyward_alerts_total'));
+  assert.ok(exprs.some((e) => /sum by \(result\)/.test(e)), 'events by result');
+  assert.ok(exprs.some((e) => e.includes('result="failed"')), 'failed events on their own');
+  // A sidecar without an alerts block still exports both series, so the panels never go blank.
+  assert.match(text, /^keyward_alerts_total\{result="sent"\} 0$/m);
+  assert.match(text, /^keyward_alerts_total\{result="failed"\} 0$/m);
 });

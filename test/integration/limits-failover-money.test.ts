@@ -1,5 +1,5 @@
 /**
- * Spend holds and quota reads under createLimiter's onError rules, against a private
+ * Spend holds, quota reads and claims under createLimiter's onError rules, against a private
  * redis-server (unix socket, never the shared server) that the tests pause and kill.
  */
 import assert from 'node:assert/strict';
@@ -133,6 +133,30 @@ describe('spend holds with onError: closed', { timeout: 30_000 }, () => {
     await waitFor(() => redisHolds(lim), RECOVERY_MS, 'Redis holds after a restart');
     assert.equal(lim.stats().failOpenHolds, 0);
   });
+});
+
+describe('claims when Redis fails', { timeout: 30_000 }, () => {
+  for (const onError of ['open', 'closed'] as const) {
+    test(`onError ${onError}: unavailable within the timeout, never granted by the instance; a grant Redis makes late stays with its token`, async (t) => {
+      const lim = make(onError);
+      t.after(() => lim.close());
+      await waitFor(() => redisHolds(lim), RECOVERY_MS, 'Redis holds');
+      const at = { tag: uid('tag'), holder: `key:${uid('k')}`, epoch: 1, name: 'alert:0.8', ttlMs: 60_000 };
+      const first = uid('tok');
+      server.proc.kill('SIGSTOP');
+      try {
+        assert.equal(await timed(lim.claimOnce({ ...at, token: first })), 'unavailable');
+        assert.equal(await timed(lim.claimOnce({ ...at, token: uid('tok') })), 'unavailable');
+      } finally {
+        server.proc.kill('SIGCONT');
+      }
+      await waitFor(() => redisHolds(lim), RECOVERY_MS, 'Redis holds after SIGCONT');
+      // Redis ran both claims once it woke: the first token holds it, asking again finds it so.
+      assert.equal(await lim.claimOnce({ ...at, token: first }), 'claimed');
+      assert.equal(await lim.claimOnce({ ...at, token: uid('tok') }), 'taken');
+      assert.equal(lim.stats().failOpenHolds, 0);
+    });
+  }
 });
 
 describe('round trips', () => {

@@ -63,6 +63,13 @@ test('defaults inside optional sections', () => {
   assert.deepEqual(partial.upstreams.batch, { url: 'https://b', timeoutMs: 5, capacity: { concurrency: 0, rpm: 0 } });
 });
 
+test('alerts: optional; thresholds default to [0.8, 0.95, 1]; values from the environment', () => {
+  assert.equal(parse(MINIMAL).alerts, undefined);
+  assert.deepEqual(parse(`${MINIMAL}alerts: { webhookUrl: https://ops.example/hooks/keyward }\n`).alerts, { webhookUrl: 'https://ops.example/hooks/keyward', thresholds: [0.8, 0.95, 1] });
+  const c = parse(`${MINIMAL}alerts:\n  webhookUrl: \${HOOK}\n  thresholds: [0.5, \${HIGH}, 1]\n  secret: \${ALERT_SECRET}\n`, { HOOK: 'http://127.0.0.1:9/h', HIGH: '0.9', ALERT_SECRET: '12345' });
+  assert.deepEqual(c.alerts, { webhookUrl: 'http://127.0.0.1:9/h', thresholds: [0.5, 0.9, 1], secret: '12345' });
+});
+
 test('explicit values override defaults; operator routes get their defaults', () => {
   const c = parse(`${MINIMAL}server: { host: 0.0.0.0, port: 8443 }\nkeys: { hash: hmac-sha256, pepper: pepper-0123456789abcdef, format: keyward }\nlogging: { level: debug }\nroutes:\n  - { path: /v1/rerank, class: model }\n`);
   assert.equal(c.server.host, '0.0.0.0');
@@ -146,6 +153,16 @@ const SINGLE: [string, string, string, RegExp?][] = [
   ['upstreams.default missing', 'upstreams:\n  batch: { url: http://b }\n', 'upstreams', /upstreams\.default/],
   ['empty file', '', 'upstreams'],
   ['admin shares the proxy port', `${MINIMAL}server: { port: 9000 }\nadmin: { port: 9000 }\n`, 'admin.port'],
+  ['unknown key in alerts', `${MINIMAL}alerts: { webhookUrl: http://h, retries: 3 }\n`, 'alerts.retries', /unknown key/],
+  ['alerts without a webhook', `${MINIMAL}alerts: { thresholds: [0.5] }\n`, 'alerts.webhookUrl'],
+  ['alerts webhook not http', `${MINIMAL}alerts: { webhookUrl: ftp://h }\n`, 'alerts.webhookUrl', /http/],
+  ['alert threshold of 0', `${MINIMAL}alerts: { webhookUrl: http://h, thresholds: [0, 0.5] }\n`, 'alerts.thresholds.0', /above 0/],
+  ['alert threshold over 1', `${MINIMAL}alerts: { webhookUrl: http://h, thresholds: [0.5, 1.2] }\n`, 'alerts.thresholds.1', /at most 1/],
+  ['alert threshold not a number', `${MINIMAL}alerts: { webhookUrl: http://h, thresholds: [high] }\n`, 'alerts.thresholds.0'],
+  ['alert thresholds out of order', `${MINIMAL}alerts: { webhookUrl: http://h, thresholds: [0.95, 0.8] }\n`, 'alerts.thresholds', /ascending/],
+  ['alert threshold repeated', `${MINIMAL}alerts: { webhookUrl: http://h, thresholds: [0.8, 0.8, 1] }\n`, 'alerts.thresholds', /each once/],
+  ['no alert thresholds', `${MINIMAL}alerts: { webhookUrl: http://h, thresholds: [] }\n`, 'alerts.thresholds', /at least one/],
+  ['empty alert secret', `${MINIMAL}alerts: { webhookUrl: http://h, secret: "" }\n`, 'alerts.secret'],
 ];
 
 for (const [name, text, path, re] of SINGLE) {

@@ -1,6 +1,7 @@
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
 import { bucketLevel, concurrencyWaitMs, fullAgainMs, refillWaitMs, tpmAdmits } from '../../src/limits/bucket.js';
+import { MemoryClaims } from '../../src/limits/claims-memory.js';
 import { createMemoryLimiter } from '../../src/limits/memory.js';
 import { denied, input, leaseOf, runLimiterConformance, uid } from '../helpers/redis-limits-conformance.js';
 
@@ -104,4 +105,22 @@ test('bucket math', () => {
   assert.ok(tpmAdmits(-50, 0, 10), 'a zero reservation is never held back');
   assert.equal(concurrencyWaitMs(undefined, 0), 1_000);
   assert.equal(concurrencyWaitMs(1_250, 1_000), 250);
+});
+
+test('memory claims: bounded; past the bound the expired go first, then the holders claimed longest ago', () => {
+  let t = 0;
+  const claims = new MemoryClaims(() => t, 3);
+  const at = (holder: string, ttlMs = 1_000) => ({ tag: 'tag', holder, epoch: 0, name: 'alert:0.8', token: 'mine', ttlMs });
+  const other = (holder: string) => ({ ...at(holder), token: 'theirs' });
+  assert.equal(claims.claim(at('a', 10)), 'claimed');
+  assert.equal(claims.claim(at('b')), 'claimed');
+  assert.equal(claims.claim(at('c')), 'claimed');
+  t = 20; // a's claim has expired
+  assert.equal(claims.claim(at('d')), 'claimed');
+  assert.equal(claims.size(), 3);
+  assert.equal(claims.claim(other('b')), 'taken', 'b was kept: a had expired');
+  assert.equal(claims.claim(at('e')), 'claimed');
+  assert.equal(claims.size(), 3);
+  assert.equal(claims.claim(other('b')), 'claimed', 'b, claimed longest ago, was dropped to make room');
+  assert.equal(claims.claim(other('d')), 'taken');
 });

@@ -20,7 +20,7 @@ export interface RedisLimiterOptions {
    */
   staleAfterMs?: number;
   /** Told about every Redis failure; each is also counted in stats().redisErrors. */
-  onError?: (op: 'admit' | 'settle' | 'refresh' | 'hold' | 'peek', err: unknown) => void;
+  onError?: (op: 'admit' | 'settle' | 'refresh' | 'hold' | 'peek' | 'claim', err: unknown) => void;
   /** Bucket slices and blocks of concurrency slots (lease-path.ts); off when absent. */
   lease?: { sliceMs: number } | null;
   /** Longest a settlement waits to leave with others; default DEFAULT_SETTLE_EVERY_MS. */

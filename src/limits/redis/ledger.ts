@@ -130,7 +130,8 @@ class SharedLedger implements RedisLedger {
     const args = input.holders.flatMap((h) => [h.kind, toNano(h.base), epochArg(h.epoch)]);
     const keys = ledgerKeysOf(ledgerHashTag(this.opts.prefix, input.tag), input.holders);
     const v = (await this.opts.run('keywardLedger', keys, args)) as number[];
-    return input.holders.map((h, i) => ({ id: h.id, live: fromNano(Number(v[i] ?? 0)) }));
+    // Three figures a holder: live, the epoch they belong to, the figure at that epoch (ledger.lua).
+    return input.holders.map((h, i) => ({ id: h.id, live: fromNano(Number(v[3 * i] ?? 0)), epoch: Number(v[3 * i + 1] ?? h.epoch), start: fromNano(Number(v[3 * i + 2] ?? 0)) }));
   }
 
   private ledgerKeys(tag: string, holders: Holder[]): { hashTag: string; keys: string[] } {

@@ -12,8 +12,9 @@
  */
 import { quotaFromReply } from '../bucket.js';
 import { type LeaseKeeper, createLeaseKeeper, defaultRefreshEveryMs } from '../leases.js';
-import { type AdmitInput, type AdmitResult, type HoldInput, type HoldResult, type KeyLimits, type LedgerFigure, type LedgerInput, type LimiterStats, NO_QUOTA, type Quota, capacityOf } from '../limiter.js';
+import { type AdmitInput, type AdmitResult, type ClaimInput, type ClaimResult, type HoldInput, type HoldResult, type KeyLimits, type LedgerFigure, type LedgerInput, type LimiterStats, NO_QUOTA, type Quota, capacityOf } from '../limiter.js';
 import { type RedisLease, type RedisLimiter, type RedisLimiterOptions, errorTags, hashTag } from './api.js';
+import { claimOnRedis } from './claims.js';
 import { createRedisClock } from './clock.js';
 import { type LeasePath, createLeasePath, leasable } from './lease-path.js';
 import { type RedisLedger, createRedisLedger } from './ledger.js';
@@ -26,7 +27,7 @@ export type { RedisLease, RedisLimiter, RedisLimiterOptions };
 /** Settlements of one tick leave together (settle-batch.ts). */
 export const DEFAULT_SETTLE_EVERY_MS = 5;
 
-type Op = 'admit' | 'settle' | 'refresh' | 'hold' | 'peek';
+type Op = 'admit' | 'settle' | 'refresh' | 'hold' | 'peek' | 'claim';
 
 export function createRedisLimiter(opts: RedisLimiterOptions): RedisLimiter {
   return new SharedLimiter(opts);
@@ -134,6 +135,15 @@ class SharedLimiter implements RedisLimiter {
 
   ledger(input: LedgerInput): Promise<LedgerFigure[]> {
     return this.money.ledger(input);
+  }
+
+  async claimOnce(input: ClaimInput): Promise<ClaimResult> {
+    try {
+      return await claimOnRedis(this.send, this.prefix, input);
+    } catch (err) {
+      this.failed('claim', err);
+      throw err;
+    }
   }
 
   async refreshLeases(): Promise<void> {

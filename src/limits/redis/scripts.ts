@@ -24,6 +24,7 @@ export const SCRIPTS = {
   keywardPeek: 'peek.lua',
   keywardHold: 'hold.lua',
   keywardLedger: 'ledger.lua',
+  keywardClaim: 'claim.lua',
 } as const;
 export type ScriptName = keyof typeof SCRIPTS;
 export type RunScript = (name: ScriptName, keys: string[], args: (string | number)[]) => Promise<unknown>;

@@ -1,0 +1,229 @@
+/**
+ * Delivering budget alerts (DESIGN section 13): each event is POSTed to the webhook in the
+ * background, retried with backoff until an attempt fails at least `retryWindowMs` after the
+ * event was found, then logged and counted as failed. Events of one holder go in the order
+ * they were found (the next waits for the one before); holders do not wait for each other,
+ * and a few attempts run at once. The queue is bounded: an event past it is dropped, logged
+ * and counted as failed. No request ever waits on any of this.
+ *
+ * Logs name the holder, threshold and epoch, never the webhook URL (it may carry a token),
+ * the secret or the body's signature.
+ */
+import type { LogSink } from '../../log.js';
+
+/** The retry schedule and bounds; the defaults are the operated ones, tests shorten them. */
+export interface DeliveryTuning {
+  /** wait after the first failed attempt; doubled after each failure... */
+  firstRetryMs?: number;
+  /** ...up to this */
+  maxRetryMs?: number;
+  /** an event is given up once an attempt fails this long (or longer) after it was found */
+  retryWindowMs?: number;
+  /** one attempt, answer included */
+  attemptTimeoutMs?: number;
+  /** events waiting or in flight; one more is dropped */
+  maxQueued?: number;
+  /** attempts in flight at once */
+  concurrency?: number;
+}
+
+export const DELIVERY_DEFAULTS: Required<DeliveryTuning> = {
+  firstRetryMs: 1_000,
+  maxRetryMs: 60_000,
+  retryWindowMs: 600_000,
+  attemptTimeoutMs: 10_000,
+  maxQueued: 1_000,
+  concurrency: 4,
+};
+
+/** One event, ready to send: its body is final, so every attempt carries the same bytes and signature. */
+export interface Outgoing {
+  url: string;
+  body: string;
+  headers: Record<string, string>;
+  /** events with the same lane are sent in order: the holder */
+  lane: string;
+  /** what logs say of it */
+  about: Record<string, unknown>;
+}
+
+interface Pending extends Outgoing {
+  foundAt: number;
+  attempts: number;
+  /** performance.now() of the next attempt */
+  dueAt: number;
+  /** its attempt started while closing: the last one */
+  last: boolean;
+}
+
+export class Delivery {
+  private readonly t: Required<DeliveryTuning>;
+  /** each holder's events, oldest first; the head is the one being sent or waiting to be */
+  private readonly lanes = new Map<string, Pending[]>();
+  private readonly busy = new Set<string>();
+  private readonly aborts = new Set<AbortController>();
+  private readonly attempts = new Set<Promise<void>>();
+  private queued = 0;
+  private inFlight = 0;
+  private timer: NodeJS.Timeout | null = null;
+  private closing = false;
+  /** past close's deadline: no attempt starts any more */
+  private stopped = false;
+  private sent = 0;
+  private failed = 0;
+  /** told once nothing is queued or in flight */
+  private readonly emptied = new Set<() => void>();
+
+  constructor(
+    private readonly log: LogSink,
+    tuning: DeliveryTuning = {},
+  ) {
+    this.t = { ...DELIVERY_DEFAULTS, ...tuning };
+  }
+
+  add(event: Outgoing): void {
+    if (this.queued >= this.t.maxQueued || this.closing) {
+      this.failed++;
+      this.log.warn({ ...event.about, reason: this.closing ? 'shutting down' : 'alert queue full' }, 'budget alert not delivered');
+      return;
+    }
+    const now = performance.now();
+    const p: Pending = { ...event, foundAt: now, attempts: 0, dueAt: now, last: false };
+    const lane = this.lanes.get(event.lane);
+    if (lane) lane.push(p);
+    else this.lanes.set(event.lane, [p]);
+    this.queued++;
+    this.pump();
+  }
+
+  stats(): { sent: number; failed: number; queued: number } {
+    return { sent: this.sent, failed: this.failed, queued: this.queued };
+  }
+
+  /** Resolves once every event is sent or given up. */
+  idle(): Promise<void> {
+    if (this.queued === 0) return Promise.resolve();
+    return new Promise((resolve) => this.emptied.add(resolve));
+  }
+
+  /**
+   * Gives every waiting event one last attempt now, waits up to `timeoutMs` for the attempts,
+   * and counts what is left as failed.
+   */
+  async close(timeoutMs: number): Promise<void> {
+    this.closing = true;
+    for (const lane of this.lanes.values()) for (const p of lane) p.dueAt = 0;
+    this.pump();
+    if (this.queued > 0) {
+      let timer: NodeJS.Timeout | undefined;
+      await Promise.race([this.idle(), new Promise<void>((r) => (timer = setTimeout(r, timeoutMs)))]);
+      clearTimeout(timer);
+    }
+    this.stopped = true;
+    if (this.timer) clearTimeout(this.timer);
+    // Attempts still under way are cut short and give their events up themselves.
+    for (const a of this.aborts) a.abort();
+    await Promise.all(this.attempts);
+    for (const lane of this.lanes.values()) for (const p of lane) this.giveUp(p, 'shutting down');
+    this.lanes.clear();
+    this.queued = 0;
+    this.wake();
+  }
+
+  /** Starts every attempt that is due and has room; arms a timer for the next one due. */
+  private pump(): void {
+    if (this.timer) clearTimeout(this.timer);
+    this.timer = null;
+    if (this.stopped) return;
+    const now = performance.now();
+    let next = Infinity;
+    for (const [name, lane] of this.lanes) {
+      if (this.busy.has(name)) continue;
+      const head = lane[0]!;
+      if (head.dueAt > now) {
+        next = Math.min(next, head.dueAt);
+        continue;
+      }
+      if (this.inFlight >= this.t.concurrency && !this.closing) return;
+      this.busy.add(name);
+      this.inFlight++;
+      const attempt = this.attempt(name, head).finally(() => this.attempts.delete(attempt));
+      this.attempts.add(attempt);
+    }
+    if (next !== Infinity) {
+      this.timer = setTimeout(() => this.pump(), Math.max(0, next - now));
+      this.timer.unref();
+    }
+  }
+
+  private async attempt(name: string, p: Pending): Promise<void> {
+    p.attempts++;
+    p.last = this.closing;
+    const problem = await this.post(p);
+    this.busy.delete(name);
+    this.inFlight--;
+    const now = performance.now();
+    if (problem === null) {
+      this.sent++;
+      this.log.info({ ...p.about, attempts: p.attempts }, 'budget alert sent');
+      this.done(name);
+    } else if (p.last || (!this.closing && now - p.foundAt >= this.t.retryWindowMs)) {
+      this.giveUp(p, problem);
+      this.done(name);
+    } else {
+      // Closing: an attempt under way when it began failed; the last one goes now.
+      p.dueAt = this.closing ? 0 : now + Math.min(this.t.maxRetryMs, this.t.firstRetryMs * 2 ** (p.attempts - 1));
+    }
+    this.pump();
+  }
+
+  /** One POST: null when the webhook took it (2xx), else what went wrong. */
+  private async post(p: Pending): Promise<string | null> {
+    const abort = new AbortController();
+    this.aborts.add(abort);
+    try {
+      const res = await fetch(p.url, {
+        method: 'POST',
+        body: p.body,
+        headers: p.headers,
+        redirect: 'manual',
+        signal: AbortSignal.any([abort.signal, AbortSignal.timeout(this.t.attemptTimeoutMs)]),
+      });
+      await res.body?.cancel();
+      return res.status >= 200 && res.status < 300 ? null : `HTTP ${res.status}`;
+    } catch (err) {
+      return problemOf(err);
+    } finally {
+      this.aborts.delete(abort);
+    }
+  }
+
+  private done(name: string): void {
+    const lane = this.lanes.get(name)!;
+    lane.shift();
+    if (lane.length === 0) this.lanes.delete(name);
+    this.queued--;
+    this.wake();
+  }
+
+  /** Tells idle() waiters once nothing is left. */
+  private wake(): void {
+    if (this.queued > 0) return;
+    for (const resolve of this.emptied) resolve();
+    this.emptied.clear();
+  }
+
+  private giveUp(p: Pending, reason: string): void {
+    this.failed++;
+    this.log.warn({ ...p.about, attempts: p.attempts, reason }, 'budget alert not delivered');
+  }
+}
+
+/** A failed fetch's cause (`ECONNREFUSED`, a timeout, the cut at shutdown), without the URL. */
+function problemOf(err: unknown): string {
+  if (!(err instanceof Error)) return String(err);
+  if (err.name === 'TimeoutError') return 'no answer in time';
+  if (err.name === 'AbortError') return 'shutting down';
+  const code = (err.cause as { code?: unknown } | undefined)?.code;
+  return typeof code === 'string' ? code : err.message;
+}
