@@ -177,6 +177,35 @@ async function shutdown(r: Running, graceMs: number): Promise<void> {
   r.ownReplica?.close();
 }
 
+/** The admin listener (none in a cluster worker: the primary answers for every worker); a failure closes the proxy server. */
+async function adminFor(opts: SidecarOptions, o: { server: Server; metrics: Metrics; notReadyReason: () => string | null }): Promise<AdminServer | null> {
+  if (opts.admin === false) return null;
+  try {
+    return await startAdmin({ host: opts.config.admin.host, port: opts.config.admin.port, registry: o.metrics.registry, notReadyReason: o.notReadyReason });
+  } catch (err) {
+    o.server.close();
+    throw err;
+  }
+}
+
+/**
+ * Puts a config in force for the requests that arrive after it: one at a time, in the order
+ * asked, so an earlier config never lands after a later one.
+ */
+function reconfigurer(o: { logger: Logger; snapshots: Snapshots; forwarder: Forwarder; alerts: Alerts; traces: Traces }): (next: Config) => Promise<void> {
+  let applying = Promise.resolve();
+  return (next) => {
+    const done = applying.then(async () => {
+      o.logger.level = next.logging.level;
+      o.snapshots.swap(snapshotOf(next, o.forwarder.targets(next.upstreams, o.snapshots.inForce.targets)));
+      o.alerts.configure(next.alerts);
+      await o.traces.configure(next.tracing);
+    });
+    applying = done.catch(() => undefined);
+    return done;
+  };
+}
+
 export async function startSidecar(opts: SidecarOptions): Promise<Sidecar> {
   const { config, logger } = opts;
   const replica = opts.replica ?? new ReplicaStore({ path: config.replica.path });
@@ -204,22 +233,10 @@ export async function startSidecar(opts: SidecarOptions): Promise<Sidecar> {
   const server = proxyServer(exchanges);
   const port = await listen(server, config.server.port, config.server.host);
   let draining = false;
-  let admin: AdminServer | null = null;
-  try {
-    if (opts.admin !== false) admin = await startAdmin({
-      host: config.admin.host,
-      port: config.admin.port,
-      registry: metrics.registry,
-      notReadyReason: () => (draining ? 'draining' : replica.status().ready ? null : 'replica not loaded: no sync or import yet'),
-    });
-  } catch (err) {
-    server.close();
-    throw err;
-  }
+  const admin = await adminFor(opts, { server, metrics, notReadyReason: () => (draining ? 'draining' : replica.status().ready ? null : 'replica not loaded: no sync or import yet') });
   // Not awaited: the replica serves what it has (a previous run's data) while the first sync runs.
   void sync?.start();
 
-  let applying = Promise.resolve();
   const running: Running = { server, exchanges, logger, forwarder, admin, usage, sync, limiter, traces, alerts, ownReplica: opts.replica ? null : replica };
   return {
     port,
@@ -232,17 +249,7 @@ export async function startSidecar(opts: SidecarOptions): Promise<Sidecar> {
     metrics,
     traces,
     config: () => snapshots.inForce.config,
-    reconfigure(next) {
-      // One at a time, in the order asked: an earlier config must never land after a later one.
-      const done = applying.then(async () => {
-        logger.level = next.logging.level;
-        snapshots.swap(snapshotOf(next, forwarder.targets(next.upstreams, snapshots.inForce.targets)));
-        alerts.configure(next.alerts);
-        await traces.configure(next.tracing);
-      });
-      applying = done.catch(() => undefined);
-      return done;
-    },
+    reconfigure: reconfigurer({ logger, snapshots, forwarder, alerts, traces }),
     alerts,
     close({ graceMs = snapshots.inForce.config.server.shutdownGraceMs } = {}) {
       draining = true;
