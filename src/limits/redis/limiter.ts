@@ -16,6 +16,7 @@ import { type AdmitInput, type AdmitResult, type HoldInput, type HoldResult, typ
 import { type RedisLease, type RedisLimiter, type RedisLimiterOptions, errorTags, hashTag } from './api.js';
 import { createRedisClock } from './clock.js';
 import { type LeasePath, createLeasePath, leasable } from './lease-path.js';
+import { SPEND_SLICE_MAX_MS } from './spend-slices.js';
 import { type RedisLedger, createRedisLedger } from './ledger.js';
 import { type Part, type RequestPathContext, admitPerRequest } from './request-path.js';
 import { type RunScript, atTurnEnd, refreshInChunks, scriptRunner } from './scripts.js';
@@ -76,6 +77,8 @@ class SharedLimiter implements RedisLimiter {
       clock,
       atTurnEnd: (fn) => atTurnEnd(client, fn),
       cluster,
+      // A slice is used for at most a second (a new epoch applies within one), and never past its lease.
+      spendSlices: opts.lease ? { windowMs: Math.min(opts.lease.sliceMs, SPEND_SLICE_MAX_MS, leaseMs) } : null,
     });
     this.leasePath = opts.lease
       ? createLeasePath({ run: this.send, batch: this.batch, owner: settleFailed, clock, sliceMs: opts.lease.sliceMs, keyTag: (id) => hashTag(this.prefix, 'k', id), keeper: this.keeper, leaseMs })
@@ -133,6 +136,10 @@ class SharedLimiter implements RedisLimiter {
     return this.money.hold(input);
   }
 
+  holdNow(input: HoldInput): HoldResult | null {
+    return this.money.holdNow(input);
+  }
+
   ledger(input: LedgerInput): Promise<LedgerFigure[]> {
     return this.money.ledger(input);
   }
@@ -149,14 +156,18 @@ class SharedLimiter implements RedisLimiter {
     return this.leasePath?.blocksHeld() ?? 0;
   }
 
+  spendSlicesHeld(): number {
+    return this.money.slicesHeld();
+  }
+
   stats(): LimiterStats {
-    return { redisErrors: this.redisErrors, failOpenAdmissions: 0, slotsHeld: this.slotsHeld(), failOpenHolds: 0, holdsHeld: this.money.holds.count() };
+    return { redisErrors: this.redisErrors, failOpenAdmissions: 0, slotsHeld: this.slotsHeld(), failOpenHolds: 0, holdsHeld: this.money.holdsInFlight() };
   }
 
   async close(): Promise<void> {
     this.keeper.stop();
-    this.money.holds.stop();
     // Give slices back and let every settlement go, so a graceful stop frees what it held.
+    this.money.close();
     this.leasePath?.close();
     await this.batch.close();
   }

@@ -18,6 +18,11 @@
 --       where still present (it may have expired, or a new epoch restarted the ledger); the
 --       cost is added to `s` wherever the ledger exists, so a cost counts even when its
 --       hold is gone. An expired ledger is not recreated: the next hold restarts it.
+--   'm' (spend slice, hold.lua): slice id, cost (integer nano-units), take, end (1/0), ledger
+--       TTL ms; KEYS: the holder's ledger hash and hold set. The cost is added to `s` as for
+--       'h'; `take` comes off the slice's amount (never below 0), and `end` removes what is
+--       left of it. A slice that is gone (expired, or a new epoch restarted the ledger) is
+--       not recreated. Holds an instance took from its slice are settled this way, in sums.
 -- Returns the number of operations applied.
 
 -- #include bucket.lua
@@ -64,6 +69,16 @@ end
 -- per call rather than once per settled hold.
 local ledger_there = {}
 
+local function ledger_exists(L, ttl)
+  local there = ledger_there[L]
+  if there == nil then
+    there = redis.call('HEXISTS', L, 'e') == 1
+    ledger_there[L] = there
+    if there then redis.call('PEXPIRE', L, ttl) end
+  end
+  return there
+end
+
 local function settle_hold(hold_id, actual, ttl, ledgers)
   for _, l in ipairs(ledgers) do
     local L, Z = l[1], l[2]
@@ -74,14 +89,25 @@ local function settle_hold(hold_id, actual, ttl, ledgers)
       -- A zero hold (unpriced model) changes nothing; '-0' is no integer to Redis.
       if tonumber(held) ~= 0 then redis.call('HINCRBY', L, 'h', string.format('%.0f', -tonumber(held))) end
     end
-    local there = ledger_there[L]
-    if there == nil then
-      there = redis.call('HEXISTS', L, 'e') == 1
-      ledger_there[L] = there
-      if there then redis.call('PEXPIRE', L, ttl) end
-    end
-    if there then redis.call('HINCRBY', L, 's', actual) end
+    if ledger_exists(L, ttl) then redis.call('HINCRBY', L, 's', actual) end
   end
+end
+
+local function settle_slice(slice_id, cost, take, done, ttl, L, Z)
+  local field = 'a:' .. slice_id
+  local amount = tonumber(redis.call('HGET', L, field) or '')
+  if amount then
+    local back = math.min(take, amount)
+    if done then back = amount end
+    if back > 0 then redis.call('HINCRBY', L, 'h', string.format('%.0f', -back)) end
+    if done then
+      redis.call('HDEL', L, field)
+      redis.call('ZREM', Z, slice_id)
+    elseif back > 0 then
+      redis.call('HSET', L, field, string.format('%.0f', amount - back))
+    end
+  end
+  if cost ~= 0 and ledger_exists(L, ttl) then redis.call('HINCRBY', L, 's', string.format('%.0f', cost)) end
 end
 
 local ops = tonumber(ARGV[1])
@@ -92,6 +118,9 @@ for _ = 1, ops do
   if kind == 'w' then
     local id, w = arg(), tonumber(arg())
     ok = pcall(settle_block, key(), key(), id, w)
+  elseif kind == 'm' then
+    local slice_id, cost, take, done, ttl = arg(), tonumber(arg()), tonumber(arg()), arg() == '1', tonumber(arg())
+    ok = pcall(settle_slice, slice_id, cost, take, done, ttl, key(), key())
   elseif kind == 'b' then
     local lease_id, slice_id, nb, ns = arg(), arg(), tonumber(arg()), tonumber(arg())
     local buckets, sets = {}, {}
