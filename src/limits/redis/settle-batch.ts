@@ -39,9 +39,12 @@ export interface SpendSliceWrite {
   take: number;
   end: boolean;
   ttlMs: number;
+  holderKind: 'budget' | 'wallet';
   /** set when the batch has written the operation into a call: from then on it is read-only */
   sent: boolean;
   owner?: (err: unknown) => void;
+  /** Redis answered that the (live) slice is void: gone, or its ledger over-committed. */
+  onVoid?: () => void;
 }
 
 /** One settlement; settle.lua names the kinds 'b', 'h', 'm' and 'w'. */
@@ -116,7 +119,7 @@ function settleCall(ops: SettleOp[]): { keys: string[]; args: (string | number)[
       keys.push(op.set, op.weights);
     } else if (op.kind === 'spendSlice') {
       op.sent = true;
-      args.push('m', op.sliceId, op.cost, op.take, op.end ? 1 : 0, op.ttlMs);
+      args.push('m', op.sliceId, op.cost, op.take, op.end ? 1 : 0, op.ttlMs, op.holderKind);
       keys.push(...op.keys);
     } else {
       args.push('h', op.holdId, op.cost, op.ttlMs, op.keys.length / 2);
@@ -166,9 +169,19 @@ class Batch implements SettleBatch {
 
   private send(ops: SettleOp[]): void {
     const { keys, args } = settleCall(ops);
-    const p = this.opts.run('keywardSettle', keys, args).catch((err: unknown) => {
-      for (const owner of new Set(ops.map((op) => op.owner))) owner?.(err);
-    });
+    const p = this.opts.run('keywardSettle', keys, args).then(
+      (reply) => {
+        // settle.lua: {applied, then the 1-based index of each void spend slice's operation}
+        const v = reply as number[];
+        for (let i = 1; i < v.length; i++) {
+          const op = ops[Number(v[i]) - 1];
+          if (op?.kind === 'spendSlice') op.onVoid?.();
+        }
+      },
+      (err: unknown) => {
+        for (const owner of new Set(ops.map((op) => op.owner))) owner?.(err);
+      },
+    );
     this.inFlight++;
     void p.finally(() => {
       if (--this.inFlight > 0) return;

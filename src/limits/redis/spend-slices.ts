@@ -46,6 +46,7 @@ export interface SpendSlice {
   /** the holder's ledger hash and hold set */
   keys: [string, string];
   tag: string;
+  kind: Holder['kind'];
   /** the holder's figures it was granted under */
   epoch: number;
   base: number;
@@ -201,7 +202,7 @@ export class SpendSliceTable extends DemandTable<Entry> {
       this.kept++;
       // Spelled out, every field set: one object shape for every slice.
       e.slice = {
-        id: o.id, keys, tag: o.tag, epoch: h.epoch, base: h.base, limit: h.limit,
+        id: o.id, keys, tag: o.tag, kind: h.kind, epoch: h.epoch, base: h.base, limit: h.limit,
         record: o.sizes[j]!, inFlight: 0, holds: 0, until: o.sentAt + this.opts.windowMs, live: true,
         kept: this.opts.keeper.add(o.id, [keys[1]]), write: null,
       };
@@ -241,6 +242,12 @@ export class SpendSliceTable extends DemandTable<Entry> {
     return this.kept;
   }
 
+  /** Redis answered that the slice is gone or its ledger over-committed: it is given back, if still live. */
+  private voided(s: SpendSlice): void {
+    const e = this.entries.get(s.keys[0]);
+    if (e?.slice === s) this.end(e, s);
+  }
+
   private end(e: Entry, s: SpendSlice): void {
     e.slice = null;
     if (!s.live) return;
@@ -264,7 +271,10 @@ export class SpendSliceTable extends DemandTable<Entry> {
       w.end = end;
       return;
     }
-    s.write = { kind: 'spendSlice', tag: s.tag, sliceId: s.id, keys: s.keys, cost, take, end, ttlMs: this.opts.ledgerTtlMs, sent: false, owner: this.opts.owner };
+    s.write = {
+      kind: 'spendSlice', tag: s.tag, sliceId: s.id, keys: s.keys, cost, take, end, ttlMs: this.opts.ledgerTtlMs, holderKind: s.kind, sent: false,
+      owner: this.opts.owner, onVoid: () => this.voided(s),
+    };
     this.opts.batch.add(s.write);
   }
 }

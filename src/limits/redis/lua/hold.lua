@@ -5,6 +5,7 @@
 -- KEYS, two per holder j of each hold, hold after hold (all under one hash tag on a Cluster):
 --   ledger hash {e = epoch, b0 = base at epoch start, s = settled since,
 --               h = sum of holds in flight, spend slices included,
+--               m = the budget's limit as the last hold gave it (settle.lua reads it),
 --               a:<id> = the amount of that hold or slice}
 --   hold set (ZSET: member = hold or slice id, score = expiry ms)
 -- ARGV: 1 ledger TTL ms, 2 hold lifetime ms (a slice's too), 3 slice share: a slice is at
@@ -69,7 +70,7 @@ local function restart(L, Z, epoch, base)
   redis.call('DEL', L, Z)
   redis.call('HSET', L, 'e', int(epoch), 'b0', int(base), 's', '0', 'h', '0')
   redis.call('PEXPIRE', L, ttl)
-  local f = {e = epoch, b0 = base, s = 0, h = 0, z = false}
+  local f = {e = epoch, b0 = base, s = 0, h = 0, z = false, m = nil}
   seen[L] = f
   return f
 end
@@ -81,14 +82,22 @@ local function figures(L, Z, epoch, base)
     if epoch > f.e then return restart(L, Z, epoch, base) end
     return f
   end
-  local v = redis.call('HMGET', L, 'e', 'b0', 's', 'h')
+  local v = redis.call('HMGET', L, 'e', 'b0', 's', 'h', 'm')
   if not v[1] or epoch > tonumber(v[1]) then return restart(L, Z, epoch, base) end
   -- Only a purge changes the figures just read.
-  if purge(L, Z) then v = redis.call('HMGET', L, 'e', 'b0', 's', 'h') end
+  if purge(L, Z) then v = redis.call('HMGET', L, 'e', 'b0', 's', 'h', 'm') end
   redis.call('PEXPIRE', L, ttl)
-  f = {e = tonumber(v[1]), b0 = tonumber(v[2]), s = tonumber(v[3]) or 0, h = tonumber(v[4]) or 0, z = false}
+  f = {e = tonumber(v[1]), b0 = tonumber(v[2]), s = tonumber(v[3]) or 0, h = tonumber(v[4]) or 0, z = false, m = tonumber(v[5])}
   seen[L] = f
   return f
+end
+
+-- Keeps the budget's limit in the ledger, where settle.lua looks for it.
+local function note_limit(L, f, limit)
+  if limit and f.m ~= limit then
+    redis.call('HSET', L, 'm', int(limit))
+    f.m = limit
+  end
 end
 
 -- Records `amount` under `id` on one holder: a hold or a slice, counted in h until it is
@@ -137,6 +146,7 @@ local function hold(k, o)
     local h = {L = L, Z = Z, kind = ARGV[p + 1], base = tonumber(ARGV[p + 2]), limit = tonumber(ARGV[p + 3]), want = tonumber(ARGV[p + 5])}
     local epoch = tonumber(ARGV[p + 4])
     h.f = figures(L, Z, epoch, h.base)
+    if h.kind ~= 'wallet' and epoch >= h.f.e then note_limit(L, h.f, h.limit) end
     -- A lower epoch keeps the ledger and uses its b0 in place of the stale base.
     if epoch < h.f.e then h.base = h.f.b0 end
     holders[j] = h
