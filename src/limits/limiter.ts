@@ -10,7 +10,8 @@
  * memory-store.ts, memory-admission.ts) and ledger-memory.ts are the in-process limiter and
  * ledger; bucket.ts, ledger.ts and leases.ts hold the arithmetic and lease keeping they share
  * with Redis. redis/ holds the Redis limiter (limiter.ts), its two admission paths
- * (request-path.ts, lease-path.ts), its ledger (ledger.ts), the settlement batch and the Lua.
+ * (request-path.ts, lease-path.ts), its ledger (ledger.ts, with hold-queue.ts and
+ * spend-slices.ts), the settlement batch and the Lua.
  */
 
 import type { Holder } from '../policy/holders.js';

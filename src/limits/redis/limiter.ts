@@ -3,8 +3,9 @@
  * (request-path.ts); settlements leave in one batched call per tick (settle-batch.ts); a key
  * limited by its own RPM/TPM/concurrency alone may be admitted from a slice leased to this
  * instance, with no round trip at all, its concurrency slots taken from a block of slots
- * leased the same way (lease-path.ts, `lease`). Time comes from Redis TIME inside the
- * scripts, so instance clocks never matter.
+ * leased the same way (lease-path.ts, `lease`); with `lease` too, a spend hold on budgets
+ * and wallets this instance draws on often is taken from spend slices (spend-slices.ts).
+ * Time comes from Redis TIME inside the scripts, so instance clocks never matter.
  *
  * Key layout: everything of one API key under one hash tag, `{<prefix>:k:<keyId>}:rpm|tpm|conc`,
  * its per-model buckets `{<prefix>:k:<keyId>}:m:<pattern>:rpm|tpm`; an upstream's capacity
