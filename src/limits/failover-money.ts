@@ -2,7 +2,8 @@
  * The failover rules (failover.ts) for quota reads and spend holds: each call waits on Redis
  * at most timeoutMs (plus a small slack), shares the admissions' breaker and first-connection
  * wait, and on failure
- *  - hold: `onError: open` holds in the in-process ledger (counted in failOpenHolds),
+ *  - hold: a hold this instance's spend slices cover needs no Redis and is taken from them;
+ *    otherwise `onError: open` holds in the in-process ledger (counted in failOpenHolds),
  *    `closed` answers limits_unavailable. A hold Redis grants after the guard gave up is
  *    released at once (settled at 0), so it cannot sit on a budget until it expires.
  *  - peek, ledger: read the in-process figures in either mode. They only inform the caller
@@ -21,6 +22,9 @@ import { isLimited } from './limiter.js';
 export function holdWithFailover(failover: Failover, input: HoldInput): Promise<HoldResult> {
   // Nothing to hold: nothing can be unavailable either.
   if (input.holders.length === 0) return failover.shared.hold(input);
+  // Taken from spend slices this instance holds: no Redis call, so nothing to guard.
+  const sliced = failover.shared.holdNow(input);
+  if (sliced) return Promise.resolve(sliced);
   return guarded(failover, new HoldCall(failover, failover.tags.ledger(input.tag), input));
 }
 

@@ -11,7 +11,8 @@
  * in-process limiter, ledger and claims; bucket.ts, ledger.ts and leases.ts hold the arithmetic
  * and lease keeping they share with Redis; hold-watch.ts reports holds to the budget alerts.
  * redis/ holds the Redis limiter (limiter.ts), its two admission paths (request-path.ts,
- * lease-path.ts), its ledger (ledger.ts), claims (claims.ts), the settlement batch and the Lua.
+ * lease-path.ts), its ledger (ledger.ts, with hold-queue.ts and spend-slices.ts), claims
+ * (claims.ts), the settlement batch and the Lua.
  */
 
 import type { Holder } from '../policy/holders.js';

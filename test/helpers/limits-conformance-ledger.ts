@@ -19,26 +19,26 @@ export const wallet = (id: string, o: Fig): Holder => ({
   id: `wallet:${id}`, kind: 'wallet', base: o.base, limit: null, epoch: o.epoch ?? 0, code: 'insufficient_balance',
 });
 
-const req = (tag: string, holders: Holder[], amount: number): HoldInput => ({ requestId: uid('req'), tag, holders, amount });
+export const req = (tag: string, holders: Holder[], amount: number): HoldInput => ({ requestId: uid('req'), tag, holders, amount });
 
-function held(r: HoldResult): { settle(actual: number): void } {
+export function held(r: HoldResult): { settle(actual: number): void } {
   assert.ok(r.ok, `expected a hold, got ${JSON.stringify(r)}`);
   return r.hold;
 }
-function refused(r: HoldResult, code: string): void {
+export function refused(r: HoldResult, code: string): void {
   assert.equal(r.ok, false, `expected ${code}, got a hold`);
   if (!r.ok) assert.equal(r.code, code);
 }
-async function live(lim: Limiter, tag: string, holder: Holder): Promise<number> {
+export async function live(lim: Limiter, tag: string, holder: Holder): Promise<number> {
   const [fig] = await lim.ledger({ tag, holders: [holder] });
   assert.equal(fig?.id, holder.id);
   return fig!.live;
 }
-const near = (actual: number, expected: number, what: string): void =>
+export const near = (actual: number, expected: number, what: string): void =>
   assert.ok(Math.abs(actual - expected) < 1e-9, `${what}: ${actual}, expected ${expected}`);
 
 /** 20 holds of R/2.5 at once against R left: exactly two fit; the others name the holder. */
-async function twoOfTwenty(lims: Limiter[], tag: string, holders: Holder[], r: number, code: string): Promise<void> {
+export async function twoOfTwenty(lims: Limiter[], tag: string, holders: Holder[], r: number, code: string): Promise<void> {
   const rs = await Promise.all(Array.from({ length: 20 }, (_, i) => lims[i % lims.length]!.hold(req(tag, holders, r / 2.5))));
   assert.equal(rs.filter((x) => x.ok).length, 2);
   for (const x of rs) if (!x.ok) assert.equal(x.code, code);

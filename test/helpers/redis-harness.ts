@@ -27,6 +27,7 @@ export async function redisHarness(opts: { url: string; leaseMs?: number; lease?
     limiter,
     shortLease,
     leaseMs,
+    spendSlices: opts.lease !== undefined,
     passTime: (ms) => new Promise((r) => setTimeout(r, ms)),
     async peer(o) {
       const client = await connect();
@@ -34,8 +35,11 @@ export async function redisHarness(opts: { url: string; leaseMs?: number; lease?
       return {
         limiter: peer,
         async crash() {
-          await peer.close(); // stops the refresh timer; its leases stay behind in Redis
+          // The connection goes first: nothing a graceful close would give back (spend
+          // slices, unused slots) reaches Redis. Closing then stops its timers; its leases,
+          // holds and slices stay behind in Redis until they expire.
           if (client.status !== 'end') client.disconnect();
+          await peer.close();
         },
       };
     },

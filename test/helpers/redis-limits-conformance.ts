@@ -1,10 +1,11 @@
 /**
  * The Limiter conformance suite: the same tests against the in-process limiter (fake clock),
  * a single Redis and a Redis Cluster. Per-model limits and quota figures are in
- * limits-conformance-quota.ts, spend holds in limits-conformance-ledger.ts, refusals and shadow
- * limits in limits-conformance-shadow.ts, claims in limits-conformance-claims.ts; all run here.
- * Each test uses its own key ids and route names, so the implementations never see each
- * other's state.
+ * limits-conformance-quota.ts, spend holds in limits-conformance-ledger.ts, spend holds on
+ * two instances with busy traffic (spend slices, where an implementation leases them) in
+ * limits-conformance-spend.ts, refusals and shadow limits in limits-conformance-shadow.ts,
+ * claims in limits-conformance-claims.ts; all run here. Each test uses its own key ids and
+ * route names, so the implementations never see each other's state.
  */
 import assert from 'node:assert/strict';
 import { randomBytes } from 'node:crypto';
@@ -12,10 +13,12 @@ import { after, before, describe, test } from 'node:test';
 import type { AdmitInput, AdmitResult, KeyLimits, Lease, Limiter, RouteCapacity } from '../../src/limits/limiter.js';
 import { claimConformance } from './limits-conformance-claims.js';
 import { ledgerConformance } from './limits-conformance-ledger.js';
+import { spendSliceConformance } from './limits-conformance-spend.js';
 import { quotaConformance } from './limits-conformance-quota.js';
 import { shadowConformance } from './limits-conformance-shadow.js';
 
-export type TestLimiter = Limiter & { refreshLeases(): Promise<void> };
+/** `spendSlicesHeld`: where the limiter leases spend slices (the Redis limiter with `lease`). */
+export type TestLimiter = Limiter & { refreshLeases(): Promise<void>; spendSlicesHeld?(): number };
 
 export interface Harness {
   /** Leases long enough that no test outlives them, however loaded the machine. */
@@ -23,6 +26,8 @@ export interface Harness {
   /** Same state as `limiter`, but its leases and holds last only `leaseMs`: for the expiry tests. */
   shortLease: TestLimiter;
   leaseMs: number;
+  /** Whether the limiters lease spend slices (then the spend tests also check that they did). */
+  spendSlices?: boolean;
   /** Memory: moves the fake clock. Redis: really waits (Redis TIME cannot be faked), so keep it short. */
   passTime(ms: number): Promise<void>;
   /** Another instance sharing the same state, with its own connection (Redis only). */
@@ -317,5 +322,6 @@ export function runLimiterConformance(name: string, setup: () => Promise<Harness
     ledgerConformance(() => h);
     shadowConformance(() => h);
     claimConformance(() => h);
+    spendSliceConformance(() => h);
   });
 }

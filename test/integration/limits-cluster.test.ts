@@ -17,7 +17,7 @@ before(async () => {
 after(async () => cluster?.stop());
 
 runLimiterConformance('redis cluster (3 masters)', () => redisHarness({ url: cluster.url }));
-runLimiterConformance('redis cluster (3 masters) with bucket slices', () => redisHarness({ url: cluster.url, lease: { sliceMs: 1000 } }));
+runLimiterConformance('redis cluster (3 masters) with leasing (bucket slices, slot blocks, spend slices)', () => redisHarness({ url: cluster.url, lease: { sliceMs: 1000 } }));
 
 describe('redis cluster: route and key live in different slots', () => {
   let client: Cluster;

@@ -17,7 +17,7 @@ import { TEST_REDIS_URL } from '../helpers/redis-url.js';
 
 const URL = TEST_REDIS_URL;
 
-runLimiterConformance('redis (single node) with bucket slices', () => redisHarness({ url: URL, lease: { sliceMs: 1000 } }));
+runLimiterConformance('redis (single node) with leasing (bucket slices, slot blocks, spend slices)', () => redisHarness({ url: URL, lease: { sliceMs: 1000 } }));
 
 describe('bucket slices', { timeout: 60_000 }, () => {
   const prefix = uid('kwtest');

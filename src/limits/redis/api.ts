@@ -3,7 +3,7 @@
  * upstream's counters live, and which of them an error concerns.
  */
 import type { Cluster, Redis } from 'ioredis';
-import type { AdmitInput, AdmitResult, Lease, Limiter } from '../limiter.js';
+import type { AdmitInput, AdmitResult, HoldInput, HoldResult, Lease, Limiter } from '../limiter.js';
 
 export interface RedisLimiterOptions {
   redis: Redis | Cluster;
@@ -21,7 +21,7 @@ export interface RedisLimiterOptions {
   staleAfterMs?: number;
   /** Told about every Redis failure; each is also counted in stats().redisErrors. */
   onError?: (op: 'admit' | 'settle' | 'refresh' | 'hold' | 'peek' | 'claim', err: unknown) => void;
-  /** Bucket slices and blocks of concurrency slots (lease-path.ts); off when absent. */
+  /** Bucket slices and blocks of concurrency slots (lease-path.ts), spend slices (spend-slices.ts); off when absent. */
   lease?: { sliceMs: number } | null;
   /** Longest a settlement waits to leave with others; default DEFAULT_SETTLE_EVERY_MS. */
   settleEveryMs?: number;
@@ -42,10 +42,17 @@ export interface RedisLimiter extends Limiter {
    * (then call admit, which does not count the request twice).
    */
   admitNow(input: AdmitInput): AdmitResult | null;
+  /**
+   * Takes a spend hold from the spend slices this instance holds, with no I/O; null when they
+   * do not cover it (then call hold, which does not count the request twice).
+   */
+  holdNow(input: HoldInput): HoldResult | null;
   /** Slices of buckets held now (0 without `lease`). */
   slicesHeld(): number;
   /** Blocks of concurrency slots held now (0 without `lease`). */
   slotBlocksHeld(): number;
+  /** Spend slices (one per holder) held now (0 without `lease`). */
+  spendSlicesHeld(): number;
 }
 
 /** The hash tag under which a key's (`k`) or an upstream's (`r`) counters live. */

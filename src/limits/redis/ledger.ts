@@ -8,32 +8,35 @@
  *   `{<prefix>:t:<tag>}:lh:<holder>`  hold set (ZSET, score = expiry)
  * Both expire a day after their last use (LEDGER_TTL_MS).
  *
- * Round trips: the holds requested in one event-loop turn leave together at its end, one
- * hold.lua call per hash slot (one in all on a single node), each hold exact and taken in
- * order, as if each were a call of its own; a hold's settlement is queued in the limiter's
- * settlement batch (settle-batch.ts: one settle.lua call per tick and hash slot for all of
- * them). Until it leaves, the hold still counts in full, which only ever
- * refuses more, and this instance flushes the batch before its next call, so a cost it
- * settled counts in the very next hold it takes. Holds are leases: live ones are pushed
- * forward every refreshEveryMs (one call per hold set for all of this instance's holds), so
- * a crashed instance's holds come back after leaseMs. Time is Redis TIME in every script.
+ * Round trips: with spend slices (`spendSlices`, spend-slices.ts), a hold on holders this
+ * instance holds slices of is taken from them with no round trip. Otherwise the holds
+ * requested in one event-loop turn leave together at its end, one hold.lua call per hash
+ * slot (hold-queue.ts), each hold exact and taken in order, as if each were a call of its
+ * own. A hold's settlement is queued in the limiter's settlement batch (settle-batch.ts:
+ * one settle.lua call per tick and hash slot for all of them). Until it leaves, the hold
+ * still counts in full, which only ever refuses more, and this instance flushes the batch
+ * before its next call, so a cost it settled counts in the very next hold it takes. Holds
+ * and slices are leases: live ones are pushed forward every refreshEveryMs (one call per
+ * hold set for all of this instance's), so a crashed instance's come back after leaseMs.
+ * Time is Redis TIME in every script.
  */
 import { type KeptHolds, type LeaseKeeper, type LeaseTicket, createLeaseKeeper, newLeaseId } from '../leases.js';
 import { LEDGER_TTL_MS, epochArg, fromNano, holdNano, settledNano, toNano } from '../ledger.js';
 import type { Holder } from '../../policy/holders.js';
 import type { Hold, HoldInput, HoldResult, LedgerFigure, LedgerInput } from '../limiter.js';
 import type { RedisClock } from './clock.js';
+import { type HoldReply, HoldQueue } from './hold-queue.js';
 import { UnknownScriptReplyError } from './replies.js';
-import { callsByHashSlot } from './hash-slot.js';
 import { type RunScript, refreshInChunks } from './scripts.js';
 import type { SettleBatch } from './settle-batch.js';
+import { type SpendSlice, SpendSliceTable, type SpendWant } from './spend-slices.js';
 
 export interface RedisLedgerOptions {
   /** the limiter's script runner (it flushes the settlement batch before each call) */
   run: RunScript;
   batch: SettleBatch;
   prefix: string;
-  /** Hold lifetime without a refresh. */
+  /** Hold lifetime without a refresh (a spend slice's too). */
   leaseMs: number;
   /** Refresh period of live holds; 0 disables the timer. */
   refreshEveryMs: number;
@@ -47,6 +50,8 @@ export interface RedisLedgerOptions {
   atTurnEnd: (fn: () => void) => void;
   /** Cluster: holds are grouped by hash slot, one call each. */
   cluster: boolean;
+  /** Spend slices (spend-slices.ts) and their time; off when absent. */
+  spendSlices?: { windowMs: number } | null;
 }
 
 export class StaleHoldError extends Error {}
@@ -54,20 +59,33 @@ export class StaleHoldError extends Error {}
 export interface RedisLedger {
   /** Rejects when Redis fails; createLimiter applies onError. */
   hold(input: HoldInput): Promise<HoldResult>;
+  /**
+   * Takes the hold from this instance's spend slices, with no I/O; null when they do not
+   * cover it (then call hold, which does not count the request twice).
+   */
+  holdNow(input: HoldInput): HoldResult | null;
   ledger(input: LedgerInput): Promise<LedgerFigure[]>;
-  /** the live holds, kept alive until settled; stopping stops the refresh (the limiter flushes the batch) */
+  /** Holds in flight on this instance (exact ones and those taken from slices). */
+  holdsInFlight(): number;
+  /** Spend slices held now. */
+  slicesHeld(): number;
+  /** Gives every spend slice back (queued in the batch) and stops the keeper and the sweep. */
+  close(): void;
+  /** the live holds and slices, kept alive until settled or given back */
   readonly holds: KeptHolds;
 }
 
 const NOOP_HOLD: Hold = { settle: () => undefined };
-/** Holds per call: a bound on the script's run time (Redis serves nothing else meanwhile). */
-const MAX_HOLDS = 128;
+
+/** Held, or refused by one of the hold's `holders` holders: anything else is an answer this build does not know. */
+const knownHoldReply = (r: HoldReply, holders: number): boolean =>
+  r.outcome === 1 || (r.outcome === 0 && Number.isInteger(r.refusedBy) && r.refusedBy >= 1 && r.refusedBy <= holders);
 
 /** The Cluster hash tag all ledgers of one request share. */
 export const ledgerHashTag = (prefix: string, tag: string): string => `{${prefix}:t:${encodeURIComponent(tag)}}`;
 
 /** Each holder's ledger hash and hold set under hash tag `hashTag`, two keys a holder (hold.lua's KEYS). */
-function ledgerKeysOf(hashTag: string, holders: Holder[]): string[] {
+function ledgerKeysOf(hashTag: string, holders: readonly Holder[]): string[] {
   // A plain loop: no intermediate array per holder, as flatMap would build.
   const keys: string[] = [];
   for (const h of holders) {
@@ -81,16 +99,27 @@ export function createRedisLedger(opts: RedisLedgerOptions): RedisLedger {
   return new SharedLedger(opts);
 }
 
+/** A request's holders in Redis terms. */
+interface Keys {
+  tag: string;
+  hashTag: string;
+  /** two per holder: ledger hash, hold set */
+  keys: string[];
+}
+
 class SharedLedger implements RedisLedger {
-  /** keeps the live holds alive until settled */
+  /** keeps the live holds and slices alive until settled or given back */
   readonly holds: LeaseKeeper;
   readonly settleFailed = (err: unknown): void => this.opts.onError('settle', err);
+  readonly slices: SpendSliceTable | null;
   private readonly queue: HoldQueue;
   /**
    * The hash tag and ledger keys of a holder list, built once per list: the pipeline passes
    * the same list for every request of a key (holdersOf keeps one per facts object).
    */
-  private readonly keyMemo = new WeakMap<readonly Holder[], { tag: string; hashTag: string; keys: string[] }>();
+  private readonly keyMemo = new WeakMap<readonly Holder[], Keys>();
+  /** Requests holdNow counted and found no slice for; hold goes straight to Redis with them. */
+  private readonly triedNow = new WeakSet<HoldInput>();
 
   constructor(readonly opts: RedisLedgerOptions) {
     this.holds = createLeaseKeeper({
@@ -99,30 +128,39 @@ class SharedLedger implements RedisLedger {
       onError: (err) => opts.onError('refresh', err),
     });
     this.queue = new HoldQueue(opts);
+    this.slices = opts.spendSlices
+      ? new SpendSliceTable({ windowMs: opts.spendSlices.windowMs, batch: opts.batch, keeper: this.holds, ledgerTtlMs: LEDGER_TTL_MS, owner: this.settleFailed })
+      : null;
+  }
+
+  holdNow(input: HoldInput): HoldResult | null {
+    if (!this.slices || input.holders.length === 0) return null;
+    const res = this.fromSlices(this.ledgerKeys(input.tag, input.holders), input.holders, holdNano(input.amount), true);
+    if (!res) this.triedNow.add(input);
+    return res;
   }
 
   async hold(input: HoldInput): Promise<HoldResult> {
     // No budget on anything the key draws on: no round trip at all.
     if (input.holders.length === 0) return { ok: true, hold: NOOP_HOLD };
-    const { hashTag, keys } = this.ledgerKeys(input.tag, input.holders);
+    const m = this.ledgerKeys(input.tag, input.holders);
     const amount = holdNano(input.amount);
-    const id = newLeaseId();
-    const args: (string | number)[] = [id, amount, this.opts.clock?.deadline() ?? 0, input.holders.length];
-    for (const h of input.holders) args.push(h.kind, toNano(h.base), h.limit === null ? '' : toNano(h.limit), epochArg(h.epoch));
-    let reply: HoldReply;
-    try {
-      reply = await this.queue.add(hashTag, keys, args);
-      if (reply.outcome === -1) throw new StaleHoldError('hold reached Redis after its deadline');
-      if (!knownHoldReply(reply, input.holders.length)) throw new UnknownScriptReplyError('hold.lua', reply);
-    } catch (err) {
-      this.opts.onError('hold', err);
-      throw err;
+    const slices = this.slices;
+    if (slices) {
+      const local = this.triedNow.has(input) ? null : this.fromSlices(m, input.holders, amount, true);
+      if (local) return local;
+      // Another request on these holders is asking for slices: they may cover this one too.
+      const asking = slices.askingAny(m.keys);
+      if (asking) {
+        await asking;
+        const res = this.fromSlices(m, input.holders, amount, false);
+        if (res) return res;
+      }
+      // The exact path: what is left of this instance's slices of these holders goes back
+      // first (the batch leaves before the call), so Redis sees all of it.
+      slices.endAll(m.keys);
     }
-    if (reply.outcome !== 1) return { ok: false, code: input.holders[reply.refusedBy - 1]!.code };
-    // A zero hold (an unpriced model) is not recorded in Redis (hold.lua), so there is
-    // nothing to keep alive, and nothing to settle unless the usage comes to a cost.
-    const kept = amount > 0 ? this.holds.add(id, keys.filter((_, i) => i % 2 === 1)) : -1;
-    return { ok: true, hold: new RedisHold(this, { hashTag, id, keys, amount, kept }) };
+    return this.exact(input, m, amount);
   }
 
   async ledger(input: LedgerInput): Promise<LedgerFigure[]> {
@@ -130,11 +168,72 @@ class SharedLedger implements RedisLedger {
     const args = input.holders.flatMap((h) => [h.kind, toNano(h.base), epochArg(h.epoch)]);
     const keys = ledgerKeysOf(ledgerHashTag(this.opts.prefix, input.tag), input.holders);
     const v = (await this.opts.run('keywardLedger', keys, args)) as number[];
-    // Three figures a holder: live, the epoch they belong to, the figure at that epoch (ledger.lua).
-    return input.holders.map((h, i) => ({ id: h.id, live: fromNano(Number(v[3 * i] ?? 0)), epoch: Number(v[3 * i + 1] ?? h.epoch), start: fromNano(Number(v[3 * i + 2] ?? 0)) }));
+    // Three figures a holder (ledger.lua): live, the epoch they belong to, the figure at that epoch.
+    return input.holders.map((h, i) => {
+      // What this instance has not used of its own slice is not spent (other instances' is counted as held).
+      const unused = this.slices?.unused(keys[2 * i]!, h) ?? 0;
+      const live = Number(v[3 * i] ?? 0) + (h.kind === 'wallet' ? unused : -unused);
+      return { id: h.id, live: fromNano(live), epoch: Number(v[3 * i + 1] ?? h.epoch), start: fromNano(Number(v[3 * i + 2] ?? 0)) };
+    });
   }
 
-  private ledgerKeys(tag: string, holders: Holder[]): { hashTag: string; keys: string[] } {
+  holdsInFlight(): number {
+    return this.holds.count() - (this.slices?.keptCount() ?? 0) + (this.slices?.holdsInFlight() ?? 0);
+  }
+
+  slicesHeld(): number {
+    return this.slices?.held() ?? 0;
+  }
+
+  close(): void {
+    this.holds.stop();
+    this.slices?.sweep(true);
+    this.slices?.stop();
+  }
+
+  /** A hold from this instance's slices of every holder (`note`: count it toward their demand first), or null. */
+  private fromSlices(m: Keys, holders: readonly Holder[], amount: number, note: boolean): HoldResult | null {
+    const slices = this.slices!;
+    if (note) slices.note(m.keys, amount);
+    const taken = slices.take(m.keys, holders, amount);
+    return taken && { ok: true, hold: new SliceHold(this, taken, amount) };
+  }
+
+  /** One hold.lua call for the hold (see its header for ARGV), asking for slices when they are worth it. */
+  private async exact(input: HoldInput, m: Keys, amount: number): Promise<HoldResult> {
+    const want = this.slices?.want(m.keys, amount) ?? null;
+    const id = newLeaseId();
+    const sliceId = want ? newLeaseId() : '';
+    const args: (string | number)[] = [id, amount, this.opts.clock?.deadline() ?? 0, input.holders.length, sliceId, want?.least ?? 0];
+    input.holders.forEach((h, j) => args.push(h.kind, toNano(h.base), h.limit === null ? '' : toNano(h.limit), epochArg(h.epoch), want?.wants[j] ?? 0));
+    const sentAt = performance.now();
+    let reply: HoldReply;
+    try {
+      const call = this.queue.add(m.hashTag, m.keys, args);
+      if (want) this.slices!.trackAll(m.keys, call);
+      reply = await call;
+      if (reply.outcome === -1) throw new StaleHoldError('hold reached Redis after its deadline');
+      if (!knownHoldReply(reply, input.holders.length)) throw new UnknownScriptReplyError('hold.lua', reply);
+    } catch (err) {
+      this.opts.onError('hold', err);
+      throw err;
+    }
+    if (want) this.granted(input, m, { want, sliceId, sentAt, reply });
+    if (reply.outcome !== 1) return { ok: false, code: input.holders[reply.refusedBy - 1]!.code };
+    // A zero hold (an unpriced model) is not recorded in Redis (hold.lua), so there is
+    // nothing to keep alive, and nothing to settle unless the usage comes to a cost.
+    const kept = amount > 0 ? this.holds.add(id, m.keys.filter((_, i) => i % 2 === 1)) : -1;
+    return { ok: true, hold: new RedisHold(this, { hashTag: m.hashTag, id, keys: m.keys, amount, kept }) };
+  }
+
+  /** Installs the slices a hold.lua call granted; none granted: the holders are near exhaustion, ask again later. */
+  private granted(input: HoldInput, m: Keys, o: { want: SpendWant; sliceId: string; sentAt: number; reply: HoldReply }): void {
+    const slices = this.slices!;
+    if (o.reply.outcome !== 1 || !(o.reply.sliceSizes[0]! > 0)) return slices.refusedAll(m.keys);
+    slices.install({ keys: m.keys, tag: m.hashTag, holders: input.holders, id: o.sliceId, sizes: o.reply.sliceSizes, sentAt: o.sentAt });
+  }
+
+  private ledgerKeys(tag: string, holders: readonly Holder[]): Keys {
     let m = this.keyMemo.get(holders);
     if (m === undefined || m.tag !== tag) {
       const hashTag = ledgerHashTag(this.opts.prefix, tag);
@@ -166,6 +265,8 @@ class RedisHold implements Hold {
     try {
       ledger.holds.remove(kept);
       const cost = settledNano(actual, amount);
+      // A cost past the hold adds to the live figure: this instance's next hold on these holders is exact.
+      if (cost > amount) ledger.slices?.endAll(keys);
       if (amount === 0 && cost === 0) return;
       ledger.opts.batch.add({ kind: 'hold', tag: hashTag, holdId: id, cost, ttlMs: LEDGER_TTL_MS, keys, owner: ledger.settleFailed });
     } catch (err) {
@@ -174,66 +275,26 @@ class RedisHold implements Hold {
   }
 }
 
-/** hold.lua's answer for one hold: 1 held, 0 refused by holder `refusedBy` (1-based), -1 past its deadline. */
-interface HoldReply {
-  outcome: number;
-  refusedBy: number;
-}
+/** A hold taken from this instance's spend slices; it settles into them (spend-slices.ts). */
+class SliceHold implements Hold {
+  readonly #ledger: SharedLedger;
+  readonly #slices: SpendSlice[];
+  readonly #amount: number;
+  #done = false;
 
-/** Held, or refused by one of the hold's `holders` holders: anything else is an answer this build does not know. */
-const knownHoldReply = (r: HoldReply, holders: number): boolean =>
-  r.outcome === 1 || (r.outcome === 0 && Number.isInteger(r.refusedBy) && r.refusedBy >= 1 && r.refusedBy <= holders);
-
-/** A hold waiting for the end of the turn: its keys and its part of hold.lua's ARGV. */
-interface Pending {
-  /** the request's hash tag */
-  hashTag: string;
-  keys: string[];
-  args: (string | number)[];
-  resolve: (v: HoldReply) => void;
-  reject: (err: unknown) => void;
-}
-
-/** The holds asked for in one event-loop turn, sent at its end: one hold.lua call per hash slot. */
-class HoldQueue {
-  private pending: Pending[] = [];
-  private readonly sendPending = (): void => {
-    const all = this.pending;
-    this.pending = [];
-    for (const group of callsByHashSlot(all, { cluster: this.o.cluster, tagOf: (p) => p.hashTag, max: MAX_HOLDS })) this.send(group);
-  };
-
-  constructor(private readonly o: RedisLedgerOptions) {}
-
-  add(hashTag: string, keys: string[], args: (string | number)[]): Promise<HoldReply> {
-    return new Promise((resolve, reject) => {
-      if (this.pending.length === 0) this.o.atTurnEnd(this.sendPending);
-      this.pending.push({ hashTag, keys, args, resolve, reject });
-    });
+  constructor(ledger: SharedLedger, slices: SpendSlice[], amount: number) {
+    this.#ledger = ledger;
+    this.#slices = slices;
+    this.#amount = amount;
   }
 
-  /** One hold.lua call for holds of one hash slot. */
-  private send(group: Pending[]): void {
-    const keys: string[] = [];
-    const args: (string | number)[] = [LEDGER_TTL_MS, this.o.leaseMs, group.length];
-    for (const p of group) {
-      keys.push(...p.keys);
-      args.push(...p.args);
-    }
-    const failed = (err: unknown): void => {
-      for (const p of group) p.reject(err);
-    };
-    let reply: Promise<unknown>;
+  settle(actual: number): void {
+    if (this.#done) return;
+    this.#done = true;
     try {
-      reply = this.o.run('keywardHold', keys, args);
+      this.#ledger.slices!.settle(this.#slices, this.#amount, settledNano(actual, this.#amount));
     } catch (err) {
-      return failed(err);
+      this.#ledger.opts.onError('settle', err);
     }
-    reply.then((r) => {
-      // Anything but a list is read as no answer for any hold (hold() then names it unknown).
-      const v = Array.isArray(r) ? (r as number[]) : [];
-      this.o.clock?.learn(Number(v[0]));
-      group.forEach((p, i) => p.resolve({ outcome: Number(v[1 + 2 * i]), refusedBy: Number(v[2 + 2 * i]) }));
-    }, failed);
   }
 }

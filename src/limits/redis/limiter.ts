@@ -3,8 +3,9 @@
  * (request-path.ts); settlements leave in one batched call per tick (settle-batch.ts); a key
  * limited by its own RPM/TPM/concurrency alone may be admitted from a slice leased to this
  * instance, with no round trip at all, its concurrency slots taken from a block of slots
- * leased the same way (lease-path.ts, `lease`). Time comes from Redis TIME inside the
- * scripts, so instance clocks never matter.
+ * leased the same way (lease-path.ts, `lease`); with `lease` too, a spend hold on budgets
+ * and wallets this instance draws on often is taken from spend slices (spend-slices.ts).
+ * Time comes from Redis TIME inside the scripts, so instance clocks never matter.
  *
  * Key layout: everything of one API key under one hash tag, `{<prefix>:k:<keyId>}:rpm|tpm|conc`,
  * its per-model buckets `{<prefix>:k:<keyId>}:m:<pattern>:rpm|tpm`; an upstream's capacity
@@ -17,6 +18,7 @@ import { type RedisLease, type RedisLimiter, type RedisLimiterOptions, errorTags
 import { claimOnRedis } from './claims.js';
 import { createRedisClock } from './clock.js';
 import { type LeasePath, createLeasePath, leasable } from './lease-path.js';
+import { SPEND_SLICE_MAX_MS } from './spend-slices.js';
 import { type RedisLedger, createRedisLedger } from './ledger.js';
 import { type Part, type RequestPathContext, admitPerRequest } from './request-path.js';
 import { type RunScript, atTurnEnd, refreshInChunks, scriptRunner } from './scripts.js';
@@ -76,6 +78,8 @@ class SharedLimiter implements RedisLimiter {
       clock,
       atTurnEnd: (fn) => atTurnEnd(client, fn),
       cluster,
+      // A slice is used for at most a second (a new epoch applies within one), and never past its lease.
+      spendSlices: opts.lease ? { windowMs: Math.min(opts.lease.sliceMs, SPEND_SLICE_MAX_MS, leaseMs) } : null,
     });
     this.leasePath = opts.lease
       ? createLeasePath({ run: this.send, batch: this.batch, owner: settleFailed, clock, sliceMs: opts.lease.sliceMs, keyTag: (id) => hashTag(this.prefix, 'k', id), keeper: this.keeper, leaseMs })
@@ -133,6 +137,10 @@ class SharedLimiter implements RedisLimiter {
     return this.money.hold(input);
   }
 
+  holdNow(input: HoldInput): HoldResult | null {
+    return this.money.holdNow(input);
+  }
+
   ledger(input: LedgerInput): Promise<LedgerFigure[]> {
     return this.money.ledger(input);
   }
@@ -158,14 +166,18 @@ class SharedLimiter implements RedisLimiter {
     return this.leasePath?.blocksHeld() ?? 0;
   }
 
+  spendSlicesHeld(): number {
+    return this.money.slicesHeld();
+  }
+
   stats(): LimiterStats {
-    return { redisErrors: this.redisErrors, failOpenAdmissions: 0, slotsHeld: this.slotsHeld(), failOpenHolds: 0, holdsHeld: this.money.holds.count() };
+    return { redisErrors: this.redisErrors, failOpenAdmissions: 0, slotsHeld: this.slotsHeld(), failOpenHolds: 0, holdsHeld: this.money.holdsInFlight() };
   }
 
   async close(): Promise<void> {
     this.keeper.stop();
-    this.money.holds.stop();
     // Give slices back and let every settlement go, so a graceful stop frees what it held.
+    this.money.close();
     this.leasePath?.close();
     await this.batch.close();
   }

@@ -1,6 +1,6 @@
 /**
  * Settlements (TPM refunds and charges, freed slots, returned slices and block slots,
- * spend-hold settlements) are queued and sent once per tick: one settle.lua call per hash
+ * spend-hold and spend-slice settlements) are queued and sent once per tick: one settle.lua call per hash
  * slot in a Cluster, one call in all on a single node, instead of one round trip each.
  *
  * What waits is only ever a release or an after-the-fact charge, never a hold or an
@@ -23,7 +23,31 @@ export interface BucketWrite {
   delta: number;
 }
 
-/** One settlement; settle.lua names the kinds 'b', 'h' and 'w'. */
+/**
+ * What holds taken from one spend slice (spend-slices.ts) settle in Redis: costs added to the
+ * holder's settled figure, `take` off the slice, and `end` to remove what is left of it. It
+ * gathers the settlements of its slice until the batch sends it (`sent`), so a busy slice
+ * costs one operation a tick.
+ */
+export interface SpendSliceWrite {
+  kind: 'spendSlice';
+  tag: string;
+  sliceId: string;
+  /** the holder's ledger hash and hold set */
+  keys: [string, string];
+  cost: number;
+  take: number;
+  end: boolean;
+  ttlMs: number;
+  holderKind: 'budget' | 'wallet';
+  /** set when the batch has written the operation into a call: from then on it is read-only */
+  sent: boolean;
+  owner?: (err: unknown) => void;
+  /** Redis answered that the (live) slice is void: gone, or its ledger over-committed. */
+  onVoid?: () => void;
+}
+
+/** One settlement; settle.lua names the kinds 'b', 'h', 'm' and 'w'. */
 export type SettleOp = Owner &
   (
   /** token buckets adjusted and a request's or slice's lease ended */
@@ -41,6 +65,7 @@ export type SettleOp = Owner &
   | { kind: 'hold'; tag: string; holdId: string; cost: number; ttlMs: number; keys: string[] }
   /** a block of slots shrunk (0 ends it); see slot-blocks.ts */
   | { kind: 'blockWeight'; tag: string; set: string; blockId: string; weight: number }
+  | SpendSliceWrite
   );
 
 export interface SettleBatchOptions {
@@ -92,6 +117,10 @@ function settleCall(ops: SettleOp[]): { keys: string[]; args: (string | number)[
     } else if (op.kind === 'blockWeight') {
       args.push('w', op.blockId, op.weight);
       keys.push(op.set);
+    } else if (op.kind === 'spendSlice') {
+      op.sent = true;
+      args.push('m', op.sliceId, op.cost, op.take, op.end ? 1 : 0, op.ttlMs, op.holderKind);
+      keys.push(...op.keys);
     } else {
       args.push('h', op.holdId, op.cost, op.ttlMs, op.keys.length / 2);
       keys.push(...op.keys);
@@ -140,9 +169,19 @@ class Batch implements SettleBatch {
 
   private send(ops: SettleOp[]): void {
     const { keys, args } = settleCall(ops);
-    const p = this.opts.run('keywardSettle', keys, args).catch((err: unknown) => {
-      for (const owner of new Set(ops.map((op) => op.owner))) owner?.(err);
-    });
+    const p = this.opts.run('keywardSettle', keys, args).then(
+      (reply) => {
+        // settle.lua: {applied, then the 1-based index of each void spend slice's operation}
+        const v = reply as number[];
+        for (let i = 1; i < v.length; i++) {
+          const op = ops[Number(v[i]) - 1];
+          if (op?.kind === 'spendSlice') op.onVoid?.();
+        }
+      },
+      (err: unknown) => {
+        for (const owner of new Set(ops.map((op) => op.owner))) owner?.(err);
+      },
+    );
     this.inFlight++;
     void p.finally(() => {
       if (--this.inFlight > 0) return;

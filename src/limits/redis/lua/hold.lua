@@ -1,24 +1,34 @@
 -- hold.lua: take the spend holds of one or more requests, in order; each request's hold is
--- taken on every holder it draws on, or on none.
+-- taken on every holder it draws on, or on none. A hold may also lease the calling instance
+-- a spend slice of each of its holders (see src/limits/redis/spend-slices.ts).
 --
 -- KEYS, two per holder j of each hold, hold after hold (all under one hash tag on a Cluster):
 --   ledger hash {e = epoch, b0 = base at epoch start, s = settled since,
---               h = sum of holds in flight, a:<hold id> = that hold's amount}
---   hold set (ZSET: member = hold id, score = expiry ms)
--- ARGV: 1 ledger TTL ms, 2 hold lifetime ms, 3 number of holds, then per hold:
+--               h = sum of holds in flight, spend slices included,
+--               m = the budget's limit as the last hold gave it (settle.lua reads it),
+--               a:<id> = the amount of that hold or slice}
+--   hold set (ZSET: member = hold or slice id, score = expiry ms)
+-- ARGV: 1 ledger TTL ms, 2 hold lifetime ms (a slice's too), 3 slice share: a slice is at
+--       most 1/share of what is left on a holder, 4 number of holds, then per hold:
 --       hold id, amount, deadline in Redis time ms (0 = none: a caller has given up on a hold
 --       that runs later, so it must change nothing), number of holders n,
---       then four per holder: kind ('budget' | 'wallet'), base (the replica's figure),
---       limit ('' = none; budgets only), epoch
+--       slice id ('' = no slice asked), least slice worth having,
+--       then five per holder: kind ('budget' | 'wallet'), base (the replica's figure),
+--       limit ('' = none; budgets only), epoch, slice wanted
 -- Money is integer nano-units throughout (see src/limits/ledger.ts); numbers go back to Redis as
 -- '%.0f' strings so that large values are never written in exponent form.
 --
--- A first or higher epoch restarts the holder's ledger from base (old holds forgotten); a
--- lower epoch keeps the ledger and uses its b0 in place of the stale base. Live figure and
--- fit: ledger-rules.lua (the rules of src/limits/ledger.ts).
+-- A first or higher epoch restarts the holder's ledger from base (old holds and slices
+-- forgotten); a lower epoch keeps the ledger and uses its b0 in place of the stale base.
+-- Live figure and fit: ledger-rules.lua (the rules of src/limits/ledger.ts).
 -- A zero hold is checked like any other but not recorded.
--- Returns {now, r1, j1, r2, j2, ...}, two per hold: r = 1 when held on every holder, 0 with
--- j the first holder it does not fit (nothing held), -1 past its deadline.
+-- A slice is granted after its hold, on every holder or on none: on each holder
+-- min(wanted, floor(left / share)), where left is what the budget or balance still has
+-- after the hold, and only when that is at least the least slice on every holder. It is
+-- recorded like a hold of that amount (so it counts in full), under the slice id.
+-- Returns {now, then per hold: r, j, g1 .. gn}: r = 1 when held on every holder, 0 with j
+-- the first holder it does not fit (nothing held), -1 past its deadline; g = the slice
+-- granted on each holder (all 0: none).
 
 if redis.replicate_commands then pcall(redis.replicate_commands) end
 
@@ -28,11 +38,12 @@ local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
 local ttl = tonumber(ARGV[1])
 local hold_ms = tonumber(ARGV[2])
-local count = tonumber(ARGV[3])
+local share = tonumber(ARGV[3])
+local count = tonumber(ARGV[4])
 
 local function int(x) return string.format('%.0f', x) end
 
--- Drops the expired holds of one holder; true when there were any.
+-- Drops the expired holds and slices of one holder; true when there were any.
 local function purge(L, Z)
   local gone = redis.call('ZRANGEBYSCORE', Z, '-inf', now)
   if #gone == 0 then return false end
@@ -59,7 +70,7 @@ local function restart(L, Z, epoch, base)
   redis.call('DEL', L, Z)
   redis.call('HSET', L, 'e', int(epoch), 'b0', int(base), 's', '0', 'h', '0')
   redis.call('PEXPIRE', L, ttl)
-  local f = {e = epoch, b0 = base, s = 0, h = 0, z = false}
+  local f = {e = epoch, b0 = base, s = 0, h = 0, z = false, m = nil}
   seen[L] = f
   return f
 end
@@ -71,61 +82,99 @@ local function figures(L, Z, epoch, base)
     if epoch > f.e then return restart(L, Z, epoch, base) end
     return f
   end
-  local v = redis.call('HMGET', L, 'e', 'b0', 's', 'h')
+  local v = redis.call('HMGET', L, 'e', 'b0', 's', 'h', 'm')
   if not v[1] or epoch > tonumber(v[1]) then return restart(L, Z, epoch, base) end
   -- Only a purge changes the figures just read.
-  if purge(L, Z) then v = redis.call('HMGET', L, 'e', 'b0', 's', 'h') end
+  if purge(L, Z) then v = redis.call('HMGET', L, 'e', 'b0', 's', 'h', 'm') end
   redis.call('PEXPIRE', L, ttl)
-  f = {e = tonumber(v[1]), b0 = tonumber(v[2]), s = tonumber(v[3]) or 0, h = tonumber(v[4]) or 0, z = false}
+  f = {e = tonumber(v[1]), b0 = tonumber(v[2]), s = tonumber(v[3]) or 0, h = tonumber(v[4]) or 0, z = false, m = tonumber(v[5])}
   seen[L] = f
   return f
 end
 
+-- Keeps the budget's limit in the ledger, where settle.lua looks for it.
+local function note_limit(L, f, limit)
+  if limit and f.m ~= limit then
+    redis.call('HSET', L, 'm', int(limit))
+    f.m = limit
+  end
+end
+
+-- Records `amount` under `id` on one holder: a hold or a slice, counted in h until it is
+-- settled, given back or expires.
+local function record(L, Z, f, id, amount)
+  redis.call('ZADD', Z, now + hold_ms, id)
+  redis.call('HSET', L, 'a:' .. id, int(amount))
+  redis.call('HINCRBY', L, 'h', int(amount))
+  f.h = f.h + amount
+  if not f.z then
+    redis.call('PEXPIRE', Z, ttl)
+    f.z = true
+  end
+end
+
+-- What a holder still has: a budget's limit less its live spend, a wallet's live balance.
+local function left_of(h)
+  local live = live_of(h.kind, h.base, h.f.b0, h.f.s, h.f.h)
+  if h.kind == 'wallet' then return live end
+  if not h.limit then return math.huge end
+  return h.limit - live
+end
+
+-- The slice on each holder, or nil when one of them cannot have the least slice.
+local function slice_sizes(holders, least)
+  local sizes = {}
+  for j, h in ipairs(holders) do
+    local g = math.min(h.want, math.floor(left_of(h) / share))
+    if g < least or g <= 0 then return nil end
+    sizes[j] = g
+  end
+  return sizes
+end
+
 -- One request's hold: its holders' keys from KEYS[k + 1], its arguments from ARGV[o + 1].
+-- Returns r, j and the slice granted on each holder.
 local function hold(k, o)
   local hold_id, amount, deadline, n = ARGV[o + 1], tonumber(ARGV[o + 2]), tonumber(ARGV[o + 3]) or 0, tonumber(ARGV[o + 4])
-  if deadline > 0 and now > deadline then return -1, 0 end
+  local slice_id, least = ARGV[o + 5], tonumber(ARGV[o + 6])
+  if deadline > 0 and now > deadline then return -1, 0, nil end
   local refused = 0
-  local held = {}
+  local holders = {}
   for j = 1, n do
     local L, Z = KEYS[k + 2 * j - 1], KEYS[k + 2 * j]
-    local p = o + 4 + 4 * (j - 1)
-    local kind, base, limit, epoch = ARGV[p + 1], tonumber(ARGV[p + 2]), tonumber(ARGV[p + 3]), tonumber(ARGV[p + 4])
-    local f = figures(L, Z, epoch, base)
-    held[j] = f
+    local p = o + 6 + 5 * (j - 1)
+    local h = {L = L, Z = Z, kind = ARGV[p + 1], base = tonumber(ARGV[p + 2]), limit = tonumber(ARGV[p + 3]), want = tonumber(ARGV[p + 5])}
+    local epoch = tonumber(ARGV[p + 4])
+    h.f = figures(L, Z, epoch, h.base)
+    if h.kind ~= 'wallet' and epoch >= h.f.e then note_limit(L, h.f, h.limit) end
     -- A lower epoch keeps the ledger and uses its b0 in place of the stale base.
-    if epoch < f.e then base = f.b0 end
-    if refused == 0 then
-      if not hold_fits(kind, live_of(kind, base, f.b0, f.s, f.h), amount, limit) then refused = j end
-    end
+    if epoch < h.f.e then h.base = h.f.b0 end
+    holders[j] = h
+    if refused == 0 and not hold_fits(h.kind, live_of(h.kind, h.base, h.f.b0, h.f.s, h.f.h), amount, h.limit) then refused = j end
   end
-  if refused ~= 0 then return 0, refused end
+  if refused ~= 0 then return 0, refused, nil end
   -- A zero hold (an unpriced model) adds nothing to h: it is not recorded, so nothing has to
   -- refresh, expire or settle it (a settlement that still comes to a cost only adds to s).
-  if amount == 0 then return 1, 0 end
-  for j = 1, n do
-    local L, Z = KEYS[k + 2 * j - 1], KEYS[k + 2 * j]
-    local f = held[j]
-    redis.call('ZADD', Z, now + hold_ms, hold_id)
-    redis.call('HSET', L, 'a:' .. hold_id, int(amount))
-    redis.call('HINCRBY', L, 'h', int(amount))
-    f.h = f.h + amount
-    if not f.z then
-      redis.call('PEXPIRE', Z, ttl)
-      f.z = true
-    end
+  if amount > 0 then
+    for _, h in ipairs(holders) do record(h.L, h.Z, h.f, hold_id, amount) end
   end
-  return 1, 0
+  local sizes = nil
+  if slice_id ~= '' then sizes = slice_sizes(holders, least) end
+  if sizes then
+    for j, h in ipairs(holders) do record(h.L, h.Z, h.f, slice_id, sizes[j]) end
+  end
+  return 1, 0, sizes
 end
 
 local out = {now}
-local k, o = 0, 3
+local k, o = 0, 4
 for _ = 1, count do
   local n = tonumber(ARGV[o + 4])
-  local r, j = hold(k, o)
+  local r, j, sizes = hold(k, o)
   out[#out + 1] = r
   out[#out + 1] = j
+  for i = 1, n do out[#out + 1] = sizes and sizes[i] or 0 end
   k = k + 2 * n
-  o = o + 4 + 4 * n
+  o = o + 6 + 5 * n
 end
 return out

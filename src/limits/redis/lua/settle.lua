@@ -18,7 +18,18 @@
 --       where still present (it may have expired, or a new epoch restarted the ledger); the
 --       cost is added to `s` wherever the ledger exists, so a cost counts even when its
 --       hold is gone. An expired ledger is not recreated: the next hold restarts it.
--- Returns the number of operations applied.
+--   'm' (spend slice, hold.lua): slice id, cost (integer nano-units), take, end (1/0), ledger
+--       TTL ms, holder kind ('budget' | 'wallet'); KEYS: the holder's ledger hash and hold
+--       set. The cost is added to `s` as for 'h'; `take` comes off the slice's amount (never
+--       below 0), and `end` removes what is left of it. A slice that is gone (expired, or a
+--       new epoch restarted the ledger) is not recreated. Holds an instance took from its
+--       slice are settled this way, in sums. A live slice (end 0) is void when it is gone or
+--       its ledger is over-committed: settled usage past the holds it replaced has taken what
+--       the slices were held for (budget: b0 + s + h > m, the limit hold.lua records;
+--       wallet: b0 - s - h < 0). The reply names it, and the instance stops using it.
+-- A malformed call (an operation whose counts ask for more KEYS than the call has left) stops
+-- with an error at that operation; those before it stay applied.
+-- Returns {number of operations applied, then the 1-based index of each void slice's operation}.
 
 -- #include bucket.lua
 -- #include slots.lua
@@ -56,6 +67,16 @@ end
 -- per call rather than once per settled hold.
 local ledger_there = {}
 
+local function ledger_exists(L, ttl)
+  local there = ledger_there[L]
+  if there == nil then
+    there = redis.call('HEXISTS', L, 'e') == 1
+    ledger_there[L] = there
+    if there then redis.call('PEXPIRE', L, ttl) end
+  end
+  return there
+end
+
 local function settle_hold(hold_id, actual, ttl, ledgers)
   for _, l in ipairs(ledgers) do
     local L, Z = l[1], l[2]
@@ -66,36 +87,79 @@ local function settle_hold(hold_id, actual, ttl, ledgers)
       -- A zero hold (unpriced model) changes nothing; '-0' is no integer to Redis.
       if tonumber(held) ~= 0 then redis.call('HINCRBY', L, 'h', string.format('%.0f', -tonumber(held))) end
     end
-    local there = ledger_there[L]
-    if there == nil then
-      there = redis.call('HEXISTS', L, 'e') == 1
-      ledger_there[L] = there
-      if there then redis.call('PEXPIRE', L, ttl) end
-    end
-    if there then redis.call('HINCRBY', L, 's', actual) end
+    if ledger_exists(L, ttl) then redis.call('HINCRBY', L, 's', actual) end
   end
+end
+
+-- Whether a ledger's slices are no longer backed (see the header); false when it is gone.
+local function over_committed(L, kind)
+  local v = redis.call('HMGET', L, 'b0', 's', 'h', 'm')
+  if not v[1] then return false end
+  local b0, s, h = tonumber(v[1]), tonumber(v[2]) or 0, tonumber(v[3]) or 0
+  if kind == 'wallet' then return b0 - s - h < 0 end
+  local limit = tonumber(v[4])
+  return limit ~= nil and b0 + s + h > limit
+end
+
+-- Returns whether the slice is void (only asked of a live one).
+local function settle_slice(slice_id, cost, take, done, ttl, kind, L, Z)
+  local field = 'a:' .. slice_id
+  local amount = tonumber(redis.call('HGET', L, field) or '')
+  if amount then
+    local back = math.min(take, amount)
+    if done then back = amount end
+    if back > 0 then redis.call('HINCRBY', L, 'h', string.format('%.0f', -back)) end
+    if done then
+      redis.call('HDEL', L, field)
+      redis.call('ZREM', Z, slice_id)
+    elseif back > 0 then
+      redis.call('HSET', L, field, string.format('%.0f', amount - back))
+    end
+  end
+  if cost ~= 0 and ledger_exists(L, ttl) then redis.call('HINCRBY', L, 's', string.format('%.0f', cost)) end
+  if done then return false end
+  return not amount or over_committed(L, kind)
+end
+
+-- Stops a malformed call before it reads past its KEYS (a count taken from the wrong
+-- argument could otherwise keep the script, and Redis, busy for a long time).
+local function keys_left(n)
+  if not n or n < 0 or k + n - 1 > #KEYS then error('settle.lua: an operation asks for more keys than the call carries') end
+  return n
 end
 
 local ops = tonumber(ARGV[1])
 local applied = 0
-for _ = 1, ops do
+local void = {}
+for i = 1, ops do
   local ok
   local kind = arg()
   if kind == 'w' then
     local id, w = arg(), tonumber(arg())
+    keys_left(1)
     ok = pcall(shrink_block, key(), id, w)
+  elseif kind == 'm' then
+    local slice_id, cost, take, done, ttl, holder = arg(), tonumber(arg()), tonumber(arg()), arg() == '1', tonumber(arg()), arg()
+    keys_left(2)
+    local gone
+    ok, gone = pcall(settle_slice, slice_id, cost, take, done, ttl, holder, key(), key())
+    if ok and gone then void[#void + 1] = i end
   elseif kind == 'b' then
     local lease_id, slice_id, nb, ns = arg(), arg(), tonumber(arg()), tonumber(arg())
+    keys_left((nb or -1) + (ns or -1))
     local buckets, sets = {}, {}
     for j = 1, nb do buckets[j] = {key = key(), cap = tonumber(arg()), delta = tonumber(arg())} end
     for j = 1, ns do sets[j] = key() end
     ok = pcall(settle_buckets, lease_id, slice_id, buckets, sets)
   else
     local hold_id, actual, ttl, n = arg(), arg(), tonumber(arg()), tonumber(arg())
+    keys_left(2 * (n or -1))
     local ledgers = {}
     for j = 1, n do ledgers[j] = {key(), key()} end
     ok = pcall(settle_hold, hold_id, actual, ttl, ledgers)
   end
   if ok then applied = applied + 1 end
 end
-return applied
+local out = {applied}
+for _, i in ipairs(void) do out[#out + 1] = i end
+return out

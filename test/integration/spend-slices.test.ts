@@ -1,0 +1,195 @@
+/**
+ * Spend slices on Redis (src/limits/redis/spend-slices.ts, lua/hold.lua, lua/settle.lua), read
+ * from Redis itself: far from exhaustion most holds take no round trip (EVAL/EVALSHA calls
+ * counted with MONITOR, on one node and on each master of a local Cluster); a slice is at
+ * most 1/16 of what is left and none is granted near exhaustion; a holder near exhaustion
+ * gives no slice to the others of the hold; settlements from a slice land in batches and
+ * what is left goes back when its time is up and on close. Exactness on two instances is in
+ * the conformance suite (limits-conformance-spend.ts), which runs with leasing on here too.
+ */
+import assert from 'node:assert/strict';
+import { after, before, describe, test } from 'node:test';
+import { Redis } from 'ioredis';
+import type { HoldInput, HoldResult } from '../../src/limits/limiter.js';
+import type { RedisLimiter } from '../../src/limits/redis/limiter.js';
+import { SPEND_SLICE_SHARE } from '../../src/limits/redis/spend-slices.js';
+import type { Holder } from '../../src/policy/holders.js';
+import { keyBudget, projectBudget, wallet } from '../helpers/limits-conformance-ledger.js';
+import { type LocalCluster, startRedisCluster } from '../helpers/redis-cluster.js';
+import { leasingInstances } from '../helpers/redis-harness.js';
+import { uid } from '../helpers/redis-limits-conformance.js';
+import { waitFor } from '../helpers/redis-server.js';
+import { TEST_REDIS_URL } from '../helpers/redis-url.js';
+
+const NANO = 1e9;
+const req = (tag: string, holders: Holder[], amount: number): HoldInput => ({ requestId: uid('req'), tag, holders, amount });
+function held(r: HoldResult): { settle(actual: number): void } {
+  assert.ok(r.ok, `expected a hold, got ${JSON.stringify(r)}`);
+  return r.hold;
+}
+
+/** A holder's ledger hash as Redis has it: epoch, base0, settled, held, and each hold's or slice's amount (nano-units). */
+async function ledgerHash(client: Redis, prefix: string, tag: string, holder: Holder): Promise<{ s: number; h: number; amounts: number[] }> {
+  const v = await client.hgetall(`{${prefix}:t:${encodeURIComponent(tag)}}:l:${encodeURIComponent(holder.id)}`);
+  const amounts = Object.entries(v).filter(([f]) => f.startsWith('a:')).map(([, a]) => Number(a));
+  return { s: Number(v.s ?? 0), h: Number(v.h ?? 0), amounts };
+}
+
+/** Counts the EVAL/EVALSHA calls naming `prefix` on each node (MONITOR reports asynchronously: `settle()` waits them out). */
+async function watchEvals(ports: number[], prefix: string, track: (c: Redis) => void): Promise<{ calls: number; settle(): Promise<void>; stop(): void }> {
+  const seen = { calls: 0, marks: new Set<string>() };
+  const monitors = await Promise.all(
+    ports.map(async (port) => {
+      const watcher = new Redis({ port, host: '127.0.0.1' });
+      track(watcher);
+      const m = await watcher.monitor();
+      m.on('monitor', (_t: string, args: string[]) => {
+        if (/^echo/i.test(args[0] ?? '')) seen.marks.add(args[1] ?? '');
+        else if (/^eval/i.test(args[0] ?? '') && args.some((a) => a.includes(prefix))) seen.calls++;
+      });
+      return { port, m };
+    }),
+  );
+  const probes = ports.map((port) => {
+    const c = new Redis({ port, host: '127.0.0.1' });
+    track(c);
+    return c;
+  });
+  return {
+    get calls() {
+      return seen.calls;
+    },
+    set calls(n: number) {
+      seen.calls = n;
+    },
+    /** A marker through each node after everything sent so far: MONITOR has shown all of it once the markers show. */
+    async settle() {
+      const marks = await Promise.all(probes.map(async (c) => {
+        const m = uid(`${prefix}-mark`);
+        await c.echo(m);
+        return m;
+      }));
+      await waitFor(() => marks.every((m) => seen.marks.has(m)), 5_000, 'the markers');
+    },
+    stop: () => monitors.forEach(({ m }) => m.disconnect()),
+  };
+}
+
+/** 16 workers taking `n` holds on `sets` in turn, each settled a moment later at a fraction of its estimate. */
+async function traffic(lim: RedisLimiter, sets: { tag: string; holders: Holder[] }[], n: number, amount: number): Promise<void> {
+  let sent = 0;
+  await Promise.all(
+    Array.from({ length: 16 }, async () => {
+      while (sent < n) {
+        const set = sets[++sent % sets.length]!;
+        const h = held(await lim.hold(req(set.tag, set.holders, amount)));
+        await new Promise((r) => setImmediate(r)); // in flight for a moment
+        h.settle(amount * 0.6);
+      }
+    }),
+  );
+}
+
+function roundTrips(name: string, target: () => { url: string; ports: number[] }): void {
+  describe(`spend slices, round trips: ${name}`, { timeout: 60_000 }, () => {
+    test('far from exhaustion most holds take no round trip; settlements and give-backs are the rest', async (t) => {
+      const prefix = uid('kwtest');
+      const fleet = leasingInstances(target().url, prefix);
+      try {
+        const { lim } = await fleet.instance();
+        const sets = [
+          { tag: uid('p'), holders: [keyBudget(uid('k'), { base: 0, limit: 1_000 }), projectBudget(uid('p'), { base: 0, limit: 10_000 })] },
+          { tag: uid('u'), holders: [wallet(uid('u'), { base: 1_000 })] },
+        ];
+        await traffic(lim, sets, 40, 0.001); // scripts loaded, demand seen
+        const evals = await watchEvals(target().ports, prefix, fleet.track);
+        await evals.settle();
+        evals.calls = 0;
+        const holds = 2_000;
+        let slices = 0;
+        const watch = setInterval(() => (slices = Math.max(slices, lim.spendSlicesHeld())), 1);
+        await traffic(lim, sets, holds, 0.001);
+        clearInterval(watch);
+        await lim.close(); // flushes the batch, gives the slices back
+        await evals.settle();
+        evals.stop();
+        const perHold = evals.calls / holds;
+        t.diagnostic(`${evals.calls} Redis calls for ${holds} holds, up to ${slices} spend slices held`);
+        assert.ok(slices >= 3, `a slice on each holder (${slices})`);
+        assert.ok(perHold < 0.1, `${evals.calls} Redis calls for ${holds} holds (${perHold.toFixed(3)} per hold)`);
+        // Everything settled and given back: Redis holds nothing, and has every cost.
+        const c = await fleet.connect();
+        for (const set of sets) {
+          for (const holder of set.holders) {
+            const l = await ledgerHash(c, prefix, set.tag, holder);
+            assert.equal(l.h, 0, `${holder.id}: nothing held after close`);
+            assert.equal(l.s, Math.round(((holds + 40) / 2) * 0.0006 * NANO), `${holder.id}: every cost settled`);
+          }
+        }
+      } finally {
+        await fleet.close();
+      }
+    });
+  });
+}
+
+describe('spend slices on one Redis', { timeout: 60_000 }, () => {
+  const prefix = uid('kwtest');
+  const fleet = leasingInstances(TEST_REDIS_URL, prefix);
+  after(() => fleet.close());
+
+  test('a slice is at most 1/16 of what is left, and none is granted within 32 holds of exhaustion', async () => {
+    const { lim, client } = await fleet.instance({ sliceMs: 200 });
+    const tag = uid('t');
+    const key = keyBudget(uid('k'), { base: 90, limit: 100 }); // 10 left
+    // Demand of 2 in a window (200 holds of 0.01, released at 0: the slice's record stays what
+    // was granted); once that window's slice is over, the next exact hold asks for 2.
+    for (let i = 0; i < 200; i++) held(await lim.hold(req(tag, [key], 0.01))).settle(0);
+    await waitFor(() => lim.spendSlicesHeld() === 0, 5_000, "the window's slice is given back");
+    const inFlight = held(await lim.hold(req(tag, [key], 0.01)));
+    const l = await ledgerHash(client, prefix, tag, key);
+    const slice = l.amounts.filter((a) => a !== 0.01 * NANO);
+    assert.deepEqual(slice, [Math.floor((10 - 0.01) * NANO / SPEND_SLICE_SHARE)], '1/16 of what is left after the hold, not the 2 asked for');
+    inFlight.settle(0);
+    // Near exhaustion: 0.2 left, holds of 0.01; a slice would have to be 1/16 of it and cover two.
+    const near = keyBudget(uid('k'), { base: 99.8, limit: 100 });
+    for (let i = 0; i < 10; i++) held(await lim.hold(req(tag, [near], 0.01))).settle(0.01);
+    await lim.ledger({ tag, holders: [near] }); // the settlements have left (a call sends the batch first)
+    assert.deepEqual((await ledgerHash(client, prefix, tag, near)).amounts, [], 'no slice near exhaustion');
+  });
+
+  test('a holder near exhaustion gives no slice to the other holders of the hold either', async () => {
+    const { lim, client } = await fleet.instance();
+    const tag = uid('t');
+    const key = keyBudget(uid('k'), { base: 0, limit: 1_000 });
+    const project = projectBudget(uid('p'), { base: 49.98, limit: 50 }); // 20 holds' worth left
+    for (let i = 0; i < 10; i++) held(await lim.hold(req(tag, [key, project], 0.001))).settle(0.001);
+    await lim.ledger({ tag, holders: [key, project] });
+    assert.equal(lim.spendSlicesHeld(), 0);
+    assert.deepEqual((await ledgerHash(client, prefix, tag, key)).amounts, [], 'the key has room, but its project does not');
+  });
+
+  test('what is left of a slice goes back when its time is up; every cost it took is settled', async () => {
+    const { lim, client } = await fleet.instance({ sliceMs: 200 });
+    const tag = uid('t');
+    const w = wallet(uid('u'), { base: 100 });
+    for (let i = 0; i < 50; i++) held(await lim.hold(req(tag, [w], 0.01))).settle(0.004);
+    assert.equal(lim.spendSlicesHeld(), 1);
+    await waitFor(() => lim.spendSlicesHeld() === 0, 5_000, 'the slice is given back');
+    await waitFor(async () => (await ledgerHash(client, prefix, tag, w)).h === 0, 5_000, 'Redis holds nothing');
+    const l = await ledgerHash(client, prefix, tag, w);
+    assert.equal(l.s, 50 * 0.004 * NANO, 'every cost settled');
+    assert.deepEqual(l.amounts, []);
+  });
+});
+
+roundTrips('one node', () => ({ url: TEST_REDIS_URL, ports: [Number(new URL(TEST_REDIS_URL).port || 6379)] }));
+
+describe('spend slices on a local Redis Cluster', () => {
+  let cluster: LocalCluster;
+  before(async () => {
+    cluster = await startRedisCluster(3);
+  });
+  after(async () => cluster?.stop());
+  roundTrips('Redis Cluster (3 masters)', () => ({ url: cluster.url, ports: cluster.ports }));
+});
