@@ -14,9 +14,11 @@ import type { RedisClock } from './clock.js';
 import { knownOutcome, leaseRefusal } from './replies.js';
 import type { RunScript } from './scripts.js';
 import type { SettleBatch, SettleOp } from './settle-batch.js';
-import { type LeaseOwner, SliceLease } from './slice-lease.js';
+import { type LeasedAdmission, type LeaseOwner, SliceLease } from './slice-lease.js';
 import { BLOCK_KEEP_SHARE, BLOCK_SHARE, type Block, BlockTable } from './slot-blocks.js';
 import { REDIS_LIFETIME_FACTOR, type Slice, SliceTable, type Want } from './slices.js';
+
+export type { LeasedAdmission };
 
 export interface LeasePathOptions {
   run: RunScript;
@@ -30,14 +32,6 @@ export interface LeasePathOptions {
   /** keeps per-request slots and blocks alive (limiter.ts tells the path what it refreshed) */
   keeper: LeaseKeeper;
   leaseMs: number;
-}
-
-export interface LeasedAdmission {
-  keyId: string;
-  rpm: number;
-  tpm: number;
-  conc: number;
-  tokens: number;
 }
 
 /** The request in lease terms when it is limited by the key's own RPM/TPM/concurrency alone, else null. */

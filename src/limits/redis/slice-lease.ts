@@ -4,10 +4,18 @@
 import { tokensBack } from '../bucket.js';
 import type { LeaseKeeper, LeaseTicket } from '../leases.js';
 import type { RedisLease } from './api.js';
-import type { LeasedAdmission } from './lease-path.js';
 import type { SettleBatch, SettleOp } from './settle-batch.js';
 import type { Block, BlockTable } from './slot-blocks.js';
 import type { Slice, SliceTable } from './slices.js';
+
+/** A request in lease terms: limited by the key's own RPM, TPM and concurrency alone (lease-path.ts `leasable`). */
+export interface LeasedAdmission {
+  keyId: string;
+  rpm: number;
+  tpm: number;
+  conc: number;
+  tokens: number;
+}
 
 /** What an admitted request holds: the slice and block it was admitted from, or its own slot. */
 export interface Held {
