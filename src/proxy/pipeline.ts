@@ -170,6 +170,33 @@ function allowed(seen: Allow['seen'], f: Omit<Allow, 'allow' | 'seen'>): Allow {
 /** the estimate of a request that is not metered (shared: estimates are only read) */
 const NONE: { readonly prompt: number; readonly output: number } = Object.freeze({ prompt: 0, output: 0 });
 
+/** What steps 6 and 7 leave: the body to forward, and the request's estimate when it is metered. */
+type BodyStep = { denial: Denial } | { body: BodySource | null; estimate: { prompt: number; output: number }; metered: boolean };
+
+/**
+ * Steps 6 and 7: a model request's body is read for its model, which must be in the key's
+ * scope; a files body streams through unread, held to the upload limit it declares.
+ */
+async function bodyStep(input: RequestInput, o: { snap: Snapshot; admitted: Allow['seen']; seen: Seen }): Promise<BodyStep> {
+  const { server, limits } = o.snap.config;
+  const route = o.admitted.route;
+  if (route.class !== 'model') {
+    const upload = input.openUpload({ limit: server.maxUploadBytes });
+    return upload.ok ? { body: upload.source, estimate: NONE, metered: false } : { denial: upload.denial };
+  }
+  const read = await input.readBody({ limit: server.maxJsonBodyBytes, uploadLimit: server.maxUploadBytes, modelRequired: route.modelRequired });
+  if (!read.ok) return { denial: read.denial };
+  const body = read.body.replay;
+  o.seen.model = read.body.model;
+  // A bodiless call (GET or DELETE /v1/responses/{id}, a cancel) selects no model, so scope does not apply.
+  const key = o.admitted.facts.key;
+  const scope = body === null ? null : (checkModel(key, read.body.model) ?? checkModels(key, read.body.models));
+  if (scope) return { denial: scope };
+  const metered = body !== null && !route.countTokens;
+  const estimate = metered ? { prompt: promptTokens(read.body.estimateBytes), output: outputCap(read.body.maxOutputTokens, limits.defaultOutputTokens) } : NONE;
+  return { body, estimate, metered };
+}
+
 /** Decides `input` under the settings of `snap`, the snapshot the request arrived under. */
 export async function decide(input: RequestInput, deps: PipelineDeps, snap: Snapshot, requestId: string): Promise<Decision> {
   const seen: Seen = { route: null, facts: null, upstream: null, model: null, shadow: [] };
@@ -177,32 +204,15 @@ export async function decide(input: RequestInput, deps: PipelineDeps, snap: Snap
   if (authDenial) return denied(seen, authDenial);
   const admitted = seen as Allow['seen'];
   admitted.upstream = chooseUpstream(deps, snap, admitted.facts);
-  const { server, limits: limitSettings } = snap.config;
   const route = admitted.route;
   if (route.class === 'listing' || route.class === 'self') {
     return allowed(admitted, { body: null, bodyRead: false, lease: null, quota: NO_QUOTA, hold: null, price: null, tokens: 0, estimate: NONE, metered: false });
   }
 
-  let estimate: { prompt: number; output: number } = NONE;
-  let metered = false;
-  let body: BodySource | null;
   const bodyRead = route.class === 'model';
-  if (route.class === 'model') {
-    const read = await input.readBody({ limit: server.maxJsonBodyBytes, uploadLimit: server.maxUploadBytes, modelRequired: route.modelRequired });
-    if (!read.ok) return denied(seen, read.denial);
-    body = read.body.replay;
-    seen.model = read.body.model;
-    // A bodiless call (GET or DELETE /v1/responses/{id}, a cancel) selects no model, so scope does not apply.
-    const scope = body === null ? null : (checkModel(admitted.facts.key, read.body.model) ?? checkModels(admitted.facts.key, read.body.models));
-    if (scope) return denied(seen, scope);
-    metered = body !== null && !route.countTokens;
-    if (metered) estimate = { prompt: promptTokens(read.body.estimateBytes), output: outputCap(read.body.maxOutputTokens, limitSettings.defaultOutputTokens) };
-  } else {
-    // Files bodies stream through unread; one declared over the upload limit goes no further.
-    const upload = input.openUpload({ limit: server.maxUploadBytes });
-    if (!upload.ok) return denied(seen, upload.denial);
-    body = upload.source;
-  }
+  const read = await bodyStep(input, { snap, admitted, seen });
+  if ('denial' in read) return denied(seen, read.denial);
+  const { body, estimate, metered } = read;
   const tokens = estimate.prompt + estimate.output;
 
   const limits = admission(snap, admitted, tokens, requestId);
