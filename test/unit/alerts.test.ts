@@ -143,7 +143,10 @@ test('watch: a claim the store cannot answer is asked again later with the same 
   down = false;
   const origin = store.claimOnce;
   store.claimOnce = (input) => origin(input).finally(() => asked.length === 3 && retried());
+  // The retry timer is unref'd (it never holds a process up): keep this test's loop alive meanwhile.
+  const alive = setInterval(() => undefined, 1_000);
   await retriedOnce;
+  clearInterval(alive);
   await watch.idle();
   assert.deepEqual(asked.map((a) => a.name), ['alert:0.8', 'alert:0.8', 'alert:0.95']);
   assert.equal(asked[1]!.token, asked[0]!.token, 'the retry carries the first token');
