@@ -37,16 +37,27 @@ function namedByConnection(raw: readonly string[]): string[] | null {
 }
 
 /**
+ * Sets an own data property, also for a header called `__proto__` (an assignment would
+ * set the object's prototype instead).
+ */
+function put(out: Record<string, string | string[]>, name: string, value: string | string[]): void {
+  if (name === '__proto__') Object.defineProperty(out, name, { value, enumerable: true, writable: true, configurable: true });
+  else out[name] = value;
+}
+
+/**
  * A request's raw lines as the header object Node's client sends: names in lower case in
  * their first order, a repeated name as a list of its values in order (each sent as a line
  * of its own), hop-by-hop headers and those Connection names left out. Node's own header
  * object joins most repeats and keeps only the first of others. `traceparent`, when given,
  * is the one line sent under that name, where the first received one stood (else last).
+ * An ordinary object, not one without a prototype: V8 keeps those in dictionary mode, and
+ * http-proxy-3 and Node's client copy and walk this object on every request. So names
+ * inherited from Object.prototype (`constructor`, `toString`) are looked up as own only.
  */
 export function outgoingHeaders(raw: readonly string[], traceparent: string | null = null): IncomingHttpHeaders {
   const named = namedByConnection(raw);
-  // No prototype: a header may be called `__proto__`.
-  const out = Object.create(null) as Record<string, string | string[]>;
+  const out: Record<string, string | string[]> = {};
   for (let i = 0; i < raw.length; i += 2) {
     const name = raw[i]!.toLowerCase();
     if (HOP_BY_HOP.includes(name) || (named !== null && named.includes(name))) continue;
@@ -55,9 +66,9 @@ export function outgoingHeaders(raw: readonly string[], traceparent: string | nu
       continue;
     }
     const value = raw[i + 1]!;
-    const prev = out[name];
-    if (prev === undefined) out[name] = value;
-    else if (typeof prev === 'string') out[name] = [prev, value];
+    const prev = Object.hasOwn(out, name) ? out[name] : undefined;
+    if (prev === undefined) put(out, name, value);
+    else if (typeof prev === 'string') put(out, name, [prev, value]);
     else prev.push(value);
   }
   if (traceparent !== null) out.traceparent = traceparent;
