@@ -102,9 +102,10 @@ describe('header lines', () => {
   });
 
   test('a header named like an object property is an ordinary header', async () => {
-    assert.equal(await exchange(`GET /v1/models HTTP/1.1\r\nHost: a\r\nAuthorization: Bearer ${h.keys.k_ok}\r\n__proto__: x\r\nconstructor: y\r\nconstructor: z\r\n\r\n`), 200);
+    assert.equal(await exchange(`GET /v1/models HTTP/1.1\r\nHost: a\r\nAuthorization: Bearer ${h.keys.k_ok}\r\n__proto__: x\r\nconstructor: y\r\n__proto__: w\r\nconstructor: z\r\ntoString: t\r\n\r\n`), 200);
     const raw = up.received.at(-1)!.rawHeaders;
-    assert.deepEqual(named(raw, '__proto__').map(([, v]) => v), ['x']);
+    assert.deepEqual(named(raw, '__proto__').map(([, v]) => v), ['x', 'w']);
     assert.deepEqual(named(raw, 'constructor').map(([, v]) => v), ['y', 'z']);
+    assert.deepEqual(named(raw, 'tostring').map(([, v]) => v), ['t']);
   });
 });
