@@ -74,12 +74,12 @@ test('a master killed under load: answers stay fast, healthy shards stay exact, 
   const [dead, ...healthy] = [...byMaster.keys()];
   const deadKeys = byMaster.get(dead!)!;
   const healthyKeys = healthy.flatMap((p) => byMaster.get(p)!);
-  const loadKeys = [...byMaster.values()].flatMap((ids) => ids.slice(0, 8));
+  const loadKeys = loadKeysOf(byMaster);
   const [onHealthy] = [byMaster.get(healthy[0]!)![8]!];
-  const [fresh, spent] = [deadKeys[8]!, deadKeys[9]!];
+  const fresh = deadKeys[8]!;
 
-  // Before: 3 of `spent`'s 5 go, and the replica has them before its master dies.
-  assert.equal(await burst(spent, 3), 3);
+  // Before: 3 of `spent`'s 5 go, counted in Redis, and the replica has them before its master dies.
+  const spent = await spendThreeInRedis(deadKeys.slice(9), loadKeysOf(byMaster));
   const replicaPort = await waitForReplicaInSync(dead!);
 
   const load = startLoad({ urls: [a.url, b.url], keys: loadKeys.map((id) => a.keys[id]!), clients: 12 });
@@ -131,6 +131,30 @@ test('a master killed under load: answers stay fast, healthy shards stay exact, 
     await load.stop();
   }
 });
+
+const loadKeysOf = (keys: Map<number, string[]>): string[] => [...keys.values()].flatMap((ids) => ids.slice(0, 8));
+
+/**
+ * Takes 3 of an rpm-5 key's 5 in Redis and returns that key. Just after start a sidecar's
+ * first calls to the Cluster may pass the 100 ms timeout and be admitted in process
+ * (onError: open), which Redis never counts: both sidecars are warmed on load keys first,
+ * and a burst that still fell back leaves its key for the next candidate.
+ */
+async function spendThreeInRedis(candidates: string[], warmKeys: string[]): Promise<string> {
+  for (let round = 0; round < 20; round++) {
+    const before = failOpen();
+    await Promise.all([a, b].flatMap((h) => warmKeys.map((id) => chatRequest(h.url, h.keys[id]!, agent))));
+    if (failOpen() === before) break;
+  }
+  for (const id of candidates) {
+    const before = failOpen();
+    const admitted = await burst(id, 3);
+    if (failOpen() !== before) continue;
+    assert.equal(admitted, 3);
+    return id;
+  }
+  throw new Error('every first burst fell back to the in-process limiter');
+}
 
 /** Waits until the replica of `masterPort` has every write of its master; returns the replica's port. */
 async function waitForReplicaInSync(masterPort: number): Promise<number> {
