@@ -77,7 +77,8 @@ export function leasingInstances(url: string, prefix: string) {
   const connect = async (): Promise<Redis> => {
     const c = createRedisClient({ url, timeoutMs: 2_000 }) as Redis;
     clients.push(c);
-    if (c.status !== 'ready') await new Promise((r) => c.once('ready', r));
+    // A Cluster is 'ready' before each master's own connection: a hold sent to one still connecting would fail.
+    await whenServing(c);
     return c;
   };
   return {

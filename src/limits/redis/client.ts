@@ -95,12 +95,14 @@ function reportState(client: Redis | Cluster, onState: RedisClientOptions['onSta
 /**
  * Resolves once the client can serve every key: a single node when it is ready, a Cluster
  * when its hash-slot map is known and each master's own connection is ready (a command for a
- * master still connecting fails at once, with no offline queue).
+ * master still connecting fails at once, with no offline queue). A Cluster opens a master's
+ * connection only when a command first goes there, so those not opened yet are opened now.
  */
 export async function whenServing(client: Redis | Cluster): Promise<void> {
   if (client.status !== 'ready') await once(client, 'ready');
   if (!client.isCluster) return;
   const connecting = (client as Cluster).nodes('master').filter((node) => node.status !== 'ready');
+  for (const node of connecting) if (node.status === 'wait') node.connect().catch(() => {});
   await Promise.all(connecting.map((node) => once(node, 'ready')));
 }
 
