@@ -4,17 +4,21 @@
  * else: no routing, credentials, limits, body reads, usage tap or logging. Only what
  * http-proxy-3 and Node document: createProxyServer, web() with per-call options (target,
  * agent) and its error callback, close(); a plain http.Agent.
- *   node --import tsx bench/servers/bare.ts <upstream url>
+ *   node --import tsx bench/servers/bare.ts <upstream url> [extra µs]
+ * `extra µs` (bench/headroom.ts): each request first spins the event loop for that long, a
+ * known amount of main-thread work added to a proxy that does nothing else.
  */
 import http, { createServer } from 'node:http';
 import { createProxyServer } from 'http-proxy-3';
 import { serveForParent } from './common.js';
 
 const target = new URL(process.argv[2] ?? 'http://127.0.0.1:4000');
+const extraMs = Number(process.argv[3] ?? 0) / 1000;
 const agent = new http.Agent({ keepAlive: true, keepAliveMsecs: 1000, maxSockets: Infinity, maxFreeSockets: 256, scheduling: 'lifo' });
 const proxy = createProxyServer({ xfwd: false, changeOrigin: false, ws: false });
 
 const server = createServer({ keepAliveTimeout: 65_000, requestTimeout: 0, headersTimeout: 60_000 }, (req, res) => {
+  if (extraMs > 0) for (const until = performance.now() + extraMs; performance.now() < until; );
   proxy.web(req, res, { target, agent }, () => {
     if (res.headersSent) return void res.destroy();
     res.writeHead(502, { 'content-type': 'application/json' });

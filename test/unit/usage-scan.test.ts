@@ -4,10 +4,11 @@ import { topLevelSpans } from '../../src/proxy/usage/scan.js';
 import { createUsageTap, type Usage } from '../../src/proxy/usage/tap.js';
 
 const spanText = (body: string, which: 'usage' | 'response'): string | null => {
-  const spans = topLevelSpans(Buffer.from(body));
+  const buf = Buffer.from(body);
+  const spans = topLevelSpans(buf);
   assert.ok(spans, `spans of ${body}`);
-  const s = spans[which];
-  return s === null ? null : body.slice(s[0], s[1]).trim();
+  const s = spans[which]; // byte offsets
+  return s === null ? null : buf.toString('utf8', s[0], s[1]).trim();
 };
 
 test('topLevelSpans: the last top-level usage and response values, nested and quoted ones ignored', () => {
@@ -76,4 +77,20 @@ test('a whole JSON body that reports usage is billed by it: its text is not coun
   const tap = createUsageTap({ contentType: 'application/json' })!;
   tap.push(Buffer.from('{"choices":[{"message":{"content":"Hello!"}}],"usage":{"prompt_tokens":12,"completion_tokens":3}}'));
   assert.deepEqual(tap.end(), { usage: { input_tokens: 12, output_tokens: 3 }, textChars: null });
+});
+
+test('topLevelSpans: strings of every length around the byte walk, with escapes and quotes at each position, end where JSON.parse says', () => {
+  // JSON.stringify writes each with its escapes: backslashes land on every side of the walk's end
+  const pieces = ['\\', '"', '\\"', '}', '"usage":{"x":1}', 'é', '\n'];
+  for (let len = 0; len <= 80; len++) {
+    for (const piece of pieces) {
+      for (let at = Math.max(0, len - 40); at <= len; at += 3) {
+        const text = `${'a'.repeat(at)}${piece}${'b'.repeat(len - at)}`;
+        const body = JSON.stringify({ id: text, usage: { prompt_tokens: len, completion_tokens: at } });
+        assert.equal(spanText(body, 'usage'), `{"prompt_tokens":${len},"completion_tokens":${at}}`, body);
+        // the same string cut short: no closing quote anywhere
+        assert.equal(topLevelSpans(Buffer.from(body.slice(0, body.indexOf(',"usage"') - 1))), null, body);
+      }
+    }
+  }
 });

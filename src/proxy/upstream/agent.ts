@@ -9,8 +9,9 @@
  * - `reuseSocket` (a pooled socket is given to a request): the socket is busy again; one
  *   with unread bytes is destroyed instead, and its idle timer, which a short Keep-Alive
  *   hint may have shortened, is the upstream's timeout again.
- * - `createConnection`: the upstream's timeout lives on each socket, set once when it is
- *   made, not re-armed per request. A socket that goes quiet while busy is destroyed with
+ * - `createConnection`: what watches a socket is attached once, when it is made, not per
+ *   request: the stray-byte listener (which lets a busy socket's bytes pass) and the
+ *   upstream's timeout. A socket that goes quiet while busy is destroyed with
  *   UpstreamTimeout, which its request reports as its error; an idle one is Node's to close.
  */
 import http from 'node:http';
@@ -30,11 +31,6 @@ export interface UpstreamAgentOptions {
 /** Pooling that suits a sidecar: reuse the warmest socket, keep plenty idle, never queue. */
 const POOL: http.AgentOptions = { keepAlive: true, keepAliveMsecs: 1000, maxSockets: Infinity, maxFreeSockets: 256, scheduling: 'lifo' };
 
-/** Bytes on an idle pooled socket: one listener for every socket, with the socket as `this`. */
-function destroyOnStrayBytes(this: Duplex): void {
-  this.destroy();
-}
-
 // eslint-disable-next-line @typescript-eslint/no-explicit-any -- a mixin's base takes any arguments (TypeScript's rule)
 type AgentClass = new (...args: any[]) => http.Agent;
 
@@ -45,19 +41,20 @@ function guarded<B extends AgentClass>(Base: B, timeoutMs: number) {
   function onSocketTimeout(this: Duplex): void {
     if (!idle.has(this)) this.destroy(new UpstreamTimeout(message));
   }
+  // One listener for the socket's life: adding and removing one per request cost more than
+  // the check it makes on each chunk of a busy socket's response.
+  function destroyOnStrayBytes(this: Duplex): void {
+    if (idle.has(this)) this.destroy();
+  }
   return class extends Base {
     override keepSocketAlive(socket: Duplex): boolean {
       const keep = super.keepSocketAlive(socket) as unknown as boolean;
-      if (keep) {
-        idle.add(socket);
-        socket.once('data', destroyOnStrayBytes);
-      }
+      if (keep) idle.add(socket);
       return keep;
     }
 
     override reuseSocket(socket: Duplex, req: http.ClientRequest): void {
       idle.delete(socket);
-      socket.off('data', destroyOnStrayBytes);
       if (socket.readableLength > 0) socket.destroy();
       else if (timeoutMs > 0 && (socket as Duplex & { timeout?: number }).timeout !== timeoutMs) (socket as Duplex & { setTimeout(ms: number): void }).setTimeout(timeoutMs);
       super.reuseSocket(socket, req);
@@ -65,6 +62,7 @@ function guarded<B extends AgentClass>(Base: B, timeoutMs: number) {
 
     override createConnection(options: http.ClientRequestArgs, callback?: (err: Error | null, stream: Duplex) => void): Duplex | null | undefined {
       const socket = super.createConnection(options, callback);
+      socket?.on('data', destroyOnStrayBytes);
       if (timeoutMs > 0) socket?.on('timeout', onSocketTimeout);
       return socket;
     }

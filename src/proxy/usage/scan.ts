@@ -24,27 +24,48 @@ const QUOTE = 0x22;
 const BACKSLASH = 0x5c;
 const USAGE = Buffer.from('usage');
 const RESPONSE = Buffer.from('response');
+/**
+ * How far a string is walked byte by byte before the rest is searched natively: most of a
+ * response's strings (keys, ids, roles) are shorter, and a native call per string costs
+ * more than walking them; long texts are left to the native search.
+ */
+const SHORT_STRING = 32;
 
 const isSpace = (c: number): boolean => c === 0x20 || c === 0x0a || c === 0x0d || c === 0x09;
 
 /** Index of the quote that closes the string opened at `open`, or -1. */
 function stringEnd(buf: Buffer, open: number): number {
-  for (let j = buf.indexOf(QUOTE, open + 1); j !== -1; j = buf.indexOf(QUOTE, j + 1)) {
+  const walkTo = Math.min(buf.length, open + 1 + SHORT_STRING);
+  let j = open + 1;
+  for (; j < walkTo; j++) {
+    const c = buf[j]!;
+    if (c === QUOTE) return j;
+    if (c === BACKSLASH) j++; // the escaped byte is never the end
+  }
+  if (j >= buf.length) return -1;
+  // j is the first byte not yet read; a quote is escaped when an odd run of backslashes ends at it
+  for (let q = buf.indexOf(QUOTE, j); q !== -1; q = buf.indexOf(QUOTE, q + 1)) {
     let slashes = 0;
-    while (buf[j - 1 - slashes] === BACKSLASH) slashes++;
-    if (slashes % 2 === 0) return j;
+    while (buf[q - 1 - slashes] === BACKSLASH) slashes++;
+    if (slashes % 2 === 0) return q;
   }
   return -1;
+}
+
+/** Whether buf[from, from + word.length) holds exactly the bytes of `word`. */
+function spells(buf: Buffer, from: number, word: Buffer): boolean {
+  for (let k = 0; k < word.length; k++) if (buf[from + k] !== word[k]) return false;
+  return true;
 }
 
 /** Which of the two wanted keys the string buf[from, to) is: 1 usage, 2 response, 0 neither, -1 escaped. */
 function keyOf(buf: Buffer, from: number, to: number): number {
   const len = to - from;
-  if (len === USAGE.length && buf.compare(USAGE, 0, len, from, to) === 0) return 1;
-  if (len === RESPONSE.length && buf.compare(RESPONSE, 0, len, from, to) === 0) return 2;
+  if (len === USAGE.length && spells(buf, from, USAGE)) return 1;
+  if (len === RESPONSE.length && spells(buf, from, RESPONSE)) return 2;
   // an escaped key could spell either one: the caller parses the body whole instead
-  const slash = buf.indexOf(BACKSLASH, from);
-  return slash !== -1 && slash < to ? -1 : 0;
+  for (let k = from; k < to; k++) if (buf[k] === BACKSLASH) return -1;
+  return 0;
 }
 
 export function topLevelSpans(buf: Buffer): TopLevelSpans | null {
