@@ -111,6 +111,23 @@ function plain(v: string): boolean {
 /** JSON text of a string field, or null. */
 const str = (v: string | null): string => (v === null ? 'null' : plain(v) ? `"${v}"` : JSON.stringify(v));
 
+/**
+ * str() for one field, remembering its last value: most fields repeat from line to line
+ * (a key's ids and kind, the route, the method, the model), often as the same string the
+ * replica or the route table handed out, whose comparison is then a pointer's.
+ */
+function field(): (v: string | null) => string {
+  let last: string | null = null;
+  let text = 'null';
+  return (v) => {
+    if (v !== last) {
+      last = v;
+      text = str(v);
+    }
+    return text;
+  };
+}
+
 /** The current time as ISO text, made once per millisecond: lines of the same millisecond share it. */
 function isoClock(): () => string {
   let lastMs = -1;
@@ -128,13 +145,17 @@ function isoClock(): () => string {
 /** An access line as pino would write it (level, time, service, extra fields, then the line's). */
 function lineFormat(extra: string): (l: AccessLine) => string {
   const isoTime = isoClock();
+  const f = {
+    method: field(), path: field(), route: field(), code: field(), keyId: field(), keyKind: field(), projectId: field(),
+    userId: field(), model: field(), routing: field(), appName: field(), appUrl: field(), clientIp: field(), apiVersion: field(),
+  };
   return (l) =>
-    `{"level":"info","time":"${isoTime()}","service":"keyward"${extra},"req_id":${str(l.req_id)},"method":${str(l.method)},` +
-    `"path":${str(l.path)},"route":${str(l.route)},"status":${l.status},"code":${str(l.code)},"key_id":${str(l.key_id)},` +
-    `"key_kind":${str(l.key_kind)},"project_id":${str(l.project_id)},"user_id":${str(l.user_id)},"model":${str(l.model)},` +
-    `"routing":${str(l.routing)},"app_name":${str(l.app_name)},"app_url":${str(l.app_url)},"input_tokens":${l.input_tokens},` +
+    `{"level":"info","time":"${isoTime()}","service":"keyward"${extra},"req_id":${str(l.req_id)},"method":${f.method(l.method)},` +
+    `"path":${f.path(l.path)},"route":${f.route(l.route)},"status":${l.status},"code":${f.code(l.code)},"key_id":${f.keyId(l.key_id)},` +
+    `"key_kind":${f.keyKind(l.key_kind)},"project_id":${f.projectId(l.project_id)},"user_id":${f.userId(l.user_id)},"model":${f.model(l.model)},` +
+    `"routing":${f.routing(l.routing)},"app_name":${f.appName(l.app_name)},"app_url":${f.appUrl(l.app_url)},"input_tokens":${l.input_tokens},` +
     `"output_tokens":${l.output_tokens},"usage_estimated":${l.usage_estimated},` +
-    `"client_ip":${str(l.client_ip)},"api_version":${str(l.api_version)},"duration_ms":${l.duration_ms},"upstream_ms":${l.upstream_ms},` +
+    `"client_ip":${f.clientIp(l.client_ip)},"api_version":${f.apiVersion(l.api_version)},"duration_ms":${l.duration_ms},"upstream_ms":${l.upstream_ms},` +
     `${l.shadow.length === 0 ? '' : `"shadow":[${l.shadow.map(str).join(',')}],`}"msg":"request"}\n`;
 }
 

@@ -114,3 +114,18 @@ test('the access line says "shadow" only when a shadowed check would have refuse
   assert.equal(shadowed!.msg, 'request');
   assert.equal(shadowed!.upstream_ms, 1);
 });
+
+test('every access line carries its own field values, whatever the line before it held', () => {
+  const { writes, destination } = capture();
+  const logger = createLogger({ level: 'info', destination });
+  const values = ['gpt-4o', 'gpt-4o', null, 'a "quoted" \\ model', 'gpt-4o', `gpt${'-4o'}`, '', 'ünï', null, null];
+  const sent = values.map((v, i): AccessLine => ({ ...line(i), model: v, path: `/v1/${v ?? 'none'}`, key_id: v, code: i % 2 ? 'rpm_exceeded' : null, client_ip: v === null ? '10.0.0.1' : '127.0.0.1' }));
+  for (const l of sent) logger.access(l);
+  logger.access.flush();
+  const got = writes.join('').split('\n').filter(Boolean).map((l) => JSON.parse(l) as Record<string, unknown>);
+  assert.equal(got.length, sent.length);
+  got.forEach((l, i) => {
+    const s = sent[i]!;
+    assert.deepEqual([l.model, l.path, l.key_id, l.code, l.client_ip], [s.model, s.path, s.key_id, s.code, s.client_ip], `line ${i}`);
+  });
+});
