@@ -1,0 +1,12 @@
+import autocannon from 'autocannon';
+import { startServer, stopServer } from './lib/servers.js';
+import { BODY, HEADERS, PATH, REDIS_URL } from './lib/settings.js';
+const upstream = await startServer('upstream', []);
+const url = `http://127.0.0.1:${upstream.port}`;
+const shoot = (port: number, amount: number) => new Promise<void>((res) => autocannon({ url: `http://127.0.0.1:${port}${PATH}`, method: 'POST', headers: HEADERS, body: BODY, connections: 32, amount }).then(() => res(), () => res()));
+const s = await startServer('keyward', [url, 'redis', REDIS_URL]);
+await shoot(s.port, 5000);
+console.log('GO'); await new Promise((r) => setTimeout(r, 300));
+await shoot(s.port, 10000);
+await stopServer(s); await stopServer(upstream);
+process.exit(0);
