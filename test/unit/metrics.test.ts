@@ -69,6 +69,23 @@ test('requests are counted by route, status and code', async () => {
   assert.equal(await m.registry.getSingleMetricAsString('keyward_requests_total'), text);
 });
 
+test('request counts: series that alternate, return and differ in one label each are counted apart', async () => {
+  const m = createMetrics(sources);
+  const calls: [string, number, string][] = [
+    ['chat', 200, ''], ['chat', 200, ''], ['messages', 200, ''], ['chat', 200, ''], ['chat', 429, 'rpm_exceeded'],
+    ['chat', 429, 'tpm_exceeded'], ['chat', 429, 'rpm_exceeded'], ['chat', 200, ''], ['messages', 200, ''], ['chat', 502, ''],
+  ];
+  for (const [route, status, code] of calls) m.request(route, status, code);
+  const text = await m.registry.getSingleMetricAsString('keyward_requests_total');
+  const want = new Map<string, number>();
+  for (const [route, status, code] of calls) {
+    const k = `keyward_requests_total{route="${route}",status="${status}",code="${code}"}`;
+    want.set(k, (want.get(k) ?? 0) + 1);
+  }
+  const got = text.split('\n').filter((l) => l.startsWith('keyward_requests_total{'));
+  assert.deepEqual(got.sort(), [...want].map(([k, n]) => `${k} ${n}`).sort());
+});
+
 test('the in-flight gauge is added once its source exists, and reads it at each scrape', async () => {
   const m = createMetrics(sources);
   assert.equal(m.registry.getSingleMetric('keyward_in_flight_requests'), undefined);
