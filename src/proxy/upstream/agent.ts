@@ -42,7 +42,8 @@ function guarded<B extends AgentClass>(Base: B, timeoutMs: number) {
     if (!idle.has(this)) this.destroy(new UpstreamTimeout(message));
   }
   // One listener for the socket's life: adding and removing one per request cost more than
-  // the check it makes on each chunk of a busy socket's response.
+  // the check it makes on each chunk of a busy socket's response. Recent Node releases guard
+  // free sockets too, undocumented and not on every hand-off path; this guard does not rely on it.
   function destroyOnStrayBytes(this: Duplex): void {
     if (idle.has(this)) this.destroy();
   }
