@@ -2,14 +2,15 @@
  * The upstream agent is Node's own with three documented hooks: sockets go back to the
  * pool and come out of it as Node counts them, a busy socket that goes quiet fails its
  * request with UpstreamTimeout, an idle one is closed quietly, and a socket whose idle
- * timer a short Keep-Alive hint shortened gets the upstream's timeout back when reused.
+ * timer a short Keep-Alive hint shortened gets the upstream's timeout back when reused,
+ * and bytes arriving on a socket kept alive get it destroyed.
  */
 import { after, before, describe, test } from 'node:test';
 import assert from 'node:assert/strict';
 import http from 'node:http';
 import https from 'node:https';
 import { once } from 'node:events';
-import type { AddressInfo, Socket } from 'node:net';
+import net, { type AddressInfo, type Socket } from 'node:net';
 import { createUpstreamAgent } from '../../src/proxy/upstream/agent.js';
 
 let server: http.Server;
@@ -123,6 +124,42 @@ describe('upstream agent', () => {
     agent.destroy();
     other.closeAllConnections();
     other.close();
+  });
+
+  // Through the documented hooks alone (createConnection, keepSocketAlive), so Node's own
+  // guard on free sockets, which its 'free' handler installs, is not in play: this is keyward's.
+  test("bytes on a socket the agent keeps alive get it destroyed; a busy socket's bytes pass", { timeout: 5_000 }, async (t) => {
+    const peers: Socket[] = [];
+    const raw = net.createServer((s) => void peers.push(s));
+    raw.listen(0, '127.0.0.1');
+    await once(raw, 'listening');
+    const rawPort = (raw.address() as AddressInfo).port;
+    const agent = createUpstreamAgent({ tls: false, timeoutMs: 60_000 });
+    // also when the test fails by its timeout, so that the file still ends
+    t.after(() => {
+      agent.destroy();
+      for (const p of peers) p.destroy();
+      raw.close();
+    });
+    const connect = async (): Promise<Socket> => {
+      const socket = agent.createConnection({ host: '127.0.0.1', port: rawPort }) as Socket;
+      await once(socket, 'connect');
+      while (peers.length === 0 || peers.at(-1)!.remotePort !== socket.localPort) await new Promise((r) => setImmediate(r));
+      return socket;
+    };
+    const busy = await connect();
+    const got = once(busy, 'data');
+    peers.at(-1)!.write('a response');
+    assert.equal(String((await got)[0]), 'a response');
+    assert.equal(busy.destroyed, false);
+
+    const idle = await connect();
+    assert.equal(agent.keepSocketAlive(idle), true);
+    const closed = once(idle, 'close');
+    peers.at(-1)!.write('HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\nstale');
+    await closed;
+    assert.equal(idle.destroyed, true);
+    busy.destroy();
   });
 
   test('an https upstream gets an https.Agent with the same hooks', () => {
