@@ -17,6 +17,7 @@
 import { Redis } from 'ioredis';
 import { createLimiter } from '../src/limits/create.js';
 import type { Limiter } from '../src/limits/limiter.js';
+import { watchEvals } from '../test/helpers/redis-monitor.js';
 
 const env = (name: string, def: number): number => {
   const v = Number(process.env[name]);
@@ -75,23 +76,14 @@ async function drive(lim: Limiter, o: { count?: number; seconds?: number }): Pro
 
 /** Redis script calls per operation, counted with MONITOR on this run's prefix. */
 async function callsPerOp(lim: Limiter): Promise<number> {
-  const watcher = new Redis(REDIS_URL);
-  await new Promise((r) => watcher.once('ready', r));
-  const monitor = await watcher.monitor();
-  // A reply MONITOR interleaves with its own may upset the client; the count is what matters.
-  monitor.on('error', () => undefined);
-  let calls = 0;
-  monitor.on('monitor', (_t: string, args: string[]) => {
-    if (/^eval/i.test(args[0] ?? '') && args.some((a) => a.includes(PREFIX))) calls++;
-  });
-  await new Promise((r) => setTimeout(r, 100));
-  calls = 0;
+  const evals = await watchEvals([REDIS_URL], PREFIX);
+  await evals.settle();
+  evals.calls = 0;
   const { done } = await drive(lim, { count: CALLS_OPS });
-  // Settlements still queued and MONITOR's own delay.
-  await new Promise((r) => setTimeout(r, 300));
-  monitor.disconnect();
-  watcher.disconnect();
-  return calls / done;
+  await new Promise((r) => setTimeout(r, 100)); // settlements still queued leave within a tick
+  await evals.settle();
+  evals.stop();
+  return evals.calls / done;
 }
 
 const median = (xs: number[]): number => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)]!;

@@ -11,6 +11,8 @@
  *   on disk, and stopped afterwards. Without one the command does not run: exit 1.
  * - Chromium (KEYWARD_CHROMIUM, default /usr/bin/chromium) drives the console page tests;
  *   without it those tests are skipped, and a line says so.
+ * - A deadline (KW_TEST_DEADLINE_S, default 1200): a run still going then is stopped, with
+ *   every process it started, and exits 1 saying so, rather than holding CI until its limit.
  */
 import { Buffer } from 'node:buffer';
 import { spawn } from 'node:child_process';
@@ -23,6 +25,8 @@ import { clearTimeout, setTimeout } from 'node:timers';
 const DEFAULT_URL = 'redis://127.0.0.1:6379';
 const PING_TIMEOUT_MS = 2_000;
 const START_TIMEOUT_MS = 10_000;
+const DEADLINE_S = Number(process.env.KW_TEST_DEADLINE_S ?? 1200);
+const KILL_AFTER_MS = 10_000;
 
 const say = (line) => process.stderr.write(`test preflight: ${line}\n`);
 
@@ -149,23 +153,50 @@ async function redisForTests() {
   return started;
 }
 
-/** Runs the command with this process's streams; resolves with its exit code. */
+/**
+ * Runs the command with this process's streams, in a process group of its own so that the
+ * deadline stops the test files' processes too; resolves with its exit code.
+ */
 function run(command) {
-  const child = spawn(command[0], command.slice(1), { stdio: 'inherit' });
-  // Ctrl-C reaches the whole process group; a signal sent to this process alone is passed on.
-  for (const sig of ['SIGINT', 'SIGTERM']) process.on(sig, () => child.kill(sig));
+  const child = spawn(command[0], command.slice(1), { stdio: 'inherit', detached: true });
+  const signal = (sig) => {
+    try {
+      process.kill(-child.pid, sig);
+    } catch {
+      // already gone
+    }
+  };
+  // Ctrl-C reaches this process's group, not the command's: it is passed on, as is a signal sent to this process alone.
+  for (const sig of ['SIGINT', 'SIGTERM']) process.on(sig, () => signal(sig));
+  let late = false;
+  const deadline = setTimeout(() => {
+    late = true;
+    say(`the run did not finish within ${DEADLINE_S} s (KW_TEST_DEADLINE_S): stopping it and every process it started`);
+    signal('SIGTERM');
+    setTimeout(() => signal('SIGKILL'), KILL_AFTER_MS).unref();
+  }, DEADLINE_S * 1000);
   return new Promise((resolve) => {
     child.on('error', (err) => {
+      clearTimeout(deadline);
       say(`could not run ${command[0]}: ${err.message}`);
       resolve(1);
     });
-    child.on('exit', (code) => resolve(code ?? 1));
+    child.on('exit', (code) => {
+      clearTimeout(deadline);
+      // What the command started may outlive it; nothing of the run is left behind.
+      signal('SIGKILL');
+      resolve(late ? 1 : (code ?? 1));
+    });
   });
 }
 
 const command = process.argv.slice(2);
 if (command.length === 0) {
   say('usage: node scripts/test-preflight.mjs <command> [args...]');
+  process.exit(2);
+}
+if (!(DEADLINE_S > 0)) {
+  say(`KW_TEST_DEADLINE_S must be a number of seconds above 0, not "${process.env.KW_TEST_DEADLINE_S}"`);
   process.exit(2);
 }
 const chromium = process.env.KEYWARD_CHROMIUM ?? '/usr/bin/chromium';

@@ -6,11 +6,12 @@
  */
 import assert from 'node:assert/strict';
 import { after, describe, test } from 'node:test';
-import { Redis } from 'ioredis';
+import type { Redis } from 'ioredis';
 import type { AdmitResult } from '../../src/limits/limiter.js';
 import { admitShadowed } from '../../src/limits/shadow.js';
 import { shadowSet } from '../../src/policy/shadow.js';
 import { leasingInstances, redisHarness } from '../helpers/redis-harness.js';
+import { watchEvals as watchRedisEvals } from '../helpers/redis-monitor.js';
 import { waitFor } from '../helpers/redis-server.js';
 import { input, runLimiterConformance, uid } from '../helpers/redis-limits-conformance.js';
 import { TEST_REDIS_URL } from '../helpers/redis-url.js';
@@ -28,18 +29,8 @@ describe('bucket slices', { timeout: 60_000 }, () => {
   const ok = (rs: AdmitResult[]): number => rs.filter((r) => r.ok).length;
   const leased = async (client: Redis, key: string, bucket: 'rpm' | 'tpm'): Promise<number> =>
     Number((await client.hget(`{${prefix}:k:${key}}:${bucket}`, 'l')) ?? 0);
-  /** Counts the EVAL/EVALSHA calls on this suite's keys as Redis reports them (MONITOR reports asynchronously). */
-  const watchEvals = async (): Promise<{ calls: number; stop(): void }> => {
-    // A plain connection: MONITOR does not mix with the limiter client's pipelining options.
-    const watcher = new Redis(URL);
-    fleet.track(watcher);
-    const monitor = await watcher.monitor();
-    const seen = { calls: 0, stop: () => monitor.disconnect() };
-    monitor.on('monitor', (_time: string, args: string[]) => {
-      if (/^eval/i.test(args[0] ?? '') && args.some((a) => a.includes(prefix))) seen.calls++;
-    });
-    return seen;
-  };
+  /** Counts the EVAL/EVALSHA calls on this suite's keys as Redis reports them. */
+  const watchEvals = () => watchRedisEvals([URL], prefix);
 
   test('near the limit, N+1 requests at once across two instances admit exactly N', async () => {
     const a = await instance(200);
@@ -195,7 +186,7 @@ describe('bucket slices', { timeout: 60_000 }, () => {
     const limits = { rpm: 1_000_000, tpm: 100_000_000 };
     // The script cache and demand history; not counted.
     for (const k of keys) for (let i = 0; i < 3; i++) assert.ok((await lim.admit(input(k, { limits, tokens: 10 }))).ok);
-    await new Promise((r) => setTimeout(r, 50));
+    await evals.settle();
     evals.calls = 0;
     const requests = 2_000;
     let sent = 0;
@@ -210,8 +201,7 @@ describe('bucket slices', { timeout: 60_000 }, () => {
       }),
     );
     await lim.close(); // flushes the batch and gives the slices back
-    // MONITOR reports asynchronously: wait for the last calls to show.
-    await new Promise((r) => setTimeout(r, 200));
+    await evals.settle();
     evals.stop();
     const perRequest = evals.calls / requests;
     t.diagnostic(`${evals.calls} Redis calls for ${requests} requests`);
@@ -231,7 +221,8 @@ describe('bucket slices', { timeout: 60_000 }, () => {
       r.lease.finish({ tokens: 100 });
     }
     assert.equal(lim.slicesHeld(), 1, 'a slice is held');
-    await new Promise((r) => setTimeout(r, 100));
+    await new Promise((r) => setTimeout(r, 100)); // any batch of those 40 leaves
+    await evals.settle();
     evals.calls = 0;
     const a = await lim.admit(input(key, { limits, tokens: 100 }));
     assert.ok(a.ok);
@@ -244,13 +235,13 @@ describe('bucket slices', { timeout: 60_000 }, () => {
     assert.equal(b.quota.tokens!.remaining, a.quota.tokens!.remaining - 40, "b's 100 less a's refund of 60");
     assert.equal(c.quota.tokens!.remaining, b.quota.tokens!.remaining - 130, "c's 100 and b's charge of 30");
     c.lease.finish({ tokens: 100 });
-    // The batch would have left within a tick; MONITOR reports asynchronously.
+    // A batch would have left within a tick: give it many, then see all that reached Redis.
     await new Promise((r) => setTimeout(r, 200));
+    await evals.settle();
     assert.equal(evals.calls, 0, 'no Redis call for three settlements from a live slice');
     const leasedOut = await leased(client, key, 'tpm');
     assert.ok(leasedOut > 0);
     await lim.close(); // gives back what is left of the slice, settlements included
-    await new Promise((r) => setTimeout(r, 200));
     evals.stop();
     assert.equal(await leased(client, key, 'tpm'), 0, 'the slice, with what was settled into it, is back');
   });

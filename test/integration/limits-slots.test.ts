@@ -7,11 +7,12 @@
  */
 import assert from 'node:assert/strict';
 import { after, describe, test } from 'node:test';
-import { Redis } from 'ioredis';
+import type { Redis } from 'ioredis';
 import type { AdmitResult, Lease } from '../../src/limits/limiter.js';
 import type { RedisLimiter } from '../../src/limits/redis/limiter.js';
 import { scriptRunner } from '../../src/limits/redis/scripts.js';
 import { blocksIn, leasingInstances } from '../helpers/redis-harness.js';
+import { watchEvals } from '../helpers/redis-monitor.js';
 import { waitFor } from '../helpers/redis-server.js';
 import { input, uid } from '../helpers/redis-limits-conformance.js';
 import { TEST_REDIS_URL } from '../helpers/redis-url.js';
@@ -188,30 +189,16 @@ describe('blocks of concurrency slots', { timeout: 60_000 }, () => {
   });
 
   test('far from its limit a concurrency-limited request costs well under one Redis call', async (t) => {
-    const { lim, client } = await instance();
-    const watcher = new Redis(URL);
-    fleet.track(watcher);
-    const monitor = await watcher.monitor();
-    let calls = 0;
-    const seen = new Set<string>();
-    monitor.on('monitor', (_time: string, args: string[]) => {
-      if (/^echo/i.test(args[0] ?? '')) seen.add(args[1] ?? '');
-      else if (/^eval/i.test(args[0] ?? '') && args.some((a) => a.includes(prefix))) calls++;
-    });
-    /** Everything the limiter sent before this point has been seen (one connection keeps order). */
-    const mark = async (): Promise<void> => {
-      const m = uid(`${prefix}-mark`);
-      await client.echo(m);
-      await waitFor(() => seen.has(m), 5_000, 'the marker');
-    };
+    const { lim } = await instance();
+    const evals = await watchEvals([URL], prefix);
     // Concurrency alone, and concurrency with RPM and TPM.
     const keys = [
       { key: uid('k'), limits: { concurrency: 1_000 } },
       { key: uid('k'), limits: { rpm: 1_000_000, tpm: 100_000_000, concurrency: 1_000 } },
     ];
     for (const k of keys) for (let i = 0; i < 3; i++) ok([await lim.admit(input(k.key, { limits: k.limits, tokens: 10 }))])[0]!.finish({ tokens: null });
-    await mark();
-    calls = 0;
+    await evals.settle();
+    evals.calls = 0;
     const requests = 2_000;
     let sent = 0;
     let blocks = 0;
@@ -228,8 +215,9 @@ describe('blocks of concurrency slots', { timeout: 60_000 }, () => {
       }),
     );
     await lim.close(); // flushes the batch, gives slices and unused slots back
-    await mark();
-    monitor.disconnect();
+    await evals.settle();
+    evals.stop();
+    const { calls } = evals;
     const perRequest = calls / requests;
     t.diagnostic(`${calls} Redis calls for ${requests} requests, ${blocks} blocks held`);
     assert.equal(blocks, 2);

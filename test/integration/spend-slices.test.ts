@@ -9,7 +9,7 @@
  */
 import assert from 'node:assert/strict';
 import { after, before, describe, test } from 'node:test';
-import { Redis } from 'ioredis';
+import type { Redis } from 'ioredis';
 import type { HoldInput, HoldResult } from '../../src/limits/limiter.js';
 import type { RedisLimiter } from '../../src/limits/redis/limiter.js';
 import { SPEND_SLICE_SHARE } from '../../src/limits/redis/spend-slices.js';
@@ -18,6 +18,7 @@ import { keyBudget, projectBudget, wallet } from '../helpers/limits-conformance-
 import { type LocalCluster, startRedisCluster } from '../helpers/redis-cluster.js';
 import { leasingInstances } from '../helpers/redis-harness.js';
 import { uid } from '../helpers/redis-limits-conformance.js';
+import { watchEvals } from '../helpers/redis-monitor.js';
 import { waitFor } from '../helpers/redis-server.js';
 import { TEST_REDIS_URL } from '../helpers/redis-url.js';
 
@@ -33,46 +34,6 @@ async function ledgerHash(client: Redis, prefix: string, tag: string, holder: Ho
   const v = await client.hgetall(`{${prefix}:t:${encodeURIComponent(tag)}}:l:${encodeURIComponent(holder.id)}`);
   const amounts = Object.entries(v).filter(([f]) => f.startsWith('a:')).map(([, a]) => Number(a));
   return { s: Number(v.s ?? 0), h: Number(v.h ?? 0), amounts };
-}
-
-/** Counts the EVAL/EVALSHA calls naming `prefix` on each node (MONITOR reports asynchronously: `settle()` waits them out). */
-async function watchEvals(ports: number[], prefix: string, track: (c: Redis) => void): Promise<{ calls: number; settle(): Promise<void>; stop(): void }> {
-  const seen = { calls: 0, marks: new Set<string>() };
-  const monitors = await Promise.all(
-    ports.map(async (port) => {
-      const watcher = new Redis({ port, host: '127.0.0.1' });
-      track(watcher);
-      const m = await watcher.monitor();
-      m.on('monitor', (_t: string, args: string[]) => {
-        if (/^echo/i.test(args[0] ?? '')) seen.marks.add(args[1] ?? '');
-        else if (/^eval/i.test(args[0] ?? '') && args.some((a) => a.includes(prefix))) seen.calls++;
-      });
-      return { port, m };
-    }),
-  );
-  const probes = ports.map((port) => {
-    const c = new Redis({ port, host: '127.0.0.1' });
-    track(c);
-    return c;
-  });
-  return {
-    get calls() {
-      return seen.calls;
-    },
-    set calls(n: number) {
-      seen.calls = n;
-    },
-    /** A marker through each node after everything sent so far: MONITOR has shown all of it once the markers show. */
-    async settle() {
-      const marks = await Promise.all(probes.map(async (c) => {
-        const m = uid(`${prefix}-mark`);
-        await c.echo(m);
-        return m;
-      }));
-      await waitFor(() => marks.every((m) => seen.marks.has(m)), 5_000, 'the markers');
-    },
-    stop: () => monitors.forEach(({ m }) => m.disconnect()),
-  };
 }
 
 /** 16 workers taking `n` holds on `sets` in turn, each settled a moment later at a fraction of its estimate. */
@@ -95,9 +56,7 @@ function roundTrips(name: string, target: () => { url: string; ports: number[] }
     test('far from exhaustion most holds take no round trip; settlements and give-backs are the rest', async (t) => {
       const prefix = uid('kwtest');
       const fleet = leasingInstances(target().url, prefix);
-      // MONITOR starts before this test sends anything: a monitor line arriving in the same
-      // packet as MONITOR's OK is one ioredis reads as the answer to no command.
-      const evals = await watchEvals(target().ports, prefix, fleet.track);
+      const evals = await watchEvals(target().ports.map((port) => `redis://127.0.0.1:${port}`), prefix);
       try {
         const { lim } = await fleet.instance();
         const sets = [
@@ -128,7 +87,7 @@ function roundTrips(name: string, target: () => { url: string; ports: number[] }
           }
         }
       } finally {
-        // A monitor left connected would reconnect forever once the Cluster stops, and keep the process alive.
+        // A monitor left connected would hold the test process open.
         evals.stop();
         await fleet.close();
       }

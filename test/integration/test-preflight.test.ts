@@ -102,3 +102,17 @@ test('nothing listening on a loopback port: a private redis-server answers there
   assert.match(r.stderr, new RegExp(`^test preflight: started a private redis-server on redis://127\\.0\\.0\\.1:${port} for this run`));
   assert.equal(await listening(port), false, 'the private redis-server is stopped when the command ends');
 });
+
+test('a run past KW_TEST_DEADLINE_S is stopped with what it started, exit 1, one line says why', { timeout: 30_000 }, async () => {
+  // The command starts a process that listens and never ends, then hangs itself.
+  const listener = `const s = require('node:net').createServer().listen(0, '127.0.0.1', () => process.stdout.write(s.address().port + '\\n'));`;
+  const hang = `require('node:child_process').spawn(process.execPath, ['-e', ${JSON.stringify(listener)}], { stdio: ['ignore', 'inherit', 'inherit'] }); setInterval(() => {}, 1000);`;
+  const r = await preflight({ KW_TEST_REDIS_URL: TEST_REDIS_URL, KEYWARD_CHROMIUM: process.execPath, KW_TEST_DEADLINE_S: '3' }, [process.execPath, '-e', hang]);
+  assert.equal(r.code, 1);
+  assert.deepEqual(r.stderr.split('\n').filter(Boolean), [
+    'test preflight: the run did not finish within 3 s (KW_TEST_DEADLINE_S): stopping it and every process it started',
+  ]);
+  const port = Number(r.stdout.trim());
+  assert.ok(port > 0, `the listener's port (${r.stdout})`);
+  assert.equal(await listening(port), false, 'the process the command started is gone too');
+});
