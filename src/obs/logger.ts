@@ -18,12 +18,17 @@ export type Logger = pino.Logger & { readonly access: AccessWriter };
 export const PIPE_ATOMIC_BYTES = 4096;
 
 /**
- * stdout or a file, written asynchronously; pino flushes what is left when the process exits.
- * `shared`: other processes write to the same stdout, so every write holds whole lines
- * within PIPE_ATOMIC_BYTES (sonic-boom's maxWrite counts bytes).
+ * stdout or a file, written asynchronously. `shared`: other processes write to the same
+ * stdout, so every write holds whole lines within PIPE_ATOMIC_BYTES (sonic-boom's maxWrite
+ * counts bytes).
+ *
+ * minLength 1 writes as soon as there is anything, as 0 (the default) would, and makes
+ * sonic-boom's flush(cb) wait until every byte is written, which with 0 calls back at once.
+ * `flushed` relies on it before exit: pino's exit-time flush skips a write in flight (one
+ * waiting on a slow stdout reader), which then reaches the reader cut short or not at all.
  */
 export function logDestination(dest: string | number = 1, opts: { shared?: boolean } = {}): pino.DestinationStream {
-  return pino.destination({ dest, sync: false, ...(opts.shared ? { maxWrite: PIPE_ATOMIC_BYTES } : {}) });
+  return pino.destination({ dest, sync: false, minLength: 1, ...(opts.shared ? { maxWrite: PIPE_ATOMIC_BYTES } : {}) });
 }
 
 export function createLogger(opts: {
@@ -217,7 +222,19 @@ function accessWriter(opts: { stream: pino.DestinationStream; extra: string; chu
   return write;
 }
 
-/** Resolves once pino has handed on every line it holds (before a process exits). */
-export function flushed(logger: pino.Logger): Promise<void> {
-  return new Promise((resolve) => logger.flush(() => resolve()));
+/** How long `flushed` waits for stdout's reader before the process exits anyway. */
+export const FLUSH_TIMEOUT_MS = 5_000;
+
+/**
+ * Resolves once every line is written (before a process exits), or after `timeoutMs`: a
+ * reader that stopped reading must not hold a shutdown for ever.
+ */
+export function flushed(logger: pino.Logger, timeoutMs = FLUSH_TIMEOUT_MS): Promise<void> {
+  return new Promise((resolve) => {
+    const timer = setTimeout(resolve, timeoutMs);
+    logger.flush(() => {
+      clearTimeout(timer);
+      resolve();
+    });
+  });
 }
