@@ -223,7 +223,7 @@ function accessWriter(opts: { stream: pino.DestinationStream; extra: string; chu
 }
 
 /** How long `flushed` waits for stdout's reader before the process exits anyway. */
-export const FLUSH_TIMEOUT_MS = 5_000;
+const FLUSH_TIMEOUT_MS = 5_000;
 
 /**
  * Resolves once every line is written (before a process exits), or after `timeoutMs`: a
