@@ -19,14 +19,16 @@ const MAIN = join(import.meta.dirname, '../helpers/log-exit-main.ts');
 test('lines still pending at exit reach a slow stdout reader, every one', { timeout: 60_000 }, async () => {
   const n = 20_000; // about 7 MB of lines: far more than a pipe holds
   const child = spawn(process.execPath, ['--import', 'tsx', MAIN, String(n)], { stdio: ['ignore', 'pipe', 'pipe'] });
-  // The reader falls behind: nothing is read until the process is about to exit.
-  child.stdout.pause();
   const lines: string[] = [];
   const stdout = createInterface({ input: child.stdout });
   stdout.on('line', (l) => lines.push(l));
+  // The reader falls behind: nothing is read until the process is about to exit. (After
+  // createInterface, which resumes its input.)
+  child.stdout.pause();
   for await (const l of createInterface({ input: child.stderr })) {
     if (l === 'flushing') break;
   }
+  assert.equal(lines.length, 0, 'nothing was read before the process said it is flushing');
   child.stdout.resume();
   const [code] = (await once(child, 'close')) as [number | null];
   assert.equal(code, 0);
