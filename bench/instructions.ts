@@ -4,6 +4,8 @@
  * drifts between runs. Each server runs under `valgrind --tool=callgrind` with counting off;
  * after a warm-up it counts exactly N requests of `npm run bench`'s small chat request, then stops.
  *   npx tsx bench/instructions.ts [bare,keyward,keyward-redis,...]
+ * (also keyward-redis-budgets, and bare-agent, bare-lines, bare-agent-lines: the bare proxy
+ * with keyward's upstream agent and/or its header-lines pass, what Node's client is handed)
  * Environment: BENCH_IR_REQUESTS (3000), BENCH_IR_WARMUP (3000).
  * What it counts: every instruction in user space of the server process (all its threads:
  * JIT code, V8's compiler and GC, libuv), not the kernel's socket work, which is about half
@@ -25,6 +27,10 @@ const REQUESTS = count('BENCH_IR_REQUESTS', 3000);
 const WARMUP = count('BENCH_IR_WARMUP', 3000);
 const VARIANTS: Record<string, [string, ...string[]]> = {
   bare: ['bare'],
+  // bare with keyward's upstream agent and its header-lines pass (bench/servers/bare.ts)
+  'bare-agent': ['bare', '0', 'agent'],
+  'bare-lines': ['bare', '0', 'lines'],
+  'bare-agent-lines': ['bare', '0', 'agent,lines'],
   keyward: ['keyward', 'memory'],
   'keyward-redis': ['keyward', 'redis', REDIS_URL],
   'keyward-redis-budgets': ['keyward', 'redis-budgets', REDIS_URL],
