@@ -1,6 +1,7 @@
 import assert from 'node:assert/strict';
 import { after, before, describe, test } from 'node:test';
 import { Redis } from 'ioredis';
+import { createRedisClient, whenServing } from '../../src/limits/redis/client.js';
 import { createRedisLimiter } from '../../src/limits/redis/limiter.js';
 import { countWrites, redisHarness, deleteByPrefix } from '../helpers/redis-harness.js';
 import { keyBudget, projectBudget, wallet } from '../helpers/limits-conformance-ledger.js';
@@ -42,18 +43,34 @@ describe('redis limiter: key layout and expiry', () => {
     assert.equal(await redis.zcard(`${rtag}:conc`), 0);
   });
 
-  test('the calls of one event-loop turn leave in one write', async () => {
-    const lim = createRedisLimiter({ redis, prefix, leaseMs: 5_000 });
+  test("a call is written when it is made, not held behind an earlier call's reply", async () => {
+    // The production client: ioredis' auto-pipelining would hold the second call until the
+    // first one's pipeline is answered, which the pause below never lets happen.
+    const client = createRedisClient({ url: URL, timeoutMs: 5_000 });
+    await whenServing(client);
+    const lim = createRedisLimiter({ redis: client, prefix, leaseMs: 5_000 });
     await lim.admit(input(uid('k'), { limits: { rpm: 10 } })); // scripts loaded, connection up
-    const writes = countWrites(redis);
+    const writes = countWrites(client);
+    const turn = () => new Promise((resolve) => setImmediate(resolve));
+    // WRITE mode holds every script call (EVAL/EVALSHA) and lets CLIENT UNPAUSE through.
+    await redis.call('CLIENT', 'PAUSE', '2000', 'WRITE');
+    let calls: Promise<Awaited<ReturnType<typeof lim.admit>>>[] = [];
     try {
-      const rs = await Promise.all(Array.from({ length: 20 }, () => lim.admit(input(uid('k'), { limits: { rpm: 10, concurrency: 2 } }))));
-      assert.ok(rs.every((r) => r.ok), 'each call got its own answer');
-      assert.deepEqual(writes.counts(), [1], '20 admissions, one write');
-      for (const r of rs) leaseOf(r).finish({ tokens: null });
+      calls = [lim.admit(input(uid('k'), { limits: { rpm: 10, concurrency: 2 } }))];
+      await turn();
+      await turn();
+      calls.push(lim.admit(input(uid('k'), { limits: { rpm: 10, concurrency: 2 } })));
+      await turn();
+      await turn();
+      assert.deepEqual(writes.counts(), [2], 'the second call left while the first waited for its reply');
     } finally {
+      await redis.call('CLIENT', 'UNPAUSE');
       writes.restore();
+      const rs = await Promise.all(calls);
+      for (const r of rs) if (r.ok) leaseOf(r).finish({ tokens: null });
       await lim.close();
+      client.disconnect();
+      assert.ok(rs.every((r) => r.ok), 'each call got its own answer');
     }
   });
 

@@ -33,8 +33,12 @@ export function createRedisClient(opts: RedisClientOptions): Redis | Cluster {
     connectTimeout: Math.max(1_000, opts.timeoutMs * 10),
     // Connect now, so the first requests do not pay for the handshake.
     lazyConnect: false,
-    // The calls of one event-loop turn leave in one write (a Cluster's own option turns it off).
-    enableAutoPipelining: true,
+    // Off: each call is written when it is made. ioredis' auto-pipelining holds a turn's
+    // calls until the previous turn's pipeline has its replies, and keeps its pipelines in
+    // a Map and a Set that churn once per turn, which promotes whole pipelines to the old
+    // generation (docs/performance.md, "Redis calls"). keyward batches at its own level:
+    // one hold call per hash slot and turn, one settlement call per slot and tick.
+    enableAutoPipelining: false,
   } satisfies RedisOptions;
 
   let client: Redis | Cluster;

@@ -8,10 +8,9 @@
  * settlement batch relies on (a NOSCRIPT answered and resent later would let the next
  * admission overtake a settlement).
  *
- * A single-node client pipelines the calls of one event-loop turn into one write
- * (`enableAutoPipelining`). A Cluster client does not: it would group a turn's calls by the
- * master of each call's first argument, which for a script with a variable number of keys
- * is the key count, not a key.
+ * Each call is written when it is made (no `enableAutoPipelining`, client.ts). What many
+ * requests ask for together is already one call: a turn's holds per hash slot
+ * (`atTurnEnd`), a tick's settlements per slot (settle-batch.ts).
  */
 import { readFileSync } from 'node:fs';
 import type { Cluster, Redis } from 'ioredis';
@@ -56,7 +55,7 @@ const due = new WeakMap<object, (() => void)[]>();
 
 /**
  * Runs `fn` at the end of this event-loop turn, once the turn's I/O callbacks have run:
- * what it sends (a batch of what the turn's requests asked for) joins that turn's pipeline.
+ * what it sends is one call for what all of the turn's requests asked for.
  */
 export function atTurnEnd(client: Redis | Cluster, fn: () => void): void {
   const queued = due.get(client);
