@@ -48,7 +48,7 @@ export function createLimiter(opts: CreateLimiterOptions): Limiter {
 }
 
 /**
- * An admission Redis only gets to after ioredis gave up on it must change nothing; a quarter
+ * An admission Redis only gets to after its call's deadline passed must change nothing; a quarter
  * of the budget is left for the reply's way back.
  */
 const staleAfterMs = (timeoutMs: number): number => Math.max(1, Math.floor(timeoutMs * 0.75));
@@ -64,6 +64,7 @@ function failoverLimiter(cfg: RedisLimitsConfig, local: Limiter, opts: CreateLim
     prefix: cfg.prefix,
     leaseMs: opts.leaseMs,
     staleAfterMs: staleAfterMs(timeoutMs),
+    callTimeoutMs: timeoutMs,
     lease: cfg.lease.enabled ? { sliceMs: cfg.lease.sliceMs } : null,
   });
   const failover: Failover = {

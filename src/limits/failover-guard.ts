@@ -2,10 +2,11 @@
  * The guard every Redis call of createLimiter goes through (failover.ts). While the first
  * connection is being made, a call waits for it (at most timeoutMs) rather than failing at
  * once, so a freshly started instance does not fail open. Then each call waits at most
- * timeoutMs plus a small slack: ioredis' commandTimeout normally answers first, and the guard
- * also bounds what it does not (a NOSCRIPT resend, Cluster redirections). An answer Redis
- * gives after the guard gave up is undone at once (`late`), so it cannot hold a slot or a
- * budget nobody will release.
+ * timeoutMs plus a small slack: the deadline of each Redis call (redis/deadlines.ts)
+ * normally answers first, and the guard bounds the whole step, which may wait on more than
+ * one call (a hold that waits for another request's slice call, then makes its own). An
+ * answer Redis gives after the guard gave up is undone at once (`late`), so it cannot hold a
+ * slot or a budget nobody will release.
  */
 import type { Cluster, Redis } from 'ioredis';
 import { whenServing } from './redis/client.js';

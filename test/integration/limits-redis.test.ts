@@ -2,6 +2,7 @@ import assert from 'node:assert/strict';
 import { after, before, describe, test } from 'node:test';
 import { Redis } from 'ioredis';
 import { createRedisClient, whenServing } from '../../src/limits/redis/client.js';
+import { CallTimeoutError } from '../../src/limits/redis/deadlines.js';
 import { createRedisLimiter } from '../../src/limits/redis/limiter.js';
 import { countWrites, redisHarness, deleteByPrefix } from '../helpers/redis-harness.js';
 import { keyBudget, projectBudget, wallet } from '../helpers/limits-conformance-ledger.js';
@@ -71,6 +72,27 @@ describe('redis limiter: key layout and expiry', () => {
       await lim.close();
       client.disconnect();
       assert.ok(rs.every((r) => r.ok), 'each call got its own answer');
+    }
+  });
+
+  test('a call Redis does not answer is rejected after callTimeoutMs, with no timer of its own', async () => {
+    const client = createRedisClient({ url: URL, timeoutMs: 200 });
+    await whenServing(client);
+    assert.equal((client as Redis).options.commandTimeout, undefined, 'the client arms no timer per command');
+    const errors: unknown[] = [];
+    const lim = createRedisLimiter({ redis: client, prefix, leaseMs: 5_000, callTimeoutMs: 200, onError: (_op, err) => errors.push(err) });
+    await lim.admit(input(uid('k'), { limits: { rpm: 10 } })); // scripts loaded, connection up
+    await redis.call('CLIENT', 'PAUSE', '3000', 'WRITE');
+    try {
+      const started = performance.now();
+      await assert.rejects(lim.admit(input(uid('k'), { limits: { rpm: 10 } })), CallTimeoutError);
+      const ms = performance.now() - started;
+      assert.ok(ms >= 200 && ms < 1_500, `rejected after ${ms.toFixed(0)} ms`);
+      assert.equal(errors.length, 1, 'counted as one Redis error');
+    } finally {
+      await redis.call('CLIENT', 'UNPAUSE');
+      await lim.close();
+      client.disconnect();
     }
   });
 

@@ -25,6 +25,8 @@ export interface RedisLimiterOptions {
   lease?: { sliceMs: number } | null;
   /** Longest a settlement waits to leave with others; default DEFAULT_SETTLE_EVERY_MS. */
   settleEveryMs?: number;
+  /** Each call is rejected when Redis has not answered it within this many ms (deadlines.ts); unbounded when absent. */
+  callTimeoutMs?: number;
 }
 
 export interface RedisLease extends Lease {

@@ -1,6 +1,8 @@
 /**
  * ioredis client for the limiter, configured to fail fast: a limits check must never hold
- * a request longer than `timeoutMs` when Redis is down, paused or unreachable.
+ * a request longer than `timeoutMs` when Redis is down, paused or unreachable. Commands get
+ * no `commandTimeout` (a timer per command): the limiter bounds each of its calls itself
+ * (deadlines.ts, `callTimeoutMs`), and the failover guard bounds each request's.
  * The URL forms of `redis.url` are src/config/redis-url.ts's.
  */
 import { once } from 'node:events';
@@ -26,7 +28,6 @@ export function createRedisClient(opts: RedisClientOptions): Redis | Cluster {
   const target = parseRedisUrl(opts.url);
   const common = {
     // No queueing while disconnected: the command fails at once and the caller falls back.
-    commandTimeout: opts.timeoutMs,
     maxRetriesPerRequest: 0,
     // A resent admission after a reconnect could be counted twice.
     autoResendUnfulfilledCommands: false,
