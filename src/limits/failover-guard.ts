@@ -10,6 +10,7 @@
  */
 import type { Cluster, Redis } from 'ioredis';
 import { whenServing } from './redis/client.js';
+import { Deadlines } from './redis/deadlines.js';
 
 /** Slack on top of timeoutMs for the guard that bounds a whole call. */
 const GUARD_SLACK_MS = 25;
@@ -36,11 +37,14 @@ export class RedisGuard {
   private connecting = true;
   private readonly firstAttempt: Promise<void>;
   private gaveUp = 0;
+  /** each call's deadline: timeoutMs plus the slack */
+  private readonly deadlines: Deadlines;
 
   constructor(
     client: Redis | Cluster,
     private readonly timeoutMs: number,
   ) {
+    this.deadlines = new Deadlines({ timeoutMs: timeoutMs + GUARD_SLACK_MS });
     this.firstAttempt = new Promise<void>((resolve) => {
       const settled = (): void => {
         this.connecting = false;
@@ -71,32 +75,31 @@ export class RedisGuard {
     return Promise.race([this.firstAttempt, bound]).finally(() => clearTimeout(timer));
   }
 
-  /** One promise and one timer per call (every admission and hold comes through here), no race of promises. */
+  /** One promise and one deadline per call (every admission and hold comes through here), no timer of its own, no race of promises. */
   private underDeadline<T>(call: GuardedCall<T>): Promise<T> {
     return new Promise<T>((resolve) => {
       const p = call.send();
-      let late = false;
       const started = performance.now();
       const fail = (err: unknown): void => {
         call.failed(err, performance.now() - started >= this.timeoutMs * SLOW_SHARE);
         resolve(call.fallback());
       };
-      const timer = setTimeout(() => {
-        late = true;
+      // Over once answered (cleared) or once passed: an answer that finds it over is late.
+      const deadline = this.deadlines.start(() => {
         this.gaveUp++;
         fail(new RedisTimeout(`redis did not answer within ${this.timeoutMs} ms`));
-      }, this.timeoutMs + GUARD_SLACK_MS);
+      });
       p.then(
         (v) => {
-          if (late) return call.late(v);
-          clearTimeout(timer);
+          if (deadline.done) return call.late(v);
+          this.deadlines.clear(deadline);
           call.answered();
           resolve(v);
         },
         (err: unknown) => {
           // After the deadline the Redis side counted this failure itself; do not count it twice.
-          if (late) return void this.gaveUp--;
-          clearTimeout(timer);
+          if (deadline.done) return void this.gaveUp--;
+          this.deadlines.clear(deadline);
           fail(err);
         },
       );

@@ -1,6 +1,6 @@
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
-import { CallDeadlines, CallTimeoutError } from '../../src/limits/redis/deadlines.js';
+import { Deadlines, CallTimeoutError } from '../../src/limits/redis/deadlines.js';
 
 /** A call the test answers (or not) by hand. */
 function call<T>(): { p: Promise<T>; answer: (v: T) => void; fail: (err: unknown) => void } {
@@ -18,7 +18,7 @@ const settled = <T>(p: Promise<T>): Promise<'pending' | { value: T } | { error: 
 
 test('an unanswered call is rejected once its timeout has passed, not before', async () => {
   let now = 1_000;
-  const d = new CallDeadlines({ timeoutMs: 100, now: () => now });
+  const d = new Deadlines({ timeoutMs: 100, now: () => now });
   const c = call<string>();
   const bound = d.bound(c.p);
   now += 99;
@@ -35,7 +35,7 @@ test('an unanswered call is rejected once its timeout has passed, not before', a
 
 test("an answer in time is the call's answer, and its failure its error; the sweep stops once nothing is in flight", async () => {
   let now = 0;
-  const d = new CallDeadlines({ timeoutMs: 100, now: () => now });
+  const d = new Deadlines({ timeoutMs: 100, now: () => now });
   const ok = call<number>();
   const bad = call<number>();
   const a = d.bound(ok.p);
@@ -54,7 +54,7 @@ test("an answer in time is the call's answer, and its failure its error; the swe
 
 test("a late answer is dropped and does not free the cell another call took since", async () => {
   let now = 0;
-  const d = new CallDeadlines({ timeoutMs: 100, now: () => now });
+  const d = new Deadlines({ timeoutMs: 100, now: () => now });
   const first = call<string>();
   const a = d.bound(first.p);
   now += 100;
@@ -74,7 +74,7 @@ test("a late answer is dropped and does not free the cell another call took sinc
 });
 
 test('the sweep alone rejects an unanswered call, on the real clock', async () => {
-  const d = new CallDeadlines({ timeoutMs: 30 });
+  const d = new Deadlines({ timeoutMs: 30 });
   // The sweep never keeps a process up (unref'd); a real call's connection does, this stands in for it.
   const connection = setInterval(() => undefined, 1_000);
   try {
@@ -85,4 +85,25 @@ test('the sweep alone rejects an unanswered call, on the real clock', async () =
   } finally {
     clearInterval(connection);
   }
+});
+
+test('a deadline runs its action once when it passes, and never once cleared', () => {
+  let now = 0;
+  const d = new Deadlines({ timeoutMs: 50, now: () => now });
+  const ran: string[] = [];
+  const a = d.start(() => ran.push('a'));
+  const b = d.start(() => ran.push('b'));
+  d.clear(b);
+  now += 50;
+  d.expire();
+  d.expire();
+  assert.deepEqual(ran, ['a'], 'the passed one ran once; the cleared one never');
+  assert.equal(a.done, true);
+  d.clear(a); // over already: nothing happens
+  assert.equal(d.size, 0);
+  const c = d.start(() => ran.push('c')); // may take a freed cell
+  d.clear(a);
+  assert.equal(d.size, 1, 'clearing an expired deadline again frees no other cell');
+  d.clear(c);
+  assert.deepEqual(ran, ['a']);
 });

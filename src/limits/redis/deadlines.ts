@@ -1,15 +1,16 @@
 /**
- * The deadline of every Redis call the limiter makes: a call not answered within timeoutMs
- * is rejected (CallTimeoutError), as ioredis' `commandTimeout` would reject it, and its late
- * answer is dropped. Redis may still run it; the scripts that care check a deadline of
- * their own (admit.lua's staleAfterMs, hold.lua's).
+ * Deadlines of Redis calls. `bound` rejects a call of the limiter not answered within
+ * timeoutMs (CallTimeoutError), as ioredis' `commandTimeout` would, and drops its late
+ * answer; Redis may still run it, and the scripts that care check a deadline of their own
+ * (admit.lua's staleAfterMs, hold.lua's). The failover guard (failover-guard.ts) starts its
+ * own deadlines on a second instance, with an action of its own when one passes.
  *
  * Why not `commandTimeout`: it arms one timer per command and clears it on the answer, which
  * at a settlement call every tick is the largest share of what the Redis mode promotes to the
- * old generation (docs/performance.md, "Redis calls"). Here the calls in flight sit in the
- * cells of one array, and one sweep (every tenth of the timeout, 1 to 10 ms) rejects the
- * overdue ones; it stops when nothing is in flight. A call is rejected between timeoutMs and
- * timeoutMs plus that period after it was made.
+ * old generation (docs/performance.md, "Redis calls"). Here the running deadlines sit in
+ * the cells of one array, and one sweep (every tenth of the timeout, 1 to 10 ms) expires the
+ * overdue ones; it stops when none runs. A deadline expires between timeoutMs and
+ * timeoutMs plus that period after its start.
  */
 import { DenseSet } from '../../dense-set.js';
 
@@ -20,71 +21,86 @@ export class CallTimeoutError extends Error {
   }
 }
 
-interface Pending {
+/** One deadline: `expire` runs once its time has passed, unless cleared first. */
+export interface Deadline {
   at: number;
-  reject: (err: unknown) => void;
-  /** its cell in `pending`, given back once: on the answer or by the sweep */
+  expire: () => void;
+  /** its cell in the sweep's array, given back once: by clear() or by the sweep */
   cell: number;
-  /** set by the sweep: the cell is given back already */
-  expired: boolean;
+  /** cleared, or expired: either way over */
+  done: boolean;
 }
 
-export interface CallDeadlinesOptions {
+export interface DeadlinesOptions {
   timeoutMs: number;
   /** the clock deadlines are read on (performance.now() by default) */
   now?: () => number;
 }
 
-export class CallDeadlines {
-  private readonly pending = new DenseSet<Pending>();
+/** Deadlines timeoutMs after their start, all checked by one sweep (see the header). */
+export class Deadlines {
+  private readonly pending = new DenseSet<Deadline>();
   private timer: NodeJS.Timeout | null = null;
   private readonly timeoutMs: number;
   private readonly now: () => number;
-  /** a tenth of the timeout, between 1 and 10 ms: the most a rejection comes late */
+  /** a tenth of the timeout, between 1 and 10 ms: the most an expiry comes late */
   private readonly sweepMs: number;
   private readonly sweep = (): void => this.expire();
 
-  constructor(opts: CallDeadlinesOptions) {
+  constructor(opts: DeadlinesOptions) {
     this.timeoutMs = opts.timeoutMs;
     this.now = opts.now ?? (() => performance.now());
     this.sweepMs = Math.min(10, Math.max(1, Math.floor(opts.timeoutMs / 10)));
   }
 
-  /** Calls in flight (not yet answered nor rejected). */
+  /** Deadlines running (neither cleared nor expired). */
   get size(): number {
     return this.pending.size;
   }
 
-  /** Whether the sweep is running (only while a call is in flight, or until its next run). */
+  /** Whether the sweep is running (only while a deadline runs, or until its next run). */
   get sweeping(): boolean {
     return this.timer !== null;
   }
 
-  /** `call`'s answer, or a CallTimeoutError once timeoutMs have passed without one. */
+  /** A deadline timeoutMs from now that runs `expire` when it passes. */
+  start(expire: () => void): Deadline {
+    const d: Deadline = { at: this.now() + this.timeoutMs, expire, cell: -1, done: false };
+    d.cell = this.pending.add(d);
+    if (!this.timer) {
+      this.timer = setInterval(this.sweep, this.sweepMs);
+      this.timer.unref();
+    }
+    return d;
+  }
+
+  /** Ends `d` before it expires (nothing happens if it is over already). */
+  clear(d: Deadline): void {
+    if (d.done) return;
+    d.done = true;
+    this.pending.delete(d.cell);
+  }
+
+  /** `call`'s answer, or a CallTimeoutError once timeoutMs have passed without one (a later answer is dropped). */
   bound<T>(call: Promise<T>): Promise<T> {
     return new Promise<T>((resolve, reject) => {
-      const p: Pending = { at: this.now() + this.timeoutMs, reject, cell: -1, expired: false };
-      p.cell = this.pending.add(p);
-      if (!this.timer) {
-        this.timer = setInterval(this.sweep, this.sweepMs);
-        this.timer.unref();
-      }
+      const d = this.start(() => reject(new CallTimeoutError(this.timeoutMs)));
       call.then(
         (v) => {
-          if (p.expired) return;
-          this.pending.delete(p.cell);
+          if (d.done) return;
+          this.clear(d);
           resolve(v);
         },
         (err: unknown) => {
-          if (p.expired) return;
-          this.pending.delete(p.cell);
+          if (d.done) return;
+          this.clear(d);
           reject(err);
         },
       );
     });
   }
 
-  /** Rejects every overdue call; stops the sweep once nothing is in flight. */
+  /** Expires every deadline whose time has passed; stops the sweep once none runs. */
   expire(): void {
     if (this.pending.size === 0) {
       if (this.timer) clearInterval(this.timer);
@@ -92,11 +108,10 @@ export class CallDeadlines {
       return;
     }
     const t = this.now();
-    this.pending.forEach((p) => {
-      if (p.at > t) return;
-      p.expired = true;
-      this.pending.delete(p.cell);
-      p.reject(new CallTimeoutError(this.timeoutMs));
+    this.pending.forEach((d) => {
+      if (d.at > t) return;
+      this.clear(d);
+      d.expire();
     });
   }
 }

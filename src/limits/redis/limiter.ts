@@ -17,7 +17,7 @@ import { type AdmitInput, type AdmitResult, type ClaimInput, type ClaimResult, t
 import { type RedisLease, type RedisLimiter, type RedisLimiterOptions, errorTags, hashTag } from './api.js';
 import { claimOnRedis } from './claims.js';
 import { createRedisClock } from './clock.js';
-import { CallDeadlines } from './deadlines.js';
+import { Deadlines } from './deadlines.js';
 import { type LeasePath, createLeasePath, leasable } from './lease-path.js';
 import { SPEND_SLICE_MAX_MS } from './spend-slices.js';
 import { type RedisLedger, createRedisLedger } from './ledger.js';
@@ -52,7 +52,7 @@ class SharedLimiter implements RedisLimiter {
   constructor(private readonly opts: RedisLimiterOptions) {
     const client = opts.redis;
     const { leaseMs } = opts;
-    const run = scriptRunner(client, opts.callTimeoutMs ? new CallDeadlines({ timeoutMs: opts.callTimeoutMs }) : undefined);
+    const run = scriptRunner(client, opts.callTimeoutMs ? new Deadlines({ timeoutMs: opts.callTimeoutMs }) : undefined);
     const refreshEveryMs = opts.refreshEveryMs ?? defaultRefreshEveryMs(leaseMs);
     const clock = createRedisClock(opts.staleAfterMs);
     const cluster = client.isCluster;

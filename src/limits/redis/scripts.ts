@@ -14,7 +14,7 @@
  */
 import { readFileSync } from 'node:fs';
 import type { Cluster, Redis } from 'ioredis';
-import type { CallDeadlines } from './deadlines.js';
+import type { Deadlines } from './deadlines.js';
 
 export const SCRIPTS = {
   keywardAdmit: 'admit.lua',
@@ -42,7 +42,7 @@ let sources: Record<ScriptName, string> | null = null;
 type Commands = Record<ScriptName, (numberOfKeys: number, ...keysAndArgs: (string | number)[]) => Promise<unknown>>;
 
 /** A runner of the scripts on `client`, defining them on it the first time; `deadlines` bound each call. */
-export function scriptRunner(client: Redis | Cluster, deadlines?: CallDeadlines): RunScript {
+export function scriptRunner(client: Redis | Cluster, deadlines?: Deadlines): RunScript {
   sources ??= Object.fromEntries(Object.entries(SCRIPTS).map(([name, file]) => [name, scriptSource(file)])) as Record<ScriptName, string>;
   const commands = client as unknown as Commands;
   for (const name of Object.keys(SCRIPTS) as ScriptName[]) {
