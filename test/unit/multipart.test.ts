@@ -86,6 +86,35 @@ for (const [name, buf, want] of OK) {
   });
 }
 
+/** Feeds `buf` to a reader in two pushes, split at `at`: the fields it read and its problem, if any. */
+function readSplit(boundary: string, buf: Buffer, at: number) {
+  const reader = new MultipartReader(boundary);
+  const fields: Record<string, string> = {};
+  for (const part of [buf.subarray(0, at), buf.subarray(at)]) {
+    const r = reader.push(part);
+    if (!Array.isArray(r)) return { fields, problem: r.problem };
+    for (const e of r) if (e.type === 'field') fields[e.name] = e.value;
+  }
+  return { fields, problem: reader.end() };
+}
+
+test('multipart reads every accepted body the same wherever one chunk ends and the next begins', () => {
+  for (const [name, buf, want] of OK) {
+    for (let at = 1; at < buf.length; at++) {
+      const got = readSplit(B, buf, at);
+      assert.equal(got.problem, null, `${name}, split at ${at}`);
+      assert.deepEqual(got.fields, want, `${name}, split at ${at}`);
+    }
+  }
+});
+
+test('a field value that ends in part of the delimiter is read whole wherever the chunk ends', () => {
+  // The value's last bytes are the delimiter's first ones: the tail kept between chunks is content.
+  const value = `v\r\n--${B.slice(0, 20)}`;
+  const buf = body(B, [{ name: 'model', value }, FILE]);
+  for (let at = 1; at < buf.length; at++) assert.deepEqual(readSplit(B, buf, at), { fields: { model: value }, problem: null }, `split at ${at}`);
+});
+
 const BAD: [string, Buffer, RegExp][] = [
   ['a preamble', raw(`preamble\r\n--${B}\r\n${CD('name="model"')}\r\n\r\nm\r\n--${B}--`), /start with its boundary/],
   ['a leading CRLF', raw(`\r\n--${B}\r\n${CD('name="model"')}\r\n\r\nm\r\n--${B}--`), /start with its boundary/],
@@ -120,6 +149,7 @@ const BAD: [string, Buffer, RegExp][] = [
 for (const [name, buf, want] of BAD) {
   test(`multipart refuses: ${name}`, () => {
     for (const size of [buf.length, 5, 1]) assert.match(read(B, buf, size).problem ?? 'accepted', want, `chunks of ${size}`);
+    for (let at = 1; at < buf.length; at++) assert.match(readSplit(B, buf, at).problem ?? 'accepted', want, `split at ${at}`);
   });
 }
 

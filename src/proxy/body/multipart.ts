@@ -118,9 +118,8 @@ export class MultipartReader {
 
   push(chunk: Buffer): MultipartEvent[] | { problem: string } {
     if (this.state === 'failed') return { problem: this.problem! };
-    this.buf = this.buf.length === 0 ? chunk : Buffer.concat([this.buf, chunk]);
     const events: MultipartEvent[] = [];
-    const problem = this.run(events);
+    const problem = this.append(chunk) ?? this.run(events);
     if (problem) {
       this.state = 'failed';
       this.problem = problem;
@@ -150,6 +149,30 @@ export class MultipartReader {
       this.problem = 'The multipart body ends before its closing delimiter.';
     }
     return this.problem;
+  }
+
+  /**
+   * Puts the new bytes behind what is left of the old. Inside a part's content what is left
+   * is a tail shorter than the delimiter; when no delimiter begins in it, the tail is
+   * content and the chunk is read as it came: an upload is not copied chunk by chunk,
+   * which would double the memory its chunks take until a collection frees them.
+   */
+  private append(chunk: Buffer): string | null {
+    const tail = this.buf;
+    if (tail.length === 0) {
+      this.buf = chunk;
+      return null;
+    }
+    // A delimiter that begins in the tail ends within the chunk's first marker.length - 1 bytes.
+    if (this.state === 'body' && chunk.length >= this.marker.length - 1) {
+      const at = Buffer.concat([tail, chunk.subarray(0, this.marker.length - 1)]).indexOf(this.marker);
+      if (at === -1 || at >= tail.length) {
+        this.buf = chunk;
+        return this.collect(tail);
+      }
+    }
+    this.buf = Buffer.concat([tail, chunk]);
+    return null;
   }
 
   private consume(n: number): void {
