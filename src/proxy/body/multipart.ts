@@ -154,8 +154,7 @@ export class MultipartReader {
   /**
    * Puts the new bytes behind what is left of the old. Inside a part's content what is left
    * is a tail shorter than the delimiter; when no delimiter begins in it, the tail is
-   * content and the chunk is read as it came: an upload is not copied chunk by chunk,
-   * which would double the memory its chunks take until a collection frees them.
+   * content and the chunk is read as it came, so a file part is not copied chunk by chunk.
    */
   private append(chunk: Buffer): string | null {
     const tail = this.buf;
