@@ -12,7 +12,7 @@
  *    `CAL` and `RES` lines of /proc/interrupts: what a wake-up on the other core costs both
  *    cores) and context switches (`ctxt` of /proc/stat). `bare+E` spins E µs a request
  *    first (bench/servers/bare.ts): a proxy that is slower by a known amount and does
- *    nothing else.
+ *    nothing else. Ratios are to the first server named (bare by default).
  * Environment: BENCH_ROUNDS (3), BENCH_DURATION (5 s).
  */
 import { spawn, spawnSync } from 'node:child_process';
@@ -84,8 +84,9 @@ async function measureServers(): Promise<void> {
   const servers: { name: string; started: Started; rates: number[]; ratios: number[]; us: number[]; per: Record<string, number[]> }[] = [];
   for (const name of names) {
     const [kind, spin] = name.split('+');
-    const args = kind === 'bare' ? [url, spin ?? '0'] : kind === 'keyward' ? [url, 'memory'] : redis ? [url, 'redis', redis.url] : null;
-    if (args) servers.push({ name, started: await startServer(kind === 'bare' ? 'bare' : 'keyward', args), rates: [], ratios: [], us: [], per: { cal: [], res: [], ctxt: [] } });
+    const args = kind === 'bare' ? [url, spin ?? '0'] : kind === 'keyward' ? [url, 'memory'] : kind === 'keyward-redis' && redis ? [url, 'redis', redis.url] : null;
+    if (!args) throw new Error(`${name}: not bare[+µs], keyward or keyward-redis, or no Redis for it`);
+    servers.push({ name, started: await startServer(kind === 'bare' ? 'bare' : 'keyward', args), rates: [], ratios: [], us: [], per: { cal: [], res: [], ctxt: [] } });
   }
   for (const s of servers) await startWrk({ port: s.started.port, body: CHAT_BODY, duration: 2, connections: 32, threads: 1 }).done;
   for (let r = 0; r < ROUNDS; r++) {
