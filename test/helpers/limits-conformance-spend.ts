@@ -9,7 +9,7 @@
  */
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
-import { SPEND_SLICE_MAX_MS } from '../../src/limits/redis/spend-slices.js';
+import { SPEND_SLICE_CHECK_MS, SPEND_SLICE_MAX_MS } from '../../src/limits/redis/spend-slices.js';
 import type { Holder } from '../../src/policy/holders.js';
 import { held, keyBudget, live, near, projectBudget, refused, req, twoOfTwenty, wallet } from './limits-conformance-ledger.js';
 import { type Harness, type TestLimiter, uid } from './redis-limits-conformance.js';
@@ -244,6 +244,28 @@ export function spendSliceConformance(get: () => Harness): void {
         refused(await t.b.hold(req(tag, [key], 0.01)), 'key_budget_exhausted');
         onB.settle(0.01);
       }
+    } finally {
+      await t.close();
+    }
+  });
+
+  test('spend: usage past its hold that spends the budget stops holds of 0 (an unpriced model) on another instance once it has asked about its slice', async () => {
+    const h = get();
+    const t = await two(h);
+    try {
+      const tag = uid('tag');
+      const key = keyBudget(uid('k'), { base: 0, limit: 10 });
+      const over = held(await t.a.hold(req(tag, [key], 0.01)));
+      await busy([t.a, t.b], tag, [key], 40, 0);
+      slicesOnBoth(h, t);
+      over.settle(10); // the usage came to the whole budget
+      refused(await t.a.hold(req(tag, [key], 0)), 'key_budget_exhausted');
+      // b's settlements carry nothing: one of them asks Redis about its slice once the last answer is old enough.
+      await h.passTime(SPEND_SLICE_CHECK_MS + 10);
+      const onB = await t.b.hold(req(tag, [key], 0));
+      if (onB.ok) onB.hold.settle(0);
+      await t.b.ledger({ tag, holders: [key] }); // that settlement has left and been answered
+      refused(await t.b.hold(req(tag, [key], 0)), 'key_budget_exhausted');
     } finally {
       await t.close();
     }

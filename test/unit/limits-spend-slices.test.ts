@@ -2,7 +2,7 @@ import assert from 'node:assert/strict';
 import { test } from 'node:test';
 import { createLeaseKeeper } from '../../src/limits/leases.js';
 import type { SettleBatch, SettleOp, SpendSliceWrite } from '../../src/limits/redis/settle-batch.js';
-import { SPEND_SLICE_COVER, type SpendSlice, SpendSliceTable } from '../../src/limits/redis/spend-slices.js';
+import { SPEND_SLICE_CHECK_MS, SPEND_SLICE_COVER, type SpendSlice, SpendSliceTable } from '../../src/limits/redis/spend-slices.js';
 import type { Holder } from '../../src/policy/holders.js';
 
 const key: Holder = { id: 'key:k', kind: 'budget', base: 0, limit: 100, epoch: 0, code: 'key_budget_exhausted' };
@@ -122,5 +122,46 @@ test('a slice goes back when its window is over, with what is left unused', () =
   t.sweep();
   assert.equal(t.held(), 0);
   assert.deepEqual(send().map((w) => [w.keys[0], w.take, w.end]), [['L:k', 90, false], ['L:p', 90, false]]);
+  t.stop();
+});
+
+test('settlements that carry nothing ask Redis about a live slice at most every SPEND_SLICE_CHECK_MS; one with a cost goes at once', () => {
+  const { t, clock, send } = setup();
+  grant(t, [100], [key]);
+  const k = ['L:k', 'Z:k'];
+  const zero = () => t.settle(t.take(k, [key], 0)!, 0, 0);
+  zero();
+  assert.deepEqual(send(), [], 'the grant itself was the last answer');
+  clock.now = SPEND_SLICE_CHECK_MS;
+  zero();
+  zero();
+  assert.deepEqual(send().map((w) => [w.cost, w.take, w.end]), [[0, 0, false]], 'one check, and the second settlement gathers in it');
+  clock.now += SPEND_SLICE_CHECK_MS - 1;
+  zero();
+  assert.deepEqual(send(), [], 'asked less than SPEND_SLICE_CHECK_MS ago');
+  t.settle(t.take(k, [key], 10)!, 10, 4);
+  assert.deepEqual(send().map((w) => [w.cost, w.take]), [[4, 4]], 'a cost is settled at the next tick whatever the last check');
+  clock.now += SPEND_SLICE_CHECK_MS;
+  zero();
+  const [check] = send();
+  check!.onVoid!();
+  assert.equal(t.held(), 0, 'a check answered void ends the slice');
+  assert.equal(t.take(k, [key], 0), null, 'and the next hold of 0 is exact');
+  t.stop();
+});
+
+test('a slice given back sends nothing for settlements that carry nothing, and ends with its last hold', () => {
+  const { t, clock, send } = setup();
+  grant(t, [100], [key]);
+  const k = ['L:k', 'Z:k'];
+  const a = t.take(k, [key], 0)!;
+  const b = t.take(k, [key], 0)!;
+  t.endAll(k);
+  assert.deepEqual(send().map((w) => [w.take, w.end]), [[100, false]], 'the unused 100 go back');
+  clock.now = 10 * SPEND_SLICE_CHECK_MS;
+  t.settle(a, 0, 0);
+  assert.deepEqual(send(), [], 'nothing to settle and no live slice to ask about');
+  t.settle(b, 0, 0);
+  assert.deepEqual(send().map((w) => [w.cost, w.take, w.end]), [[0, 0, true]], 'the last hold ends it in Redis');
   t.stop();
 });

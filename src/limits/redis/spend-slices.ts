@@ -22,6 +22,10 @@
  *    another instance brought to Redis applies here within a second too.
  *  - Redis keeps a slice leaseMs from its grant or its last refresh (the hold keeper), so a
  *    dead instance's slice comes back by expiry, as its holds do.
+ *  - A settlement's reply says whether a live slice is void (gone, or over-committed by
+ *    another instance's usage). One that carries nothing (holds of 0 settled at 0) is sent
+ *    only for that answer, at most every SPEND_SLICE_CHECK_MS: holds of 0 on a void slice
+ *    stop within that time. One with a cost leaves at the next tick.
  *
  * Size: about what this instance held on the holder in the last window (SPEND_SLICE_MAX_MS,
  * or sliceMs when shorter), capped in Redis at 1/SPEND_SLICE_SHARE of what the holder has
@@ -40,6 +44,8 @@ export const SPEND_SLICE_SHARE = 16;
 export const SPEND_SLICE_COVER = 2;
 /** Longest a slice is used: a new epoch applies within a second (DESIGN section 6). */
 export const SPEND_SLICE_MAX_MS = 1000;
+/** A live slice whose settlements carry nothing is asked about (is it void?) at most this often. */
+export const SPEND_SLICE_CHECK_MS = 50;
 
 export interface SpendSlice {
   id: string;
@@ -60,6 +66,8 @@ export interface SpendSlice {
   until: number;
   /** false once given back: it only settles the holds still in flight on it */
   live: boolean;
+  /** this clock: when its grant or its last settlement left for Redis */
+  asked: number;
   kept: LeaseTicket;
   /** its settlement gathering in the batch (until sent) */
   write: SpendSliceWrite | null;
@@ -203,7 +211,7 @@ export class SpendSliceTable extends DemandTable<Entry> {
       // Spelled out, every field set: one object shape for every slice.
       e.slice = {
         id: o.id, keys, tag: o.tag, kind: h.kind, epoch: h.epoch, base: h.base, limit: h.limit,
-        record: o.sizes[j]!, inFlight: 0, holds: 0, until: o.sentAt + this.opts.windowMs, live: true,
+        record: o.sizes[j]!, inFlight: 0, holds: 0, until: o.sentAt + this.opts.windowMs, live: true, asked: o.sentAt,
         kept: this.opts.keeper.add(o.id, [keys[1]]), write: null,
       };
     }
@@ -271,6 +279,10 @@ export class SpendSliceTable extends DemandTable<Entry> {
       w.end = end;
       return;
     }
+    const t = this.now();
+    // Nothing to settle: Redis would change nothing, and only a live slice's answer (void?) is worth a call.
+    if (cost === 0 && take === 0 && !end && (!s.live || t - s.asked < SPEND_SLICE_CHECK_MS)) return;
+    s.asked = t;
     s.write = {
       kind: 'spendSlice', tag: s.tag, sliceId: s.id, keys: s.keys, cost, take, end, ttlMs: this.opts.ledgerTtlMs, holderKind: s.kind, sent: false,
       owner: this.opts.owner, onVoid: () => this.voided(s),
