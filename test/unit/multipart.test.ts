@@ -49,17 +49,27 @@ function body(boundary: string, parts: Part[], close = true): Buffer {
 const B = '----WebKitFormBoundary7MA4YWxkTrZu0gW';
 const FILE = { name: 'file', filename: 'audio.mp3', type: 'application/octet-stream', value: 'ID3\u0000binary--data\r\n--not-the-boundary' };
 
-/** Feeds `buf` to a reader in `size`-byte chunks; the fields it read and its problem, if any. */
-function read(boundary: string, buf: Buffer, size = buf.length) {
+/** Feeds the chunks to a reader in order; the fields it read and its problem, if any. */
+function feed(boundary: string, chunks: Buffer[]) {
   const reader = new MultipartReader(boundary);
   const fields: Record<string, string> = {};
-  for (let i = 0; i < buf.length; i += Math.max(1, size)) {
-    const r = reader.push(buf.subarray(i, i + Math.max(1, size)));
+  for (const chunk of chunks) {
+    const r = reader.push(chunk);
     if (!Array.isArray(r)) return { fields, problem: r.problem };
     for (const e of r) if (e.type === 'field') fields[e.name] = e.value;
   }
   return { fields, problem: reader.end() };
 }
+
+/** `buf` in `size`-byte chunks. */
+function read(boundary: string, buf: Buffer, size = buf.length) {
+  const chunks: Buffer[] = [];
+  for (let i = 0; i < buf.length; i += Math.max(1, size)) chunks.push(buf.subarray(i, i + Math.max(1, size)));
+  return feed(boundary, chunks);
+}
+
+/** `buf` in two chunks, split at `at`. */
+const readSplit = (boundary: string, buf: Buffer, at: number) => feed(boundary, [buf.subarray(0, at), buf.subarray(at)]);
 
 const raw = (s: string) => Buffer.from(s, 'utf8');
 const CD = (params: string) => `Content-Disposition: form-data; ${params}`;
@@ -84,18 +94,6 @@ for (const [name, buf, want] of OK) {
       assert.deepEqual(got.fields, want, `chunks of ${size}`);
     }
   });
-}
-
-/** Feeds `buf` to a reader in two pushes, split at `at`: the fields it read and its problem, if any. */
-function readSplit(boundary: string, buf: Buffer, at: number) {
-  const reader = new MultipartReader(boundary);
-  const fields: Record<string, string> = {};
-  for (const part of [buf.subarray(0, at), buf.subarray(at)]) {
-    const r = reader.push(part);
-    if (!Array.isArray(r)) return { fields, problem: r.problem };
-    for (const e of r) if (e.type === 'field') fields[e.name] = e.value;
-  }
-  return { fields, problem: reader.end() };
 }
 
 test('multipart reads every accepted body the same wherever one chunk ends and the next begins', () => {
