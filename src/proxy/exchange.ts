@@ -2,29 +2,27 @@
  * One request's life: the pipeline decides, then this module either answers the denial
  * or forwards, taps the response for usage, and when the response has ended (or either
  * side went away) settles every limit, reports usage, counts the request and writes its
- * access line. Denials are written here and nowhere else.
+ * access line. Denials are written by denial.ts, the settlement by settle.ts.
  */
 import type { IncomingMessage, ServerResponse } from 'node:http';
 import type { Duplex } from 'node:stream';
 import { performance } from 'node:perf_hooks';
-import { deny, renderError, type Denial, type ErrorStyle } from '../errors.js';
+import { deny, type Denial } from '../errors.js';
 import type { LogSink } from '../log.js';
 import type { AccessWriter } from '../obs/logger.js';
 import type { Metrics } from '../obs/metrics.js';
 import type { SpanSource } from '../obs/tracing/sink.js';
 import type { KeyFacts } from '../policy/facts.js';
-import type { Quota } from '../limits/limiter.js';
 import type { UsageEvent } from '../protocol/usage.js';
-import { hasBody } from './body/read.js';
 import { watchBodyIdle } from './body/idle.js';
 import { Arrival, clientIpOf } from './arrival.js';
 import { answerParserRefusal } from './upstream/framing.js';
 import { accessLine, newContext, spanFacts, type RequestContext } from './context.js';
 import type { ForwardFailure, Forwarder, ForwardHooks } from './upstream/forward.js';
 import type { BodyWatcher, ResponseHead } from './upstream/relay.js';
-import { settleUsage, type Settled } from '../policy/estimate.js';
-import { costOf } from '../policy/pricing.js';
 import { addQuotaHeaders } from './quota-headers.js';
+import { sendDenial, SHADOW_HEADER } from './denial.js';
+import { settle, usageEvent } from './settle.js';
 import { decide, type Allow, type Decision, type PipelineDeps } from './pipeline.js';
 import type { Snapshots } from './snapshot.js';
 import { createUsageTap } from './usage/tap.js';
@@ -62,36 +60,6 @@ export interface Exchanges {
   drained(graceMs: number): Promise<void>;
 }
 
-/**
- * A denied request's unread body: Node discards a small one and keeps the connection;
- * a large or unsized one is not worth reading, so that connection is closed instead.
- */
-function leavesLargeBodyUnread(req: IncomingMessage): boolean {
-  if (req.complete || !hasBody(req)) return false;
-  return !(Number(req.headers['content-length']) <= 65_536);
-}
-
-/** The header naming the codes shadowed checks would have answered with (DESIGN section 12). */
-const SHADOW_HEADER = 'x-keyward-shadow';
-
-/** `quota`: a 429 for the key's own RPM or TPM sends the key's figures too (DESIGN section 11). */
-function sendDenial(req: IncomingMessage, res: ServerResponse, ctx: RequestContext, denial: Denial, style: ErrorStyle, quota: Quota | null = null): void {
-  ctx.code = denial.code;
-  if (res.headersSent) {
-    res.destroy();
-    return;
-  }
-  const out = renderError(denial, style);
-  // Copied, then added to: a spread followed by a new property would build a hidden class per call.
-  const headers: Record<string, string> = Object.assign({}, out.headers);
-  headers['x-request-id'] = ctx.reqId;
-  if (quota) addQuotaHeaders({ add: (name, value) => void (headers[name] = value) }, quota);
-  if (ctx.shadow.length > 0) headers[SHADOW_HEADER] = ctx.shadow.join(',');
-  if (leavesLargeBodyUnread(req)) headers.connection = 'close';
-  res.writeHead(out.status, headers);
-  res.end(out.body);
-}
-
 /** The request a connection is on, so a parser refusal mid-body knows whose answer has begun. */
 const CURRENT = Symbol('keyward.currentRequest');
 type TrackedSocket = Duplex & { [CURRENT]?: ServerResponse };
@@ -104,32 +72,6 @@ type ContextResponse = ServerResponse & { [CONTEXT]?: RequestContext };
 export function answerClientError(err: NodeJS.ErrnoException, socket: Duplex): void {
   const res = (socket as TrackedSocket)[CURRENT];
   answerParserRefusal(err, socket, res ? { req: res.req, res } : undefined);
-}
-
-/**
- * Settles a request once its response has ended or either side went away: what it is
- * billed at follows the one rule in settleUsage (reported usage, else the estimate);
- * every limit it holds is settled to that, and its concurrency slots are freed.
- */
-function settle(ctx: RequestContext): void {
-  if (ctx.metered && ctx.upstreamStart !== null) {
-    // A stream cut short still shows what it had generated so far.
-    const tapped = ctx.tap?.end() ?? null;
-    ctx.tap = null;
-    ctx.settled = settleUsage({
-      usage: tapped?.usage ?? null,
-      // no tap: an unreadable response (null), or none at all because the client left first (nothing seen)
-      textChars: tapped ? tapped.textChars : ctx.upstreamStatus === null ? 0 : null,
-      promptTokens: ctx.estimate.prompt,
-      reservedOutput: ctx.estimate.output,
-      upstreamStatus: ctx.upstreamStatus,
-      upstreamFailed: ctx.upstreamFailed,
-    });
-  }
-  const settled = ctx.settled;
-  ctx.lease?.finish({ tokens: settled ? settled.input_tokens + settled.output_tokens : 0 });
-  // The hold becomes the actual cost; nothing generated releases it.
-  ctx.hold?.settle(settled ? costOf(ctx.price, { input: settled.input_tokens, output: settled.output_tokens }) : 0);
 }
 
 const FAILURES: Record<ForwardFailure, (err: Error) => Denial> = {
@@ -332,20 +274,6 @@ class ExchangeTable implements Exchanges, ForwardHooks {
     if (this.draining) this.closeIdle?.();
     if (this.open.size === 0) this.onIdle?.();
   }
-}
-
-/** The usage event of a settled model response, for the console. */
-function usageEvent(ctx: RequestContext, settled: Settled, facts: KeyFacts, status: number): UsageEvent {
-  return {
-    request_id: ctx.reqId,
-    key_id: facts.key.id,
-    model: ctx.model,
-    input_tokens: settled.input_tokens,
-    output_tokens: settled.output_tokens,
-    status,
-    at: new Date().toISOString(),
-    ...(settled.estimated ? { estimated: true } : {}),
-  };
 }
 
 export function createExchanges(deps: ExchangeDeps): Exchanges {

@@ -1,6 +1,7 @@
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { createMultipartGuard, multipartBoundary, MultipartReader } from '../../src/proxy/body/multipart.js';
+import { createMultipartGuard, MultipartReader } from '../../src/proxy/body/multipart.js';
+import { multipartBoundary } from '../../src/proxy/body/multipart-head.js';
 
 const BOUNDARIES: [string | undefined, string | null][] = [
   ['multipart/form-data; boundary=abc123', 'abc123'],

@@ -8,7 +8,8 @@ import type { IncomingMessage } from 'node:http';
 import { PassThrough } from 'node:stream';
 import { deny, type Denial } from '../../errors.js';
 import { inspectJson, MAX_MODEL_LENGTH, modelsOfField, queryNamesModel, selectsModels } from './json-scan.js';
-import { createMultipartGuard, multipartBoundary, MultipartReader } from './multipart.js';
+import { createMultipartGuard, MultipartReader } from './multipart.js';
+import { multipartBoundary } from './multipart-head.js';
 import { bodyTooLarge, byteLimit, declaredOver, dropRest, needsCounting } from './upload.js';
 
 /** What is forwarded instead of `req`; http-proxy-3 only ever calls `pipe` on it. */

@@ -1,0 +1,41 @@
+/**
+ * Writes a denial: the error body in the route's style, the request id, the key's
+ * figures with a 429 for its own RPM or TPM, the shadow header, and `Connection: close`
+ * when a large body is left unread. Every denial keyward answers is written here.
+ */
+import type { IncomingMessage, ServerResponse } from 'node:http';
+import { renderError, type Denial, type ErrorStyle } from '../errors.js';
+import type { Quota } from '../limits/limiter.js';
+import { hasBody } from './body/read.js';
+import type { RequestContext } from './context.js';
+import { addQuotaHeaders } from './quota-headers.js';
+
+/**
+ * A denied request's unread body: Node discards a small one and keeps the connection;
+ * a large or unsized one is not worth reading, so that connection is closed instead.
+ */
+function leavesLargeBodyUnread(req: IncomingMessage): boolean {
+  if (req.complete || !hasBody(req)) return false;
+  return !(Number(req.headers['content-length']) <= 65_536);
+}
+
+/** The header naming the codes shadowed checks would have answered with (DESIGN section 12). */
+export const SHADOW_HEADER = 'x-keyward-shadow';
+
+/** `quota`: a 429 for the key's own RPM or TPM sends the key's figures too (DESIGN section 11). */
+export function sendDenial(req: IncomingMessage, res: ServerResponse, ctx: RequestContext, denial: Denial, style: ErrorStyle, quota: Quota | null = null): void {
+  ctx.code = denial.code;
+  if (res.headersSent) {
+    res.destroy();
+    return;
+  }
+  const out = renderError(denial, style);
+  // Copied, then added to: a spread followed by a new property would build a hidden class per call.
+  const headers: Record<string, string> = Object.assign({}, out.headers);
+  headers['x-request-id'] = ctx.reqId;
+  if (quota) addQuotaHeaders({ add: (name, value) => void (headers[name] = value) }, quota);
+  if (ctx.shadow.length > 0) headers[SHADOW_HEADER] = ctx.shadow.join(',');
+  if (leavesLargeBodyUnread(req)) headers.connection = 'close';
+  res.writeHead(out.status, headers);
+  res.end(out.body);
+}
