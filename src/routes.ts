@@ -95,9 +95,10 @@ const UNRESERVED = /[A-Za-z0-9\-._~]/;
 /**
  * Why a percent-encoded byte may not stand in the path, or null. Refused: what decodes to
  * a dot, slash, backslash or NUL (the path's structure), to an unreserved character (an
- * upstream that normalises reads another path), or to a byte outside ASCII (Unicode
- * look-alikes such as a fullwidth dot or slash fold into the real ones upstream); and a
- * `%` that does not start a valid escape, which upstreams read each their own way.
+ * upstream that normalises reads another path), to a `%` (a second escape for an upstream
+ * that decodes twice), or to a byte outside ASCII (Unicode look-alikes such as a fullwidth
+ * dot or slash fold into the real ones upstream); and a `%` that does not start a valid
+ * escape, which upstreams read each their own way.
  */
 function encodingProblem(path: string): string | null {
   for (let i = path.indexOf('%'); i !== -1; i = path.indexOf('%', i + 1)) {
@@ -106,6 +107,8 @@ function encodingProblem(path: string): string | null {
     const byte = Number.parseInt(hex, 16);
     const char = String.fromCharCode(byte);
     if (char === '.' || char === '/' || char === '\\' || byte === 0) return 'encoded dots, slashes or backslashes are not allowed in the path';
+    // `%252e` is `%2e` to an upstream that decodes once more: a dot keyward never saw.
+    if (char === '%') return 'an encoded percent sign (%25) is not allowed in the path: an upstream that decodes twice would read another path';
     if (byte >= 0x80) return 'characters outside ASCII are not allowed in the path, raw or percent-encoded';
     if (UNRESERVED.test(char)) return `"%${hex}" encodes "${char}", which is sent as itself; encoded letters, digits and -._~ are not allowed in the path`;
   }
@@ -123,6 +126,8 @@ export function checkPath(target: string): { ok: true; path: string } | { ok: fa
   // Upstreams that merge slashes, or drop a trailing one, would read another path.
   if (path.includes('//') || (path.length > 1 && path.endsWith('/'))) return { ok: false, message: 'empty path segments (// or a trailing /) are not allowed in the path' };
   if (path.includes('\\')) return { ok: false, message: 'backslashes are not allowed in the path' };
+  // Servlet containers strip `;params` from each segment, so `..;` is `..` to them.
+  if (path.includes(';')) return { ok: false, message: 'semicolons (path parameters) are not allowed in the path: some upstreams drop them and read another path' };
   const encoding = encodingProblem(path);
   if (encoding) return { ok: false, message: encoding };
   // eslint-disable-next-line no-control-regex

@@ -145,6 +145,17 @@ const INVALID: string[] = [
   '/v1/%63hat/completions',
   '/v1/models/gpt%2D4o',
   '/v1/files/file%5Fabc',
+  // double encoding: an upstream that decodes twice reads `..` or `/`
+  '/v1/models/%252e%252e/files',
+  '/v1/models/%252E%252E',
+  '/v1/files/a%252fb',
+  '/v1/models/gpt%25',
+  // path parameters: servlet containers strip `;...` from a segment, so `..;` is `..` to them
+  '/v1/models/..;/files',
+  '/v1/models/.;/x',
+  '/v1/responses/..;x=1/chat/completions',
+  '/v1/models/gpt-4o;v=1',
+  '/v1/chat/completions;jsessionid=x',
   // malformed escapes
   '/v1/models/%zz',
   '/v1/models/gpt%4',
