@@ -9,7 +9,7 @@ import net from 'node:net';
 import { once } from 'node:events';
 import { startFakeUpstream, type FakeUpstream } from '../helpers/upstream.js';
 import { startHarness, type Harness } from '../helpers/sidecar.js';
-import { chunked, rawExchange } from '../helpers/raw.js';
+import { chunked, parseResponses, rawExchange } from '../helpers/raw.js';
 
 let up: FakeUpstream;
 let h: Harness;
@@ -117,6 +117,26 @@ describe('framing is preserved or refused', () => {
     const text = Buffer.concat(chunks).toString('latin1');
     assert.match(text, /^HTTP\/1\.1 400 /);
     assert.equal(text.slice(text.indexOf('\r\n\r\n') + 4), '');
+  });
+
+  test('a CONNECT gets 400 invalid_path with its JSON body, reaches nothing and closes the connection', async () => {
+    const before = up.received.length;
+    const target = new URL(up.url).host;
+    const ex = await rawExchange(h.sidecar.port, [`CONNECT ${target} HTTP/1.1\r\nHost: ${target}\r\nAuthorization: Bearer ${h.keys.k_ok}\r\n\r\nGET /v1/models HTTP/1.1\r\nHost: up\r\n\r\n`]);
+    assert.equal(ex.responses.length, 1, ex.bytes.toString('latin1'));
+    const [res] = ex.responses;
+    assert.equal(res!.status, 400);
+    assert.equal(res!.headers['x-keyward-error'], 'invalid_path');
+    assert.equal(res!.headers['content-type'], 'application/json');
+    assert.equal(res!.headers.connection, 'close');
+    assert.equal(Number(res!.headers['content-length']), res!.body.length);
+    const body = JSON.parse(res!.body.toString()) as { error: { code: string; type: string; message: string } };
+    assert.equal(body.error.code, 'invalid_path');
+    assert.equal(body.error.type, 'invalid_request_error');
+    assert.match(body.error.message, /CONNECT/);
+    assert.equal(parseResponses(ex.bytes).rest.length, 0, 'nothing after the one answer');
+    assert.ok(ex.closed, 'the connection closed');
+    assert.equal(up.received.length, before, 'nothing reached the upstream');
   });
 
   test('a parser refusal of a GET request still explains itself', async () => {

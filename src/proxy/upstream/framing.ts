@@ -52,3 +52,16 @@ export function answerParserRefusal(err: NodeJS.ErrnoException, socket: Duplex, 
   const body = head ? '' : out.body;
   socket.end(`HTTP/1.1 ${timedOut ? '408 Request Timeout' : '400 Bad Request'}\r\ncontent-type: application/json\r\nx-keyward-error: invalid_request\r\ncontent-length: ${Buffer.byteLength(body)}\r\nconnection: close\r\n\r\n${body}`);
 }
+
+/**
+ * Answers a CONNECT, which asks for a tunnel keyward never opens: its target is an
+ * authority, not a path, so it is 400 `invalid_path` like an absolute-form target, and
+ * the connection closes (Node hands the socket over raw, with no response object).
+ */
+export function answerConnect(socket: Duplex): void {
+  if (!socket.writable) return void socket.destroy();
+  const out = renderError(deny('invalid_path', { detail: 'CONNECT requests are not accepted: keyward opens no tunnels; send the path only' }), 'openai');
+  let head = 'HTTP/1.1 400 Bad Request\r\n';
+  for (const [name, value] of Object.entries(out.headers)) head += `${name}: ${value}\r\n`;
+  socket.end(`${head}connection: close\r\n\r\n${out.body}`);
+}
