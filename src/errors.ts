@@ -64,6 +64,8 @@ export const CATALOGUE = {
       http: 'The request could not be parsed as HTTP.',
       // answered with 408
       headers_timeout: 'The request headers did not arrive in time.',
+      // answered with 431
+      headers_too_large: 'The request line and headers are larger than {limit} bytes.',
       cut_short: 'The request body was cut short.',
       stalled: 'The request body stalled: no byte arrived for {ms} ms.',
     },

@@ -5,6 +5,7 @@
  */
 import { after, before, describe, test } from 'node:test';
 import assert from 'node:assert/strict';
+import { maxHeaderSize } from 'node:http';
 import net from 'node:net';
 import { once } from 'node:events';
 import { startFakeUpstream, type FakeUpstream } from '../helpers/upstream.js';
@@ -136,6 +137,23 @@ describe('framing is preserved or refused', () => {
     assert.match(body.error.message, /CONNECT/);
     assert.equal(parseResponses(ex.bytes).rest.length, 0, 'nothing after the one answer');
     assert.ok(ex.closed, 'the connection closed');
+    assert.equal(up.received.length, before, 'nothing reached the upstream');
+  });
+
+  test('a request head past Node\'s header limit gets 431 with a JSON body naming the limit', async () => {
+    const before = up.received.length;
+    const big = 'a'.repeat(maxHeaderSize + 1);
+    const ex = await rawExchange(h.sidecar.port, [`GET /v1/models HTTP/1.1\r\nHost: kw\r\nAuthorization: Bearer ${h.keys.k_ok}\r\nX-Big: ${big}\r\n\r\n`]);
+    assert.equal(ex.responses.length, 1, ex.bytes.toString('latin1').slice(0, 300));
+    const [res] = ex.responses;
+    assert.equal(res!.status, 431);
+    assert.equal(res!.headers['x-keyward-error'], 'invalid_request');
+    assert.equal(Number(res!.headers['content-length']), res!.body.length);
+    const body = JSON.parse(res!.body.toString()) as { error: { code: string; type: string; message: string } };
+    assert.equal(body.error.code, 'invalid_request');
+    assert.equal(body.error.type, 'invalid_request_error');
+    assert.match(body.error.message, new RegExp(`larger than ${maxHeaderSize} bytes`));
+    assert.ok(ex.closed);
     assert.equal(up.received.length, before, 'nothing reached the upstream');
   });
 

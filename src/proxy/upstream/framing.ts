@@ -2,7 +2,7 @@
  * Request framing rules (DESIGN section 5, "Framing") that do not depend on the route:
  * which transfer codings may be forwarded, and whether a parser refusal may carry a body.
  */
-import type { IncomingMessage, ServerResponse } from 'node:http';
+import { maxHeaderSize, type IncomingMessage, type ServerResponse } from 'node:http';
 import type { Duplex } from 'node:stream';
 import { deny, renderError } from '../../errors.js';
 
@@ -44,13 +44,20 @@ export function answerParserRefusal(err: NodeJS.ErrnoException, socket: Duplex, 
     return;
   }
   const inBody = current !== undefined && !current.req.complete;
-  // headersTimeout: the request head did not arrive in time
-  const timedOut = err.code === 'ERR_HTTP_REQUEST_TIMEOUT';
-  const variant = timedOut ? 'headers_timeout' : inBody && err.code === 'HPE_INVALID_EOF_STATE' ? 'cut_short' : 'http';
-  const out = renderError(deny('invalid_request', { variant }), 'openai');
+  const { variant, statusLine } = refusalOf(err.code, inBody);
+  const out = renderError(deny('invalid_request', { variant, params: { limit: maxHeaderSize } }), 'openai');
   const head = inBody ? current.req.method === 'HEAD' : parserRefusalMayBeHead(err, socket);
   const body = head ? '' : out.body;
-  socket.end(`HTTP/1.1 ${timedOut ? '408 Request Timeout' : '400 Bad Request'}\r\ncontent-type: application/json\r\nx-keyward-error: invalid_request\r\ncontent-length: ${Buffer.byteLength(body)}\r\nconnection: close\r\n\r\n${body}`);
+  socket.end(`HTTP/1.1 ${statusLine}\r\ncontent-type: application/json\r\nx-keyward-error: invalid_request\r\ncontent-length: ${Buffer.byteLength(body)}\r\nconnection: close\r\n\r\n${body}`);
+}
+
+/** What a parser refusal says, by Node's error code. */
+function refusalOf(code: string | undefined, inBody: boolean): { variant: 'headers_timeout' | 'headers_too_large' | 'cut_short' | 'http'; statusLine: string } {
+  // headersTimeout: the request head did not arrive in time
+  if (code === 'ERR_HTTP_REQUEST_TIMEOUT') return { variant: 'headers_timeout', statusLine: '408 Request Timeout' };
+  // past Node's maxHeaderSize (request line and headers together)
+  if (code === 'HPE_HEADER_OVERFLOW') return { variant: 'headers_too_large', statusLine: '431 Request Header Fields Too Large' };
+  return { variant: inBody && code === 'HPE_INVALID_EOF_STATE' ? 'cut_short' : 'http', statusLine: '400 Bad Request' };
 }
 
 /**
