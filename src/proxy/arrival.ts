@@ -40,7 +40,18 @@ export function clientIpOf(req: IncomingMessage, trustedProxies: readonly Cidr[]
   return ip;
 }
 
-/** What the pipeline reads of an arriving request: a small object, with no closure per request. */
+/**
+ * What the pipeline reads of an arriving request: a small object, with no closure per request.
+ *
+ * It also holds the connection's reading while a complete request waits for a decision
+ * that takes a round trip (DESIGN section 5: a client that half-closes after sending its
+ * request still gets the whole answer). Node ends a connection as soon as it reads the
+ * client's FIN, so an answer decided after a call to Redis would find it ended; with
+ * reading held, the FIN is read after the answer. The check runs once the event loop's
+ * turn has run every promise step of the decision, so a request decided in that turn (most
+ * are) pauses nothing. The exchange lets go when it forwards (from then on a FIN means the
+ * client has gone, as before) or when the response closes.
+ */
 export class Arrival implements RequestInput {
   readonly method: string;
   readonly url: string;
@@ -49,6 +60,10 @@ export class Arrival implements RequestInput {
   readonly expectContinue: boolean;
   private readonly req: IncomingMessage;
   private readonly res: ServerResponse;
+  /** neither forwarded nor answered yet */
+  private pending = true;
+  /** this request paused its connection's reading */
+  private holding = false;
 
   constructor(o: { req: IncomingMessage; res: ServerResponse; expectContinue: boolean; clientIp: string | null; method: string }) {
     this.req = o.req;
@@ -68,4 +83,36 @@ export class Arrival implements RequestInput {
   openUpload(opts: { limit: number }): UploadResult {
     return openUpload(this.req, opts);
   }
+
+  /**
+   * Holds reading if the request is still neither forwarded nor answered once this turn's
+   * promise steps have all run: a tick queued from a microtask runs after the whole
+   * microtask queue, and before Node reads the connection again. Called when the request
+   * arrives; a body still on its way is waited for.
+   */
+  holdIfStillPending(): void {
+    queueMicrotask(() => process.nextTick(holdPending, this));
+  }
+
+  /** Pauses the connection's reading until letGo, unless the answer is out or something else paused it. */
+  holdReading(): void {
+    const socket = this.req.socket;
+    if (!this.pending || this.holding || this.res.writableEnded || socket.isPaused()) return;
+    // Reading is what brings the rest of a body: held only once the request is complete.
+    if (!this.req.complete) return void this.req.once('end', () => this.holdIfStillPending());
+    this.holding = true;
+    socket.pause();
+  }
+
+  /** Forwarded, or answered: nothing more is held for this request. */
+  letGo(): void {
+    this.pending = false;
+    if (!this.holding) return;
+    this.holding = false;
+    this.req.socket.resume();
+  }
+}
+
+function holdPending(arrival: Arrival): void {
+  arrival.holdReading();
 }

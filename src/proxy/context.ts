@@ -11,6 +11,7 @@ import type { Price } from '../policy/pricing.js';
 import type { Route } from '../routes.js';
 import type { KeyFacts } from '../policy/facts.js';
 import type { Settled } from '../policy/estimate.js';
+import type { Arrival } from './arrival.js';
 import type { BodyWatch } from './body/idle.js';
 import type { Forwarding } from './upstream/forward.js';
 import type { Snapshot } from './snapshot.js';
@@ -57,6 +58,8 @@ export interface RequestContext {
   price: Price | null;
   /** the watch on the request body for a stall (null: nothing watched) */
   bodyWatch: BodyWatch | null;
+  /** what the pipeline read of the request, which holds its connection's reading while it is decided */
+  arrival: Arrival | null;
   /** its response's index among those in flight (-1: not in flight) */
   openIndex: number;
   /** milliseconds from arrival to allow/deny (null: no decision was reached) */
@@ -122,6 +125,7 @@ export function newContext(req: IncomingMessage, opts: { snapshot: Snapshot; now
     hold: null,
     price: null,
     bodyWatch: null,
+    arrival: null,
     openIndex: -1,
     decisionMs: null,
     shadow: NO_SHADOW,

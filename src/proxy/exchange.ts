@@ -125,7 +125,10 @@ class ExchangeTable implements Exchanges, ForwardHooks {
     res.once('close', this.onResponseClose);
     // Not a header: headers set ahead would make the forwarder's one-shot head merge into them.
     if (this.draining) res.shouldKeepAlive = false;
-    void this.run(req, res, ctx, new Arrival({ req, res, expectContinue, clientIp, method: ctx.method }));
+    const arrival = new Arrival({ req, res, expectContinue, clientIp, method: ctx.method });
+    ctx.arrival = arrival;
+    arrival.holdIfStillPending();
+    void this.run(req, res, ctx, arrival);
   }
 
   inFlight(): number {
@@ -186,6 +189,8 @@ class ExchangeTable implements Exchanges, ForwardHooks {
   }
 
   private forward(req: IncomingMessage, res: ServerResponse, ctx: RequestContext, allow: Allow, expectContinue: boolean): void {
+    // From here a FIN means the client has gone: its forwarded request is cut, as before.
+    ctx.arrival?.letGo();
     if (expectContinue && !allow.bodyRead) res.writeContinue();
     ctx.upstreamStart = performance.now();
     ctx.forwarding = this.deps.forwarder.forward(req, res, { targets: ctx.snapshot.targets, upstream: allow.seen.upstream, body: allow.body, hooks: this, traceparent: ctx.span?.traceparent ?? null });
@@ -249,6 +254,8 @@ class ExchangeTable implements Exchanges, ForwardHooks {
     const ctx = contextOf(res);
     this.finish(res, ctx);
     ctx.bodyWatch?.stop();
+    // The answer is out (or the client has gone): the next request, or the FIN, may be read.
+    ctx.arrival?.letGo();
     // A keep-alive connection would otherwise hold this exchange's whole graph (request,
     // context, body, tap) until its next request, however long that connection idles.
     // Kept while the request's body is still arriving: a parser refusal later in it must
