@@ -41,7 +41,7 @@ export function clientIpOf(req: IncomingMessage, trustedProxies: readonly Cidr[]
 }
 
 /**
- * What the pipeline reads of an arriving request: a small object, with no closure per request.
+ * What the pipeline reads of an arriving request (its head, and its body on demand).
  *
  * It also holds the connection's reading while a complete request waits for a decision
  * that takes a round trip (DESIGN section 5: a client that half-closes after sending its
