@@ -1,6 +1,7 @@
 /**
  * Request framing rules (DESIGN section 5, "Framing") that do not depend on the route:
- * which transfer codings may be forwarded, and whether a parser refusal may carry a body.
+ * which transfer codings may be forwarded, and the answers written straight on a socket
+ * to what never became a request (a parser refusal, a CONNECT).
  */
 import { maxHeaderSize, type IncomingMessage, type ServerResponse } from 'node:http';
 import type { Duplex } from 'node:stream';
