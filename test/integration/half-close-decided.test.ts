@@ -12,7 +12,7 @@ import { randomBytes } from 'node:crypto';
 import { Redis } from 'ioredis';
 import { startFakeUpstream, type FakeUpstream } from '../helpers/upstream.js';
 import { startHarness, waitForLine, type Harness } from '../helpers/sidecar.js';
-import { parseResponses } from '../helpers/raw.js';
+import { parseResponses, rawExchange } from '../helpers/raw.js';
 import { TEST_REDIS_URL } from '../helpers/redis-url.js';
 
 const prefix = `kwhc${randomBytes(4).toString('hex')}`;
@@ -45,15 +45,7 @@ after(async () => {
 });
 
 /** Sends the whole request, half-closes at once, and reads everything until the sidecar closes. */
-function halfClosed(request: string): Promise<Buffer> {
-  return new Promise((resolve, reject) => {
-    const chunks: Buffer[] = [];
-    const socket = net.connect(h.sidecar.port, '127.0.0.1', () => socket.end(request));
-    socket.on('data', (c: Buffer) => chunks.push(c));
-    socket.on('error', reject);
-    socket.on('close', () => resolve(Buffer.concat(chunks)));
-  });
-}
+const halfClosed = async (request: string): Promise<Buffer> => (await rawExchange(h.sidecar.port, [request], { halfClose: true })).bytes;
 
 const chat = (key: string, body = '{"model":"gpt-4o","messages":[{"role":"user","content":"hi"}],"max_tokens":8}') =>
   `POST /v1/chat/completions HTTP/1.1\r\nHost: kw\r\nAuthorization: Bearer ${key}\r\nContent-Type: application/json\r\nContent-Length: ${Buffer.byteLength(body)}\r\n\r\n${body}`;
@@ -70,7 +62,7 @@ function onlyAnswer(bytes: Buffer): { status: number; headers: Record<string, st
 
 describe('a client that half-closes after its request', () => {
   test('gets a 429 that took a Redis call, whole, and nothing reaches the upstream', async () => {
-    const first = onlyAnswer(await halfClosedAfterAnswer(chat(h.keys.k_model!)));
+    const first = onlyAnswer((await rawExchange(h.sidecar.port, [chat(h.keys.k_model!)], { expect: 1 })).bytes);
     assert.equal(first.status, 200, 'the first request is admitted');
     const before = up.received.length;
     const res = onlyAnswer(await halfClosed(chat(h.keys.k_model!)));
@@ -123,17 +115,3 @@ describe('a client that half-closes after its request', () => {
     assert.equal(up.received.length, before + 1, 'the request was forwarded before the FIN was read');
   });
 });
-
-/** A complete exchange that half-closes only after the answer has arrived. */
-function halfClosedAfterAnswer(request: string): Promise<Buffer> {
-  return new Promise((resolve, reject) => {
-    const chunks: Buffer[] = [];
-    const socket = net.connect(h.sidecar.port, '127.0.0.1', () => socket.write(request));
-    socket.on('data', (c: Buffer) => {
-      chunks.push(c);
-      if (parseResponses(Buffer.concat(chunks)).responses.length === 1) socket.end();
-    });
-    socket.on('error', reject);
-    socket.on('close', () => resolve(Buffer.concat(chunks)));
-  });
-}
