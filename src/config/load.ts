@@ -52,7 +52,7 @@ function expand(value: unknown, ctx: { path: string[]; refs: Reference[]; env: N
       const v = ctx.env[ref.name];
       if (v !== undefined && v !== '') return v;
       if (ref.fallback !== undefined) return ref.fallback;
-      ctx.problems.push(`${ctx.path.join('.') || '(root)'}: environment variable ${ref.name} is not set and has no default`);
+      ctx.problems.push(`${ctx.path.join('.') || '(root)'}: environment variable ${ref.name} is ${v === '' ? 'empty' : 'not set'} and has no default`);
       missing = true;
       return '';
     });

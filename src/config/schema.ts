@@ -8,7 +8,7 @@ import { SHADOW_CHECKS } from '../policy/shadow.js';
 import { parseRedisUrl } from './redis-url.js';
 
 /** Numbers also accept numeric strings, which is what `${VAR}` expansion yields. */
-const num = () => z.preprocess((v) => (typeof v === 'string' && /^-?\d+$/.test(v.trim()) ? Number(v) : v), z.number().int());
+export const num = () => z.preprocess((v) => (typeof v === 'string' && /^-?\d+$/.test(v.trim()) ? Number(v) : v), z.number().int());
 const bool = () => z.preprocess((v) => (v === 'true' ? true : v === 'false' ? false : v), z.boolean());
 const port = num().pipe(z.number().min(0).max(65535));
 /** An IP address or a DNS name: what a listener can bind, so check-config refuses what serve could not. */
@@ -27,8 +27,15 @@ const redisUrl = z.string().superRefine((url, ctx) => {
 });
 const ms = (def: number) => num().pipe(z.number().nonnegative()).default(def);
 /** A fraction such as 0.8; also from a numeric string, as `${VAR}` expansion yields. */
-const fraction = z.preprocess((v) => (typeof v === 'string' && v.trim() !== '' && !Number.isNaN(Number(v)) ? Number(v) : v), z.number());
+export const fraction = z.preprocess((v) => (typeof v === 'string' && v.trim() !== '' && !Number.isNaN(Number(v)) ? Number(v) : v), z.number());
 const httpUrl = z.url({ protocol: /^https?$/, error: 'expected an http:// or https:// URL' });
+/**
+ * Runs a check that compares fields even when other parts of the file have problems, so
+ * every problem is reported at once (zod skips refinements of a value with issues);
+ * `check` is only given values whose fields have the types it reads.
+ */
+export const always = { when: () => true } as const;
+export const isRecord = (v: unknown): v is Record<string, unknown> => typeof v === 'object' && v !== null;
 
 const capacity = z
   .strictObject({
@@ -78,7 +85,7 @@ export const configSchema = z
     admin: z.strictObject({ host: host.default('127.0.0.1'), port: port.default(9090) }).prefault({}),
     upstreams: z
       .record(z.string().regex(/^[A-Za-z0-9_.-]+$/, 'expected a routing mode name'), upstream)
-      .refine((u) => 'default' in u, { message: 'upstreams.default is required' }),
+      .refine((u) => !isRecord(u) || 'default' in u, { message: 'upstreams.default is required', ...always }),
     replica: z.strictObject({ path: z.string().min(1).default('./data/replica.sqlite') }).prefault({}),
     console: z
       .strictObject({
@@ -97,7 +104,7 @@ export const configSchema = z
         /** bucket slices: an instance admits a key far from its limit from a leased slice, without a round trip */
         lease: z
           .strictObject({
-            enabled: z.boolean().default(true),
+            enabled: bool().default(true),
             sliceMs: num().pipe(z.number().int().min(10).max(60_000)).default(1000),
           })
           .prefault({}),
@@ -120,9 +127,10 @@ export const configSchema = z
         format: z.enum(['any', 'keyward']).default('any'),
       })
       .prefault({})
-      .refine((k) => k.hash !== 'hmac-sha256' || k.pepper !== undefined, {
+      .refine((k) => !isRecord(k) || k.hash !== 'hmac-sha256' || k.pepper !== undefined, {
         message: 'keys.pepper is required with hash: hmac-sha256',
         path: ['pepper'],
+        ...always,
       }),
     messages: z
       .strictObject({ vendor: z.string().regex(/^[a-z0-9-]+$/, 'expected a lower-case header-name prefix').default('keyward') })
@@ -158,13 +166,17 @@ export const configSchema = z
       })
       .optional(),
   })
-  .superRefine((c, ctx) => {
-    const wildcard = (h: string) => h === '0.0.0.0' || h === '::' || h === '[::]';
-    const sameHost = c.server.host === c.admin.host || wildcard(c.server.host) || wildcard(c.admin.host);
-    if (c.server.port !== 0 && c.server.port === c.admin.port && sameHost) {
-      ctx.addIssue({ code: 'custom', path: ['admin', 'port'], message: 'the admin listener must not share the proxy port' });
-    }
-  });
+  .refine((c) => !listenersCollide(c), { path: ['admin', 'port'], message: 'the admin listener must not share the proxy port', ...always });
+
+/** Whether the proxy and admin listeners would bind the same port (fields of the wrong type: no). */
+function listenersCollide(c: unknown): boolean {
+  if (!isRecord(c) || !isRecord(c.server) || !isRecord(c.admin)) return false;
+  const { host: sh, port: sp } = c.server;
+  const { host: ah, port: ap } = c.admin;
+  if (typeof sh !== 'string' || typeof ah !== 'string' || typeof sp !== 'number' || sp === 0 || sp !== ap) return false;
+  const wildcard = (h: string) => h === '0.0.0.0' || h === '::' || h === '[::]';
+  return sh === ah || wildcard(sh) || wildcard(ah);
+}
 
 export type Config = z.infer<typeof configSchema>;
 export type RouteEntry = z.infer<typeof routeEntry>;

@@ -8,13 +8,15 @@
  */
 import { z } from 'zod';
 import { loadConfigFile } from '../config/load.js';
+import { always, fraction, isRecord, num } from '../config/schema.js';
 
-const port = z.number().int().min(0).max(65535);
+// Numbers also from `${VAR}` expansion, which yields strings (as in the sidecar's config).
+const port = num().pipe(z.number().min(0).max(65535));
 /** Long enough that a guessed or truncated token is not plausible. */
 const token = z.string().min(16, 'tokens must be at least 16 characters');
 export const idPattern = /^[A-Za-z0-9][A-Za-z0-9._@-]{0,127}$/;
 const principalId = z.string().regex(idPattern, 'expected an id of letters, digits, and . _ @ -');
-const price = z.number().finite().nonnegative();
+const price = fraction.pipe(z.number().finite().nonnegative());
 
 const priceEntry = z.strictObject({
   /** anchored glob over the model name; `*` matches any run of characters */
@@ -38,9 +40,10 @@ export const consoleConfigSchema = z
         pepper: z.string().min(16, 'the pepper must be at least 16 characters').optional(),
       })
       .prefault({})
-      .refine((k) => k.hash !== 'hmac-sha256' || k.pepper !== undefined, {
+      .refine((k) => !isRecord(k) || k.hash !== 'hmac-sha256' || k.pepper !== undefined, {
         message: 'hash hmac-sha256 needs a pepper',
         path: ['pepper'],
+        ...always,
       }),
     auth: z.strictObject({
       /** bearer tokens the sidecars use on /sync/v1/* */
@@ -53,15 +56,15 @@ export const consoleConfigSchema = z
     sync: z
       .strictObject({
         /** how many changes the feed keeps; a cursor older than that is answered 410 (take a snapshot) */
-        retainChanges: z.number().int().min(1).default(100_000),
+        retainChanges: num().pipe(z.number().min(1)).default(100_000),
         /**
          * most changes in one /changes answer; the sidecar asks again at once for the rest. Kept
          * small so each answer applies on the sidecar's event loop without holding up its
          * requests (larger ones go to a worker thread, which adds its start-up time).
          */
-        maxBatch: z.number().int().min(1).max(100_000).default(200),
+        maxBatch: num().pipe(z.number().min(1).max(100_000)).default(200),
         /** largest accepted POST /sync/v1/usage body */
-        maxUsageBytes: z.number().int().positive().default(8 * 1024 * 1024),
+        maxUsageBytes: num().pipe(z.number().positive()).default(8 * 1024 * 1024),
       })
       .prefault({}),
     pricing: z.strictObject({

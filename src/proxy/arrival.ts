@@ -64,6 +64,10 @@ export class Arrival implements RequestInput {
   private pending = true;
   /** this request paused its connection's reading */
   private holding = false;
+  /** the decision reads the body (a model route's): reading must go on until it has all of it */
+  private bodyWanted = false;
+  /** pauses the connection again while reading is held */
+  private repause: (() => void) | null = null;
 
   constructor(o: { req: IncomingMessage; res: ServerResponse; expectContinue: boolean; clientIp: string | null; method: string }) {
     this.req = o.req;
@@ -76,6 +80,7 @@ export class Arrival implements RequestInput {
   }
 
   readBody(opts: ReadOptions): Promise<BodyResult> {
+    this.bodyWanted = true;
     // Expect: 100-continue is answered only once the credentials and the body's head have been checked.
     return readModelBody(this.req, opts, this.expectContinue ? () => this.res.writeContinue() : undefined);
   }
@@ -98,9 +103,14 @@ export class Arrival implements RequestInput {
   holdReading(): void {
     const socket = this.req.socket;
     if (!this.pending || this.holding || this.res.writableEnded || socket.isPaused()) return;
-    // Reading is what brings the rest of a body: held only once the request is complete.
-    if (!this.req.complete) return void this.req.once('end', () => this.holdIfStillPending());
+    // Reading is what brings the rest of a body the decision reads: held only once it is
+    // all here. A body the decision does not read (a files upload, a body on GET /v1/key)
+    // waits unread, and reading is held at once: Node reads the FIN right after the body,
+    // even before it reports the body complete.
+    if (this.bodyWanted && !this.req.complete) return void this.req.once('end', () => this.holdIfStillPending());
     this.holding = true;
+    // An unread body's stream resumes its socket whenever it wants more: paused again at once.
+    socket.on('resume', (this.repause ??= () => socket.pause()));
     socket.pause();
   }
 
@@ -109,7 +119,9 @@ export class Arrival implements RequestInput {
     this.pending = false;
     if (!this.holding) return;
     this.holding = false;
-    this.req.socket.resume();
+    const socket = this.req.socket;
+    socket.off('resume', this.repause!);
+    socket.resume();
   }
 }
 

@@ -29,6 +29,8 @@ before(async () => {
       // a budget far below the request's cost: the hold is one exact Redis call
       k_budget: { kind: 'team', project: 'p_1', budget: 1, spent: 0 },
       k_view: { rpm: 10 },
+      // a team key with an RPM of 1: its files uploads are admitted in Redis
+      k_files: { kind: 'team', project: 'p_1', rpm: 1 },
       k_ok: {},
     },
     records: [{ type: 'project', id: 'p_1', status: 'enabled', budget: null, spent: 0 }, { type: 'price', model: 'priced-*', input: 1, output: 1, per: 1 }],
@@ -102,6 +104,23 @@ describe('a client that half-closes after its request', () => {
 
   test('gets its key view, which reads live figures from Redis, whole', async () => {
     const res = onlyAnswer(await halfClosed(`GET /v1/key HTTP/1.1\r\nHost: kw\r\nAuthorization: Bearer ${h.keys.k_view}\r\n\r\n`));
+    assert.equal(res.status, 200);
+    assert.equal((res.json.limits as { rpm: number }).rpm, 10);
+  });
+
+  test('gets a files-route 429 whole, its body never read by the decision', async () => {
+    const upload = `POST /v1/files HTTP/1.1\r\nHost: kw\r\nAuthorization: Bearer ${h.keys.k_files}\r\nContent-Type: application/octet-stream\r\nContent-Length: 5\r\n\r\nhello`;
+    const first = onlyAnswer((await rawExchange(h.sidecar.port, [upload], { expect: 1 })).bytes);
+    assert.equal(first.status, 200, 'the first upload is admitted');
+    const before = up.received.length;
+    const res = onlyAnswer(await halfClosed(upload));
+    assert.equal(res.status, 429);
+    assert.equal(res.headers['x-keyward-error'], 'rpm_exceeded');
+    assert.equal(up.received.length, before, 'nothing reached the upstream');
+  });
+
+  test('gets its key view whole when the request carries a body it never reads', async () => {
+    const res = onlyAnswer(await halfClosed(`GET /v1/key HTTP/1.1\r\nHost: kw\r\nAuthorization: Bearer ${h.keys.k_view}\r\nContent-Length: 2\r\n\r\n{}`));
     assert.equal(res.status, 200);
     assert.equal((res.json.limits as { rpm: number }).rpm, 10);
   });

@@ -103,6 +103,12 @@ test('expansion: an unset variable without default is one problem naming the var
   hasProblem(list, 'console.token', /KEYWARD_SYNC_TOKEN/);
 });
 
+test('expansion: a variable set to the empty string is named as empty, not as unset', () => {
+  const list = problems(`${MINIMAL}server: { host: \${HOST} }\n`, { HOST: '' });
+  assert.equal(list.length, 1, list.join('\n'));
+  hasProblem(list, 'server.host', /HOST is empty/);
+});
+
 test('expansion: a quoted "${VAR}" stays a string even when the value is all digits', () => {
   const c = parse(`${MINIMAL}console:\n  url: http://c\n  token: "\${TOK}"\nredis:\n  url: redis://r\n  prefix: "\${P}"\n`, { TOK: '123456789012345678901234', P: '7' });
   assert.equal(c.console?.token, '123456789012345678901234');
@@ -198,6 +204,24 @@ test('every problem is reported together in one ConfigError', () => {
     hasProblem(list, path);
   }
   assert.ok(list.length >= 10, list.join('\n'));
+});
+
+test('checks that compare fields are reported beside problems elsewhere in the same part', () => {
+  // zod skips a refinement once its value has another problem; these run regardless.
+  const ports = problems(`${MINIMAL}server: { port: 9000 }\nadmin: { port: 9000 }\nlogging: { level: loud }\n`);
+  hasProblem(ports, 'admin.port', /share the proxy port/);
+  hasProblem(ports, 'logging.level');
+  const pepper = problems(`${MINIMAL}keys: { hash: hmac-sha256, format: bad }\n`);
+  hasProblem(pepper, 'keys.pepper', /pepper/);
+  hasProblem(pepper, 'keys.format');
+  const upstreams = problems('upstreams:\n  batch: { url: http://b, timeoutMs: abc }\n');
+  hasProblem(upstreams, 'upstreams', /upstreams\.default/);
+  hasProblem(upstreams, 'upstreams.batch.timeoutMs');
+});
+
+test('redis.lease.enabled comes from the environment like every other boolean', () => {
+  const c = parse(`${MINIMAL}redis: { url: redis://r, lease: { enabled: \${LEASE_ON:-true} } }\n`, { LEASE_ON: 'false' });
+  assert.equal(c.redis?.lease.enabled, false);
 });
 
 test('YAML syntax errors and duplicate keys are ConfigErrors', () => {

@@ -46,6 +46,13 @@ pricing: { models: [] }
   );
 });
 
+test('console config: numbers from the environment, as in the sidecar config', () => {
+  const text = `${minimal}listen: { port: \${CPORT:-7001} }\nsync: { maxBatch: \${BATCH} }\n`;
+  const cfg = parseConfigText({ text, file: 'c.yaml', schema: consoleConfigSchema, env: { BATCH: '50' } });
+  assert.equal(cfg.listen.port, 7001);
+  assert.equal(cfg.sync.maxBatch, 50);
+});
+
 test('console config: one token, one role', () => {
   const shared = minimal.replace('adminTokens: [admin-token-0123456789]', 'adminTokens: [sync-token-0123456789]');
   assert.throws(
