@@ -38,6 +38,7 @@ export const CATALOGUE = {
     variants: {
       two_authorization: 'More than one Authorization header was sent; send exactly one.',
       two_x_api_key: 'More than one x-api-key header was sent; send exactly one.',
+      other_scheme: 'Both x-api-key and an Authorization header of another scheme were sent; send the key in one of them (x-api-key, or Authorization: Bearer).',
     },
   },
   invalid_api_key: {

@@ -53,6 +53,7 @@ const rule = (path: string, route: Route, opts: { prefix?: boolean; methods?: st
 const FILES = r('files', 'files');
 const UPLOADS = r('uploads', 'files');
 
+/** The first rule stays first in every table (buildRules). */
 export const DEFAULT_RULES: readonly RouteRule[] = [
   rule('/v1/key', r('key', 'self'), { methods: ['GET'] }),
   rule('/v1/models', r('models', 'listing'), { methods: ['GET'] }),
@@ -76,7 +77,7 @@ export const DEFAULT_RULES: readonly RouteRule[] = [
   rule('/v1/uploads/{id}/{action}', UPLOADS, { methods: ['POST'], pattern: /^\/v1\/uploads\/[^/]+\/(?:parts|complete|cancel)$/ }),
 ];
 
-/** Turns config route entries into rules placed before the defaults. */
+/** Turns config route entries into rules placed before the defaults, after GET /v1/key's. */
 export function buildRules(extra: readonly { path: string; methods?: string[] | undefined; class: RouteClass; credentials: 'bearer' | 'messages'; style: ErrorStyle; countTokens: boolean; modelRequired: boolean }[]): RouteRule[] {
   const custom = extra.map((e) => {
     const prefix = e.path.endsWith('/*');
@@ -86,7 +87,9 @@ export function buildRules(extra: readonly { path: string; methods?: string[] | 
       ...(e.methods ? { methods: e.methods } : {}),
     });
   });
-  return [...custom, ...DEFAULT_RULES];
+  // GET /v1/key is answered by keyward and never forwarded (DESIGN section 3): no operator
+  // route, however wide, takes it over.
+  return [DEFAULT_RULES[0]!, ...custom, ...DEFAULT_RULES.slice(1)];
 }
 
 /** Unreserved characters (RFC 3986 section 2.3): a normaliser upstream decodes them, so they are never sent encoded. */
@@ -137,7 +140,27 @@ export function checkPath(target: string): { ok: true; path: string } | { ok: fa
   for (const seg of path.split('/')) {
     if (seg === '.' || seg === '..') return { ok: false, message: 'dot segments are not allowed in the path' };
   }
-  return { ok: true, path };
+  return urlRewrites(target) ? { ok: false, message: URL_REWRITE } : { ok: true, path };
+}
+
+const URL_REWRITE =
+  'the request target holds characters that URL parsers cut or re-encode (#, quotes, <>, {}, ^, `, |, or an apostrophe in the query): percent-encode them';
+
+/**
+ * Whether a WHATWG URL parser, which builds the forwarded path (http-proxy-3), would send
+ * `target` otherwise than received: a `#` cuts the rest off, and characters such as `{`
+ * or a query's `'` are re-encoded, so the upstream would read another path than the one
+ * classified. `|` is kept by the parser but is not a URL character (RFC 3986): refused too.
+ */
+function urlRewrites(target: string): boolean {
+  if (target.includes('|')) return true;
+  try {
+    const u = new URL(target, 'http://keyward.invalid');
+    // An empty query (`/v1/models?`) goes without its `?`: the same path and no query.
+    return u.pathname + u.search !== (target.endsWith('?') && target.indexOf('?') === target.length - 1 ? target.slice(0, -1) : target);
+  } catch {
+    return true;
+  }
 }
 
 function matches(rule: RouteRule, method: string, path: string): boolean {

@@ -40,12 +40,26 @@ function parseBearer(value: string | undefined): Bearer {
   return key === '' ? { kind: 'none' } : { kind: 'key', key };
 }
 
-type ConflictVariant = 'two_authorization' | 'two_x_api_key' | undefined;
+type ConflictVariant = 'two_authorization' | 'two_x_api_key' | 'other_scheme' | undefined;
 type MissingVariant = 'messages' | 'not_bearer' | 'not_bearer_messages' | 'x_api_key_here' | undefined;
 const conflict = (variant: ConflictVariant) => ({ ok: false as const, denial: deny('conflicting_api_keys', variant ? { variant } : {}) });
 const missing = (variant: MissingVariant) => ({ ok: false as const, denial: deny('missing_api_key', variant ? { variant } : {}) });
 
+/**
+ * The key as the client's bytes spell it in UTF-8: Node reads header values as latin1, one
+ * character a byte, so a key with characters outside ASCII arrives spelled otherwise.
+ */
+function utf8Key(e: Extracted): Extracted {
+  // eslint-disable-next-line no-control-regex
+  if (!e.ok || !/[^\x00-\x7f]/.test(e.key)) return e;
+  return { ok: true, key: Buffer.from(e.key, 'latin1').toString('utf8'), header: e.header };
+}
+
 export function extractCredential(rawHeaders: readonly string[], rule: CredentialRule): Extracted {
+  return utf8Key(extractRaw(rawHeaders, rule));
+}
+
+function extractRaw(rawHeaders: readonly string[], rule: CredentialRule): Extracted {
   const found = collect(rawHeaders);
   if (found.authorization.length > 1) {
     return conflict('two_authorization');
@@ -60,6 +74,8 @@ export function extractCredential(rawHeaders: readonly string[], rule: Credentia
       if (bearer.kind === 'key' && bearer.key !== apiKey) {
         return conflict(undefined);
       }
+      // An upstream that authenticates from Authorization would act on a credential never checked.
+      if (bearer.kind === 'other-scheme') return conflict('other_scheme');
       return { ok: true, key: apiKey, header: 'x-api-key' };
     }
     if (bearer.kind === 'key') return { ok: true, key: bearer.key, header: 'authorization' };

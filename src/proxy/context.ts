@@ -75,7 +75,8 @@ const NO_ESTIMATE: { readonly prompt: number; readonly output: number } = Object
 /** no shadowed check refused (shared: replaced, never written to) */
 const NO_SHADOW: readonly string[] = Object.freeze([]);
 
-const CONTROL = /[\x00-\x1f\x7f]/g; // eslint-disable-line no-control-regex
+/** C0, DEL and C1 (Node reads header bytes 0x80-0x9f as U+0080-U+009F: NEL, CSI among them) */
+const CONTROL = /[\x00-\x1f\x7f-\x9f]/g; // eslint-disable-line no-control-regex
 
 /** Attribution headers: trimmed, control characters removed, at most 256 characters. */
 export function cleanAttribution(value: string | string[] | undefined): string | null {

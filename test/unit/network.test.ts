@@ -1,6 +1,7 @@
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
 import { checkNetwork, clientAddress, inCidr, looksLikeBrowser, parseIp, parseRange } from '../../src/policy/network.js';
+import { cleanAttribution } from '../../src/proxy/context.js';
 
 const within = (ip: string, cidr: string) => inCidr(parseIp(ip)!, parseRange(cidr)!);
 
@@ -55,4 +56,10 @@ test('browser detection: Origin or Sec-Fetch-*, but not the bare sec-fetch-mode 
   assert.ok(looksLikeBrowser(['sec-fetch-mode', 'navigate']));
   assert.ok(!looksLikeBrowser(['sec-fetch-mode', 'cors', 'accept-language', '*']));
   assert.ok(!looksLikeBrowser(['Authorization', 'Bearer x']));
+});
+
+test('cleanAttribution: C0, DEL and C1 control characters are removed, the rest trimmed and kept', () => {
+  // Node reads header bytes 0x80-0x9f as U+0080-U+009F: NEL breaks lines, CSI starts terminal escapes.
+  assert.equal(cleanAttribution(' my\u0085app\u009b31m\u0007 \t'), 'myapp31m');
+  assert.equal(cleanAttribution('café'), 'café');
 });

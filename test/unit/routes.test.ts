@@ -156,6 +156,18 @@ const INVALID: string[] = [
   '/v1/responses/..;x=1/chat/completions',
   '/v1/models/gpt-4o;v=1',
   '/v1/chat/completions;jsessionid=x',
+  // what a URL parser (which builds the forwarded path) would cut or re-encode
+  '/v1/responses/#',
+  '/v1/uploads/u1#/parts',
+  '/v1/files/abc#/content',
+  '/v1/files/a{b}',
+  '/v1/models/a"b',
+  '/v1/models/a<b>',
+  '/v1/models/a^b',
+  '/v1/models/a`b',
+  '/v1/models/a|b',
+  "/v1/models?name='x'",
+  '/v1/models?q="x"',
   // malformed escapes
   '/v1/models/%zz',
   '/v1/models/gpt%4',
@@ -279,6 +291,14 @@ test('buildRules: operator routes win over the defaults', () => {
   // count_tokens is not shadowed by an exact /v1/messages rule
   const ct = classify(rules, 'POST', '/v1/messages/count_tokens');
   assert.ok(ct.ok && ct.route.name === 'messages.count_tokens');
+});
+
+test('buildRules: no operator route takes over GET /v1/key, which is never forwarded', () => {
+  const rules = buildRules([custom('/v1/*', { class: 'listing' })]);
+  const key = classify(rules, 'GET', '/v1/key');
+  assert.ok(key.ok && key.route.class === 'self', JSON.stringify(key));
+  const other = classify(rules, 'GET', '/v1/other');
+  assert.ok(other.ok && other.route.name === 'custom:/v1', 'the wide route still takes everything else');
 });
 
 test('buildRules: a `/*` suffix is a prefix match on whole segments, bare prefix included', () => {
