@@ -16,8 +16,10 @@ export interface Route {
   style: ErrorStyle;
   /** count_tokens: admitted like a model request but never charged tokens */
   countTokens: boolean;
-  /** a POST body without `model` is a 400 (APIs where model is optional upstream leave it out) */
+  /** a request without `model`, bodiless included, is a 400 (APIs where model is optional upstream leave it out) */
   modelRequired: boolean;
+  /** a call on a stored response: without a body it selects no model, and scope does not apply (DESIGN section 5, step 6) */
+  storedCall: boolean;
 }
 
 export interface RouteRule {
@@ -39,6 +41,7 @@ const r = (name: string, cls: RouteClass, extra: Partial<Route> = {}): Route => 
   style: 'openai',
   countTokens: false,
   modelRequired: false,
+  storedCall: false,
   ...extra,
 });
 
@@ -62,7 +65,8 @@ export const DEFAULT_RULES: readonly RouteRule[] = [
   rule('/v1/completions', r('completions', 'model', { modelRequired: true })),
   rule('/v1/embeddings', r('embeddings', 'model', { modelRequired: true })),
   rule('/v1/responses', r('responses', 'model', { modelRequired: true }), { methods: ['POST'] }),
-  rule('/v1/responses', r('responses', 'model'), { prefix: true }),
+  rule('/v1/responses/{id}', r('responses', 'model', { storedCall: true }), { pattern: /^\/v1\/responses\/[^/]/ }),
+  rule('/v1/responses', r('responses', 'model')),
   rule('/v1/moderations', r('moderations', 'model')),
   rule('/v1/images', r('images', 'model'), { prefix: true }),
   rule('/v1/audio', r('audio', 'model'), { prefix: true }),

@@ -188,9 +188,11 @@ async function bodyStep(input: RequestInput, o: { snap: Snapshot; admitted: Allo
   if (!read.ok) return { denial: read.denial };
   const body = read.body.replay;
   o.seen.model = read.body.model;
-  // A bodiless call (GET or DELETE /v1/responses/{id}, a cancel) selects no model, so scope does not apply.
+  // A bodiless call on a stored response (GET or DELETE /v1/responses/{id}, a cancel)
+  // selects no model, so scope does not apply; any other request without a model passes
+  // only a key with an empty scope.
   const key = o.admitted.facts.key;
-  const scope = body === null ? null : (checkModel(key, read.body.model) ?? checkModels(key, read.body.models));
+  const scope = body === null && route.storedCall ? null : (checkModel(key, read.body.model) ?? checkModels(key, read.body.models));
   if (scope) return { denial: scope };
   const metered = body !== null && !route.countTokens;
   const estimate = metered ? { prompt: promptTokens(read.body.estimateBytes), output: outputCap(read.body.maxOutputTokens, limits.defaultOutputTokens) } : NONE;

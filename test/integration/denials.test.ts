@@ -96,6 +96,11 @@ const cases: Case[] = [
   { name: 'missing model', req: () => chat(K('k_ok'), { messages: [] }), status: 400, code: 'invalid_request' },
   { name: 'oversized body', req: () => chat(K('k_ok'), { model: 'gpt-4o', pad: 'x'.repeat(5000) }), status: 413, code: 'body_too_large' },
   { name: 'model outside the scope', req: () => chat(K('k_team'), { model: 'o1' }), status: 403, code: 'model_not_allowed' },
+  // a request without a body selects no model: past a scoped key only on a stored response
+  { name: 'bodiless image request, scoped key', req: () => ({ method: 'POST', path: '/v1/images/generations', headers: { ...bearer(K('k_team')), 'content-length': '0' } }), status: 403, code: 'model_not_allowed' },
+  { name: 'bodiless audio request, scoped key', req: () => ({ method: 'POST', path: '/v1/audio/speech', headers: bearer(K('k_team')) }), status: 403, code: 'model_not_allowed' },
+  { name: 'GET on a model-required route', req: () => ({ method: 'GET', path: '/v1/chat/completions', headers: bearer(K('k_ok')) }), status: 400, code: 'invalid_request', message: /model/ },
+  { name: 'DELETE on a model-required route', req: () => ({ method: 'DELETE', path: '/v1/embeddings', headers: bearer(K('k_team')) }), status: 400, code: 'invalid_request' },
   { name: 'messages route, messages style', req: () => messages({ 'x-api-key': 'kw_nope' }), status: 401, code: 'invalid_api_key', style: 'messages' },
   { name: 'count_tokens, budget spent', req: () => ({ ...messages({ 'x-api-key': K('k_team_spent') }), path: '/v1/messages/count_tokens' }), status: 402, code: 'key_budget_exhausted', style: 'messages' },
 ];
@@ -172,5 +177,15 @@ describe('key format and peppered hashes', () => {
     } finally {
       await hk.close();
     }
+  });
+});
+
+describe('requests without a body on model routes', () => {
+  test('a call on a stored response passes a scoped key and reaches the upstream as sent', async () => {
+    const before = up.received.length;
+    const res = await send(h.url, { method: 'GET', path: '/v1/responses/resp_1', headers: bearer(K('k_team')) });
+    assert.equal(res.status, 200);
+    assert.equal(up.received.length, before + 1);
+    assert.equal(up.received.at(-1)!.url, '/v1/responses/resp_1');
   });
 });

@@ -250,7 +250,10 @@ test('precedence: POST /v1/responses requires a model, subpaths and other method
     assert.equal(c.route.name, 'responses');
     assert.equal(c.route.class, 'model');
     assert.equal(c.route.modelRequired, false, t);
+    assert.equal(c.route.storedCall, true, `${t} is a call on a stored response`);
   }
+  const bare = classify(DEFAULT_RULES, 'GET', '/v1/responses');
+  assert.ok(bare.ok && bare.route.class === 'model' && !bare.route.storedCall, 'the bare path is no stored response');
 });
 
 test('model-required flags on the OpenAI model routes', () => {

@@ -228,7 +228,7 @@ export interface ReadOptions {
   limit: number;
   /** `server.maxUploadBytes`: multipart bodies stream through, held to it (0: no limit) */
   uploadLimit: number;
-  /** a POST without `model` is a 400 */
+  /** a request without `model`, bodiless included, is a 400 */
   modelRequired: boolean;
 }
 
@@ -245,7 +245,7 @@ export async function readModelBody(req: IncomingMessage, opts: ReadOptions, pro
   const limit = boundary !== null ? opts.uploadLimit : opts.limit;
   if (declaredOver(req, limit)) return tooLarge(req, limit);
   if (!hasBody(req)) {
-    if (opts.modelRequired && req.method === 'POST') return invalid('The request needs a JSON body that names "model".');
+    if (opts.modelRequired) return invalid('The request needs a JSON body that names "model".');
     return { ok: true, body: { model: null, models: [], maxOutputTokens: null, estimateBytes: 0, replay: null } };
   }
   const encoding = req.headers['content-encoding'];
