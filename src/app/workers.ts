@@ -202,7 +202,7 @@ export async function startWorkers(opts: WorkersOptions): Promise<WorkerPool> {
   const { sync, usage } = consoleClients({ config, replica, logger, pushUsage: true });
   const metrics = createMetrics({
     replica: () => replica.status(),
-    limiter: () => ({ redisErrors: 0, failOpenAdmissions: 0, slotsHeld: 0 }),
+    limiter: () => ({ redisErrors: 0, failOpenAdmissions: 0, failOpenHolds: 0, slotsHeld: 0 }),
     ...(sync ? { sync: () => sync.status() } : {}),
     ...(usage ? { usage: () => usage.stats() } : {}),
   });

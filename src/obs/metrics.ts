@@ -7,9 +7,9 @@ import { Counter, Gauge, Histogram, Registry, collectDefaultMetrics } from 'prom
 
 export interface MetricSources {
   replica: () => { version: number | null; appliedAt: number | null };
-  limiter: () => { redisErrors: number; failOpenAdmissions: number; slotsHeld: number };
+  limiter: () => { redisErrors: number; failOpenAdmissions: number; failOpenHolds: number; slotsHeld: number };
   sync?: () => { lastSyncAt: number | null; connected: boolean };
-  usage?: () => { buffered: number; sent: number; dropped: number };
+  usage?: () => { buffered: number; sent: number; dropped: number; rejected: number };
   /** the tracer's lost spans (DESIGN section 13); absent: none are made here */
   traces?: () => { dropped: number };
   /** budget alerts delivered and given up (DESIGN section 13); absent: none are sent here */
@@ -133,11 +133,13 @@ function mirrorSources(registry: Registry, sources: MetricSources): void {
   if (sync) mirror(registry, 'gauge', 'keyward_sync_connected', '1 when the last exchange with the console succeeded', () => (sync().connected ? 1 : 0));
   mirror(registry, 'counter', 'keyward_redis_errors_total', 'Redis errors and timeouts seen by the limiter', () => limiter().redisErrors);
   mirror(registry, 'counter', 'keyward_fail_open_admissions_total', 'Requests admitted by the in-process limiter because Redis failed', () => limiter().failOpenAdmissions);
+  mirror(registry, 'counter', 'keyward_fail_open_holds_total', 'Spend holds taken by the in-process ledger because Redis failed', () => limiter().failOpenHolds);
   mirror(registry, 'gauge', 'keyward_slots_held', 'Concurrency slots this instance holds', () => limiter().slotsHeld);
   if (usage) {
     mirror(registry, 'gauge', 'keyward_usage_events_buffered', 'Usage events waiting to be sent to the console', () => usage().buffered);
     mirror(registry, 'counter', 'keyward_usage_events_sent_total', 'Usage events sent to the console', () => usage().sent);
     mirror(registry, 'counter', 'keyward_usage_events_dropped_total', 'Usage events dropped because the buffer was full', () => usage().dropped);
+    mirror(registry, 'counter', 'keyward_usage_events_rejected_total', 'Usage events the console refused for good (a 4xx answer): not retried, not billed', () => usage().rejected);
   }
   // Always there (0 without tracing), so a dashboard panel and an alert on it never go blank.
   mirror(registry, 'counter', 'keyward_trace_spans_dropped_total', 'Trace spans that never reached the collector: the export queue was full or the export failed', () => traces?.().dropped ?? 0);

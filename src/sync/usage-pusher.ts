@@ -142,14 +142,20 @@ class BatchPusher implements UsagePusher {
   }
 
   private drain(): Promise<void> {
-    this.draining ??= (async () => {
-      try {
-        while (this.buffer.length > 0 && (await this.sendBatch()));
-      } finally {
-        this.draining = null;
-      }
-    })();
-    return this.draining;
+    if (this.draining) return this.draining;
+    const run = this.sendAll();
+    this.draining = run;
+    // Cleared once it has run, never before it is stored: a drain with nothing to send
+    // ends at once, and clearing inside it would leave the finished drain stored for good.
+    const clear = (): void => {
+      if (this.draining === run) this.draining = null;
+    };
+    void run.then(clear, clear);
+    return run;
+  }
+
+  private async sendAll(): Promise<void> {
+    while (this.buffer.length > 0 && (await this.sendBatch()));
   }
 
   /** Sends the oldest batch; true when the console took it (or refused it for good). */

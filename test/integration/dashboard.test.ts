@@ -115,7 +115,7 @@ test('exported metric names have no doubled prefix, and the design\'s metrics ar
   assert.deepEqual([...exported].filter((n) => /process_process|nodejs_nodejs|keyward_keyward/.test(n)), []);
   for (const name of ['keyward_process_cpu_seconds_total', 'keyward_nodejs_eventloop_lag_p99_seconds', 'keyward_requests_total', 'keyward_decision_seconds_bucket',
     'keyward_replica_version', 'keyward_replica_sync_lag_seconds', 'keyward_redis_errors_total', 'keyward_fail_open_admissions_total', 'keyward_in_flight_requests',
-    'keyward_trace_spans_dropped_total', 'keyward_config_reloads_total', 'keyward_config_last_reload_success_timestamp_seconds', 'keyward_config_info',
+    'keyward_fail_open_holds_total', 'keyward_usage_events_rejected_total', 'keyward_trace_spans_dropped_total', 'keyward_config_reloads_total', 'keyward_config_last_reload_success_timestamp_seconds', 'keyward_config_info',
     'keyward_alerts_total']) {
     assert.ok(exported.has(name), name);
   }

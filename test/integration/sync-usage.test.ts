@@ -37,6 +37,17 @@ test('events are sent in batches and charged', async () => {
   await p.stop();
 });
 
+test('a flush with nothing buffered leaves the pusher sending what comes after', async () => {
+  const before = await spent();
+  const p = pusher({ flushMs: 60_000 });
+  await p.flush();
+  for (let i = 0; i < 3; i++) p.push(ev());
+  await p.flush();
+  assert.equal(p.stats().sent, 3);
+  assert.equal(+((await spent()) - before).toFixed(9), +(3 * PER_EVENT).toFixed(9));
+  await p.stop();
+});
+
 test('console away: events wait and are retried; a lost answer does not charge twice', async () => {
   const before = await spent();
   let loseNextAnswer = true;

@@ -11,7 +11,7 @@ import { createMetrics } from '../../src/obs/metrics.js';
 
 const sources = {
   replica: () => ({ version: 7, appliedAt: 1_000 }),
-  limiter: () => ({ redisErrors: 0, failOpenAdmissions: 0, slotsHeld: 0 }),
+  limiter: () => ({ redisErrors: 0, failOpenAdmissions: 0, failOpenHolds: 0, slotsHeld: 0 }),
   now: () => 2_000,
 };
 
