@@ -9,7 +9,7 @@
  * scripts stay as they are; a request with nothing shadowed makes the one call it always did.
  */
 import { addShadowCode, isShadowed, NO_SHADOW, type ShadowCheck, type ShadowSet } from '../policy/shadow.js';
-import type { AdmitInput, AdmitResult, HoldInput, HoldResult, LimitCheck, Limiter, QuotaFigures } from './limiter.js';
+import type { AdmitInput, AdmitResult, HoldInput, HoldResult, LimitCheck, Limiter, Quota, QuotaFigures } from './limiter.js';
 
 /** The shadow name that covers each check. */
 const SHADOW_NAME: Readonly<Record<LimitCheck, ShadowCheck>> = {
@@ -66,8 +66,11 @@ async function askUntilEnforced(limiter: Pick<Limiter, 'admit'>, input: AdmitInp
   let tokens: QuotaFigures | null = null;
   for (let n = 1; ; n++) {
     const r = await limiter.admit(ask);
-    if (r.ok) return requests || tokens ? { ok: true, lease: r.lease, quota: { requests: requests ?? r.quota.requests, tokens: tokens ?? r.quota.tokens } } : r;
-    if (r.code === 'limits_unavailable' || !isShadowed(o.shadow, SHADOW_NAME[r.check]) || n >= MAX_ASKS) return r;
+    const shown = requests || tokens ? (q: Quota): Quota => ({ requests: requests ?? q.requests, tokens: tokens ?? q.tokens }) : null;
+    if (r.ok) return shown ? { ok: true, lease: r.lease, quota: shown(r.quota) } : r;
+    if (r.code === 'limits_unavailable') return r;
+    // An enforced refusal (a 429 for the key's own TPM, say) shows a shadowed bucket's figures too.
+    if (!isShadowed(o.shadow, SHADOW_NAME[r.check]) || n >= MAX_ASKS) return shown ? { ...r, quota: shown(r.quota) } : r;
     addShadowCode(o.codes, r.code);
     if (r.check === 'rpm') requests = r.quota.requests;
     if (r.check === 'tpm') tokens = r.quota.tokens;

@@ -191,8 +191,10 @@ export function shadowConformance(get: () => Harness): void {
     assert.ok(wait <= 60_000, `neither bucket was taken from: ${wait}`);
     // Shadowing one check leaves the other enforced.
     const y = await shadowed(input(key, { limits, tokens: 100 }), ['rpm']);
-    refusal(y.r, 'tpm_exceeded', 'tpm');
+    const enforced = refusal(y.r, 'tpm_exceeded', 'tpm');
     assert.deepEqual(y.codes, ['rpm_exceeded']);
+    // The enforced TPM refusal shows the shadowed RPM bucket as an enforced one's would be.
+    assert.deepEqual([enforced.quota.requests?.limit, enforced.quota.requests?.remaining, enforced.quota.tokens?.remaining], [1, 0, 0]);
   });
 
   test('shadow budget: a holder that cannot fit is left out of the hold; the others hold and settle as enforced', async () => {
