@@ -232,16 +232,19 @@ export async function decide(input: RequestInput, deps: PipelineDeps, snap: Snap
     lease = result.lease;
     quota = result.quota;
   }
-  if (!metered) return allowed(admitted, { body, bodyRead, lease, quota, hold: null, price: null, tokens, estimate, metered });
-
   // Step 9: the cost estimate is held on every budget the key draws on, all or none.
   const { tag, holders } = holdersOf(admitted.facts);
   if (holders.length === 0) return allowed(admitted, { body, bodyRead, lease, quota, hold: null, price: null, tokens, estimate, metered });
-  const price = seen.model === null ? null : deps.priceFor(seen.model);
-  const held = await holdShadowed(deps.limiter, { requestId, tag, holders, amount: costOf(price, { input: estimate.prompt, output: estimate.output }) }, shadow);
+  // A request that is not metered (count_tokens, a call without a body) holds nothing, but
+  // a budget its live ledger shows exhausted still refuses it (DESIGN section 5: live spend),
+  // where the replica's figures may not have caught up yet: a hold of 0 asks exactly that.
+  const price = !metered || seen.model === null ? null : deps.priceFor(seen.model);
+  const held = await holdShadowed(deps.limiter, { requestId, tag, holders, amount: metered ? costOf(price, { input: estimate.prompt, output: estimate.output }) : 0 }, shadow);
   if (!held.ok) {
     lease?.finish({ tokens: 0 }); // refused before forwarding: nothing was used
     return denied(seen, held.code === 'limits_unavailable' ? deny(held.code, { retryAfterMs: held.retryAfterMs }) : deny(held.code));
   }
-  return allowed(admitted, { body, bodyRead, lease, quota, hold: held.hold, price, tokens, estimate, metered });
+  if (metered) return allowed(admitted, { body, bodyRead, lease, quota, hold: held.hold, price, tokens, estimate, metered });
+  held.hold.settle(0);
+  return allowed(admitted, { body, bodyRead, lease, quota, hold: null, price: null, tokens, estimate, metered });
 }

@@ -1,0 +1,80 @@
+/**
+ * A budget spent by settled usage refuses the next request at once, without waiting for
+ * the console (DESIGN sections 5 and 6): requests that hold nothing, count_tokens among
+ * them, are judged by the live ledger too, not only by the replica's `spent`. In process
+ * and with Redis limits.
+ */
+import { after, before, describe, test } from 'node:test';
+import assert from 'node:assert/strict';
+import { randomBytes } from 'node:crypto';
+import { Redis } from 'ioredis';
+import { startFakeUpstream, type FakeUpstream } from '../helpers/upstream.js';
+import { startHarness, waitForLine, type Harness } from '../helpers/sidecar.js';
+import { send } from '../helpers/http.js';
+import { TEST_REDIS_URL } from '../helpers/redis-url.js';
+
+const prefix = `kwlive${randomBytes(4).toString('hex')}`;
+let up: FakeUpstream;
+
+before(async () => {
+  // A chat answer reports 5,000 prompt tokens: at 1 a token, far past the key's budget of 1,000.
+  up = await startFakeUpstream((req, res) => {
+    const usage = req.url?.includes('count_tokens') ? { input_tokens: 5 } : { usage: { prompt_tokens: 5000, completion_tokens: 1, total_tokens: 5001 } };
+    const text = JSON.stringify(usage);
+    res.writeHead(200, { 'content-type': 'application/json', 'content-length': Buffer.byteLength(text) });
+    res.end(text);
+  });
+});
+after(async () => {
+  await up.close();
+  const redis = new Redis(TEST_REDIS_URL);
+  const keys = await redis.keys(`{${prefix}*`);
+  if (keys.length) await redis.del(...keys);
+  redis.disconnect();
+});
+
+const VARIANTS = [
+  { name: 'in process', config: {} },
+  { name: 'Redis limits', config: { redis: { url: TEST_REDIS_URL, prefix: `${prefix}a`, timeoutMs: 1000 } } },
+] as const;
+
+for (const variant of VARIANTS) {
+  describe(`live budgets, ${variant.name}`, () => {
+    let h: Harness;
+    before(async () => {
+      h = await startHarness({
+        upstream: up.url,
+        keys: { k_team: { kind: 'team', project: 'p_1', budget: 1000, spent: 0 } },
+        records: [{ type: 'project', id: 'p_1', status: 'enabled', budget: null, spent: 0 }, { type: 'price', model: 'priced-*', input: 1, output: 1, per: 1 }],
+        config: variant.config,
+      });
+    });
+    after(() => h.close());
+
+    const countTokens = () =>
+      send(h.url, {
+        method: 'POST',
+        path: '/v1/messages/count_tokens',
+        headers: { 'x-api-key': h.keys.k_team!, 'content-type': 'application/json' },
+        body: JSON.stringify({ model: 'priced-model', messages: [] }),
+      });
+
+    test('count_tokens passes while the budget lasts, and is refused 402 once settled usage has spent it', async () => {
+      assert.equal((await countTokens()).status, 200, 'the budget is far from spent');
+      const settled = waitForLine(h, (l) => l.msg === 'request' && l.route === 'chat.completions');
+      const chat = await send(h.url, {
+        method: 'POST',
+        path: '/v1/chat/completions',
+        headers: { authorization: `Bearer ${h.keys.k_team}`, 'content-type': 'application/json' },
+        body: JSON.stringify({ model: 'priced-model', max_tokens: 1, messages: [] }),
+      });
+      assert.equal(chat.status, 200, 'a hold of a few tokens fits');
+      assert.equal((await settled).input_tokens, 5000);
+      const before = up.received.length;
+      const res = await countTokens();
+      assert.equal(res.status, 402, 'the replica still says spent 0: only the live ledger knows');
+      assert.equal(res.headers['x-keyward-error'], 'key_budget_exhausted');
+      assert.equal(up.received.length, before, 'nothing reached the upstream');
+    });
+  });
+}
