@@ -67,6 +67,8 @@ export const CATALOGUE = {
       headers_timeout: 'The request headers did not arrive in time.',
       // answered with 431
       headers_too_large: 'The request line and headers are larger than {limit} bytes.',
+      // answered with 417
+      expectation: 'Only "Expect: 100-continue" is understood; send the request without another expectation.',
       cut_short: 'The request body was cut short.',
       stalled: 'The request body stalled: no byte arrived for {ms} ms.',
     },

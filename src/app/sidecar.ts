@@ -22,7 +22,7 @@ import type { SyncClient, UsagePusher } from '../sync/client.js';
 import { consoleClients } from './console-clients.js';
 import { answerClientError, createExchanges, type ExchangeDeps, type Exchanges } from '../proxy/exchange.js';
 import { createForwarder, type Forwarder } from '../proxy/upstream/forward.js';
-import { answerConnect } from '../proxy/upstream/framing.js';
+import { answerConnect, answerExpectation } from '../proxy/upstream/framing.js';
 import { snapshotOf, Snapshots } from '../proxy/snapshot.js';
 import { QUOTA_HEADER_NAMES } from '../proxy/quota-headers.js';
 import { describeKey } from '../proxy/self.js';
@@ -137,6 +137,7 @@ function proxyServer(exchanges: Exchanges): Server {
   const server = createServer({ keepAliveTimeout: 65_000, requestTimeout: 0, headersTimeout: 60_000 });
   server.on('request', (req, res) => exchanges.handle(req, res, false));
   server.on('checkContinue', (req, res) => exchanges.handle(req, res, true));
+  server.on('checkExpectation', (_req, res) => answerExpectation(res));
   server.on('clientError', (err: NodeJS.ErrnoException, socket) => answerClientError(err, socket));
   // Without a listener Node closes a CONNECT's connection with no answer at all.
   server.on('connect', (_req, socket) => answerConnect(socket));

@@ -140,6 +140,22 @@ describe('framing is preserved or refused', () => {
     assert.equal(up.received.length, before, 'nothing reached the upstream');
   });
 
+  test('an expectation other than 100-continue gets 417 with its JSON body, reaches nothing and closes the connection', async () => {
+    const before = up.received.length;
+    const body = '{"model":"gpt-4o","messages":[]}';
+    const ex = await rawExchange(h.sidecar.port, [`POST /v1/chat/completions HTTP/1.1\r\nHost: kw\r\nAuthorization: Bearer ${h.keys.k_ok}\r\nExpect: 200-ok\r\nContent-Type: application/json\r\nContent-Length: ${body.length}\r\n\r\n${body}`]);
+    assert.equal(ex.responses.length, 1, ex.bytes.toString('latin1'));
+    const [res] = ex.responses;
+    assert.equal(res!.status, 417);
+    assert.equal(res!.headers['x-keyward-error'], 'invalid_request');
+    assert.equal(res!.headers['content-type'], 'application/json');
+    const json = JSON.parse(res!.body.toString()) as { error: { code: string; message: string } };
+    assert.equal(json.error.code, 'invalid_request');
+    assert.match(json.error.message, /100-continue/);
+    assert.ok(ex.closed, 'the connection closed');
+    assert.equal(up.received.length, before, 'nothing reached the upstream');
+  });
+
   test('a request head past Node\'s header limit gets 431 with a JSON body naming the limit', async () => {
     const before = up.received.length;
     const big = 'a'.repeat(maxHeaderSize + 1);

@@ -1,7 +1,8 @@
 /**
  * Request framing rules (DESIGN section 5, "Framing") that do not depend on the route:
  * which transfer codings may be forwarded, and the answers written straight on a socket
- * to what never became a request (a parser refusal, a CONNECT).
+ * to what never became a request (a parser refusal, a CONNECT, an expectation other than
+ * 100-continue).
  */
 import { maxHeaderSize, type IncomingMessage, type ServerResponse } from 'node:http';
 import type { Duplex } from 'node:stream';
@@ -72,4 +73,16 @@ export function answerConnect(socket: Duplex): void {
   let head = 'HTTP/1.1 400 Bad Request\r\n';
   for (const [name, value] of Object.entries(out.headers)) head += `${name}: ${value}\r\n`;
   socket.end(`${head}connection: close\r\n\r\n${out.body}`);
+}
+
+/**
+ * Answers a request whose `Expect` asks for something other than 100-continue, which Node
+ * hands over instead of the request (without a listener it answers a bare 417): 417 with
+ * the JSON body every denial carries, and the connection closes, since the client may be
+ * holding its body back or sending it anyway.
+ */
+export function answerExpectation(res: ServerResponse): void {
+  const out = renderError(deny('invalid_request', { variant: 'expectation', status: 417 }), 'openai');
+  res.writeHead(417, { ...out.headers, connection: 'close' });
+  res.end(out.body);
 }
