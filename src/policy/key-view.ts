@@ -34,7 +34,7 @@ export function keyView(facts: KeyFacts, live: LiveFigures, now: number) {
   const { key, project } = facts;
   // The key's own budget; a team key without one shows its project's.
   const own = key.budget !== null;
-  const holder = own ? { limit: key.budget!, spent: key.spent, period: key.period } : project?.budget != null ? { limit: project.budget, spent: project.spent, period: null } : null;
+  const holder = own ? { limit: key.budget!, spent: key.spent, period: key.period } : project?.budget != null ? { limit: project.budget, spent: project.spent, period: project.period ?? null } : null;
   const spent = holder ? round(live.spent ?? holder.spent) : 0;
   return {
     id: key.id,

@@ -50,4 +50,7 @@ test('key view: figures, live spend and balance, never the hash', () => {
   const personal = keyView({ ...facts, key: { ...facts.key, kind: 'personal', budget: null, projectId: null, userId: 'u_1' }, project: null, walletBalance: 5 }, { remaining: { requests: null, tokens: null }, spent: null, balance: 4.25 }, 0);
   assert.equal(personal.budget, null);
   assert.equal(personal.balance, 4.25);
+  // A team key without a budget of its own shows its project's, with the project's period.
+  const shared = keyView({ ...facts, key: { ...facts.key, budget: null }, project: { ...facts.project!, period: 'week' } }, { remaining: { requests: null, tokens: null }, spent: null, balance: null }, Date.UTC(2026, 10, 25));
+  assert.deepEqual(shared.budget, { limit: 100, spent: 50, remaining: 50, period: 'week', resets_at: '2026-11-30T00:00:00.000Z' });
 });
