@@ -9,7 +9,7 @@ import { extractCredential, unknownKeyDenial } from '../auth/credentials.js';
 import { isWellFormedKey } from '../auth/keyformat.js';
 import type { KeyHasher } from '../auth/hash.js';
 import { deny, type Denial, type ErrorStyle } from '../errors.js';
-import { hasAnyLimit, NO_QUOTA, type AdmitInput, type Hold, type Lease, type Limiter, type Quota } from '../limits/limiter.js';
+import { hasAnyLimit, isLimited, NO_QUOTA, type AdmitInput, type Hold, type Lease, type Limiter, type Quota } from '../limits/limiter.js';
 import { admitShadowed, holdShadowed } from '../limits/shadow.js';
 import { checkKey, checkModel, checkModels, checkStanding, modelLimitFor } from '../policy/decide.js';
 import { holdersOf } from '../policy/holders.js';
@@ -199,6 +199,20 @@ async function bodyStep(input: RequestInput, o: { snap: Snapshot; admitted: Allo
   return { body, estimate, metered };
 }
 
+/**
+ * A listing response carries the key's own RPM and TPM figures like any forwarded response
+ * (DESIGN section 11), read without taking anything; figures the limits store cannot give
+ * now are left out rather than failing a request that no limit applies to.
+ */
+async function listingQuota(limiter: Limiter, key: KeyFacts['key']): Promise<Quota> {
+  if (!isLimited(key.rpm) && !isLimited(key.tpm)) return NO_QUOTA;
+  try {
+    return await limiter.peek({ keyId: key.id, limits: { rpm: key.rpm, tpm: key.tpm, concurrency: key.concurrency } });
+  } catch {
+    return NO_QUOTA;
+  }
+}
+
 /** Decides `input` under the settings of `snap`, the snapshot the request arrived under. */
 export async function decide(input: RequestInput, deps: PipelineDeps, snap: Snapshot, requestId: string): Promise<Decision> {
   const seen: Seen = { route: null, facts: null, upstream: null, model: null, shadow: [] };
@@ -208,7 +222,8 @@ export async function decide(input: RequestInput, deps: PipelineDeps, snap: Snap
   admitted.upstream = chooseUpstream(deps, snap, admitted.facts);
   const route = admitted.route;
   if (route.class === 'listing' || route.class === 'self') {
-    return allowed(admitted, { body: null, bodyRead: false, lease: null, quota: NO_QUOTA, hold: null, price: null, tokens: 0, estimate: NONE, metered: false });
+    const quota = route.class === 'listing' ? await listingQuota(deps.limiter, admitted.facts.key) : NO_QUOTA;
+    return allowed(admitted, { body: null, bodyRead: false, lease: null, quota, hold: null, price: null, tokens: 0, estimate: NONE, metered: false });
   }
 
   const bodyRead = route.class === 'model';

@@ -12,7 +12,13 @@ import { startFakeUpstream, type FakeUpstream, type Handler } from '../helpers/u
 import { startHarness, type Harness } from '../helpers/sidecar.js';
 
 /** An upstream that sends its own rate-limit headers, as provider gateways do. */
-const chatWithItsOwnLimits: Handler = (_req, res, rec) => {
+const chatWithItsOwnLimits: Handler = (req, res, rec) => {
+  const own = { 'x-ratelimit-limit-requests': '10000', 'x-ratelimit-remaining-requests': '9999', 'x-ratelimit-reset-requests': '6ms' };
+  if (req.method === 'GET' && req.url === '/v1/models') {
+    const list = JSON.stringify({ object: 'list', data: [{ id: 'gpt-4o-mini', object: 'model', created: 1, owned_by: 'upstream' }] });
+    res.writeHead(200, { 'content-type': 'application/json', 'content-length': Buffer.byteLength(list), ...own });
+    return void res.end(list);
+  }
   const body = JSON.parse(rec.body.toString('utf8')) as { model: string };
   const text = JSON.stringify({
     id: 'chatcmpl-q', object: 'chat.completion', created: 1, model: body.model,
@@ -71,6 +77,17 @@ describe('quota headers and GET /v1/key', () => {
     assert.match(hd.get('x-ratelimit-reset-tokens') ?? '', /^(\d+m)?\d+(\.\d+)?(ms|s)$/);
     const second = await ask(h.keys.k_limited!);
     assert.equal(second.response.headers.get('x-ratelimit-remaining-requests'), '3');
+  });
+
+  test("a model listing carries the key's own figures too, and takes nothing from them", async () => {
+    const before = JSON.parse((await keyInfo(h.keys.k_limited!)).text) as { remaining: { requests: number } };
+    const { data, response } = await client(h.keys.k_limited!).models.list().withResponse();
+    assert.deepEqual(data.data.map((m) => m.id), ['gpt-4o-mini']);
+    assert.equal(response.headers.get('x-ratelimit-limit-requests'), '5', "the key's RPM, not the upstream's 10000");
+    assert.equal(response.headers.get('x-ratelimit-remaining-requests'), String(before.remaining.requests));
+    assert.equal(response.headers.get('x-ratelimit-limit-tokens'), '10000');
+    const after = JSON.parse((await keyInfo(h.keys.k_limited!)).text) as { remaining: { requests: number } };
+    assert.ok(after.remaining.requests >= before.remaining.requests, 'the listing took no request from the bucket');
   });
 
   test('a key without limits gets no rate-limit headers, and the upstream\'s are not passed on', async () => {
