@@ -7,6 +7,10 @@
  * one call (a hold that waits for another request's slice call, then makes its own). An
  * answer Redis gives after the guard gave up is undone at once (`late`), so it cannot hold a
  * slot or a budget nobody will release.
+ *
+ * A request's admission and its spend hold share one wait: the hold gets what the admission
+ * left of timeoutMs (DESIGN section 6: a request never waits on Redis longer than that), so
+ * a paused Redis costs a request one timeout, not one per step.
  */
 import type { Cluster, Redis } from 'ioredis';
 import { whenServing } from './redis/client.js';
@@ -14,6 +18,8 @@ import { Deadlines } from './redis/deadlines.js';
 
 /** Slack on top of timeoutMs for the guard that bounds a whole call. */
 const GUARD_SLACK_MS = 25;
+/** Requests whose first guarded step is remembered for their next (the oldest forgotten first). */
+const REQUESTS_REMEMBERED = 4096;
 /** A failure that came after this share of timeoutMs waited the timeout out: a slow one. */
 const SLOW_SHARE = 0.9;
 
@@ -39,6 +45,8 @@ export class RedisGuard {
   private gaveUp = 0;
   /** each call's deadline: timeoutMs plus the slack */
   private readonly deadlines: Deadlines;
+  /** when each request's wait on Redis ends, from its first guarded step (performance.now()) */
+  private readonly requestEnds = new Map<string, number>();
 
   constructor(
     client: Redis | Cluster,
@@ -55,10 +63,30 @@ export class RedisGuard {
     });
   }
 
-  /** The call's answer, or the fallback's when `skip` (the breaker is open), the call fails or it outlives the deadline. */
-  run<T>(skip: boolean, call: GuardedCall<T>): Promise<T> {
-    if (skip) return call.fallback();
-    return this.connecting ? this.firstConnection().then(() => this.underDeadline(call)) : this.underDeadline(call);
+  /**
+   * The call's answer, or the fallback's when `skip` (the breaker is open), the call fails or
+   * it outlives the deadline. `request`: the request the call is a step of; its `last` step
+   * gets what the earlier ones left of the request's wait, and ends it.
+   */
+  run<T>(skip: boolean, call: GuardedCall<T>, request?: { id: string; last: boolean }): Promise<T> {
+    const ends = request ? this.requestEnd(request.id, request.last) : Infinity;
+    if (skip || ends <= performance.now()) return call.fallback();
+    return this.connecting ? this.firstConnection().then(() => this.underDeadline(call, ends)) : this.underDeadline(call, ends);
+  }
+
+  /** When the request's wait on Redis ends: timeoutMs after its first guarded step. */
+  private requestEnd(id: string, last: boolean): number {
+    const known = this.requestEnds.get(id);
+    if (last) {
+      if (known !== undefined) this.requestEnds.delete(id);
+      return known ?? Infinity;
+    }
+    if (known !== undefined) return known;
+    // A request with no later step (no spend hold) is not forgotten by it: a bound keeps them few.
+    if (this.requestEnds.size >= REQUESTS_REMEMBERED) this.requestEnds.delete(this.requestEnds.keys().next().value!);
+    const ends = performance.now() + this.timeoutMs;
+    this.requestEnds.set(id, ends);
+    return ends;
   }
 
   /** Calls the guard gave up on that Redis did not count as failed itself. */
@@ -76,7 +104,7 @@ export class RedisGuard {
   }
 
   /** One promise and one deadline per call (every admission and hold comes through here), no timer of its own, no race of promises. */
-  private underDeadline<T>(call: GuardedCall<T>): Promise<T> {
+  private underDeadline<T>(call: GuardedCall<T>, requestEnds: number): Promise<T> {
     return new Promise<T>((resolve) => {
       const p = call.send();
       const started = performance.now();
@@ -88,7 +116,7 @@ export class RedisGuard {
       const deadline = this.deadlines.start(() => {
         this.gaveUp++;
         fail(new RedisTimeout(`redis did not answer within ${this.timeoutMs} ms`));
-      });
+      }, requestEnds + GUARD_SLACK_MS);
       p.then(
         (v) => {
           if (deadline.done) return call.late(v);

@@ -25,7 +25,7 @@ export function holdWithFailover(failover: Failover, input: HoldInput): Promise<
   // Taken from spend slices this instance holds: no Redis call, so nothing to guard.
   const sliced = failover.shared.holdNow(input);
   if (sliced) return Promise.resolve(sliced);
-  return guarded(failover, new HoldCall(failover, failover.tags.ledger(input.tag), input));
+  return guarded(failover, new HoldCall(failover, failover.tags.ledger(input.tag), input), { id: input.requestId, last: true });
 }
 
 export function peekWithFailover(failover: Failover, input: { keyId: string; limits: KeyLimits }): Promise<Quota> {
@@ -42,7 +42,8 @@ export function claimWithFailover(failover: Failover, input: ClaimInput): Promis
   return guarded(failover, new ClaimCall(failover, failover.tags.ledger(input.tag), input));
 }
 
-const guarded = <T>(failover: Failover, call: OneTagCall<T>): Promise<T> => failover.guard.run(failover.shards.skipping(failover.shards.of(call.tag), performance.now()), call);
+const guarded = <T>(failover: Failover, call: OneTagCall<T>, request?: { id: string; last: boolean }): Promise<T> =>
+  failover.guard.run(failover.shards.skipping(failover.shards.of(call.tag), performance.now()), call, request);
 
 /** A call whose keys all live under one hash tag; its shard is looked up at each step, as the map may change meanwhile. */
 abstract class OneTagCall<T> implements GuardedCall<T> {

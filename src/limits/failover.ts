@@ -162,15 +162,19 @@ export async function admitWithFailover(failover: Failover, input: AdmitInput): 
   return failover.guard.run(
     shards.some((name) => failover.shards.skipping(name, now)),
     new AdmissionCall(failover, input, shards),
+    { id: input.requestId, last: false },
   );
 }
 
-/** The shards of the hash tags an admission writes under: the route's and the key's, where limited. */
+/** The shards of the hash tags an admission writes under: the route's and the key's (per-model limits included), where limited. */
 function admissionShards(failover: Failover, input: AdmitInput): string[] {
   const { route, limits } = input;
   const shards: string[] = [];
   if (isLimited(route.concurrency) || isLimited(route.rpm)) shards.push(failover.shards.of(failover.tags.route(route.name)));
-  if (isLimited(limits.rpm) || isLimited(limits.tpm) || isLimited(limits.concurrency)) shards.push(failover.shards.of(failover.tags.key(input.keyId)));
+  const model = input.modelLimit;
+  const keyLimited = isLimited(limits.rpm) || isLimited(limits.tpm) || isLimited(limits.concurrency) || (!!model && (isLimited(model.rpm) || isLimited(model.tpm)));
+  // A key's per-model buckets live under its hash tag too.
+  if (keyLimited) shards.push(failover.shards.of(failover.tags.key(input.keyId)));
   return shards;
 }
 

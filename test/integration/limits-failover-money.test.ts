@@ -100,6 +100,31 @@ describe('spend holds with onError: open', { timeout: 30_000 }, () => {
   });
 });
 
+describe('one wait a request', { timeout: 30_000 }, () => {
+  test('Redis paused: a request\'s admission and hold together wait at most the timeout, not one timeout each', async (t) => {
+    const lim = make('open');
+    t.after(() => lim.close());
+    await waitFor(() => redisHolds(lim), RECOVERY_MS, 'Redis holds');
+    const admission = input(uid('k'), { limits: { rpm: 5 } });
+    const hold = { ...req(uid('tag'), [keyBudget(admission.keyId, { base: 0, limit: 1 })], 0.1), requestId: admission.requestId };
+    server.proc.kill('SIGSTOP');
+    try {
+      const start = performance.now();
+      const admitted = await lim.admit(admission);
+      const held = await lim.hold(hold);
+      const ms = performance.now() - start;
+      assert.ok(admitted.ok && held.ok, 'both answered by the in-process limiter (onError: open)');
+      // One timeout (100 ms) and jitter; a wait of its own for the hold would make it two.
+      assert.ok(ms < TIMEOUT_MS * 1.6, `both steps answered after ${ms.toFixed(1)} ms`);
+      assert.equal(lim.stats().failOpenHolds, 1, 'the hold went to the fallback');
+      admitted.lease.finish({ tokens: 0 });
+      held.hold.settle(0);
+    } finally {
+      server.proc.kill('SIGCONT');
+    }
+  });
+});
+
 describe('spend holds with onError: closed', { timeout: 30_000 }, () => {
   test('paused or killed Redis: limits_unavailable within the timeout; reads answer from the instance; recovers by itself', async (t) => {
     const lim = make('closed');

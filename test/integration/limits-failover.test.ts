@@ -160,6 +160,11 @@ describe('createLimiter with onError: closed', { timeout: 30_000 }, () => {
     server.proc.kill('SIGSTOP');
     try {
       for (let i = 0; i < 5; i++) denied(await timed(lim, limited()), 'limits_unavailable');
+      // A key limited only per model waits on the same shard, so the open breaker answers it at once.
+      const modelOnly = { ...input(uid('k')), modelLimit: { pattern: 'gpt-*', rpm: 10, tpm: null } };
+      const start = performance.now();
+      denied(await lim.admit(modelOnly), 'limits_unavailable');
+      assert.ok(performance.now() - start < TIMEOUT_MS / 2, `the breaker answered a per-model key after ${(performance.now() - start).toFixed(1)} ms`);
       // A request with no limits at all needs no Redis, so nothing is unavailable for it.
       assert.ok((await timed(lim, input(uid('k')))).ok);
     } finally {

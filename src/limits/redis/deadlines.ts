@@ -63,9 +63,9 @@ export class Deadlines {
     return this.timer !== null;
   }
 
-  /** A deadline timeoutMs from now that runs `expire` when it passes. */
-  start(expire: () => void): Deadline {
-    const d: Deadline = { at: this.now() + this.timeoutMs, expire, cell: -1, done: false };
+  /** A deadline timeoutMs from now (or at `notAfter`, when sooner) that runs `expire` when it passes. */
+  start(expire: () => void, notAfter = Infinity): Deadline {
+    const d: Deadline = { at: Math.min(this.now() + this.timeoutMs, notAfter), expire, cell: -1, done: false };
     d.cell = this.pending.add(d);
     if (!this.timer) {
       this.timer = setInterval(this.sweep, this.sweepMs);
