@@ -248,8 +248,9 @@ export async function decide(input: RequestInput, deps: PipelineDeps, snap: Snap
     quota = result.quota;
   }
   // Step 9: the cost estimate is held on every budget the key draws on, all or none.
+  // Budgets apply to model routes only: a files request holds nothing and checks none.
   const { tag, holders } = holdersOf(admitted.facts);
-  if (holders.length === 0) return allowed(admitted, { body, bodyRead, lease, quota, hold: null, price: null, tokens, estimate, metered });
+  if (holders.length === 0 || route.class !== 'model') return allowed(admitted, { body, bodyRead, lease, quota, hold: null, price: null, tokens, estimate, metered });
   // A request that is not metered (count_tokens, a call without a body) holds nothing, but
   // a budget its live ledger shows exhausted still refuses it (DESIGN section 5: live spend),
   // where the replica's figures may not have caught up yet: a hold of 0 asks exactly that.

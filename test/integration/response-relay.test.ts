@@ -64,8 +64,8 @@ describe('response relay', () => {
     assert.deepEqual(named('x-upstream-private'), [], 'named by the upstream\'s Connection');
     assert.deepEqual(named('keep-alive'), []);
     assert.deepEqual(named('connection'), ['keep-alive'], 'the client\'s own connection');
-    // the upstream's figures describe its provider account, never this key (a listing admits no figures of its own)
-    assert.deepEqual(named('x-ratelimit-limit-requests'), []);
+    // the upstream's figures describe its provider account, never this key: the key's own replace them
+    assert.deepEqual(named('x-ratelimit-limit-requests'), ['10']);
     assert.equal(named('x-request-id').length, 1);
     assert.deepEqual(named('transfer-encoding'), ['chunked'], 'framed by the sidecar for its own connection');
     assert.equal(ex.responses[0]!.body.toString(), '{"object":"list","data":[]}');
