@@ -68,8 +68,9 @@ export const DEFAULT_RULES: readonly RouteRule[] = [
   rule('/v1/responses/{id}', r('responses', 'model', { storedCall: true }), { pattern: /^\/v1\/responses\/[^/]/ }),
   rule('/v1/responses', r('responses', 'model')),
   rule('/v1/moderations', r('moderations', 'model')),
-  rule('/v1/images', r('images', 'model'), { prefix: true }),
-  rule('/v1/audio', r('audio', 'model'), { prefix: true }),
+  // Below the prefix only: the bare paths are no API (DESIGN section 3 lists /v1/images/*).
+  rule('/v1/images/*', r('images', 'model'), { pattern: /^\/v1\/images\/./ }),
+  rule('/v1/audio/*', r('audio', 'model'), { pattern: /^\/v1\/audio\/./ }),
   rule('/v1/messages/count_tokens', r('messages.count_tokens', 'model', { credentials: 'messages', style: 'messages', countTokens: true, modelRequired: true }), { methods: ['POST'] }),
   rule('/v1/messages', r('messages', 'model', { credentials: 'messages', style: 'messages', modelRequired: true }), { methods: ['POST'] }),
   // Files routes take only the methods the files and uploads APIs define: anything else is

@@ -53,6 +53,8 @@ for (const [method, target, want] of KNOWN) {
 }
 
 const NOT_FOUND: [string, string][] = [
+  ['POST', '/v1/images'],
+  ['POST', '/v1/audio'],
   ['GET', '/v2/x'],
   ['GET', '/v1/messages'],
   ['PUT', '/v1/messages'],
