@@ -65,6 +65,12 @@ export interface Lease {
    * cut short, no usage reported): then the reservation is kept. Idempotent; never throws.
    */
   finish(usage: { tokens: number | null }): void;
+  /**
+   * Undoes the admission entirely (RPM tokens, the TPM reservation, slots), for a request
+   * refused after it (step 9) that was never forwarded: it took nothing. Idempotent, like
+   * finish; once either has run, the other does nothing.
+   */
+  cancel(): void;
 }
 
 /** One bucket's figures; resetMs is the time until it is full again. */

@@ -99,16 +99,29 @@ export class MemoryAdmission implements Lease {
   }
 
   finish(usage: { tokens: number | null }): void {
+    this.#close(tokensBack(this.#tokens, usage), 0);
+  }
+
+  cancel(): void {
+    this.#close(this.#tokens, 1);
+  }
+
+  /** Frees the slots and gives `tokensBack` to the TPM buckets and `requestsBack` to the RPM buckets. */
+  #close(tokensBack: number | null, requestsBack: number): void {
     if (this.#done) return;
     this.#done = true;
     const { store, keeper } = this.#ctx;
     keeper.remove(this.#kept);
     for (const setKey of this.#setKeys) store.removeLease(setKey, this.#leaseId);
-    const back = tokensBack(this.#tokens, usage);
-    if (back === null) return;
-    const keyTpm = this.#input.limits.tpm;
-    if (isLimited(keyTpm)) store.adjust(`${this.#keyPrefix}:tpm`, keyTpm, back);
-    if (this.#modelTpm > 0) store.adjust(`${this.#modelPrefix}:tpm`, this.#modelTpm, back);
+    const { route, limits } = this.#input;
+    if (requestsBack > 0) {
+      if (isLimited(route.rpm)) store.adjust(`${this.#routePrefix}:rpm`, route.rpm, requestsBack);
+      if (isLimited(limits.rpm)) store.adjust(`${this.#keyPrefix}:rpm`, limits.rpm, requestsBack);
+      if (this.#modelRpm > 0) store.adjust(`${this.#modelPrefix}:rpm`, this.#modelRpm, requestsBack);
+    }
+    if (tokensBack === null || tokensBack === 0) return;
+    if (isLimited(limits.tpm)) store.adjust(`${this.#keyPrefix}:tpm`, limits.tpm, tokensBack);
+    if (this.#modelTpm > 0) store.adjust(`${this.#modelPrefix}:tpm`, this.#modelTpm, tokensBack);
   }
 
   /** The first failing check names the code and the check; the wait is the longest among failures. */

@@ -257,7 +257,7 @@ export async function decide(input: RequestInput, deps: PipelineDeps, snap: Snap
   const price = !metered || seen.model === null ? null : deps.priceFor(seen.model);
   const held = await holdShadowed(deps.limiter, { requestId, tag, holders, amount: metered ? costOf(price, { input: estimate.prompt, output: estimate.output }) : 0 }, shadow);
   if (!held.ok) {
-    lease?.finish({ tokens: 0 }); // refused before forwarding: nothing was used
+    lease?.cancel(); // refused before forwarding: the admission took nothing
     return denied(seen, held.code === 'limits_unavailable' ? deny(held.code, { retryAfterMs: held.retryAfterMs }) : deny(held.code));
   }
   if (metered) return allowed(admitted, { body, bodyRead, lease, quota, hold: held.hold, price, tokens, estimate, metered });

@@ -153,6 +153,21 @@ export function runLimiterConformance(name: string, setup: () => Promise<Harness
       third.finish({ tokens: null });
     });
 
+    test('cancel undoes an admission whole: its RPM token, its TPM reservation and its slot come back, once', async () => {
+      const key = uid('k');
+      const limits = { rpm: 2, tpm: 1000, concurrency: 1 };
+      const first = leaseOf(await lim.admit(input(key, { limits, tokens: 600 })));
+      first.cancel();
+      first.cancel();
+      first.finish({ tokens: 5000 }); // after cancel, nothing more happens
+      // Both RPM tokens, the whole TPM bucket and the one slot are there again.
+      const second = leaseOf(await lim.admit(input(key, { limits, tokens: 1000 })));
+      second.finish({ tokens: 0 });
+      const third = leaseOf(await lim.admit(input(key, { limits, tokens: 1000 })));
+      third.finish({ tokens: null });
+      denied(await lim.admit(input(key, { limits: { rpm: 2 } })), 'rpm_exceeded');
+    });
+
     test('concurrency: 500 concurrent admits with concurrency 20 admit exactly 20; finishing frees them', async () => {
       const key = uid('k');
       const limits = { concurrency: 20 };

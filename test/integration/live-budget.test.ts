@@ -44,7 +44,7 @@ for (const variant of VARIANTS) {
     before(async () => {
       h = await startHarness({
         upstream: up.url,
-        keys: { k_team: { kind: 'team', project: 'p_1', budget: 1000, spent: 0 } },
+        keys: { k_team: { kind: 'team', project: 'p_1', budget: 1000, spent: 0 }, k_rpm: { kind: 'team', project: 'p_1', budget: 1, spent: 0, rpm: 2 } },
         records: [{ type: 'project', id: 'p_1', status: 'enabled', budget: null, spent: 0 }, { type: 'price', model: 'priced-*', input: 1, output: 1, per: 1 }],
         config: variant.config,
       });
@@ -75,6 +75,22 @@ for (const variant of VARIANTS) {
       assert.equal(res.status, 402, 'the replica still says spent 0: only the live ledger knows');
       assert.equal(res.headers['x-keyward-error'], 'key_budget_exhausted');
       assert.equal(up.received.length, before, 'nothing reached the upstream');
+    });
+
+    test('a request refused 402 at its spend hold takes no request from the key\'s RPM', async () => {
+      const chat = (model: string) =>
+        send(h.url, {
+          method: 'POST',
+          path: '/v1/chat/completions',
+          headers: { authorization: `Bearer ${h.keys.k_rpm}`, 'content-type': 'application/json' },
+          body: JSON.stringify({ model, max_tokens: 1, messages: [] }),
+        });
+      // The priced request's hold (about 15 tokens at 1 each) does not fit a budget of 1.
+      for (let i = 0; i < 2; i++) assert.equal((await chat('priced-model')).status, 402);
+      // An unpriced request holds 0, which fits: the key's 2 requests a minute are both still there.
+      assert.equal((await chat('free-model')).status, 200);
+      assert.equal((await chat('free-model')).status, 200);
+      assert.equal((await chat('free-model')).status, 429, 'the third request of the minute');
     });
   });
 }

@@ -29,10 +29,8 @@ export interface RedisLimiterOptions {
   callTimeoutMs?: number;
 }
 
-export interface RedisLease extends Lease {
-  /** Undoes the admission entirely (RPM, TPM and slots), for an answer that came too late. */
-  cancel(): void;
-}
+/** A lease of the Redis limiter; `cancel` also undoes an answer that came too late. */
+export type RedisLease = Lease;
 
 export interface RedisLimiter extends Limiter {
   /** Rejects when Redis fails or times out; createLimiter turns that into fail-open/closed. */
