@@ -9,6 +9,22 @@ export function promptTokens(bodyBytes: number): number {
   return Number.isFinite(bodyBytes) && bodyBytes > 0 ? Math.ceil(bodyBytes / 4) : 0;
 }
 
+/**
+ * A request's estimate: prompt tokens and the output reserved. `bytesSeen`: a body whose size
+ * was not declared (a chunked multipart upload), the bytes of it read so far; only part of it
+ * was read at admission, and the settlement counts the whole body.
+ */
+export interface Estimate {
+  prompt: number;
+  output: number;
+  bytesSeen?: () => number;
+}
+
+/** The prompt tokens a settlement counts: the admission's, or more when the body turned out larger. */
+export function settledPrompt(e: Estimate): number {
+  return e.bytesSeen ? Math.max(e.prompt, promptTokens(e.bytesSeen())) : e.prompt;
+}
+
 /** TPM reservation for a request: prompt tokens estimated from the body, plus the output cap. */
 export function estimateTokens(opts: { bodyBytes: number; maxOutputTokens: number | null }): number {
   const out = opts.maxOutputTokens;

@@ -10,7 +10,7 @@ import type { Hold, Lease, Quota } from '../limits/limiter.js';
 import type { Price } from '../policy/pricing.js';
 import type { Route } from '../routes.js';
 import type { KeyFacts } from '../policy/facts.js';
-import type { Settled } from '../policy/estimate.js';
+import type { Estimate, Settled } from '../policy/estimate.js';
 import type { Arrival } from './arrival.js';
 import type { BodyWatch } from './body/idle.js';
 import type { Forwarding } from './upstream/forward.js';
@@ -39,7 +39,7 @@ export interface RequestContext {
   /** a model request that generates: settled and billed (see pipeline's Allow) */
   metered: boolean;
   /** its prompt-token estimate and reserved output */
-  estimate: { prompt: number; output: number };
+  estimate: Estimate;
   /** reads the response's usage and generated text as it streams to the client */
   tap: UsageTap | null;
   /** the upstream's status, once its response started */

@@ -15,7 +15,7 @@ import { checkKey, checkModel, checkModels, checkStanding, modelLimitFor } from 
 import { holdersOf } from '../policy/holders.js';
 import { costOf, type Price } from '../policy/pricing.js';
 import { checkNetwork, looksLikeBrowser } from '../policy/network.js';
-import { promptTokens } from '../policy/estimate.js';
+import { promptTokens, type Estimate } from '../policy/estimate.js';
 import type { KeyFacts } from '../policy/facts.js';
 import { isShadowed, shadowSet, type ShadowSet } from '../policy/shadow.js';
 import { classify, type Route } from '../routes.js';
@@ -79,7 +79,7 @@ export interface Allow {
   price: Price | null;
   /** the TPM reservation: prompt estimate plus the output reserved */
   tokens: number;
-  estimate: { prompt: number; output: number };
+  estimate: Estimate;
   /**
    * A model request that generates: its usage is settled and billed. Not count_tokens,
    * and not a bodiless call on a stored response (a retrieval or a cancel generates nothing).
@@ -171,7 +171,7 @@ function allowed(seen: Allow['seen'], f: Omit<Allow, 'allow' | 'seen'>): Allow {
 const NONE: { readonly prompt: number; readonly output: number } = Object.freeze({ prompt: 0, output: 0 });
 
 /** What steps 6 and 7 leave: the body to forward, and the request's estimate when it is metered. */
-type BodyStep = { denial: Denial } | { body: BodySource | null; estimate: { prompt: number; output: number }; metered: boolean };
+type BodyStep = { denial: Denial } | { body: BodySource | null; estimate: Estimate; metered: boolean };
 
 /**
  * Steps 6 and 7: a model request's body is read for its model, which must be in the key's
@@ -195,7 +195,8 @@ async function bodyStep(input: RequestInput, o: { snap: Snapshot; admitted: Allo
   const scope = body === null && route.storedCall ? null : (checkModel(key, read.body.model) ?? checkModels(key, read.body.models));
   if (scope) return { denial: scope };
   const metered = body !== null && !route.countTokens;
-  const estimate = metered ? { prompt: promptTokens(read.body.estimateBytes), output: outputCap(read.body.maxOutputTokens, limits.defaultOutputTokens) } : NONE;
+  const estimate: Estimate = metered ? { prompt: promptTokens(read.body.estimateBytes), output: outputCap(read.body.maxOutputTokens, limits.defaultOutputTokens) } : NONE;
+  if (metered && read.body.bytesSeen) estimate.bytesSeen = read.body.bytesSeen;
   return { body, estimate, metered };
 }
 

@@ -3,7 +3,7 @@
  * settled to it, and the usage event the console receives.
  */
 import type { KeyFacts } from '../policy/facts.js';
-import { settleUsage, type Settled } from '../policy/estimate.js';
+import { settledPrompt, settleUsage, type Settled } from '../policy/estimate.js';
 import { costOf } from '../policy/pricing.js';
 import type { UsageEvent } from '../protocol/usage.js';
 import type { RequestContext } from './context.js';
@@ -22,7 +22,7 @@ export function settle(ctx: RequestContext): void {
       usage: tapped?.usage ?? null,
       // no tap: an unreadable response (null), or none at all because the client left first (nothing seen)
       textChars: tapped ? tapped.textChars : ctx.upstreamStatus === null ? 0 : null,
-      promptTokens: ctx.estimate.prompt,
+      promptTokens: settledPrompt(ctx.estimate),
       reservedOutput: ctx.estimate.output,
       upstreamStatus: ctx.upstreamStatus,
       upstreamFailed: ctx.upstreamFailed,

@@ -32,6 +32,7 @@ before(async () => {
       k_files: { concurrency: 1 },
       k_scoped: { models: ['gpt-4o'] },
       k_meter: { project: 'p_up', budget: 100, spent: 0, tpm: 6000, concurrency: 1 },
+      k_chunked: { project: 'p_up' },
     },
     records: [
       { type: 'project', id: 'p_up', status: 'enabled', budget: null, spent: 0 },
@@ -225,6 +226,26 @@ describe('maxUploadBytes', () => {
       body: formBody(BOUNDARY, [{ name: 'model', value: 'whisper-1' }, { name: 'file', value: 'tiny', filename: 'a.wav' }]),
     });
     assert.equal(next.status, 200, 'the concurrency slot came back');
+  });
+
+  test('a chunked multipart model body is billed by its whole size, not by what was read before admission', { timeout: 20_000 }, async () => {
+    const file = randomBytes(40_000);
+    const body = formBody(BOUNDARY, [{ name: 'model', value: 'whisper-1' }, { name: 'file', value: file, filename: 'a.wav' }]);
+    const c = await openSlowClient(h.sidecar.port);
+    const arrival = nextArrival();
+    await c.write(`POST /v1/audio/transcriptions HTTP/1.1\r\nHost: kw\r\nAuthorization: Bearer ${h.keys.k_chunked}\r\nx-request-id: chunked-size\r\nContent-Type: multipart/form-data; boundary=${BOUNDARY}\r\nTransfer-Encoding: chunked\r\n\r\n`);
+    // The fields and the file's head first: the request is admitted and forwarded on these few bytes.
+    const cut = body.indexOf('\r\n\r\n', body.indexOf('name="file"')) + 4 + 16;
+    await c.chunk(body.subarray(0, cut));
+    await arrival;
+    const answered = c.response();
+    await c.chunk(body.subarray(cut));
+    await c.write('0\r\n\r\n');
+    assert.equal((await answered).status, 200);
+    const line = await waitForLine(h, (l) => l.req_id === 'chunked-size');
+    // No usage in the answer: the prompt estimate is ceil(body bytes / 4) of the whole body.
+    assert.ok(Number(line.input_tokens) >= Math.ceil(body.length / 4), `billed ${line.input_tokens} input tokens for ${body.length} bytes`);
+    assert.equal(line.usage_estimated, true);
   });
 
   test('a body that passes the limit after the upstream began its answer: the upstream request is aborted and the response cut', { timeout: 20_000 }, async () => {

@@ -35,6 +35,8 @@ export interface ModelBody {
   estimateBytes: number;
   /** what to forward instead of `req`; null when nothing was consumed */
   replay: BodySource | null;
+  /** a body whose size was not declared: the bytes of it read so far (null: estimateBytes is the whole) */
+  bytesSeen: (() => number) | null;
 }
 
 export type BodyResult = { ok: true; body: ModelBody } | { ok: false; denial: Denial; closeConnection: boolean };
@@ -176,10 +178,10 @@ async function readJson(req: IncomingMessage, limit: number): Promise<BodyResult
   if (read.cut) return cutShort();
   if (read.overLimit) return tooLarge(req, limit);
   const buf = read.chunks.length === 1 ? read.chunks[0]! : Buffer.concat(read.chunks);
-  if (buf.length === 0) return { ok: true, body: { model: null, models: [], maxOutputTokens: null, estimateBytes: 0, replay: new BufferSource(buf) } };
+  if (buf.length === 0) return { ok: true, body: { model: null, models: [], maxOutputTokens: null, estimateBytes: 0, replay: new BufferSource(buf), bytesSeen: null } };
   const found = inspectJson(buf);
   if (!found.ok) return invalid(found.message);
-  return { ok: true, body: { model: found.model, models: found.models, maxOutputTokens: found.maxOutputTokens, estimateBytes: buf.length, replay: new BufferSource(buf) } };
+  return { ok: true, body: { model: found.model, models: found.models, maxOutputTokens: found.maxOutputTokens, estimateBytes: buf.length, replay: new BufferSource(buf), bytesSeen: null } };
 }
 
 /**
@@ -213,8 +215,18 @@ async function readMultipart(req: IncomingMessage, boundary: string, uploadLimit
   // The whole body counts towards the estimate, whatever the order of its parts.
   const declared = Number(req.headers['content-length']);
   const estimateBytes = Number.isSafeInteger(declared) && declared > read.total ? declared : read.total;
+  const bytesSeen = read.ended || Number.isSafeInteger(declared) ? null : bytesFrom(req, read.total);
   const replay = replayStream(req, read, read.ended ? null : reader, uploadLimit);
-  return { ok: true, body: { model: fields.get('model') ?? null, models, maxOutputTokens: null, estimateBytes, replay } };
+  return { ok: true, body: { model: fields.get('model') ?? null, models, maxOutputTokens: null, estimateBytes, replay, bytesSeen } };
+}
+
+/** The bytes of `req`'s body read so far: `already`, and what it emits from now on (an extra listener takes nothing from the pipe). */
+function bytesFrom(req: IncomingMessage, already: number): () => number {
+  let seen = already;
+  req.on('data', (chunk: Buffer) => {
+    seen += chunk.length;
+  });
+  return () => seen;
 }
 
 function countHeader(raw: string[], name: string): number {
@@ -246,7 +258,7 @@ export async function readModelBody(req: IncomingMessage, opts: ReadOptions, pro
   if (declaredOver(req, limit)) return tooLarge(req, limit);
   if (!hasBody(req)) {
     if (opts.modelRequired) return invalid('The request needs a JSON body that names "model".');
-    return { ok: true, body: { model: null, models: [], maxOutputTokens: null, estimateBytes: 0, replay: null } };
+    return { ok: true, body: { model: null, models: [], maxOutputTokens: null, estimateBytes: 0, replay: null, bytesSeen: null } };
   }
   const encoding = req.headers['content-encoding'];
   if (encoding !== undefined && encoding.toLowerCase() !== 'identity') {
