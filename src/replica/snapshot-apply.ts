@@ -108,8 +108,12 @@ async function applyInThread(opts: ApplySnapshotStreamOptions, started: number, 
   }
 }
 
-/** Below this a snapshot is applied on this thread: applying it takes less than starting a worker would. */
-const SMALL_SNAPSHOT_BYTES = 256 * 1024;
+/**
+ * Below this a snapshot is applied on this thread: applying it takes less than starting a
+ * worker would, and stays well inside the 50 ms the event loop may stall (DESIGN section 7)
+ * on a busy machine.
+ */
+const SMALL_SNAPSHOT_BYTES = 128 * 1024;
 
 /** Reads up to `limit` bytes; `done` tells whether that was the whole stream. */
 async function readHead(it: AsyncIterator<Uint8Array>, limit: number): Promise<{ head: Uint8Array[]; done: boolean }> {
