@@ -10,7 +10,7 @@ import { serve, serveWorker } from './app/serve.js';
 import { parseWorkers } from './app/workers.js';
 import { importSnapshotFile, ImportError } from './app/import.js';
 import { runDemo } from './app/demo.js';
-import { registerConsoleCommands } from './console/cli.js';
+import { registerConsoleCommands } from './app/console-cli.js';
 
 /** Runs `fn` until SIGTERM/SIGINT, then `stop` once, then exits 0. */
 function untilSignal(stop: () => Promise<void>): void {

@@ -3,7 +3,7 @@
  * `keyward console --config FILE` as a real process (signals, exit code, stdout).
  */
 import { Command } from 'commander';
-import { registerConsoleCommands } from '../../src/console/cli.js';
+import { registerConsoleCommands } from '../../src/app/console-cli.js';
 
 const program = new Command('keyward');
 registerConsoleCommands(program);

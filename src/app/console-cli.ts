@@ -10,13 +10,13 @@ import pino from 'pino';
 import { ConfigError } from '../config/load.js';
 import {
   adminClient, budgetPeriodArg, CliError, DEFAULT_CONSOLE_URL, ipList, modelLimits, modelList, numberOrNone, shadowList, TOKEN_ENV, URL_ENV, type AdminCall,
-} from './cli-client.js';
-import { keyDetails, keysTable, lastUsed, projectsTable, walletsTable } from './cli-format.js';
-import { loadConsoleConfig } from './config.js';
-import { MasterKeyError } from './crypto.js';
-import type { KeyView } from './db.js';
+} from '../console/cli-client.js';
+import { keyDetails, keysTable, lastUsed, projectsTable, walletsTable } from '../console/cli-format.js';
+import { loadConsoleConfig } from '../console/config.js';
+import { MasterKeyError } from '../console/crypto.js';
+import type { KeyView } from '../console/db.js';
 import { SHADOW_CHECKS } from '../policy/shadow.js';
-import { startConsole } from '../app/console.js';
+import { startConsole } from './console.js';
 
 export interface CliIO {
   stdout: (text: string) => void;
