@@ -3,13 +3,15 @@
  * place, a new file renamed over it, or a symlink swap such as a Kubernetes ConfigMap
  * volume makes (`keyward.yaml -> ..data/keyward.yaml`, where `..data` is a symlink swapped
  * for one to a new `..<timestamp>` directory). A watch on the file itself would follow the
- * old inode and miss the last two, so the directories are watched: the file's own, and
- * the one its symlinks resolve to when that is elsewhere. Events come in bursts and name
+ * old inode and miss the last two, so the directories are watched: the file's own, the one
+ * its symlinks resolve to when that is elsewhere, and the parent of every directory on its
+ * path that is a symlink (`conf/current/keyward.yaml` with `current` swapped for a link to
+ * a new release: the swap changes only `conf`). Events come in bursts and name
  * whatever entry changed (`..data`, a temporary file), so each burst ends in one read of
  * the file through its symlinks, and only a content hash that differs from the last one
  * seen is reported.
  */
-import { watch, readFileSync, realpathSync, type FSWatcher } from 'node:fs';
+import { lstatSync, watch, readFileSync, realpathSync, type FSWatcher } from 'node:fs';
 import { dirname, resolve } from 'node:path';
 import type { LogSink } from '../log.js';
 import { configHash } from './file.js';
@@ -28,6 +30,19 @@ export interface ConfigWatchOptions {
   log: LogSink;
 }
 
+/** The parent of each directory on `file`'s path that is a symlink: where swapping that link shows. */
+function symlinkParents(file: string): string[] {
+  const out: string[] = [];
+  for (let dir = dirname(file); dir !== dirname(dir); dir = dirname(dir)) {
+    try {
+      if (lstatSync(dir).isSymbolicLink()) out.push(dirname(dir));
+    } catch {
+      // gone for now: the next burst looks again
+    }
+  }
+  return out;
+}
+
 export class ConfigWatch {
   private readonly file: string;
   private readonly watchers = new Map<string, FSWatcher>();
@@ -44,7 +59,7 @@ export class ConfigWatch {
 
   /** Watches the directories the file lives in now; a symlink swap can move the second. */
   private arm(): void {
-    const wanted = new Set([dirname(this.file)]);
+    const wanted = new Set([dirname(this.file), ...symlinkParents(this.file)]);
     try {
       wanted.add(dirname(realpathSync(this.file)));
     } catch {

@@ -8,7 +8,7 @@
 import { after, before, describe, test } from 'node:test';
 import assert from 'node:assert/strict';
 import { randomBytes } from 'node:crypto';
-import { mkdtempSync, renameSync, rmSync, writeFileSync } from 'node:fs';
+import { mkdirSync, mkdtempSync, renameSync, rmSync, symlinkSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import OpenAI from 'openai';
@@ -72,6 +72,27 @@ describe('triggers', () => {
   after(async () => {
     await plain?.stop('SIGKILL');
     await mapped?.stop('SIGKILL');
+  });
+
+  test('a symlinked directory on the path, swapped atomically for a link to a new release, is taken up within a second', async () => {
+    // conf/current -> release-1 holds the file; the deploy points current at release-2 with a rename.
+    const conf = join(dir, 'conf');
+    mkdirSync(join(conf, 'release-1'), { recursive: true });
+    writeFileSync(join(conf, 'release-1', 'keyward.yaml'), yaml(upA.url, 'info'));
+    symlinkSync('release-1', join(conf, 'current'));
+    const released = await spawnSidecar({ dir, name: 'released', file: join(conf, 'current', 'keyward.yaml') });
+    try {
+      const next = yaml(upB.url, 'warn');
+      await reloadsWithinASecond(released, next, () => {
+        mkdirSync(join(conf, 'release-2'));
+        writeFileSync(join(conf, 'release-2', 'keyward.yaml'), next);
+        symlinkSync('release-2', join(conf, 'current.next'));
+        renameSync(join(conf, 'current.next'), join(conf, 'current'));
+      });
+      assert.equal(await answer(released), 'B');
+    } finally {
+      await released.stop('SIGKILL');
+    }
   });
 
   test('a write in place is taken up within a second', async () => {
