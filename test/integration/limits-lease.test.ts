@@ -146,6 +146,30 @@ describe('bucket slices', { timeout: 60_000 }, () => {
     assert.ok(taken <= sent && taken >= sent - refill - tokens, `${taken} tokens taken for ${sent} reserved`);
   });
 
+  test('a TPM bucket full to its ceiling admits one request estimated above the capacity while another instance holds a slice', async () => {
+    const a = await instance(1000);
+    const b = await instance(1000);
+    const key = uid('k');
+    const limits = { tpm: 60_000 };
+    // Instance a takes a few tokens and leases a slice of the bucket, which stays out.
+    for (let i = 0; i < 20; i++) {
+      const r = await a.lim.admit(input(key, { limits, tokens: 1 }));
+      assert.ok(r.ok);
+      r.lease.finish({ tokens: 1 });
+    }
+    assert.ok((await leased(a.client, key, 'tpm')) > 0, 'a slice of the bucket is out');
+    // 20 tokens refill in 20 ms at 60,000 a minute: the bucket is back at its ceiling, full.
+    await waitFor(async () => {
+      const q = await b.lim.peek({ keyId: key, limits: { rpm: null, concurrency: null, ...limits } });
+      return q.tokens!.remaining >= 60_000 - (await leased(a.client, key, 'tpm'));
+    }, 2_000, 'the bucket refilled to its ceiling');
+    const big = await b.lim.admit(input(key, { limits, tokens: 100_000 }));
+    assert.ok(big.ok, `a full bucket admits an oversized request alone: ${JSON.stringify(big)}`);
+    big.lease.finish({ tokens: null });
+    // Now in debt: the next request waits, as on a bucket without slices.
+    assert.equal((await b.lim.admit(input(key, { limits, tokens: 1 }))).ok, false);
+  });
+
   test("a dead instance's slice comes back by expiry; a live one gives back what is left", async () => {
     const sliceMs = 300;
     const dead = await instance(sliceMs);

@@ -49,7 +49,6 @@ local model_rpm = tonumber(ARGV[12]) or 0
 local model_tpm = tonumber(ARGV[13]) or 0
 if deadline > 0 and now > deadline then return {-1, 0, 0, now} end
 
-local function level(key, cap) return (bucket(key, cap)) end
 
 local i = 1
 local r_rpm_key, r_conc_key, k_rpm_key, k_tpm_key, k_conc_key, k_conc_w, m_rpm_key, m_tpm_key
@@ -73,8 +72,8 @@ end
 -- A bucket check (bucket.lua's admit_wait; `tpm_tokens` only for TPM) that denies with code
 -- c as check ch. Returns the bucket's level, which the commit below writes back less what it takes.
 local function checked(c, ch, key, cap, tpm_tokens)
-  local lvl = level(key, cap)
-  local w = admit_wait(lvl, cap, tpm_tokens)
+  local lvl, ceiling = bucket(key, cap)
+  local w = admit_wait(lvl, cap, tpm_tokens, ceiling)
   if w > 0 then deny(c, ch, w) end
   return lvl
 end

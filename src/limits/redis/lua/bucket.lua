@@ -121,15 +121,19 @@ end
 -- (bucket.ts's tpmAdmits, tpmNeed and refillWaitMs are the same rule in process). RPM (no
 -- `tokens`): the bucket must hold one token. TPM: it must hold the request's estimate
 -- `tokens`, or be full: the need is capped at the capacity, so that a request estimated
--- above the whole capacity passes alone (taking the bucket into debt) rather than never. A
--- request that reserves nothing always passes. Returns 0 when the request passes, else the
--- retry wait: ms until the bucket holds what it needs, at least 1. It only reads the
--- level: a caller consumes nothing until every one of its checks has passed.
-local function admit_wait(lvl, cap, tokens)
+-- above the whole capacity passes alone (taking the bucket into debt) rather than never.
+-- While slices are out, full is the bucket's `ceiling` (bucket()): refill stops there, and
+-- what the slices hold is not the bucket's to wait for. A request that reserves nothing
+-- always passes. Returns 0 when the request passes, else the retry wait: ms until the
+-- bucket holds what it needs, at least 1. It only reads the level: a caller consumes
+-- nothing until every one of its checks has passed.
+local function admit_wait(lvl, cap, tokens, ceiling)
   local need = 1
   if tokens then
     if tokens <= 0 then return 0 end
-    need = math.min(tokens, cap)
+    local full = cap
+    if ceiling and ceiling > 0 and ceiling < cap then full = ceiling end
+    need = math.min(tokens, full)
   end
   if lvl >= need then return 0 end
   return math.max(1, refill_ms(lvl, need, cap))

@@ -62,7 +62,7 @@ local function deny(c, w)
   if w > wait then wait = w end
 end
 if rpm > 0 then deny(2, admit_wait(lvl[1], rpm)) end
-if tpm > 0 then deny(3, admit_wait(lvl[2], tpm, tokens)) end
+if tpm > 0 then deny(3, admit_wait(lvl[2], tpm, tokens, ceil[2])) end
 local in_use = 0
 if conc > 0 then
   in_use = held_slots(KEYS[3], KEYS[4])
