@@ -50,6 +50,13 @@ const upstream = z.strictObject({
   capacity,
 });
 
+/** The URL DESIGN section 2 gives the `default` upstream when its entry names none; other modes name their own. */
+const DEFAULT_UPSTREAM_URL = 'http://127.0.0.1:4000';
+function defaultUpstreamUrl(u: unknown): unknown {
+  if (!isRecord(u) || !isRecord(u.default) || u.default.url !== undefined) return u;
+  return { ...u, default: { ...u.default, url: DEFAULT_UPSTREAM_URL } };
+}
+
 /** Operator-added routes, matched before the default table. */
 const routeEntry = z.strictObject({
   /** exact path, or a prefix when it ends in `/*` (the bare prefix matches too) */
@@ -84,12 +91,12 @@ export const configSchema = z
       .prefault({}),
     admin: z.strictObject({ host: host.default('127.0.0.1'), port: port.default(9090) }).prefault({}),
     upstreams: z
-      .record(z.string().regex(/^[A-Za-z0-9_.-]+$/, 'expected a routing mode name'), upstream)
-      .refine((u) => !isRecord(u) || 'default' in u, { message: 'upstreams.default is required', ...always }),
+      .preprocess(defaultUpstreamUrl, z.record(z.string().regex(/^[A-Za-z0-9_.-]+$/, 'expected a routing mode name'), upstream)
+      .refine((u) => !isRecord(u) || 'default' in u, { message: 'upstreams.default is required', ...always })),
     replica: z.strictObject({ path: z.string().min(1).default('./data/replica.sqlite') }).prefault({}),
     console: z
       .strictObject({
-        url: httpUrl,
+        url: httpUrl.default('http://127.0.0.1:7000'),
         token: z.string().min(1, 'the sync token must not be empty'),
         waitMs: num().pipe(z.number().min(0).max(60_000)).default(25_000),
       })
@@ -97,7 +104,7 @@ export const configSchema = z
     /** The defaults of `redis` and `limits.leaseMs` are stated here only: createLimiter (src/limits/create.ts) takes every value as given. */
     redis: z
       .strictObject({
-        url: redisUrl,
+        url: redisUrl.default('redis://127.0.0.1:6379'),
         prefix: z.string().min(1).default('kw'),
         timeoutMs: num().pipe(z.number().positive()).default(100),
         onError: z.enum(['open', 'closed']).default('open'),

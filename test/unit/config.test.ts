@@ -54,6 +54,13 @@ test('limits.shadow: a list of the checks DESIGN section 12 names, anything else
   hasProblem(problems(`${MINIMAL}limits: { shadow: rpm }\n`), 'limits.shadow');
 });
 
+test('the URLs DESIGN section 2 lists are the defaults of the default upstream, the console and Redis', () => {
+  const c = parse('upstreams:\n  default: { timeoutMs: 5 }\nconsole: { token: t }\nredis: { prefix: x }\n');
+  assert.equal(c.upstreams.default!.url, 'http://127.0.0.1:4000');
+  assert.equal(c.console?.url, 'http://127.0.0.1:7000');
+  assert.equal(c.redis?.url, 'redis://127.0.0.1:6379');
+});
+
 test('defaults inside optional sections', () => {
   const c = parse(`${MINIMAL}redis:\n  url: redis://127.0.0.1:6379\nconsole:\n  url: http://127.0.0.1:7000\n  token: sync-token\n`);
   assert.deepEqual(c.redis, { url: 'redis://127.0.0.1:6379', prefix: 'kw', timeoutMs: 100, onError: 'open', lease: { enabled: true, sliceMs: 1000 } });
@@ -143,7 +150,7 @@ const SINGLE: [string, string, string, RegExp?][] = [
   ['negative body limit', `${MINIMAL}server: { maxJsonBodyBytes: -1 }\n`, 'server.maxJsonBodyBytes'],
   ['timeout as a string', 'upstreams:\n  default: { url: http://u, timeoutMs: "10s" }\n', 'upstreams.default.timeoutMs'],
   ['upstream url not http', 'upstreams:\n  default: { url: ftp://u }\n', 'upstreams.default.url', /http/],
-  ['upstream url missing', 'upstreams:\n  default: { timeoutMs: 5 }\n', 'upstreams.default.url'],
+  ['upstream url missing on a mode other than default', 'upstreams:\n  default: { url: http://u }\n  batch: { timeoutMs: 5 }\n', 'upstreams.batch.url'],
   ['redis onError', `${MINIMAL}redis: { url: redis://r, onError: maybe }\n`, 'redis.onError', /open/],
   ['redis url scheme', `${MINIMAL}redis: { url: http://r }\n`, 'redis.url', /redis/],
   ['hash algorithm', `${MINIMAL}keys: { hash: md5 }\n`, 'keys.hash'],
