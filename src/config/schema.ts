@@ -30,9 +30,9 @@ const ms = (def: number) => num().pipe(z.number().nonnegative()).default(def);
 export const fraction = z.preprocess((v) => (typeof v === 'string' && v.trim() !== '' && !Number.isNaN(Number(v)) ? Number(v) : v), z.number());
 const httpUrl = z.url({ protocol: /^https?$/, error: 'expected an http:// or https:// URL' });
 /**
- * Runs a check that compares fields even when other parts of the file have problems, so
- * every problem is reported at once (zod skips refinements of a value with issues);
- * `check` is only given values whose fields have the types it reads.
+ * Runs a check that compares fields even when other parts of its value have problems, so
+ * every problem is reported at once (zod skips the refinements of a value with issues).
+ * Such a check may then see fields of the wrong type, so it tests each type it reads.
  */
 export const always = { when: () => true } as const;
 export const isRecord = (v: unknown): v is Record<string, unknown> => typeof v === 'object' && v !== null;
