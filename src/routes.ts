@@ -151,14 +151,18 @@ export function checkPath(target: string): { ok: true; path: string } | { ok: fa
 const URL_REWRITE =
   'the request target holds characters that URL parsers cut or re-encode (#, quotes, <>, {}, ^, `, |, or an apostrophe in the query): percent-encode them';
 
+/** Characters RFC 3986 allows nowhere in a request target; parsers differ on which they re-encode. */
+const NOT_URL_CHARACTERS = /["<>\\^`{|}]/;
+
 /**
  * Whether a WHATWG URL parser, which builds the forwarded path (http-proxy-3), would send
- * `target` otherwise than received: a `#` cuts the rest off, and characters such as `{`
- * or a query's `'` are re-encoded, so the upstream would read another path than the one
- * classified. `|` is kept by the parser but is not a URL character (RFC 3986): refused too.
+ * `target` otherwise than received: a `#` cuts the rest off, and a query's `'` is
+ * re-encoded, so the upstream would read another path than the one classified. Characters
+ * that are no URL characters at all are refused on every Node line alike, whichever of
+ * them its parser happens to re-encode (Node 22's keeps `^`, Node 24's encodes it).
  */
 function urlRewrites(target: string): boolean {
-  if (target.includes('|')) return true;
+  if (NOT_URL_CHARACTERS.test(target)) return true;
   try {
     const u = new URL(target, 'http://keyward.invalid');
     // An empty query (`/v1/models?`) goes without its `?`: the same path and no query.
