@@ -4,7 +4,9 @@
  * change is measured against what it replaced on the same machine at the same time.
  *   git worktree add /tmp/kw-old <commit> && ln -s "$PWD/node_modules" /tmp/kw-old/
  *   npx tsx bench/ab.ts /tmp/kw-old [memory|redis|redis-budgets]
- * Environment: BENCH_AB_ROUNDS (7), BENCH_DURATION (5 s per round and tree).
+ * Environment: BENCH_AB_ROUNDS (7), BENCH_DURATION (5 s per round and tree);
+ * BENCH_AB_OTHER_ARGS and BENCH_AB_THIS_ARGS: node options for one side's server only, so a
+ * runtime flag can be measured against its absence on one tree (`bench/ab.ts . memory`).
  * CPU per request (user + system of the sidecar process per 2xx response, from /proc) is
  * steadier than req/s on a shared machine; the median of the per-round ratios is what to
  * quote.
@@ -26,8 +28,9 @@ async function main(): Promise<void> {
   const upstream = await startServer('upstream', []);
   const target = `http://127.0.0.1:${upstream.port}`;
   const trees: { name: string; server: Started; cpu: number[]; rps: number[] }[] = [];
-  for (const [name, tree] of [['other', other], ['this', root]] as const) {
-    trees.push({ name: `${name} (${tree})`, server: await startServer('keyward', [target, mode], { tree }), cpu: [], rps: [] });
+  for (const [name, tree, args] of [['other', other, process.env.BENCH_AB_OTHER_ARGS], ['this', root, process.env.BENCH_AB_THIS_ARGS]] as const) {
+    const nodeArgs = (args ?? '').split(' ').filter(Boolean);
+    trees.push({ name: `${name} (${tree}${nodeArgs.length ? ` ${nodeArgs.join(' ')}` : ''})`, server: await startServer('keyward', [target, mode], { tree, nodeArgs }), cpu: [], rps: [] });
   }
   for (const t of trees) await throughput(t.server.port, 2, t.server.child.pid); // warm-up
   for (let r = 0; r < rounds; r++) {
