@@ -44,110 +44,140 @@ interface Conn {
 
 const HEADER_END = Buffer.from('\r\n\r\n');
 
-export function paced(opts: PacedOptions): Promise<PacedResult> {
-  const maxConnections = opts.maxConnections ?? 64;
-  const conns: Conn[] = [];
-  const idle: Conn[] = [];
-  const backlog: number[] = [];
-  const result: PacedResult = { sent: 0, completed: 0, errors: 0, non2xx: 0, connections: 0, latencies: [], scheduled: [] };
-  const now = () => performance.now();
-  const start = now();
-  const intervalMs = 1000 / opts.rate;
-  let scheduled = 0;
-  let stopped = false;
-  let finish!: () => void;
-  const done = new Promise<void>((resolve) => (finish = resolve));
+/** Index of the end of the first complete response in `buf`, its status; null: not complete yet; 'bad': no Content-Length. */
+function firstResponse(buf: Buffer): { total: number; status: number } | null | 'bad' {
+  const end = buf.indexOf(HEADER_END);
+  if (end < 0) return null;
+  const head = buf.subarray(0, end).toString('latin1');
+  const m = /\r\ncontent-length:[ \t]*(\d+)/i.exec(head);
+  if (!m) return 'bad';
+  const total = end + 4 + Number(m[1]);
+  return buf.length < total ? null : { total, status: Number(head.slice(9, 12)) };
+}
 
-  const send = (c: Conn, scheduledAt: number) => {
+/** One paced run: its connections, the requests waiting for one, and what was measured. */
+class PacedRun {
+  readonly result: PacedResult = { sent: 0, completed: 0, errors: 0, non2xx: 0, connections: 0, latencies: [], scheduled: [] };
+  private readonly conns: Conn[] = [];
+  private readonly idle: Conn[] = [];
+  private readonly backlog: number[] = [];
+  private readonly start = performance.now();
+  private readonly intervalMs: number;
+  private scheduled = 0;
+  private stopped = false;
+  private finish!: () => void;
+  readonly done = new Promise<void>((resolve) => (this.finish = resolve));
+
+  constructor(private readonly opts: PacedOptions & { maxConnections: number }) {
+    this.intervalMs = 1000 / opts.rate;
+  }
+
+  /** Schedules every request due by now; past the duration, stops scheduling. Returns whether it stopped. */
+  tick(): boolean {
+    const elapsed = performance.now() - this.start;
+    const due = Math.min(Math.floor(elapsed / this.intervalMs) + 1, Math.floor(this.opts.durationMs / this.intervalMs));
+    while (this.scheduled < due) {
+      this.dispatch(this.start + this.scheduled * this.intervalMs);
+      this.scheduled++;
+    }
+    if (elapsed < this.opts.durationMs) return false;
+    this.stopped = true;
+    this.finishIfDrained();
+    return true;
+  }
+
+  close(): void {
+    for (const c of this.conns.slice()) c.socket.destroy();
+  }
+
+  /** Ends the run with what was measured so far, answered or not. */
+  giveUp(): void {
+    this.finish();
+  }
+
+  /** Resolves `done` once the run has stopped and every request sent was answered or failed. */
+  private finishIfDrained(): void {
+    const r = this.result;
+    if (this.stopped && r.completed + r.errors >= r.sent && this.backlog.length === 0) this.finish();
+  }
+
+  private dispatch(scheduledAt: number): void {
+    const c = this.idle.pop() ?? (this.conns.length < this.opts.maxConnections ? this.open() : null);
+    if (c) this.send(c, scheduledAt);
+    else this.backlog.push(scheduledAt);
+  }
+
+  private send(c: Conn, scheduledAt: number): void {
     c.busy = true;
     c.scheduledAt = scheduledAt;
-    result.sent++;
-    c.socket.write(opts.request);
-  };
+    this.result.sent++;
+    c.socket.write(this.opts.request);
+  }
 
-  const release = (c: Conn) => {
+  private release(c: Conn): void {
     c.busy = false;
-    const next = backlog.shift();
-    if (next !== undefined) send(c, next);
-    else idle.push(c);
-    if (stopped && result.completed + result.errors >= result.sent && backlog.length === 0) finish();
-  };
+    const next = this.backlog.shift();
+    if (next !== undefined) this.send(c, next);
+    else this.idle.push(c);
+    this.finishIfDrained();
+  }
 
-  const onData = (c: Conn, chunk: Buffer) => {
+  private onData(c: Conn, chunk: Buffer): void {
     c.buf = c.buf.length === 0 ? chunk : Buffer.concat([c.buf, chunk]);
     for (;;) {
-      const end = c.buf.indexOf(HEADER_END);
-      if (end < 0) return;
-      const head = c.buf.subarray(0, end).toString('latin1');
-      const m = /\r\ncontent-length:[ \t]*(\d+)/i.exec(head);
-      if (!m) {
-        result.errors++;
+      const response = firstResponse(c.buf);
+      if (response === null) return;
+      if (response === 'bad') {
+        this.result.errors++;
         c.socket.destroy();
         return;
       }
-      const total = end + 4 + Number(m[1]);
-      if (c.buf.length < total) return;
-      const status = Number(head.slice(9, 12));
-      c.buf = c.buf.subarray(total);
-      result.completed++;
-      if (status >= 200 && status < 300) {
-        result.latencies.push(now() - c.scheduledAt);
-        result.scheduled.push(c.scheduledAt);
-      }
-      else result.non2xx++;
-      release(c);
+      c.buf = c.buf.subarray(response.total);
+      this.result.completed++;
+      if (response.status >= 200 && response.status < 300) {
+        this.result.latencies.push(performance.now() - c.scheduledAt);
+        this.result.scheduled.push(c.scheduledAt);
+      } else this.result.non2xx++;
+      this.release(c);
     }
-  };
+  }
 
-  const open = (): Conn => {
-    const c: Conn = { socket: net.connect({ host: opts.host, port: opts.port, noDelay: true }), busy: false, scheduledAt: 0, buf: Buffer.alloc(0) };
-    result.connections++;
-    conns.push(c);
-    c.socket.on('data', (chunk: Buffer) => onData(c, chunk));
+  private open(): Conn {
+    const c: Conn = { socket: net.connect({ host: this.opts.host, port: this.opts.port, noDelay: true }), busy: false, scheduledAt: 0, buf: Buffer.alloc(0) };
+    this.result.connections++;
+    this.conns.push(c);
+    c.socket.on('data', (chunk: Buffer) => this.onData(c, chunk));
     c.socket.on('error', () => undefined);
-    c.socket.on('close', () => {
-      const i = conns.indexOf(c);
-      if (i >= 0) conns.splice(i, 1);
-      const j = idle.indexOf(c);
-      if (j >= 0) idle.splice(j, 1);
-      if (c.busy) {
-        c.busy = false;
-        result.errors++;
-        if (stopped && result.completed + result.errors >= result.sent && backlog.length === 0) finish();
-      }
-    });
+    c.socket.on('close', () => this.onClose(c));
     return c;
-  };
+  }
 
-  const dispatch = (scheduledAt: number) => {
-    const c = idle.pop() ?? (conns.length < maxConnections ? open() : null);
-    if (c) send(c, scheduledAt);
-    else backlog.push(scheduledAt);
-  };
+  /** A connection gone: a request it carried counts as an error. */
+  private onClose(c: Conn): void {
+    const i = this.conns.indexOf(c);
+    if (i >= 0) this.conns.splice(i, 1);
+    const j = this.idle.indexOf(c);
+    if (j >= 0) this.idle.splice(j, 1);
+    if (!c.busy) return;
+    c.busy = false;
+    this.result.errors++;
+    this.finishIfDrained();
+  }
+}
 
-  const tick = () => {
-    const t = now();
-    const elapsed = t - start;
-    const due = Math.min(Math.floor(elapsed / intervalMs) + 1, Math.floor(opts.durationMs / intervalMs));
-    while (scheduled < due) {
-      dispatch(start + scheduled * intervalMs);
-      scheduled++;
-    }
-    if (elapsed >= opts.durationMs) {
-      stopped = true;
-      clearInterval(timer);
-      if (result.completed + result.errors >= result.sent && backlog.length === 0) finish();
-    }
-  };
-  const timer = setInterval(tick, 1);
-  tick();
-
-  const guard = setTimeout(() => finish(), opts.durationMs + 10_000);
-  return done.then(() => {
+export function paced(opts: PacedOptions): Promise<PacedResult> {
+  const run = new PacedRun({ ...opts, maxConnections: opts.maxConnections ?? 64 });
+  const timer = setInterval(() => {
+    if (run.tick()) clearInterval(timer);
+  }, 1);
+  if (run.tick()) clearInterval(timer);
+  // A server that never answers some requests: give up on them this long after the end.
+  const guard = setTimeout(() => run.giveUp(), opts.durationMs + 10_000);
+  return run.done.then(() => {
     clearTimeout(guard);
     clearInterval(timer);
-    for (const c of conns.slice()) c.socket.destroy();
-    return result;
+    run.close();
+    return run.result;
   });
 }
 

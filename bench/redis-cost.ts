@@ -81,8 +81,8 @@ async function startTarget(): Promise<{ url: string; nodes: Redis[]; stop(): Pro
   return { url: `redis://127.0.0.1:${port}`, nodes: [node], stop: async () => (node.disconnect(), await server.stop()) };
 }
 
-async function main(): Promise<void> {
-  const target = await startTarget();
+/** The sidecar under test, with one key per variant in its replica, in front of an upstream that reports usage. */
+async function startSidecarUnder(target: { url: string }) {
   const up = await startFakeUpstream((_q, res) => {
     const text = JSON.stringify({ id: 'x', choices: [], usage: { prompt_tokens: 20, completion_tokens: 12, total_tokens: 32 } });
     res.writeHead(200, { 'content-type': 'application/json', 'content-length': Buffer.byteLength(text) });
@@ -113,12 +113,22 @@ async function main(): Promise<void> {
   replica.applySnapshot({ version: 1, records: records.map((record, i) => ({ line: i + 2, record })), source: 'bench' });
   const logger = createLogger({ level: 'warn', destination: new Writable({ write: (_c, _e, cb) => cb() }) });
   const sidecar = await startSidecar({ config, logger, replica });
+  const close = async (): Promise<void> => {
+    await sidecar.close({ graceMs: 500 });
+    replica.close();
+    await up.close();
+    rmSync(dir, { recursive: true, force: true });
+  };
+  return { sidecar, secrets, close };
+}
+
+/** Sends `n` chat requests with a key, CONCURRENCY at a time; any answer but 200 fails the run. */
+function loadGenerator(url: string) {
   const agent = new http.Agent({ keepAlive: true, maxSockets: CONCURRENCY });
   const body = JSON.stringify({ model: 'gpt-4o-mini', messages: [{ role: 'user', content: 'How many commands does this take?' }], max_tokens: 64 });
-
   const post = (key: string): Promise<number> =>
     new Promise((resolve, reject) => {
-      const req = http.request(`${sidecar.url}/v1/chat/completions`, {
+      const req = http.request(`${url}/v1/chat/completions`, {
         method: 'POST', agent, headers: { authorization: `Bearer ${key}`, 'content-type': 'application/json', 'content-length': Buffer.byteLength(body) },
       }, (res) => {
         res.resume();
@@ -127,7 +137,6 @@ async function main(): Promise<void> {
       req.once('error', reject);
       req.end(body);
     });
-
   const send = async (key: string, n: number): Promise<void> => {
     let next = 0;
     const worker = async (): Promise<void> => {
@@ -139,11 +148,14 @@ async function main(): Promise<void> {
     };
     await Promise.all(Array.from({ length: CONCURRENCY }, worker));
   };
+  return { send, destroy: () => agent.destroy() };
+}
 
-  /** Summed over the nodes. A Cluster's own chatter (CLUSTER SLOTS and the like) is counted apart. */
+/** What the nodes count. commandstats is summed over the nodes; a Cluster's own chatter (CLUSTER SLOTS and the like) is counted apart. */
+function redisCounters(nodes: Redis[]) {
   const commandstats = async (): Promise<Map<string, CommandStat>> => {
     const out = new Map<string, CommandStat>();
-    for (const node of target.nodes) {
+    for (const node of nodes) {
       for (const line of (await node.info('commandstats')).split('\n')) {
         const m = /^cmdstat_([^:]+):calls=(\d+),usec=(\d+)/.exec(line.trim());
         if (!m || OWN.has(m[1]!)) continue;
@@ -155,66 +167,40 @@ async function main(): Promise<void> {
   };
   const mainThreadCpuUs = async (): Promise<number> => {
     let total = 0;
-    for (const node of target.nodes) {
+    for (const node of nodes) {
       const info = await node.info('cpu');
       const read = (name: string): number => Number(new RegExp(`${name}:([\\d.]+)`).exec(info)?.[1] ?? 0);
       total += (read('used_cpu_user_main_thread') + read('used_cpu_sys_main_thread')) * 1e6;
     }
     return Math.round(total);
   };
-  /** Settlements leave after the answer; wait until the sidecar holds nothing and the counters stand still. */
-  const settled = async (): Promise<void> => {
-    let last = -1;
-    for (;;) {
-      const s = sidecar.limiter.stats();
-      const calls = [...(await commandstats()).values()].reduce((a, c) => a + c.calls, 0);
-      if (s.slotsHeld === 0 && s.holdsHeld === 0 && calls === last) return;
-      last = calls;
-      await new Promise((r) => setTimeout(r, 100));
-    }
+  return { commandstats, mainThreadCpuUs, reset: () => Promise.all(nodes.map((n) => n.config('RESETSTAT'))) };
+}
+
+/** One variant's figures, from what the nodes counted over REQUESTS requests and the time they took. */
+function figures(name: Variant, stats: Map<string, CommandStat>, cpuUs: number, seconds: number): Record<string, unknown> {
+  const sent = [...stats].filter(([c]) => SENT.has(c));
+  const inner = [...stats].filter(([c]) => !SENT.has(c) && !c.startsWith('cluster'));
+  const clusterCalls = [...stats].filter(([c]) => c.startsWith('cluster')).reduce((a, [, x]) => a + x.calls, 0);
+  const sum = (xs: [string, CommandStat][], f: (c: CommandStat) => number): number => xs.reduce((a, [, c]) => a + f(c), 0);
+  const sentCalls = sum(sent, (c) => c.calls);
+  return {
+    variant: name,
+    requests: REQUESTS,
+    requestsPerSecond: Math.round(REQUESTS / seconds),
+    commandsPerRequest: +(sentCalls / REQUESTS).toFixed(3),
+    sent: Object.fromEntries(sent.map(([c, s]) => [c, { perRequest: +(s.calls / REQUESTS).toFixed(3), usecPerCall: +(s.usec / s.calls).toFixed(2) }])),
+    ...(opt.cluster ? { clusterCommandsPerRequest: +(clusterCalls / REQUESTS).toFixed(4) } : {}),
+    scriptInnerCommandsPerRequest: +(sum(inner, (c) => c.calls) / REQUESTS).toFixed(2),
+    usecPerCommand: sentCalls ? +(sum(sent, (c) => c.usec) / sentCalls).toFixed(2) : 0,
+    commandUsecPerRequest: +(sum(sent, (c) => c.usec) / REQUESTS).toFixed(1),
+    cpuUsPerRequest: +(cpuUs / REQUESTS).toFixed(1),
+    cpuUsPerCommand: sentCalls ? +(cpuUs / sentCalls).toFixed(1) : 0,
   };
+}
 
-  const results: Record<string, unknown>[] = [];
-  try {
-    for (const name of Object.keys(VARIANTS) as Variant[]) {
-      await send(secrets[name], 200); // scripts loaded, buckets and ledgers created
-      await settled();
-      await Promise.all(target.nodes.map((n) => n.config('RESETSTAT')));
-      const cpuBefore = await mainThreadCpuUs();
-      const started = performance.now();
-      await send(secrets[name], REQUESTS);
-      const seconds = (performance.now() - started) / 1000;
-      await settled();
-      const cpuUs = (await mainThreadCpuUs()) - cpuBefore;
-      const stats = await commandstats();
-      const sent = [...stats].filter(([c]) => SENT.has(c));
-      const inner = [...stats].filter(([c]) => !SENT.has(c) && !c.startsWith('cluster'));
-      const clusterCalls = [...stats].filter(([c]) => c.startsWith('cluster')).reduce((a, [, x]) => a + x.calls, 0);
-      const sum = (xs: [string, CommandStat][], f: (c: CommandStat) => number): number => xs.reduce((a, [, c]) => a + f(c), 0);
-      const sentCalls = sum(sent, (c) => c.calls);
-      results.push({
-        variant: name,
-        requests: REQUESTS,
-        requestsPerSecond: Math.round(REQUESTS / seconds),
-        commandsPerRequest: +(sentCalls / REQUESTS).toFixed(3),
-        sent: Object.fromEntries(sent.map(([c, s]) => [c, { perRequest: +(s.calls / REQUESTS).toFixed(3), usecPerCall: +(s.usec / s.calls).toFixed(2) }])),
-        ...(opt.cluster ? { clusterCommandsPerRequest: +(clusterCalls / REQUESTS).toFixed(4) } : {}),
-        scriptInnerCommandsPerRequest: +(sum(inner, (c) => c.calls) / REQUESTS).toFixed(2),
-        usecPerCommand: sentCalls ? +(sum(sent, (c) => c.usec) / sentCalls).toFixed(2) : 0,
-        commandUsecPerRequest: +(sum(sent, (c) => c.usec) / REQUESTS).toFixed(1),
-        cpuUsPerRequest: +(cpuUs / REQUESTS).toFixed(1),
-        cpuUsPerCommand: sentCalls ? +(cpuUs / sentCalls).toFixed(1) : 0,
-      });
-    }
-  } finally {
-    agent.destroy();
-    await sidecar.close({ graceMs: 500 });
-    replica.close();
-    await up.close();
-    await target.stop();
-    rmSync(dir, { recursive: true, force: true });
-  }
-
+/** Prints the figures and writes the JSON that the fleet model reads. */
+function report(results: Record<string, unknown>[]): void {
   for (const r of results) {
     console.log(`${String(r.variant).padEnd(8)} ${String(r.commandsPerRequest).padStart(6)} commands/request  ` +
       `${String(r.commandUsecPerRequest).padStart(6)} µs in commands/request  ${String(r.cpuUsPerRequest).padStart(6)} µs Redis CPU/request  ` +
@@ -236,6 +222,44 @@ async function main(): Promise<void> {
   writeFileSync(join(root, '.bench', file), `${JSON.stringify(summary, null, 2)}\n`);
   if (opt.json) writeFileSync(opt.json, `${JSON.stringify(summary, null, 2)}\n`);
   console.log(`\n${summary.topology}; written to .bench/${file} (bench/scale-model.ts --from reads it)`);
+}
+
+async function main(): Promise<void> {
+  const target = await startTarget();
+  const { sidecar, secrets, close } = await startSidecarUnder(target);
+  const load = loadGenerator(sidecar.url);
+  const counters = redisCounters(target.nodes);
+  /** Settlements leave after the answer; wait until the sidecar holds nothing and the counters stand still. */
+  const settled = async (): Promise<void> => {
+    let last = -1;
+    for (;;) {
+      const s = sidecar.limiter.stats();
+      const calls = [...(await counters.commandstats()).values()].reduce((a, c) => a + c.calls, 0);
+      if (s.slotsHeld === 0 && s.holdsHeld === 0 && calls === last) return;
+      last = calls;
+      await new Promise((r) => setTimeout(r, 100));
+    }
+  };
+  const results: Record<string, unknown>[] = [];
+  try {
+    for (const name of Object.keys(VARIANTS) as Variant[]) {
+      await load.send(secrets[name], 200); // scripts loaded, buckets and ledgers created
+      await settled();
+      await counters.reset();
+      const cpuBefore = await counters.mainThreadCpuUs();
+      const started = performance.now();
+      await load.send(secrets[name], REQUESTS);
+      const seconds = (performance.now() - started) / 1000;
+      await settled();
+      const cpuUs = (await counters.mainThreadCpuUs()) - cpuBefore;
+      results.push(figures(name, await counters.commandstats(), cpuUs, seconds));
+    }
+  } finally {
+    load.destroy();
+    await close();
+    await target.stop();
+  }
+  report(results);
 }
 
 await main();
