@@ -6,7 +6,14 @@
  *   npx tsx bench/instructions.ts [bare,keyward,keyward-redis,...]
  * (also keyward-redis-budgets, and bare-agent, bare-lines, bare-agent-lines: the bare proxy
  * with keyward's upstream agent and/or its header-lines pass, what Node's client is handed)
- * Environment: BENCH_IR_REQUESTS (3000), BENCH_IR_WARMUP (3000).
+ * Environment: BENCH_IR_REQUESTS (3000), BENCH_IR_WARMUP (3000), BENCH_IR_CACHE=1 (callgrind's
+ * cache simulation too, about twice as slow: first-level instruction and data misses and
+ * last-level misses per request, on one core's own caches as on this machine's EPYC: 32 KB
+ * instruction and 48 KB data caches, and its 1 MB second level as the last level, since the
+ * shared third level is what other tenants of the host contend for).
+ * BENCH_IR_JS=N: each server also runs with --perf-basic-prof, and the N generated-code
+ * functions (JavaScript, by name) with the most instruction-fetch misses per request (the most
+ * instructions without BENCH_IR_CACHE) are listed per variant (bench/lib/jit-names.ts).
  * What it counts: every instruction in user space of the server process (all its threads:
  * JIT code, V8's compiler and GC, libuv), not the kernel's socket work, which is about half
  * of a bare proxy's CPU time (see README, Performance). Work that runs per unit of time
@@ -19,12 +26,36 @@ import { spawnSync } from 'node:child_process';
 import { mkdirSync, readFileSync, readdirSync, rmSync } from 'node:fs';
 import { join } from 'node:path';
 import autocannon from 'autocannon';
+import { jsFunctions } from './lib/jit-names.js';
 import { killChildren, redisAvailable, startServer, stopServer } from './lib/servers.js';
 import { BODY, HEADERS, PATH, REDIS_URL, log, root } from './lib/settings.js';
 
 const count = (name: string, fallback: number): number => (Number(process.env[name]) > 0 ? Number(process.env[name]) : fallback);
 const REQUESTS = count('BENCH_IR_REQUESTS', 3000);
 const WARMUP = count('BENCH_IR_WARMUP', 3000);
+const CACHE = process.env.BENCH_IR_CACHE === '1';
+const JS_TOP = count('BENCH_IR_JS', 0);
+
+/** What one variant counted, per request: instructions, and with CACHE the simulated misses. */
+interface Counts {
+  ir: number;
+  /** first-level instruction cache misses */
+  i1?: number;
+  /** first-level data cache misses, reads and writes */
+  d1?: number;
+  /** last-level misses, instructions and data */
+  ll?: number;
+}
+
+/** callgrind's summary: its `events:` names against its `totals:` figures, per request. */
+function countsOf(text: string): Counts | null {
+  const names = /^events: (.+)$/m.exec(text)?.[1]?.trim().split(/\s+/);
+  const totals = /^totals: (.+)$/m.exec(text)?.[1]?.trim().split(/\s+/).map(Number);
+  if (!names || !totals) return null;
+  const per = (name: string): number => (totals[names.indexOf(name)] ?? 0) / REQUESTS;
+  if (!CACHE) return { ir: per('Ir') };
+  return { ir: per('Ir'), i1: per('I1mr'), d1: per('D1mr') + per('D1mw'), ll: per('ILmr') + per('DLmr') + per('DLmw') };
+}
 const VARIANTS: Record<string, [string, ...string[]]> = {
   bare: ['bare'],
   // bare with keyward's upstream agent and its header-lines pass (bench/servers/bare.ts)
@@ -47,12 +78,13 @@ const control = (...args: string[]): void => {
   if (r.status !== 0) throw new Error(`callgrind_control ${args.join(' ')}: ${r.stderr || r.stdout}`);
 };
 
-async function measure(variant: string, upstream: string, dir: string): Promise<number> {
+async function measure(variant: string, upstream: string, dir: string): Promise<Counts> {
   const [name, ...rest] = VARIANTS[variant]!;
   const out = join(dir, `${variant}.out`);
   const s = await startServer(name, [upstream, ...rest], {
+    nodeArgs: JS_TOP > 0 ? ['--perf-basic-prof'] : [],
     // --smc-check: V8 writes and rewrites machine code on the heap; counting starts switched off.
-    wrap: ['valgrind', '-q', '--tool=callgrind', '--smc-check=all-non-file', '--instr-atstart=no', `--callgrind-out-file=${out}`],
+    wrap: ['valgrind', '-q', '--tool=callgrind', '--smc-check=all-non-file', '--instr-atstart=no', ...(CACHE ? ['--cache-sim=yes', '--I1=32768,8,64', '--D1=49152,12,64', '--LL=1048576,16,64'] : []), `--callgrind-out-file=${out}`],
   });
   try {
     await send(s.port, WARMUP);
@@ -66,9 +98,22 @@ async function measure(variant: string, upstream: string, dir: string): Promise<
   }
   // The dump on request is `<out>.1` (parts are numbered); the exit writes `<out>` with nothing counted after.
   const file = readdirSync(dir).filter((f) => f.startsWith(`${variant}.out.`)).sort().at(-1);
-  const total = file && /^totals: (\d+)/m.exec(readFileSync(join(dir, file), 'utf8'))?.[1];
-  if (!total) throw new Error(`no callgrind summary for ${variant}`);
-  return Number(total) / REQUESTS;
+  const counts = file ? countsOf(readFileSync(join(dir, file), 'utf8')) : null;
+  if (!counts) throw new Error(`no callgrind summary for ${variant}`);
+  if (JS_TOP > 0) reportJsFunctions(variant, join(dir, file!), s.child.pid!);
+  return counts;
+}
+
+/** The generated-code functions that cost the most per request, by name (BENCH_IR_JS). */
+function reportJsFunctions(variant: string, file: string, pid: number): void {
+  const by = CACHE ? 'ILmr' : 'Ir';
+  const fns = jsFunctions(file, pid, REQUESTS).sort((a, b) => (b.perRequest[by] ?? 0) - (a.perRequest[by] ?? 0));
+  const total = (e: string): number => fns.reduce((a, f) => a + (f.perRequest[e] ?? 0), 0);
+  const columns = CACHE ? ['Ir', 'I1mr', 'ILmr', 'DLmr'] : ['Ir'];
+  const row = (figures: Record<string, number>): string => columns.map((e) => Math.round(figures[e] ?? 0).toLocaleString('en-US').padStart(10)).join('');
+  process.stdout.write(`${variant}: generated code per request, by ${by}\n${columns.map((e) => e.padStart(10)).join('')}\n`);
+  process.stdout.write(`${row(Object.fromEntries(columns.map((e) => [e, total(e)])))}  all generated code\n`);
+  for (const f of fns.slice(0, JS_TOP)) process.stdout.write(`${row(f.perRequest)}  ${f.name}\n`);
 }
 
 async function main(): Promise<void> {
@@ -81,7 +126,7 @@ async function main(): Promise<void> {
   for (const f of readdirSync(dir)) if (f.includes('.out')) rmSync(join(dir, f), { force: true });
   const upstream = await startServer('upstream', []);
   const url = `http://127.0.0.1:${upstream.port}`;
-  const rows: [string, number][] = [];
+  const rows: [string, Counts][] = [];
   for (const v of wanted) {
     if (v.includes('redis') && !withRedis) {
       log(`instructions: no Redis at ${REDIS_URL}; ${v} skipped`);
@@ -92,8 +137,14 @@ async function main(): Promise<void> {
   }
   await stopServer(upstream);
   const bare = rows[0]![1];
-  process.stdout.write(`user-space instructions per request (callgrind, ${REQUESTS} requests after ${WARMUP})\n`);
-  for (const [v, ir] of rows) process.stdout.write(`${v.padEnd(24)}${Math.round(ir).toLocaleString('en-US').padStart(12)}   ${(ir / bare).toFixed(2)} x bare\n`);
+  const cell = (n: number | undefined, of: number | undefined): string =>
+    `${Math.round(n ?? 0).toLocaleString('en-US').padStart(12)} ${`(${((n ?? 0) / (of || 1)).toFixed(2)})`.padStart(7)}`;
+  process.stdout.write(`user-space instructions per request (callgrind, ${REQUESTS} requests after ${WARMUP}); (x bare)\n`);
+  if (CACHE) process.stdout.write(`${''.padEnd(24)}${'instructions'.padStart(20)}${'I1 misses'.padStart(20)}${'D1 misses'.padStart(20)}${'LL misses'.padStart(20)}\n`);
+  for (const [v, c] of rows) {
+    const misses = CACHE ? `${cell(c.i1, bare.i1)}${cell(c.d1, bare.d1)}${cell(c.ll, bare.ll)}` : '';
+    process.stdout.write(`${v.padEnd(24)}${cell(c.ir, bare.ir)}${misses}\n`);
+  }
 }
 
 main().then(
