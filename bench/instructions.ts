@@ -100,7 +100,11 @@ async function measure(variant: string, upstream: string, dir: string): Promise<
   const file = readdirSync(dir).filter((f) => f.startsWith(`${variant}.out.`)).sort().at(-1);
   const counts = file ? countsOf(readFileSync(join(dir, file), 'utf8')) : null;
   if (!counts) throw new Error(`no callgrind summary for ${variant}`);
-  if (JS_TOP > 0) reportJsFunctions(variant, join(dir, file!), s.child.pid!);
+  if (JS_TOP > 0) {
+    reportJsFunctions(variant, join(dir, file!), s.child.pid!);
+    // --perf-basic-prof also has V8 write its own log beside the server: not ours to keep.
+    for (const f of readdirSync(root)) if (new RegExp(`^isolate-0x[0-9a-f]+-${s.child.pid}-v8\\.log$`).test(f)) rmSync(join(root, f), { force: true });
+  }
   return counts;
 }
 
