@@ -69,6 +69,8 @@ export const CATALOGUE = {
       headers_too_large: 'The request line and headers are larger than {limit} bytes.',
       // answered with 417
       expectation: 'Only "Expect: 100-continue" is understood; send the request without another expectation.',
+      two_host: 'More than one Host header was sent; send exactly one.',
+      no_host: 'No Host header was sent; an HTTP/1.1 request carries exactly one.',
       cut_short: 'The request body was cut short.',
       stalled: 'The request body stalled: no byte arrived for {ms} ms.',
     },

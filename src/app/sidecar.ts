@@ -22,9 +22,9 @@ import type { SyncClient, UsagePusher } from '../sync/client.js';
 import { consoleClients } from './console-clients.js';
 import { answerClientError, createExchanges, type ExchangeDeps, type Exchanges } from '../proxy/exchange.js';
 import { createForwarder, type Forwarder } from '../proxy/upstream/forward.js';
-import { answerConnect, answerExpectation } from '../proxy/upstream/framing.js';
 import { snapshotOf, Snapshots } from '../proxy/snapshot.js';
 import { QUOTA_HEADER_NAMES } from '../proxy/quota-headers.js';
+import { SHADOW_HEADER } from '../proxy/denial.js';
 import { describeKey } from '../proxy/self.js';
 import { httpUrl, listen } from './listen.js';
 
@@ -134,13 +134,14 @@ function exchangeDeps(p: ExchangeParts): ExchangeDeps {
 
 
 function proxyServer(exchanges: Exchanges): Server {
-  const server = createServer({ keepAliveTimeout: 65_000, requestTimeout: 0, headersTimeout: 60_000 });
-  server.on('request', (req, res) => exchanges.handle(req, res, false));
-  server.on('checkContinue', (req, res) => exchanges.handle(req, res, true));
-  server.on('checkExpectation', (_req, res) => answerExpectation(res));
+  // Host lines are checked by the exchange, which answers a missing one with keyward's own body.
+  const server = createServer({ keepAliveTimeout: 65_000, requestTimeout: 0, headersTimeout: 60_000, requireHostHeader: false });
+  server.on('request', (req, res) => exchanges.handle(req, res, 'none'));
+  server.on('checkContinue', (req, res) => exchanges.handle(req, res, 'continue'));
+  server.on('checkExpectation', (req, res) => exchanges.handle(req, res, 'unmet'));
   server.on('clientError', (err: NodeJS.ErrnoException, socket) => answerClientError(err, socket));
   // Without a listener Node closes a CONNECT's connection with no answer at all.
-  server.on('connect', (_req, socket) => answerConnect(socket));
+  server.on('connect', (req, socket) => exchanges.refuseConnect(req, socket));
   return server;
 }
 
@@ -215,7 +216,7 @@ export async function startSidecar(opts: SidecarOptions): Promise<Sidecar> {
   const replica = opts.replica ?? new ReplicaStore({ path: config.replica.path });
   const limiter = opts.limiter ?? limiterFor(config, logger);
   const { sync, usage } = consoleClients({ config, replica, logger, pushUsage: !opts.usageSink });
-  const forwarder = createForwarder({ replacedResponseHeaders: QUOTA_HEADER_NAMES });
+  const forwarder = createForwarder({ replacedResponseHeaders: [...QUOTA_HEADER_NAMES, SHADOW_HEADER] });
   const traces = new Traces({ log: logger, tuning: opts.traceTuning ?? traceTuningFromEnv(process.env) });
   await traces.configure(config.tracing);
   const alerts = new Alerts({ store: limiter, log: logger, ...(opts.alertTuning ? { tuning: opts.alertTuning } : {}) });

@@ -8,7 +8,8 @@ import type { AccessLine } from '../obs/logger.js';
 import type { RequestSpan, SpanFacts } from '../obs/tracing/sink.js';
 import type { Hold, Lease, Quota } from '../limits/limiter.js';
 import type { Price } from '../policy/pricing.js';
-import type { Route } from '../routes.js';
+import { classify, type Route } from '../routes.js';
+import type { ErrorStyle } from '../errors.js';
 import type { KeyFacts } from '../policy/facts.js';
 import type { Estimate, Settled } from '../policy/estimate.js';
 import type { Arrival } from './arrival.js';
@@ -183,4 +184,11 @@ export function spanFacts(ctx: RequestContext, status: number): SpanFacts {
     inputTokens: ctx.settled?.input_tokens ?? null,
     outputTokens: ctx.settled?.output_tokens ?? null,
   };
+}
+
+/** The error style of a request: its route's, classified again when no decision has named the route yet. */
+export function styleOf(ctx: RequestContext, url: string): ErrorStyle {
+  if (ctx.route) return ctx.route.style;
+  const classified = classify(ctx.snapshot.rules, ctx.method, url);
+  return classified.ok ? classified.route.style : 'openai';
 }

@@ -1,14 +1,17 @@
 /**
  * Writes a denial: the error body in the route's style, the request id, the key's
  * figures with a 429 for its own RPM or TPM, the shadow header, and `Connection: close`
- * when a large body is left unread. Every denial keyward answers is written here.
+ * when a large body is left unread. Every denial keyward answers is written here, those
+ * for a failed upstream call and a stalled body included.
  */
 import type { IncomingMessage, ServerResponse } from 'node:http';
-import { renderError, type Denial, type ErrorStyle } from '../errors.js';
+import { deny, renderError, type Denial, type ErrorStyle } from '../errors.js';
 import type { Quota } from '../limits/limiter.js';
 import { hasBody } from './body/read.js';
 import type { RequestContext } from './context.js';
 import { addQuotaHeaders } from './quota-headers.js';
+import { settle } from './settle.js';
+import type { ForwardFailure } from './upstream/forward.js';
 
 /**
  * A denied request's unread body: Node discards a small one and keeps the connection;
@@ -38,4 +41,31 @@ export function sendDenial(req: IncomingMessage, res: ServerResponse, ctx: Reque
   if (leavesLargeBodyUnread(req)) headers.connection = 'close';
   res.writeHead(out.status, headers);
   res.end(out.body);
+}
+
+const FAILURES: Record<ForwardFailure, (err: Error) => Denial> = {
+  // the body stream's own answer (an upload over its limit), else its description of what it refused
+  rejected: (err) => (err as Error & { denial?: Denial }).denial ?? deny('invalid_request', { detail: err.message }),
+  timeout: () => deny('upstream_timeout'),
+  unavailable: () => deny('upstream_unavailable'),
+};
+
+/** What a failed upstream call answers (see ForwardFailure). */
+export const failureDenial = (kind: ForwardFailure, err: Error): Denial => FAILURES[kind](err);
+
+/**
+ * A body that stalls is cut with 408: the upstream request (if any) is destroyed before it
+ * is complete, everything the request holds is given back, and the connection is closed.
+ */
+export function cutStalledBody(req: IncomingMessage, res: ServerResponse, ctx: RequestContext): void {
+  ctx.forwarding?.abort();
+  ctx.upstreamFailed = true; // nothing the upstream generated is billed
+  settle(ctx);
+  // Read nothing more: a body completed after the 408 must not go on to admission.
+  req.socket.pause();
+  res.shouldKeepAlive = false;
+  if (res.headersSent) return void res.destroy();
+  sendDenial(req, res, ctx, deny('invalid_request', { variant: 'stalled', params: { ms: ctx.snapshot.config.server.bodyIdleTimeoutMs }, status: 408 }), ctx.route?.style ?? 'openai');
+  // Half-close so the client reads the answer, then let go of the socket.
+  res.once('finish', () => setTimeout(() => req.socket.destroy(), 1000).unref());
 }

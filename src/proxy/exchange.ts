@@ -7,7 +7,7 @@
 import type { IncomingMessage, ServerResponse } from 'node:http';
 import type { Duplex } from 'node:stream';
 import { performance } from 'node:perf_hooks';
-import { deny, type Denial } from '../errors.js';
+import { deny } from '../errors.js';
 import type { LogSink } from '../log.js';
 import type { AccessWriter } from '../obs/logger.js';
 import type { Metrics } from '../obs/metrics.js';
@@ -16,12 +16,13 @@ import type { KeyFacts } from '../policy/facts.js';
 import type { UsageEvent } from '../protocol/usage.js';
 import { watchBodyIdle } from './body/idle.js';
 import { Arrival, clientIpOf } from './arrival.js';
-import { answerParserRefusal } from './upstream/framing.js';
-import { accessLine, newContext, spanFacts, type RequestContext } from './context.js';
+import { answerConnect, answerParserRefusal } from './upstream/framing.js';
+import { refusedBeforeDecision } from './preflight.js';
+import { accessLine, newContext, spanFacts, styleOf, type RequestContext } from './context.js';
 import type { ForwardFailure, Forwarder, ForwardHooks } from './upstream/forward.js';
 import type { BodyWatcher, ResponseHead } from './upstream/relay.js';
 import { addQuotaHeaders } from './quota-headers.js';
-import { sendDenial, SHADOW_HEADER } from './denial.js';
+import { cutStalledBody, failureDenial, sendDenial, SHADOW_HEADER } from './denial.js';
 import { settle, usageEvent } from './settle.js';
 import { decide, type Allow, type Decision, type PipelineDeps } from './pipeline.js';
 import type { Snapshots } from './snapshot.js';
@@ -47,8 +48,13 @@ export interface ExchangeDeps {
   traces: SpanSource;
 }
 
+/** What a request's `Expect` asks: nothing, 100-continue, or something keyward does not do. */
+export type Expectation = 'none' | 'continue' | 'unmet';
+
 export interface Exchanges {
-  handle(req: IncomingMessage, res: ServerResponse, expectContinue: boolean): void;
+  handle(req: IncomingMessage, res: ServerResponse, expect: Expectation): void;
+  /** A CONNECT (Node hands its socket over raw): refused, and counted and logged like any request. */
+  refuseConnect(req: IncomingMessage, socket: Duplex): void;
   inFlight(): number;
   /**
    * From now on every response asks the client to close its connection, those in flight
@@ -71,15 +77,8 @@ type ContextResponse = ServerResponse & { [CONTEXT]?: RequestContext };
 /** A request Node could not parse as HTTP: answered on the socket, which then closes. */
 export function answerClientError(err: NodeJS.ErrnoException, socket: Duplex): void {
   const res = (socket as TrackedSocket)[CURRENT];
-  answerParserRefusal(err, socket, res ? { req: res.req, res } : undefined);
+  answerParserRefusal(err, socket, res ? { req: res.req, res, style: () => styleOf(contextOf(res), res.req.url ?? '/') } : undefined);
 }
-
-const FAILURES: Record<ForwardFailure, (err: Error) => Denial> = {
-  // the body stream's own answer (an upload over its limit), else its description of what it refused
-  rejected: (err) => (err as Error & { denial?: Denial }).denial ?? deny('invalid_request', { detail: err.message }),
-  timeout: () => deny('upstream_timeout'),
-  unavailable: () => deny('upstream_unavailable'),
-};
 
 /** The context a response carries, set when its request arrived. */
 const contextOf = (res: ServerResponse): RequestContext => (res as ContextResponse)[CONTEXT]!;
@@ -99,7 +98,7 @@ class ExchangeTable implements Exchanges, ForwardHooks {
   /** the 'close' listener of every response; `this` is the response */
   private readonly onResponseClose: (this: ServerResponse) => void;
   /** the body watch's callback, one for every request: the response leads to the rest */
-  private readonly cutStalledResponse = (res: ServerResponse): void => this.cutStalledBody(res.req, res, contextOf(res));
+  private readonly cutStalledResponse = (res: ServerResponse): void => cutStalledBody(res.req, res, contextOf(res));
 
   constructor(private readonly deps: ExchangeDeps) {
     this.onResponseClose = ExchangeTable.closeListener(this);
@@ -112,7 +111,7 @@ class ExchangeTable implements Exchanges, ForwardHooks {
     };
   }
 
-  handle(req: IncomingMessage, res: ServerResponse, expectContinue: boolean): void {
+  handle(req: IncomingMessage, res: ServerResponse, expect: Expectation): void {
     const snapshot = this.deps.snapshots.take();
     const clientIp = clientIpOf(req, snapshot.trustedProxies);
     const ctx = newContext(req, { snapshot, now: performance.now(), clientIp });
@@ -125,10 +124,21 @@ class ExchangeTable implements Exchanges, ForwardHooks {
     res.once('close', this.onResponseClose);
     // Not a header: headers set ahead would make the forwarder's one-shot head merge into them.
     if (this.draining) res.shouldKeepAlive = false;
-    const arrival = new Arrival({ req, res, expectContinue, clientIp, method: ctx.method });
+    const arrival = new Arrival({ req, res, expectContinue: expect === 'continue', clientIp, method: ctx.method });
     ctx.arrival = arrival;
     arrival.holdIfStillPending();
-    void this.run(req, res, ctx, arrival);
+    // The client may be holding its body back, or sending it anyway: the connection closes after the 417.
+    if (expect === 'unmet') res.shouldKeepAlive = false;
+    void this.run(req, res, ctx, arrival, expect === 'unmet');
+  }
+
+  refuseConnect(req: IncomingMessage, socket: Duplex): void {
+    const snapshot = this.deps.snapshots.take();
+    const ctx = newContext(req, { snapshot, now: performance.now(), clientIp: clientIpOf(req, snapshot.trustedProxies) });
+    ctx.span = this.deps.traces.start(req.headers);
+    ctx.code = 'invalid_path';
+    answerConnect(socket);
+    this.record(ctx, 400);
   }
 
   inFlight(): number {
@@ -155,11 +165,15 @@ class ExchangeTable implements Exchanges, ForwardHooks {
     });
   }
 
-  private async run(req: IncomingMessage, res: ServerResponse, ctx: RequestContext, input: Arrival): Promise<void> {
+  private async run(req: IncomingMessage, res: ServerResponse, ctx: RequestContext, input: Arrival, unmetExpectation: boolean): Promise<void> {
     try {
-      const decision = await decide(input, this.deps.pipeline, ctx.snapshot, ctx.reqId);
+      const http10 = req.httpVersionMajor === 1 && req.httpVersionMinor === 0;
+      const refused = refusedBeforeDecision({ method: ctx.method, url: input.url, rawHeaders: input.rawHeaders, http10, unmetExpectation }, ctx.snapshot.rules);
+      const decision = refused ?? (await decide(input, this.deps.pipeline, ctx.snapshot, ctx.reqId));
       this.apply(req, res, ctx, decision, input.expectContinue);
     } catch (err) {
+      // Whatever was held is given back, and nothing is billed for a call that never got an answer.
+      if (ctx.upstreamStatus === null) ctx.upstreamFailed = true;
       this.deps.log.error({ req_id: ctx.reqId, err: (err as Error).message }, 'request failed');
       sendDenial(req, res, ctx, deny('internal_error'), ctx.route?.style ?? 'openai');
     }
@@ -231,22 +245,7 @@ class ExchangeTable implements Exchanges, ForwardHooks {
     // mid-response: the client must see a broken response, not a truncated "success"
     if (res.headersSent) return void res.destroy();
     if (kind !== 'rejected') this.deps.log.warn({ req_id: ctx.reqId, upstream: ctx.upstream, err: err.message }, 'upstream failure');
-    sendDenial(res.req, res, ctx, FAILURES[kind](err), ctx.route?.style ?? 'openai');
-  }
-
-  // A body that stalls is cut with 408: the upstream request (if any) is destroyed before it
-  // is complete, everything the request holds is given back, and the connection is closed.
-  private cutStalledBody(req: IncomingMessage, res: ServerResponse, ctx: RequestContext): void {
-    ctx.forwarding?.abort();
-    ctx.upstreamFailed = true; // nothing the upstream generated is billed
-    settle(ctx);
-    // Read nothing more: a body completed after the 408 must not go on to admission.
-    req.socket.pause();
-    res.shouldKeepAlive = false;
-    if (res.headersSent) return void res.destroy();
-    sendDenial(req, res, ctx, deny('invalid_request', { variant: 'stalled', params: { ms: ctx.snapshot.config.server.bodyIdleTimeoutMs }, status: 408 }), ctx.route?.style ?? 'openai');
-    // Half-close so the client reads the answer, then let go of the socket.
-    res.once('finish', () => setTimeout(() => req.socket.destroy(), 1000).unref());
+    sendDenial(res.req, res, ctx, failureDenial(kind, err), ctx.route?.style ?? 'openai');
   }
 
   /** A response closed: the request ends (finish), then its body watch stops. */
@@ -271,15 +270,20 @@ class ExchangeTable implements Exchanges, ForwardHooks {
     // 499: the client went away before the response was complete (nginx's convention)
     const status = res.writableFinished ? res.statusCode : 499;
     if (ctx.settled && ctx.facts && this.deps.usageSink) this.deps.usageSink(usageEvent(ctx, ctx.settled, ctx.facts, status));
+    this.record(ctx, status);
+    // A keep-alive connection whose answer began before the drain would otherwise stay
+    // open, and in use by its client, until the drain ends and every connection is cut.
+    if (this.draining) this.closeIdle?.();
+    if (this.open.size === 0) this.onIdle?.();
+  }
+
+  /** The request's metrics, access line and span, then its snapshot goes back. */
+  private record(ctx: RequestContext, status: number): void {
     this.deps.metrics.request(ctx.route?.name ?? 'none', status, ctx.code ?? '');
     if (ctx.shadow.length > 0) this.deps.metrics.shadowDenials(ctx.shadow);
     this.deps.access(accessLine(ctx, status, performance.now()));
     ctx.span?.end(spanFacts(ctx, status));
     this.deps.snapshots.release(ctx.snapshot);
-    // A keep-alive connection whose answer began before the drain would otherwise stay
-    // open, and in use by its client, until the drain ends and every connection is cut.
-    if (this.draining) this.closeIdle?.();
-    if (this.open.size === 0) this.onIdle?.();
   }
 }
 

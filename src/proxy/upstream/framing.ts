@@ -1,12 +1,11 @@
 /**
  * Request framing rules (DESIGN section 5, "Framing") that do not depend on the route:
  * which transfer codings may be forwarded, and the answers written straight on a socket
- * to what never became a request (a parser refusal, a CONNECT, an expectation other than
- * 100-continue).
+ * to what never became a request (a parser refusal, a CONNECT).
  */
 import { maxHeaderSize, type IncomingMessage, type ServerResponse } from 'node:http';
 import type { Duplex } from 'node:stream';
-import { deny, renderError } from '../../errors.js';
+import { deny, renderError, type Denial, type ErrorStyle } from '../../errors.js';
 
 /**
  * Why the request's framing cannot be forwarded as received, or null. Node accepts a
@@ -40,26 +39,29 @@ export function parserRefusalMayBeHead(err: NodeJS.ErrnoException & { rawPacket?
  * When its answer has not begun, the answer is that request's: its method is known (only
  * a HEAD goes without a body), and a connection that ended inside its body cut it short.
  */
-export function answerParserRefusal(err: NodeJS.ErrnoException, socket: Duplex, current: { req: IncomingMessage; res: ServerResponse } | undefined): void {
+export function answerParserRefusal(err: NodeJS.ErrnoException, socket: Duplex, current: { req: IncomingMessage; res: ServerResponse; style: () => ErrorStyle } | undefined): void {
   if (!socket.writable || (current && !current.req.complete && current.res.headersSent)) {
     socket.destroy();
     return;
   }
   const inBody = current !== undefined && !current.req.complete;
-  const { variant, statusLine } = refusalOf(err.code, inBody);
-  const out = renderError(deny('invalid_request', { variant, params: { limit: maxHeaderSize } }), 'openai');
+  const { statusLine, ...denial } = refusalOf(err.code, inBody);
+  // Refused inside a body, the answer is that request's, in its route's style.
+  const out = renderError(denial, inBody ? current.style() : 'openai');
   const head = inBody ? current.req.method === 'HEAD' : parserRefusalMayBeHead(err, socket);
   const body = head ? '' : out.body;
-  socket.end(`HTTP/1.1 ${statusLine}\r\ncontent-type: application/json\r\nx-keyward-error: invalid_request\r\ncontent-length: ${Buffer.byteLength(body)}\r\nconnection: close\r\n\r\n${body}`);
+  socket.end(`HTTP/1.1 ${statusLine}\r\ncontent-type: application/json\r\nx-keyward-error: ${denial.code}\r\ncontent-length: ${Buffer.byteLength(body)}\r\nconnection: close\r\n\r\n${body}`);
 }
 
-/** What a parser refusal says, by Node's error code. */
-function refusalOf(code: string | undefined, inBody: boolean): { variant: 'headers_timeout' | 'headers_too_large' | 'cut_short' | 'http'; statusLine: string } {
+/** What a parser refusal answers, by Node's error code. */
+function refusalOf(code: string | undefined, inBody: boolean): Denial & { statusLine: string } {
   // headersTimeout: the request head did not arrive in time
-  if (code === 'ERR_HTTP_REQUEST_TIMEOUT') return { variant: 'headers_timeout', statusLine: '408 Request Timeout' };
+  if (code === 'ERR_HTTP_REQUEST_TIMEOUT') return { ...deny('invalid_request', { variant: 'headers_timeout' }), statusLine: '408 Request Timeout' };
   // past Node's maxHeaderSize (request line and headers together)
-  if (code === 'HPE_HEADER_OVERFLOW') return { variant: 'headers_too_large', statusLine: '431 Request Header Fields Too Large' };
-  return { variant: inBody && code === 'HPE_INVALID_EOF_STATE' ? 'cut_short' : 'http', statusLine: '400 Bad Request' };
+  if (code === 'HPE_HEADER_OVERFLOW') return { ...deny('invalid_request', { variant: 'headers_too_large', params: { limit: maxHeaderSize } }), statusLine: '431 Request Header Fields Too Large' };
+  // a request target with a byte the parser takes in no URL (a raw character outside ASCII among them): DESIGN section 5, "Paths"
+  if (code === 'HPE_INVALID_URL') return { ...deny('invalid_path'), statusLine: '400 Bad Request' };
+  return { ...deny('invalid_request', { variant: inBody && code === 'HPE_INVALID_EOF_STATE' ? 'cut_short' : 'http' }), statusLine: '400 Bad Request' };
 }
 
 /**
@@ -73,16 +75,4 @@ export function answerConnect(socket: Duplex): void {
   let head = 'HTTP/1.1 400 Bad Request\r\n';
   for (const [name, value] of Object.entries(out.headers)) head += `${name}: ${value}\r\n`;
   socket.end(`${head}connection: close\r\n\r\n${out.body}`);
-}
-
-/**
- * Answers a request whose `Expect` asks for something other than 100-continue, which Node
- * hands over instead of the request (without a listener it answers a bare 417): 417 with
- * the JSON body every denial carries, and the connection closes, since the client may be
- * holding its body back or sending it anyway.
- */
-export function answerExpectation(res: ServerResponse): void {
-  const out = renderError(deny('invalid_request', { variant: 'expectation', status: 417 }), 'openai');
-  res.writeHead(417, { ...out.headers, connection: 'close' });
-  res.end(out.body);
 }

@@ -1,0 +1,46 @@
+/**
+ * What is refused before the decision pipeline runs, because the request cannot be
+ * forwarded as one request whatever its key: Host lines other than exactly one (RFC 9112
+ * section 3.2 answers both with 400; a second Host is a second reading of where the
+ * request goes), and an `Expect` other than 100-continue (417). The path is classified
+ * first all the same (DESIGN section 3: before anything else), so an unknown or unclean
+ * path is still the pipeline's 404 or 400 `invalid_path`.
+ */
+import { deny } from '../errors.js';
+import { classify, type RouteRule } from '../routes.js';
+import type { Deny } from './pipeline.js';
+
+export interface Preflight {
+  method: string;
+  url: string;
+  rawHeaders: readonly string[];
+  /** HTTP/1.0: a request without Host is allowed */
+  http10: boolean;
+  /** the request's `Expect` asks for something other than 100-continue */
+  unmetExpectation: boolean;
+}
+
+/** How many Host lines the request has (Node keeps only the first in `req.headers`). */
+function hostLines(raw: readonly string[]): number {
+  let n = 0;
+  for (let i = 0; i < raw.length; i += 2) {
+    const name = raw[i]!;
+    if (name.length === 4 && name.toLowerCase() === 'host') n++;
+  }
+  return n;
+}
+
+/** The refusal, or null when the request goes to the pipeline. */
+export function refusedBeforeDecision(req: Preflight, rules: readonly RouteRule[]): Deny | null {
+  const hosts = hostLines(req.rawHeaders);
+  const hostOk = hosts === 1 || (hosts === 0 && req.http10);
+  if (hostOk && !req.unmetExpectation) return null;
+  const classified = classify(rules, req.method, req.url);
+  // the pipeline's step 1 answers first
+  if (!classified.ok) return null;
+  const route = classified.route;
+  const denial = hostOk
+    ? deny('invalid_request', { variant: 'expectation', status: 417 })
+    : deny('invalid_request', { variant: hosts > 1 ? 'two_host' : 'no_host' });
+  return { allow: false, seen: { route, facts: null, upstream: null, model: null, shadow: [] }, denial, style: route.style, quota: null };
+}
