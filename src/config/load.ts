@@ -61,7 +61,11 @@ function expand(value: unknown, ctx: { path: string[]; refs: Reference[]; env: N
   if (Array.isArray(value)) return value.map((v, i) => expand(v, { ...ctx, path: [...ctx.path, String(i)] }));
   if (value && typeof value === 'object') {
     const out: Record<string, unknown> = {};
-    for (const [k, v] of Object.entries(value)) out[k] = expand(v, { ...ctx, path: [...ctx.path, k] });
+    for (const [k, v] of Object.entries(value)) {
+      // A reference may name a key too (`${MODE}: { url: ... }`); one that is not set drops the entry, reported.
+      const name = k.includes('__KWENV') ? (expand(k, ctx) as string | undefined) : k;
+      if (name !== undefined) out[name] = expand(v, { ...ctx, path: [...ctx.path, name] });
+    }
     return out;
   }
   return value;
@@ -73,6 +77,9 @@ function zodProblems(error: z.ZodError): string[] {
     const path = issue.path.map(String).join('.') || '(root)';
     if (issue.code === 'unrecognized_keys') {
       for (const k of issue.keys) out.push(`${path === '(root)' ? k : `${path}.${k}`}: unknown key`);
+    } else if (issue.code === 'invalid_key') {
+      // zod's own message says only "Invalid key in record"; what was expected is in the issue under it
+      out.push(`${path}: ${issue.issues[0]?.message ?? issue.message}`);
     } else {
       out.push(`${path}: ${issue.message}`);
     }

@@ -4,32 +4,9 @@ import { existsSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
-import { ConfigError, loadConfigFile, parseConfigText } from '../../src/config/load.js';
+import { ConfigError, loadConfigFile } from '../../src/config/load.js';
 import { configSchema, type Config } from '../../src/config/schema.js';
-
-const FILE = 'keyward-test.yaml';
-const MINIMAL = 'upstreams:\n  default:\n    url: http://127.0.0.1:4000\n';
-const parse = (text: string, env: Record<string, string> = {}): Config => parseConfigText({ text, file: FILE, schema: configSchema, env });
-
-/** Runs `fn`, expects a ConfigError, returns its problems. */
-function problems(text: string, env: Record<string, string> = {}): string[] {
-  try {
-    parse(text, env);
-  } catch (e) {
-    assert.ok(e instanceof ConfigError, `expected ConfigError, got ${String(e)}`);
-    assert.equal(e.file, FILE);
-    assert.ok(e.message.startsWith(`${FILE}:`), e.message);
-    for (const p of e.problems) assert.ok(e.message.includes(p));
-    return e.problems;
-  }
-  assert.fail('expected a ConfigError');
-}
-
-const hasProblem = (list: string[], path: string, re?: RegExp) =>
-  assert.ok(
-    list.some((p) => p.startsWith(`${path}:`) && (!re || re.test(p))),
-    `expected a problem at ${path}${re ? ` matching ${re}` : ''} in:\n${list.join('\n')}`,
-  );
+import { MINIMAL, hasProblem, parse, problems } from '../helpers/config-text.js';
 
 test('defaults are the ones in DESIGN section 2', () => {
   const c = parse(MINIMAL);
