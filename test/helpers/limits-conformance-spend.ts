@@ -8,6 +8,7 @@
  * Registered inside runLimiterConformance's suite; every test uses its own tag.
  */
 import assert from 'node:assert/strict';
+import { type EventEmitter, once } from 'node:events';
 import { test } from 'node:test';
 import { SPEND_SLICE_CHECK_MS, SPEND_SLICE_MAX_MS } from '../../src/limits/redis/spend-slices.js';
 import type { Holder } from '../../src/policy/holders.js';
@@ -17,6 +18,8 @@ import { type Harness, type TestLimiter, uid } from './redis-limits-conformance.
 interface Two {
   a: TestLimiter;
   b: TestLimiter;
+  /** b's news of over-committed ledgers, where it leases spend slices */
+  bNews: EventEmitter | null;
   /** reads the store's record; holds nothing on the tests' tags, so it leases nothing there */
   observer: TestLimiter;
   close(): Promise<void>;
@@ -24,11 +27,12 @@ interface Two {
 
 /** Two fresh instances on the shared store (their slice counts are this test's alone), or the one limiter twice. */
 async function two(h: Harness): Promise<Two> {
-  if (!h.peer) return { a: h.limiter, b: h.limiter, observer: h.limiter, close: async () => undefined };
+  if (!h.peer) return { a: h.limiter, b: h.limiter, bNews: null, observer: h.limiter, close: async () => undefined };
   const peers = await Promise.all([h.peer({ shortLease: false }), h.peer({ shortLease: false })]);
   return {
     a: peers[0]!.limiter,
     b: peers[1]!.limiter,
+    bNews: h.spendSlices ? (peers[1]!.news ?? null) : null,
     observer: h.limiter,
     async close() {
       for (const p of peers) {
@@ -249,7 +253,29 @@ export function spendSliceConformance(get: () => Harness): void {
     }
   });
 
-  test('spend: usage past its hold that spends the budget stops holds of 0 (an unpriced model) on another instance once it has asked about its slice', async () => {
+  test('spend: usage past its hold that spends the budget: another instance refuses as soon as the news reaches it, holds of 0 too', async () => {
+    const h = get();
+    const t = await two(h);
+    try {
+      const tag = uid('tag');
+      const key = keyBudget(uid('k'), { base: 0, limit: 10 });
+      const over = held(await t.a.hold(req(tag, [key], 0.01)));
+      await busy([t.a, t.b], tag, [key], 40, 0.01);
+      slicesOnBoth(h, t);
+      const heard = t.bNews ? within(once(t.bNews, 'news'), 5_000, 'b heard no news of the over-committed ledger') : null;
+      over.settle(10); // the usage came to the whole budget
+      // a's next call sends its queued settlement first: it refuses at once, as before
+      refused(await t.a.hold(req(tag, [key], 0.01)), 'key_budget_exhausted');
+      await heard;
+      // b neither settled anything nor waited out its slice's time
+      refused(await t.b.hold(req(tag, [key], 0.01)), 'key_budget_exhausted');
+      refused(await t.b.hold(req(tag, [key], 0)), 'key_budget_exhausted');
+    } finally {
+      await t.close();
+    }
+  });
+
+  test('spend: usage past its hold that spends the budget stops holds of 0 (an unpriced model) on another instance: by the news, or once it has asked about its slice', async () => {
     const h = get();
     const t = await two(h);
     try {
@@ -263,8 +289,9 @@ export function spendSliceConformance(get: () => Harness): void {
       // b's settlements carry nothing: one of them asks Redis about its slice once the last answer is old enough.
       await h.passTime(SPEND_SLICE_CHECK_MS + 10);
       const onB = await t.b.hold(req(tag, [key], 0));
-      // With slices b still takes this one from its own (it has not heard); without, it is exact and refused.
-      if (h.spendSlices) held(onB).settle(0);
+      // With slices b may still take this one from its own, if the news has not reached it (pub/sub
+      // is at most once: its own settlement's answer is the path that remains); without, it is exact.
+      if (h.spendSlices && onB.ok) onB.hold.settle(0);
       else refused(onB, 'key_budget_exhausted');
       await t.b.ledger({ tag, holders: [key] }); // that settlement has left and been answered
       refused(await t.b.hold(req(tag, [key], 0)), 'key_budget_exhausted');
@@ -272,4 +299,14 @@ export function spendSliceConformance(get: () => Harness): void {
       await t.close();
     }
   });
+}
+
+/** `p`, or a failure naming `what` once `ms` have passed: a bound on an awaited event, not a wait. */
+async function within<T>(p: Promise<T>, ms: number, what: string): Promise<T> {
+  let timer: NodeJS.Timeout | undefined;
+  try {
+    return await Promise.race([p, new Promise<never>((_, reject) => (timer = setTimeout(() => reject(new Error(what)), ms)))]);
+  } finally {
+    clearTimeout(timer);
+  }
 }

@@ -2,6 +2,7 @@
  * Conformance harness over Redis (single node or Cluster): a fresh key prefix per run,
  * real time, peers with their own connection, and cleanup of every key it wrote.
  */
+import { EventEmitter } from 'node:events';
 import type { Cluster, Redis } from 'ioredis';
 import { createRedisClient, whenServing } from '../../src/limits/redis/client.js';
 import { type RedisLimiter, createRedisLimiter } from '../../src/limits/redis/limiter.js';
@@ -31,9 +32,12 @@ export async function redisHarness(opts: { url: string; leaseMs?: number; lease?
     passTime: (ms) => new Promise((r) => setTimeout(r, ms)),
     async peer(o) {
       const client = await connect();
-      const peer = createRedisLimiter({ redis: client, prefix, leaseMs: o.shortLease ? leaseMs : longLeaseMs, ...sliced });
+      const news = new EventEmitter();
+      const peer = createRedisLimiter({ redis: client, prefix, leaseMs: o.shortLease ? leaseMs : longLeaseMs, ...sliced, onLedgerNews: (key) => news.emit('news', key) });
+      await peer.listening();
       return {
         limiter: peer,
+        news,
         async crash() {
           // The connection goes first: nothing a graceful close would give back (spend
           // slices, unused slots) reaches Redis. Closing then stops its timers; its leases,

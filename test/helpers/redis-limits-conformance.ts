@@ -9,6 +9,7 @@
  */
 import assert from 'node:assert/strict';
 import { randomBytes } from 'node:crypto';
+import type { EventEmitter } from 'node:events';
 import { after, before, describe, test } from 'node:test';
 import type { AdmitInput, AdmitResult, KeyLimits, Lease, Limiter, RouteCapacity } from '../../src/limits/limiter.js';
 import { claimConformance } from './limits-conformance-claims.js';
@@ -30,8 +31,11 @@ export interface Harness {
   spendSlices?: boolean;
   /** Memory: moves the fake clock. Redis: really waits (Redis TIME cannot be faked), so keep it short. */
   passTime(ms: number): Promise<void>;
-  /** Another instance sharing the same state, with its own connection (Redis only). */
-  peer?(opts: { shortLease: boolean }): Promise<{ limiter: TestLimiter; crash(): Promise<void> }>;
+  /**
+   * Another instance sharing the same state, with its own connection (Redis only); `news`
+   * emits 'news' once news of an over-committed ledger has ended its slice (spend slices only).
+   */
+  peer?(opts: { shortLease: boolean }): Promise<{ limiter: TestLimiter; news?: EventEmitter; crash(): Promise<void> }>;
   close(): Promise<void>;
 }
 

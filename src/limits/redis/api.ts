@@ -27,6 +27,8 @@ export interface RedisLimiterOptions {
   settleEveryMs?: number;
   /** Each call is rejected when Redis has not answered it within this many ms (deadlines.ts); unbounded when absent. */
   callTimeoutMs?: number;
+  /** Told after news of an over-committed ledger has ended this instance's slice of it (ledger-news.ts). */
+  onLedgerNews?: (ledgerKey: string) => void;
 }
 
 /** A lease of the Redis limiter; `cancel` also undoes an answer that came too late. */
@@ -53,6 +55,8 @@ export interface RedisLimiter extends Limiter {
   slotBlocksHeld(): number;
   /** Spend slices (one per holder) held now (0 without `lease`). */
   spendSlicesHeld(): number;
+  /** Resolves once this instance hears other instances' news of over-committed ledgers (at once without `lease`). */
+  listening(): Promise<void>;
 }
 
 /** The hash tag under which a key's (`k`) or an upstream's (`r`) counters live. */

@@ -20,8 +20,8 @@
  * hold set for all of this instance's), so a crashed instance's come back after leaseMs.
  * Time is Redis TIME in every script.
  */
-import { type KeptHolds, type LeaseKeeper, type LeaseTicket, createLeaseKeeper, newLeaseId } from '../leases.js';
-import { LEDGER_TTL_MS, epochArg, fromNano, holdNano, settledNano, toNano } from '../ledger.js';
+import { type KeptHolds, type LeaseKeeper, createLeaseKeeper, newLeaseId } from '../leases.js';
+import { LEDGER_TTL_MS, epochArg, fromNano, holdNano, toNano } from '../ledger.js';
 import type { Holder } from '../../policy/holders.js';
 import type { Hold, HoldInput, HoldResult, LedgerFigure, LedgerInput } from '../limiter.js';
 import type { RedisClock } from './clock.js';
@@ -29,7 +29,8 @@ import { type HoldReply, HoldQueue } from './hold-queue.js';
 import { UnknownScriptReplyError } from './replies.js';
 import { type RunScript, refreshInChunks } from './scripts.js';
 import type { SettleBatch } from './settle-batch.js';
-import { type SpendSlice, SpendSliceTable, type SpendWant } from './spend-slices.js';
+import { SpendSliceTable, type SpendWant } from './spend-slices.js';
+import { RedisHold, SliceHold } from './ledger-holds.js';
 
 export interface RedisLedgerOptions {
   /** the limiter's script runner (it flushes the settlement batch before each call) */
@@ -69,6 +70,8 @@ export interface RedisLedger {
   holdsInFlight(): number;
   /** Spend slices held now. */
   slicesHeld(): number;
+  /** Another instance's settlement over-committed this ledger hash: this instance's slice of it ends (ledger-news.ts). */
+  overCommitted(ledgerKey: string): void;
   /** Gives every spend slice back (queued in the batch) and stops the keeper and the sweep. */
   close(): void;
   /** the live holds and slices, kept alive until settled or given back */
@@ -105,6 +108,8 @@ interface Keys {
   hashTag: string;
   /** two per holder: ledger hash, hold set */
   keys: string[];
+  /** one per holder: settle.lua judges an over-committed ledger by its kind */
+  kinds: Holder['kind'][];
 }
 
 class SharedLedger implements RedisLedger {
@@ -185,6 +190,10 @@ class SharedLedger implements RedisLedger {
     return this.slices?.held() ?? 0;
   }
 
+  overCommitted(ledgerKey: string): void {
+    this.slices?.endLive(ledgerKey);
+  }
+
   close(): void {
     this.holds.stop();
     this.slices?.sweep(true);
@@ -223,7 +232,7 @@ class SharedLedger implements RedisLedger {
     // A zero hold (an unpriced model) is not recorded in Redis (hold.lua), so there is
     // nothing to keep alive, and nothing to settle unless the usage comes to a cost.
     const kept = amount > 0 ? this.holds.add(id, m.keys.filter((_, i) => i % 2 === 1)) : -1;
-    return { ok: true, hold: new RedisHold(this, { hashTag: m.hashTag, id, keys: m.keys, amount, kept }) };
+    return { ok: true, hold: new RedisHold(this, { hashTag: m.hashTag, id, keys: m.keys, kinds: m.kinds, amount, kept }) };
   }
 
   /** Installs the slices a hold.lua call granted; none granted: the holders are near exhaustion, ask again later. */
@@ -237,64 +246,8 @@ class SharedLedger implements RedisLedger {
     let m = this.keyMemo.get(holders);
     if (m === undefined || m.tag !== tag) {
       const hashTag = ledgerHashTag(this.opts.prefix, tag);
-      this.keyMemo.set(holders, (m = { tag, hashTag, keys: ledgerKeysOf(hashTag, holders) }));
+      this.keyMemo.set(holders, (m = { tag, hashTag, keys: ledgerKeysOf(hashTag, holders), kinds: holders.map((h) => h.kind) }));
     }
     return m;
-  }
-}
-
-/**
- * One hold taken in Redis; settling it queues settle.lua's part in the batch. Its state is in
- * ES private fields: a hold may be printed or logged, and shows nothing of its ledger.
- */
-class RedisHold implements Hold {
-  readonly #ledger: SharedLedger;
-  readonly #taken: { hashTag: string; id: string; keys: string[]; amount: number; kept: LeaseTicket };
-  #done = false;
-
-  constructor(ledger: SharedLedger, taken: { hashTag: string; id: string; keys: string[]; amount: number; kept: LeaseTicket }) {
-    this.#ledger = ledger;
-    this.#taken = taken;
-  }
-
-  settle(actual: number): void {
-    if (this.#done) return;
-    this.#done = true;
-    const { hashTag, id, keys, amount, kept } = this.#taken;
-    const ledger = this.#ledger;
-    try {
-      ledger.holds.remove(kept);
-      const cost = settledNano(actual, amount);
-      // A cost past the hold adds to the live figure: this instance's next hold on these holders is exact.
-      if (cost > amount) ledger.slices?.endAll(keys);
-      if (amount === 0 && cost === 0) return;
-      ledger.opts.batch.add({ kind: 'hold', tag: hashTag, holdId: id, cost, ttlMs: LEDGER_TTL_MS, keys, owner: ledger.settleFailed });
-    } catch (err) {
-      ledger.opts.onError('settle', err);
-    }
-  }
-}
-
-/** A hold taken from this instance's spend slices; it settles into them (spend-slices.ts). */
-class SliceHold implements Hold {
-  readonly #ledger: SharedLedger;
-  readonly #slices: SpendSlice[];
-  readonly #amount: number;
-  #done = false;
-
-  constructor(ledger: SharedLedger, slices: SpendSlice[], amount: number) {
-    this.#ledger = ledger;
-    this.#slices = slices;
-    this.#amount = amount;
-  }
-
-  settle(actual: number): void {
-    if (this.#done) return;
-    this.#done = true;
-    try {
-      this.#ledger.slices!.settle(this.#slices, this.#amount, settledNano(actual, this.#amount));
-    } catch (err) {
-      this.#ledger.opts.onError('settle', err);
-    }
   }
 }

@@ -21,6 +21,7 @@ import { Deadlines } from './deadlines.js';
 import { type LeasePath, createLeasePath, leasable } from './lease-path.js';
 import { SPEND_SLICE_MAX_MS } from './spend-slices.js';
 import { type RedisLedger, createRedisLedger } from './ledger.js';
+import { type LedgerNews, listenForLedgerNews } from './ledger-news.js';
 import { type Part, type RequestPathContext, admitPerRequest } from './request-path.js';
 import { type RunScript, atTurnEnd, refreshInChunks, scriptRunner } from './scripts.js';
 import { type SettleBatch, settleBatchOf } from './settle-batch.js';
@@ -46,6 +47,8 @@ class SharedLimiter implements RedisLimiter {
   private readonly money: RedisLedger;
   private readonly leasePath: LeasePath | null;
   private readonly requestPath: RequestPathContext;
+  /** other instances' news of over-committed ledgers (with spend slices only) */
+  private readonly news: LedgerNews | null;
   /** Requests admitNow counted and found no slice for; admit goes straight to Redis with them. */
   private readonly triedNow = new WeakSet<AdmitInput>();
 
@@ -82,6 +85,12 @@ class SharedLimiter implements RedisLimiter {
       // A slice is used for at most a second (a new epoch applies within one), and never past its lease.
       spendSlices: opts.lease ? { windowMs: Math.min(opts.lease.sliceMs, SPEND_SLICE_MAX_MS, leaseMs) } : null,
     });
+    this.news = opts.lease
+      ? listenForLedgerNews(client, (ledgerKey) => {
+          this.money.overCommitted(ledgerKey);
+          opts.onLedgerNews?.(ledgerKey);
+        })
+      : null;
     this.leasePath = opts.lease
       ? createLeasePath({ run: this.send, batch: this.batch, owner: settleFailed, clock, sliceMs: opts.lease.sliceMs, keyTag: (id) => hashTag(this.prefix, 'k', id), keeper: this.keeper, leaseMs })
       : null;
@@ -171,12 +180,17 @@ class SharedLimiter implements RedisLimiter {
     return this.money.slicesHeld();
   }
 
+  listening(): Promise<void> {
+    return this.news?.listening ?? Promise.resolve();
+  }
+
   stats(): LimiterStats {
     return { redisErrors: this.redisErrors, failOpenAdmissions: 0, slotsHeld: this.slotsHeld(), failOpenHolds: 0, holdsHeld: this.money.holdsInFlight() };
   }
 
   async close(): Promise<void> {
     this.keeper.stop();
+    this.news?.close();
     // Give slices back and let every settlement go, so a graceful stop frees what it held.
     this.money.close();
     this.leasePath?.close();

@@ -11,6 +11,7 @@
  * connection, and Redis runs them in order. Close flushes and waits.
  */
 import { callsByHashSlot } from './hash-slot.js';
+import { LEDGER_NEWS_CHANNEL } from './ledger-news.js';
 import type { RunScript } from './scripts.js';
 
 /** Told when the call that carried the operation failed (the limiter that queued it counts it). */
@@ -62,7 +63,7 @@ export type SettleOp = Owner &
       sets: string[];
     }
   /** a spend hold replaced by its actual cost */
-  | { kind: 'hold'; tag: string; holdId: string; cost: number; ttlMs: number; keys: string[] }
+  | { kind: 'hold'; tag: string; holdId: string; cost: number; ttlMs: number; keys: string[]; kinds: readonly ('budget' | 'wallet')[] }
   /** a block of slots shrunk (0 ends it); see slot-blocks.ts */
   | { kind: 'blockWeight'; tag: string; set: string; blockId: string; weight: number }
   | SpendSliceWrite
@@ -122,10 +123,11 @@ function settleCall(ops: SettleOp[]): { keys: string[]; args: (string | number)[
       args.push('m', op.sliceId, op.cost, op.take, op.end ? 1 : 0, op.ttlMs, op.holderKind);
       keys.push(...op.keys);
     } else {
-      args.push('h', op.holdId, op.cost, op.ttlMs, op.keys.length / 2);
+      args.push('h', op.holdId, op.cost, op.ttlMs, op.keys.length / 2, ...op.kinds);
       keys.push(...op.keys);
     }
   }
+  args.push(LEDGER_NEWS_CHANNEL);
   return { keys, args };
 }
 

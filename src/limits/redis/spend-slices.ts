@@ -15,7 +15,8 @@
  *  - Settlement keeps the slice's record at least what is in flight on it: a cost comes off
  *    the slice, as far as the slice has room; a cost past that (the usage came to more than
  *    the slice could absorb) is added to the live figure in Redis at once, and ends this
- *    instance's slices of the holder, so its next hold is exact.
+ *    instance's slices of the holder, so its next hold is exact; other instances end theirs
+ *    on the news settle.lua publishes when that over-commits the ledger (ledger-news.ts).
  *  - A slice is used only by requests that carry the holder's figures (epoch, base, limit)
  *    it was granted under: a new epoch or figure on this instance's replica ends it at once.
  *    It is used for at most SPEND_SLICE_MAX_MS after its call was sent, so a new epoch that

@@ -13,8 +13,9 @@
 --   'w' (block of slots, slots.lua): block id, new weight; KEYS: lease set. The block's
 --       slots above the new weight are freed (0 ends it); one that expired stays gone, and
 --       none grows. Used to give back a block's unused slots.
---   'h' (spend hold): hold id, actual cost (integer nano-units), ledger TTL ms, holders n;
---       KEYS: two per holder, as hold.lua (ledger hash, hold set). The hold is removed
+--   'h' (spend hold): hold id, actual cost (integer nano-units), ledger TTL ms, holders n,
+--       then n holder kinds ('budget' | 'wallet'); KEYS: two per holder, as hold.lua (ledger
+--       hash, hold set). The hold is removed
 --       where still present (it may have expired, or a new epoch restarted the ledger); the
 --       cost is added to `s` wherever the ledger exists, so a cost counts even when its
 --       hold is gone. An expired ledger is not recreated: the next hold restarts it.
@@ -27,6 +28,10 @@
 --       its ledger is over-committed: settled usage past the holds it replaced has taken what
 --       the slices were held for (budget: b0 + s + h > m, the limit hold.lua records;
 --       wallet: b0 - s - h < 0). The reply names it, and the instance stops using it.
+-- After the operations: the news channel ('' = none). A cost past its hold ('h'), or past
+-- what its slice absorbed ('m'), that leaves its ledger over-committed (the rule above) is
+-- news to every instance holding a slice of it: the ledger hash's key is published there,
+-- once per call (src/limits/redis/ledger-news.ts).
 -- A malformed call (an operation whose counts ask for more KEYS than the call has left) stops
 -- with an error at that operation; those before it stay applied.
 -- Returns {number of operations applied, then the 1-based index of each void slice's operation}.
@@ -77,20 +82,6 @@ local function ledger_exists(L, ttl)
   return there
 end
 
-local function settle_hold(hold_id, actual, ttl, ledgers)
-  for _, l in ipairs(ledgers) do
-    local L, Z = l[1], l[2]
-    redis.call('ZREM', Z, hold_id)
-    local held = redis.call('HGET', L, 'a:' .. hold_id)
-    if held then
-      redis.call('HDEL', L, 'a:' .. hold_id)
-      -- A zero hold (unpriced model) changes nothing; '-0' is no integer to Redis.
-      if tonumber(held) ~= 0 then redis.call('HINCRBY', L, 'h', string.format('%.0f', -tonumber(held))) end
-    end
-    if ledger_exists(L, ttl) then redis.call('HINCRBY', L, 's', actual) end
-  end
-end
-
 -- Whether a ledger's slices are no longer backed (see the header); false when it is gone.
 local function over_committed(L, kind)
   local v = redis.call('HMGET', L, 'b0', 's', 'h', 'm')
@@ -99,6 +90,32 @@ local function over_committed(L, kind)
   if kind == 'wallet' then return b0 - s - h < 0 end
   local limit = tonumber(v[4])
   return limit ~= nil and b0 + s + h > limit
+end
+
+-- Ledgers this call's costs over-committed, each once, in order: the news (see the header).
+local news, in_news = {}, {}
+local function note_over(L, kind)
+  if not in_news[L] and over_committed(L, kind) then
+    in_news[L] = true
+    news[#news + 1] = L
+  end
+end
+
+local function settle_hold(hold_id, actual, ttl, ledgers)
+  for _, l in ipairs(ledgers) do
+    local L, Z, kind = l[1], l[2], l[3]
+    redis.call('ZREM', Z, hold_id)
+    local held = redis.call('HGET', L, 'a:' .. hold_id)
+    if held then
+      redis.call('HDEL', L, 'a:' .. hold_id)
+      -- A zero hold (unpriced model) changes nothing; '-0' is no integer to Redis.
+      if tonumber(held) ~= 0 then redis.call('HINCRBY', L, 'h', string.format('%.0f', -tonumber(held))) end
+    end
+    if ledger_exists(L, ttl) then
+      redis.call('HINCRBY', L, 's', actual)
+      if tonumber(actual) > (tonumber(held) or 0) then note_over(L, kind) end
+    end
+  end
 end
 
 -- Returns whether the slice is void (only asked of a live one).
@@ -116,7 +133,10 @@ local function settle_slice(slice_id, cost, take, done, ttl, kind, L, Z)
       redis.call('HSET', L, field, string.format('%.0f', amount - back))
     end
   end
-  if cost ~= 0 and ledger_exists(L, ttl) then redis.call('HINCRBY', L, 's', string.format('%.0f', cost)) end
+  if cost ~= 0 and ledger_exists(L, ttl) then
+    redis.call('HINCRBY', L, 's', string.format('%.0f', cost))
+    if cost > take then note_over(L, kind) end
+  end
   if done then return false end
   return not amount or over_committed(L, kind)
 end
@@ -155,10 +175,14 @@ for i = 1, ops do
     local hold_id, actual, ttl, n = arg(), arg(), tonumber(arg()), tonumber(arg())
     keys_left(2 * (n or -1))
     local ledgers = {}
-    for j = 1, n do ledgers[j] = {key(), key()} end
+    for j = 1, n do ledgers[j] = {key(), key(), arg()} end
     ok = pcall(settle_hold, hold_id, actual, ttl, ledgers)
   end
   if ok then applied = applied + 1 end
+end
+local channel = ARGV[a]
+if channel and channel ~= '' then
+  for _, L in ipairs(news) do redis.call('PUBLISH', channel, L) end
 end
 local out = {applied}
 for _, i in ipairs(void) do out[#out + 1] = i end

@@ -1,0 +1,44 @@
+/**
+ * News of ledgers that settled usage has over-committed, from whichever instance settled it
+ * (DESIGN section 6, "Money": a budget spent by settled usage refuses the next request at
+ * once). settle.lua publishes a ledger hash's key on LEDGER_NEWS_CHANNEL when a cost past
+ * its hold leaves that ledger's holds and slices no longer backed; every instance listens,
+ * and ends its own spend slice of that holder, so its next hold there is exact. Without the
+ * news another instance would go on holding from its slice until its own settlement's answer
+ * or the slice's time (at most a second) told it.
+ *
+ * Pub/sub is at most once: a message lost while the listener reconnects leaves the slower
+ * paths above, which were always there.
+ */
+import type { Cluster, Redis } from 'ioredis';
+
+/** One channel for every prefix: a message names a ledger hash, which only its own instances hold slices of. */
+export const LEDGER_NEWS_CHANNEL = 'keyward:ledger-over';
+
+export interface LedgerNews {
+  /** resolves once the subscription is in place (news published before then is not heard) */
+  readonly listening: Promise<void>;
+  close(): void;
+}
+
+/** Listens on a connection of its own (a subscribed connection can send nothing else). */
+export function listenForLedgerNews(client: Redis | Cluster, heard: (ledgerKey: string) => void): LedgerNews {
+  // Unlike the limiter's calls, the subscription waits for its connection, and is made again after each reconnect.
+  const queued = { enableOfflineQueue: true, autoResubscribe: true };
+  const sub: Redis | Cluster = client.isCluster ? (client as Cluster).duplicate(undefined, queued) : (client as Redis).duplicate(queued);
+  // The main connection reports Redis failures; this one only reconnects and subscribes again.
+  sub.on('error', () => {});
+  sub.on('message', (channel: string, message: string) => {
+    if (channel === LEDGER_NEWS_CHANNEL) heard(message);
+  });
+  const listening = sub.subscribe(LEDGER_NEWS_CHANNEL).then(
+    () => undefined,
+    () => undefined,
+  );
+  return {
+    listening,
+    close() {
+      sub.disconnect();
+    },
+  };
+}
