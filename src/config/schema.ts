@@ -91,7 +91,7 @@ export const configSchema = z
       .prefault({}),
     admin: z.strictObject({ host: host.default('127.0.0.1'), port: port.default(9090) }).prefault({}),
     upstreams: z
-      .preprocess(defaultUpstreamUrl, z.record(z.string().regex(/^[A-Za-z0-9_.-]+$/, 'expected a routing mode name'), upstream)
+      .preprocess(defaultUpstreamUrl, z.record(z.string().regex(/^[A-Za-z0-9_.-]+$/, 'expected a routing mode name: letters, digits, `_`, `.` and `-`'), upstream)
       .refine((u) => !isRecord(u) || 'default' in u, { message: 'upstreams.default is required', ...always })),
     replica: z.strictObject({ path: z.string().min(1).default('./data/replica.sqlite') }).prefault({}),
     console: z
