@@ -7,8 +7,9 @@
  * news another instance would go on holding from its slice until its own settlement's answer
  * or the slice's time (at most a second) told it.
  *
- * Pub/sub is at most once: a message lost while the listener reconnects leaves the slower
- * paths above, which were always there.
+ * Pub/sub is at most once: a message lost while the listener reconnects, or never sent
+ * or heard because the Redis user's ACL allows no channels, leaves the slower paths above,
+ * which were always there.
  */
 import type { Cluster, Redis } from 'ioredis';
 

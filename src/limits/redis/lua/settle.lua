@@ -182,7 +182,8 @@ for i = 1, ops do
 end
 local channel = ARGV[a]
 if channel and channel ~= '' then
-  for _, L in ipairs(news) do redis.call('PUBLISH', channel, L) end
+  -- pcall: a user whose ACL allows no channels (Redis 7's default for new users) still settles
+  for _, L in ipairs(news) do redis.pcall('PUBLISH', channel, L) end
 end
 local out = {applied}
 for _, i in ipairs(void) do out[#out + 1] = i end
