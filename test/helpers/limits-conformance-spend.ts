@@ -8,63 +8,13 @@
  * Registered inside runLimiterConformance's suite; every test uses its own tag.
  */
 import assert from 'node:assert/strict';
-import { type EventEmitter, once } from 'node:events';
+import { once } from 'node:events';
 import { test } from 'node:test';
 import { SPEND_SLICE_CHECK_MS, SPEND_SLICE_MAX_MS } from '../../src/limits/redis/spend-slices.js';
 import type { Holder } from '../../src/policy/holders.js';
 import { held, keyBudget, live, near, projectBudget, refused, req, twoOfTwenty, wallet } from './limits-conformance-ledger.js';
-import { type Harness, type TestLimiter, uid } from './redis-limits-conformance.js';
-
-interface Two {
-  a: TestLimiter;
-  b: TestLimiter;
-  /** b's news of over-committed ledgers, where it leases spend slices */
-  bNews: EventEmitter | null;
-  /** reads the store's record; holds nothing on the tests' tags, so it leases nothing there */
-  observer: TestLimiter;
-  close(): Promise<void>;
-}
-
-/** Two fresh instances on the shared store (their slice counts are this test's alone), or the one limiter twice. */
-async function two(h: Harness): Promise<Two> {
-  if (!h.peer) return { a: h.limiter, b: h.limiter, bNews: null, observer: h.limiter, close: async () => undefined };
-  const peers = await Promise.all([h.peer({ shortLease: false }), h.peer({ shortLease: false })]);
-  return {
-    a: peers[0]!.limiter,
-    b: peers[1]!.limiter,
-    bNews: h.spendSlices ? (peers[1]!.news ?? null) : null,
-    observer: h.limiter,
-    async close() {
-      for (const p of peers) {
-        await p.limiter.close();
-        await p.crash();
-      }
-    },
-  };
-}
-
-/** Holds of `amount` one after another, alternating between `lims`, each settled at its amount: the demand that leases slices. Returns what they cost. */
-async function busy(lims: TestLimiter[], tag: string, holders: Holder[], n: number, amount: number): Promise<number> {
-  for (let i = 0; i < n; i++) held(await lims[i % lims.length]!.hold(req(tag, holders, amount))).settle(amount);
-  return n * amount;
-}
-
-/** Slices held by both instances, where the harness leases them. */
-function slicesOnBoth(h: Harness, t: Two): void {
-  if (!h.spendSlices) return;
-  assert.ok(t.a.spendSlicesHeld!() > 0 && t.b.spendSlicesHeld!() > 0, 'busy far from exhaustion, both instances hold spend slices');
-}
-
-/** A small seeded generator (mulberry32): the property run is the same on every run. */
-function seeded(seed: number): () => number {
-  let s = seed >>> 0;
-  return () => {
-    s = (s + 0x6d2b79f5) >>> 0;
-    let x = Math.imul(s ^ (s >>> 15), 1 | s);
-    x = (x + Math.imul(x ^ (x >>> 7), 61 | x)) ^ x;
-    return ((x ^ (x >>> 14)) >>> 0) / 4294967296;
-  };
-}
+import { busy, busyBudget, seeded, slicesOnBoth, two, within } from './limits-conformance-two.js';
+import { type Harness, uid } from './redis-limits-conformance.js';
 
 export function spendSliceConformance(get: () => Harness): void {
   test('spend: after busy traffic on two instances, with R left 20 concurrent holds of R/2.5 admit exactly 2', async () => {
@@ -257,11 +207,7 @@ export function spendSliceConformance(get: () => Harness): void {
     const h = get();
     const t = await two(h);
     try {
-      const tag = uid('tag');
-      const key = keyBudget(uid('k'), { base: 0, limit: 10 });
-      const over = held(await t.a.hold(req(tag, [key], 0.01)));
-      await busy([t.a, t.b], tag, [key], 40, 0.01);
-      slicesOnBoth(h, t);
+      const { tag, key, over } = await busyBudget(h, t, 0.01);
       const heard = t.bNews ? within(once(t.bNews, 'news'), 5_000, 'b heard no news of the over-committed ledger') : null;
       over.settle(10); // the usage came to the whole budget
       // a's next call sends its queued settlement first: it refuses at once, as before
@@ -279,11 +225,7 @@ export function spendSliceConformance(get: () => Harness): void {
     const h = get();
     const t = await two(h);
     try {
-      const tag = uid('tag');
-      const key = keyBudget(uid('k'), { base: 0, limit: 10 });
-      const over = held(await t.a.hold(req(tag, [key], 0.01)));
-      await busy([t.a, t.b], tag, [key], 40, 0);
-      slicesOnBoth(h, t);
+      const { tag, key, over } = await busyBudget(h, t, 0);
       over.settle(10); // the usage came to the whole budget
       refused(await t.a.hold(req(tag, [key], 0)), 'key_budget_exhausted');
       // b's settlements carry nothing: one of them asks Redis about its slice once the last answer is old enough.
@@ -301,12 +243,3 @@ export function spendSliceConformance(get: () => Harness): void {
   });
 }
 
-/** `p`, or a failure naming `what` once `ms` have passed: a bound on an awaited event, not a wait. */
-async function within<T>(p: Promise<T>, ms: number, what: string): Promise<T> {
-  let timer: NodeJS.Timeout | undefined;
-  try {
-    return await Promise.race([p, new Promise<never>((_, reject) => (timer = setTimeout(() => reject(new Error(what)), ms)))]);
-  } finally {
-    clearTimeout(timer);
-  }
-}
