@@ -98,7 +98,8 @@ export interface Deny {
 
 export type Decision = Allow | Deny;
 
-const denied = (seen: Seen, denial: Denial, quota: Quota | null = null): Deny => ({ allow: false, seen, denial, style: seen.route?.style ?? 'openai', quota });
+/** Every Deny is built here: the route's error style, or openai before a route is known. */
+export const denied = (seen: Seen, denial: Denial, quota: Quota | null = null): Deny => ({ allow: false, seen, denial, style: seen.route?.style ?? 'openai', quota });
 
 /** The checks shadowed for this key: the config's `limits.shadow` and the key record's own. */
 const shadowOf = (snap: Snapshot, facts: KeyFacts): ShadowSet => snap.shadow | shadowSet(facts.key.shadow);

@@ -8,7 +8,7 @@
  */
 import { deny } from '../errors.js';
 import { classify, type RouteRule } from '../routes.js';
-import type { Deny } from './pipeline.js';
+import { denied, type Deny } from './pipeline.js';
 
 export interface Preflight {
   method: string;
@@ -38,9 +38,8 @@ export function refusedBeforeDecision(req: Preflight, rules: readonly RouteRule[
   const classified = classify(rules, req.method, req.url);
   // the pipeline's step 1 answers first
   if (!classified.ok) return null;
-  const route = classified.route;
   const denial = hostOk
     ? deny('invalid_request', { variant: 'expectation', status: 417 })
     : deny('invalid_request', { variant: hosts > 1 ? 'two_host' : 'no_host' });
-  return { allow: false, seen: { route, facts: null, upstream: null, model: null, shadow: [] }, denial, style: route.style, quota: null };
+  return denied({ route: classified.route, facts: null, upstream: null, model: null, shadow: [] }, denial);
 }
