@@ -8,6 +8,7 @@
 import { once } from 'node:events';
 import { Cluster, Redis, type RedisOptions } from 'ioredis';
 import { type RedisTarget, parseRedisUrl } from '../../config/redis-url.js';
+import './string-methods.js';
 
 export { parseRedisUrl };
 
