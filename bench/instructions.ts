@@ -6,7 +6,8 @@
  *   npx tsx bench/instructions.ts [bare,keyward,keyward-redis,...]
  * (also keyward-redis-budgets, and bare-agent, bare-lines, bare-agent-lines: the bare proxy
  * with keyward's upstream agent and/or its header-lines pass, what Node's client is handed)
- * Environment: BENCH_IR_REQUESTS (3000), BENCH_IR_WARMUP (3000), BENCH_IR_CACHE=1 (callgrind's
+ * Environment: BENCH_IR_REQUESTS (3000), BENCH_IR_WARMUP (20000: fewer leaves much of Node's and
+ * keyward's code unoptimised, which a long-running proxy is not), BENCH_IR_CACHE=1 (callgrind's
  * cache simulation too, about twice as slow: first-level instruction and data misses and
  * last-level misses per request, on one core's own caches as on this machine's EPYC: 32 KB
  * instruction and 48 KB data caches, and its 1 MB second level as the last level, since the
@@ -32,7 +33,7 @@ import { BODY, HEADERS, PATH, REDIS_URL, log, root } from './lib/settings.js';
 
 const count = (name: string, fallback: number): number => (Number(process.env[name]) > 0 ? Number(process.env[name]) : fallback);
 const REQUESTS = count('BENCH_IR_REQUESTS', 3000);
-const WARMUP = count('BENCH_IR_WARMUP', 3000);
+const WARMUP = count('BENCH_IR_WARMUP', 20000);
 const CACHE = process.env.BENCH_IR_CACHE === '1';
 const JS_TOP = count('BENCH_IR_JS', 0);
 
