@@ -21,6 +21,11 @@ let tmp: Awaited<ReturnType<typeof makeTmpDir>>;
 let socket: string;
 let redis: RedisProcess;
 let up: FakeUpstream;
+// A rejection nobody handled fails this file (the runner reports only its message): its
+// stack says which call it was, for the rare run that closes a client mid-reconnect.
+process.on('unhandledRejection', (err) => {
+  process.stderr.write(`unhandled rejection: ${err instanceof Error ? err.stack : String(err)}\n`);
+});
 const startRedis = () => spawnRedis(['--port', '0', '--unixsocket', socket, '--save', '', '--appendonly', 'no', '--dir', tmp.dir]);
 
 before(async () => {
