@@ -22,7 +22,7 @@ let socket: string;
 let redis: RedisProcess;
 let up: FakeUpstream;
 // A rejection nobody handled fails this file (the runner reports only its message): its
-// stack says which call it was, for the rare run that closes a client mid-reconnect.
+// stack says which call made it, for the rare run where one escapes.
 process.on('unhandledRejection', (err) => {
   process.stderr.write(`unhandled rejection: ${err instanceof Error ? err.stack : String(err)}\n`);
 });
