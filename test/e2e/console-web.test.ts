@@ -228,7 +228,10 @@ test('admin: create a key from the form, then rotate it; the page shows each new
   const replacement = page.locator('.notice [data-secret]');
   await replacement.waitFor();
   assert.notEqual(await replacement.innerText(), secret);
-  assert.equal(await page.locator('tr', { hasText: 'batch job' }).count(), 2, 'old and new key side by side until the old one is deleted');
+  // The notice can show before the key list is fetched again: wait for the second row.
+  const rows = page.locator('tr', { hasText: 'batch job' });
+  await rows.nth(1).waitFor();
+  assert.equal(await rows.count(), 2, 'old and new key side by side until the old one is deleted');
   await page.screenshot({ path: join(shots, '9-rotated.png') });
   assert.deepEqual(problems, []);
   await page.close();
