@@ -22,24 +22,47 @@ export interface LedgerNews {
   close(): void;
 }
 
-/** Listens on a connection of its own (a subscribed connection can send nothing else). */
-export function listenForLedgerNews(client: Redis | Cluster, heard: (ledgerKey: string) => void): LedgerNews {
-  // Unlike the limiter's calls, the subscription waits for its connection, and is made again after each reconnect.
-  const queued = { enableOfflineQueue: true, autoResubscribe: true };
-  const sub: Redis | Cluster = client.isCluster ? (client as Cluster).duplicate(undefined, queued) : (client as Redis).duplicate(queued);
+export interface ListenOptions {
+  /** after each SUBSCRIBE keyward sends: null when it took, else why not */
+  subscribed?: (err: Error | null) => void;
+}
+
+/**
+ * Listens on a connection of its own (a subscribed connection can send nothing else).
+ * A single node's connection subscribes again on each `ready` itself, with the refusal
+ * handled, instead of through ioredis' `autoResubscribe`: that one leaves the promise of
+ * its SUBSCRIBE unhandled, so a connection closed before the reply, or a user whose ACL
+ * lost the channel (Redis drops such a subscriber, and refuses it again with NOPERM),
+ * would end the process with an unhandled rejection. A cluster's subscriber connection
+ * subscribes again itself and handles its refusals.
+ */
+export function listenForLedgerNews(client: Redis | Cluster, heard: (ledgerKey: string) => void, opts: ListenOptions = {}): LedgerNews {
+  // Unlike the limiter's calls, the subscription waits for its connection.
+  const sub: Redis | Cluster = client.isCluster
+    ? (client as Cluster).duplicate(undefined, { enableOfflineQueue: true })
+    : (client as Redis).duplicate({ enableOfflineQueue: true, autoResubscribe: false });
   // The main connection reports Redis failures; this one only reconnects and subscribes again.
   sub.on('error', () => {});
   sub.on('message', (channel: string, message: string) => {
     if (channel === LEDGER_NEWS_CHANNEL) heard(message);
   });
-  const listening = sub.subscribe(LEDGER_NEWS_CHANNEL).then(
-    () => undefined,
-    () => undefined,
-  );
+  const subscribe = (): Promise<void> =>
+    sub.subscribe(LEDGER_NEWS_CHANNEL).then(
+      () => opts.subscribed?.(null),
+      (err: Error) => opts.subscribed?.(err),
+    );
+  let closed = (): void => {};
+  const listening = client.isCluster
+    ? subscribe()
+    : new Promise<void>((resolve) => {
+        closed = resolve;
+        sub.on('ready', () => void subscribe().then(resolve));
+      });
   return {
     listening,
     close() {
       sub.disconnect();
+      closed();
     },
   };
 }
