@@ -41,6 +41,31 @@ test('topLevelSpans: null for anything but one whole object, and for escaped top
   }
 });
 
+test('topLevelSpans: brackets nested to 31 deep are walked and matched; deeper, it declines and the tap parses the body whole', () => {
+  /** `inner` inside `depth` brackets, arrays and objects in turn */
+  const nest = (depth: number, inner: string): string => {
+    let v = inner;
+    for (let d = 0; d < depth; d++) v = d % 2 ? `[${v}]` : `{"k":${v}}`;
+    return v;
+  };
+  // `usage` after a value 31 brackets deep, the outer object's included
+  const deepest = `{"a":${nest(30, '1')},"usage":{"prompt_tokens":4}}`;
+  assert.equal(spanText(deepest, 'usage'), '{"prompt_tokens":4}');
+  const tooDeep = `{"a":${nest(31, '1')},"usage":{"prompt_tokens":4}}`;
+  assert.equal(topLevelSpans(Buffer.from(tooDeep)), null);
+  const tap = createUsageTap({ contentType: 'application/json' })!;
+  tap.push(Buffer.from(tooDeep));
+  assert.deepEqual(tap.end().usage, { input_tokens: 4, output_tokens: 0 });
+  // a wrong closing bracket is caught at every depth, the deepest included
+  for (const depth of [2, 17, 30]) {
+    const good = `{"a":${nest(depth, '1')}}`;
+    assert.ok(topLevelSpans(Buffer.from(good)), good);
+    const at = good.indexOf('1') + 1; // the innermost closing bracket
+    const swapped = good.slice(0, at) + (good[at] === ']' ? '}' : ']') + good.slice(at + 1);
+    assert.equal(topLevelSpans(Buffer.from(swapped)), null, swapped);
+  }
+});
+
 /**
  * The usage the tap reads by parsing the body whole, as it did before the scan: an escaped
  * top-level key (`"\u0078"`, an extra "x") makes the scan decline, and changes no usage.

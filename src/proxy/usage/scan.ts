@@ -5,9 +5,9 @@
  * response. This walks the bytes once, tracking strings and nesting, and hands back where
  * the two values lie, so only they are parsed. Pure.
  *
- * It answers only for a body that is one object with balanced, matching brackets and
- * nothing but whitespace after it, whose top-level keys have no escapes; anything else
- * returns null and the caller parses the body whole.
+ * It answers only for a body that is one object with balanced, matching brackets (nested
+ * at most 31 deep) and nothing but whitespace after it, whose top-level keys have no
+ * escapes; anything else returns null and the caller parses the body whole.
  */
 
 /** Where a value lies in the body: [start, end), whitespace around it included. */
@@ -68,29 +68,34 @@ function keyOf(buf: Buffer, from: number, to: number): number {
   return 0;
 }
 
+/** Deepest nesting walked: each open bracket's kind is a bit of one integer. */
+const MAX_DEPTH = 31;
+
+/**
+ * The walk keeps its state in plain locals (no closure over them, no array of open
+ * brackets): both made it about three times slower, for a scan that runs on every JSON
+ * response.
+ */
 export function topLevelSpans(buf: Buffer): TopLevelSpans | null {
+  const n = buf.length;
   let i = 0;
-  while (i < buf.length && isSpace(buf[i]!)) i++;
+  while (i < n && isSpace(buf[i]!)) i++;
   if (buf[i] !== 0x7b) return null; // not an object
-  // The open brackets, innermost last: `{` or `[` as their byte values.
-  const open: number[] = [];
+  /** how many brackets are open, and bit d set when the one at depth d is `{` (clear: `[`) */
+  let depth = 0;
+  let kinds = 0;
   let usage: Span | null = null;
   let response: Span | null = null;
   let expectKey = false;
   /** the wanted key whose value is being read (0: none), and where that value began */
   let pending = 0;
   let valueStart = -1;
-  const close = (end: number) => {
-    if (pending === 1) usage = [valueStart, end];
-    else if (pending === 2) response = [valueStart, end];
-    pending = 0;
-  };
-  for (; i < buf.length; i++) {
+  for (; i < n; i++) {
     const c = buf[i]!;
     if (c === QUOTE) {
       const end = stringEnd(buf, i);
       if (end === -1) return null;
-      if (expectKey && open.length === 1) {
+      if (expectKey && depth === 1) {
         const key = keyOf(buf, i + 1, end);
         if (key === -1) return null;
         pending = key;
@@ -98,19 +103,28 @@ export function topLevelSpans(buf: Buffer): TopLevelSpans | null {
       expectKey = false;
       i = end;
     } else if (c === 0x7b || c === 0x5b) {
-      open.push(c);
+      if (depth === MAX_DEPTH) return null;
+      kinds = c === 0x7b ? kinds | (1 << depth) : kinds & ~(1 << depth);
+      depth++;
       expectKey = c === 0x7b;
     } else if (c === 0x7d || c === 0x5d) {
-      if (open.pop() !== c - 2) return null; // `}` closes `{`, `]` closes `[` (each two above)
-      if (open.length === 0) {
-        close(i);
-        for (i++; i < buf.length; i++) if (!isSpace(buf[i]!)) return null;
+      if (depth === 0) return null;
+      depth--;
+      if (((kinds >> depth) & 1) !== (c === 0x7d ? 1 : 0)) return null; // `}` closes `{`, `]` closes `[`
+      if (depth === 0) {
+        if (pending === 1) usage = [valueStart, i];
+        else if (pending === 2) response = [valueStart, i];
+        for (i++; i < n; i++) if (!isSpace(buf[i]!)) return null;
         return { usage, response };
       }
     } else if (c === 0x2c) {
-      if (open.length === 1) close(i);
-      expectKey = open[open.length - 1] === 0x7b;
-    } else if (c === 0x3a && open.length === 1) {
+      if (depth === 1) {
+        if (pending === 1) usage = [valueStart, i];
+        else if (pending === 2) response = [valueStart, i];
+        pending = 0;
+      }
+      expectKey = ((kinds >> (depth - 1)) & 1) === 1;
+    } else if (c === 0x3a && depth === 1) {
       valueStart = i + 1;
     }
   }
