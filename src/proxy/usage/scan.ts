@@ -72,9 +72,9 @@ function keyOf(buf: Buffer, from: number, to: number): number {
 const MAX_DEPTH = 31;
 
 /**
- * The walk keeps its state in plain locals (no closure over them, no array of open
- * brackets): both made it about three times slower, for a scan that runs on every JSON
- * response.
+ * The walk keeps its state in plain locals, with no closure over them and no array of open
+ * brackets: it runs on every JSON response, and both cost it time (docs/performance.md,
+ * "Other cuts on the request path").
  */
 export function topLevelSpans(buf: Buffer): TopLevelSpans | null {
   const n = buf.length;
