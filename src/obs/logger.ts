@@ -4,6 +4,7 @@
  */
 import pino from 'pino';
 import { fitLine } from './line-fit.js';
+import { isoClock } from '../protocol/iso-clock.js';
 
 /**
  * The sidecar's logger: pino, plus the access-line writer that shares its destination
@@ -130,20 +131,6 @@ function field(): (v: string | null) => string {
       text = str(v);
     }
     return text;
-  };
-}
-
-/** The current time as ISO text, made once per millisecond: lines of the same millisecond share it. */
-function isoClock(): () => string {
-  let lastMs = -1;
-  let lastTime = '';
-  return () => {
-    const ms = Date.now();
-    if (ms !== lastMs) {
-      lastMs = ms;
-      lastTime = new Date(ms).toISOString();
-    }
-    return lastTime;
   };
 }
 

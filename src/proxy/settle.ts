@@ -5,6 +5,7 @@
 import type { KeyFacts } from '../policy/facts.js';
 import { settledPrompt, settleUsage, type Settled } from '../policy/estimate.js';
 import { costOf } from '../policy/pricing.js';
+import { isoClock } from '../protocol/iso-clock.js';
 import type { UsageEvent } from '../protocol/usage.js';
 import type { RequestContext } from './context.js';
 
@@ -34,6 +35,9 @@ export function settle(ctx: RequestContext): void {
   ctx.hold?.settle(settled ? costOf(ctx.price, { input: settled.input_tokens, output: settled.output_tokens }) : 0);
 }
 
+/** a usage event's `at`: one clock for every event, as the access lines share theirs */
+const isoNow = isoClock();
+
 /** The usage event of a settled model response, for the console. */
 export function usageEvent(ctx: RequestContext, settled: Settled, facts: KeyFacts, status: number): UsageEvent {
   return {
@@ -43,7 +47,7 @@ export function usageEvent(ctx: RequestContext, settled: Settled, facts: KeyFact
     input_tokens: settled.input_tokens,
     output_tokens: settled.output_tokens,
     status,
-    at: new Date().toISOString(),
+    at: isoNow(),
     ...(settled.estimated ? { estimated: true } : {}),
   };
 }
