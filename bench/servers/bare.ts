@@ -27,7 +27,7 @@ const agent = parts.has('agent')
 const proxy = createProxyServer({ xfwd: false, changeOrigin: false, ws: false });
 if (parts.has('lines')) {
   proxy.before('web', 'stream', (req) => {
-    req.headers = outgoingHeaders(req.rawHeaders);
+    req.headers = outgoingHeaders(req.rawHeaders, { known: Object.keys(req.headers) });
   });
 }
 

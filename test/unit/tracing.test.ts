@@ -49,10 +49,10 @@ test('outgoing header lines: without a traceparent to send, nothing changes', ()
 test('outgoing header lines: the traceparent to send takes the first received one\'s place, once; tracestate is kept', () => {
   const mine = '00-0af7651916cd43dd8448eb211c80319c-00f067aa0ba902b7-01';
   const raw = ['Host', 'a', 'TraceParent', '00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01', 'tracestate', 'a=1', 'traceparent', 'junk', 'tracestate', 'b=2', 'X-Other', 'x'];
-  const out = outgoingHeaders(raw, mine);
+  const out = outgoingHeaders(raw, { traceparent: mine });
   assert.deepEqual(Object.entries(out), [['host', 'a'], ['traceparent', mine], ['tracestate', ['a=1', 'b=2']], ['x-other', 'x']]);
   // none received: sent as the last line
-  assert.deepEqual(Object.entries(outgoingHeaders(['Host', 'a', 'Accept', '*/*'], mine)), [['host', 'a'], ['accept', '*/*'], ['traceparent', mine]]);
+  assert.deepEqual(Object.entries(outgoingHeaders(['Host', 'a', 'Accept', '*/*'], { traceparent: mine })), [['host', 'a'], ['accept', '*/*'], ['traceparent', mine]]);
 });
 
 test('OTEL_BSP_* environment: positive integers tune the batch, anything else is ignored', () => {

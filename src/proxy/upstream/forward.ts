@@ -13,7 +13,7 @@ import type { BodySource } from '../body/read.js';
 import { createProxyServer } from 'http-proxy-3';
 import { framingProblem } from './framing.js';
 import { outgoingHeaders } from './header-lines.js';
-import { relay, ResponseHead, type BodyWatcher } from './relay.js';
+import { relay, ResponseHead, responseDrops, type BodyWatcher } from './relay.js';
 import { TargetSet, type Target, type UpstreamTarget } from './targets.js';
 
 export type { UpstreamTarget } from './targets.js';
@@ -128,7 +128,7 @@ function onProxyError(err: Error & { code?: string }, _req: IncomingMessage, res
  * A traceparent the call names takes the received one's place.
  */
 function receivedHeaderLines(req: IncomingMessage, res: ServerResponse): void {
-  req.headers = outgoingHeaders(req.rawHeaders, (res as HookedResponse)[TRACEPARENT] ?? null);
+  req.headers = outgoingHeaders(req.rawHeaders, { traceparent: (res as HookedResponse)[TRACEPARENT] ?? null, known: Object.keys(req.headers) });
 }
 
 export function createForwarder(opts: ForwarderOptions): Forwarder {
@@ -136,10 +136,10 @@ export function createForwarder(opts: ForwarderOptions): Forwarder {
   proxy.before('web', 'stream', receivedHeaderLines);
   /** every target whose agent is not destroyed yet, for close */
   const live = new Set<Target>();
-  const replaced = new Set(opts.replacedResponseHeaders ?? []);
+  const drops = responseDrops(opts.replacedResponseHeaders ?? []);
   proxy.on('proxyRes', (proxyRes, req, res) => {
     const server = res as ServerResponse;
-    const head = new ResponseHead(proxyRes, replaced);
+    const head = new ResponseHead(proxyRes, drops);
     // The client's own connection decides keep-alive (the upstream's Connection is its
     // own); an HTTP/1.0 client is answered `close`, as http-proxy-3 answers it.
     head.add('connection', req.httpVersion === '1.0' || !server.shouldKeepAlive ? 'close' : 'keep-alive');

@@ -8,26 +8,28 @@
  * and one 'data' listener shared by every response feeds the client and the usage tap.
  */
 import type { IncomingMessage, ServerResponse } from 'node:http';
-import { connectionTokens, HOP_BY_HOP } from './header-lines.js';
+import { connectionTokens, HOP_BY_HOP_NAMES, NameSet } from './header-lines.js';
 
 /** Fed the response body as it passes (the usage tap). */
 export interface BodyWatcher {
   push(chunk: Buffer): void;
 }
 
-/** On a response, Transfer-Encoding too: the client's framing is Node's to choose for its own connection. */
-const RESPONSE_DROPS = new Set([...HOP_BY_HOP, 'transfer-encoding']);
+/**
+ * The response header names never relayed: the hop-by-hop ones; Transfer-Encoding, since
+ * the client's framing is Node's to choose for its own connection; and `replaced`, those
+ * the sidecar always writes itself on a forwarded response (the key's own rate-limit
+ * figures), so the upstream's are dropped.
+ */
+export const responseDrops = (replaced: readonly string[]): NameSet => new NameSet([...HOP_BY_HOP_NAMES, 'transfer-encoding', ...replaced]);
 
 /** The response head to send: the upstream's lines less what is dropped, then the sidecar's own. */
 export class ResponseHead {
   /** name, value, name, value, ... with names in lower case: what writeHead takes */
   readonly lines: string[] = [];
 
-  /**
-   * `replaced`: names the sidecar always writes itself on a forwarded response (the key's
-   * own rate-limit figures), so the upstream's are dropped.
-   */
-  constructor(proxyRes: IncomingMessage, replaced: ReadonlySet<string>) {
+  /** `drops`: the names not relayed (responseDrops) */
+  constructor(proxyRes: IncomingMessage, drops: NameSet) {
     const raw = proxyRes.rawHeaders;
     let named: string[] | null = null;
     for (let i = 0; i < raw.length; i += 2) {
@@ -36,7 +38,7 @@ export class ResponseHead {
         const tokens = connectionTokens(raw[i + 1]!);
         if (tokens.length > 0) (named ??= []).push(...tokens);
       }
-      if (RESPONSE_DROPS.has(name) || replaced.has(name)) continue;
+      if (drops.has(name)) continue;
       this.lines.push(name, raw[i + 1]!);
     }
     if (named !== null) this.drop(named);
