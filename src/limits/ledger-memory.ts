@@ -75,7 +75,7 @@ class MemoryHold implements Hold {
     for (const key of keys) {
       const e = owner.live(key, t);
       if (!e) continue;
-      const h = e.holds.get(id);
+      const h = e.holds.size > 0 ? e.holds.get(id) : undefined;
       if (h) {
         e.holds.delete(id);
         e.held -= h.amount;
@@ -97,6 +97,12 @@ class InProcessLedger implements MemoryLedger, HoldOwner {
   readonly now: () => number;
   private readonly leaseMs: number;
   private readonly entries = new Map<string, Entry>();
+  /**
+   * Each holder list's entry keys, made once: a key made per request is a new string,
+   * which the entries map hashes on every lookup. holdersOf memoises a list and its tag
+   * per key record; a list asked about under another tag gets its keys made again.
+   */
+  private readonly keyMemo = new WeakMap<readonly Holder[], { tag: string; keys: string[] }>();
   /** keeps the live holds alive until settled */
   readonly holds: LeaseKeeper;
   private holdsTaken = 0;
@@ -116,12 +122,12 @@ class InProcessLedger implements MemoryLedger, HoldOwner {
     const t = this.now();
     if (++this.holdsTaken % SWEEP_EVERY === 0) this.sweep(t);
     const amount = holdNano(input.amount);
-    const keys: string[] = [];
+    const keys = this.keysOf(input.tag, input.holders);
     const states: Entry[] = [];
     let refused: Holder['code'] | null = null;
-    for (const holder of input.holders) {
-      const key = entryKey(input.tag, holder);
-      keys.push(key);
+    for (let i = 0; i < keys.length; i++) {
+      const holder = input.holders[i]!;
+      const key = keys[i]!;
       let e = this.live(key, t);
       const { restart, base } = effectiveBase(e, holder, toNano(holder.base));
       if (!e || restart) {
@@ -136,6 +142,12 @@ class InProcessLedger implements MemoryLedger, HoldOwner {
     }
     if (refused !== null) return { ok: false, code: refused };
     return { ok: true, hold: this.record(keys, states, amount, t) };
+  }
+
+  private keysOf(tag: string, holders: readonly Holder[]): string[] {
+    let m = this.keyMemo.get(holders);
+    if (m === undefined || m.tag !== tag) this.keyMemo.set(holders, (m = { tag, keys: holders.map((h) => entryKey(tag, h)) }));
+    return m.keys;
   }
 
   ledger(input: LedgerInput): LedgerFigure[] {
@@ -160,6 +172,7 @@ class InProcessLedger implements MemoryLedger, HoldOwner {
       this.entries.delete(key);
       return undefined;
     }
+    if (e.holds.size === 0) return e;
     for (const [id, h] of e.holds) {
       if (h.expires <= t) {
         e.holds.delete(id);

@@ -176,6 +176,19 @@ export function ledgerConformance(get: () => Harness): void {
     assert.deepEqual(await lim.ledger({ tag: uid('tag'), holders: [] }), []);
   });
 
+  test('one holder list under two tags keeps two ledgers (a memo of its keys follows the tag)', async () => {
+    const lim = get().limiter;
+    const holders = [wallet(uid('u'), { base: 1 })];
+    const [a, b] = [uid('tag'), uid('tag')];
+    held(await lim.hold(req(a, holders, 0.25))).settle(0.25);
+    held(await lim.hold(req(b, holders, 0.5))).settle(0.5);
+    near(await live(lim, a, holders[0]!), 0.75, 'the first tag: its own settlement only');
+    near(await live(lim, b, holders[0]!), 0.5, 'the second tag: its own settlement only');
+    held(await lim.hold(req(a, holders, 0.75))).settle(0.75);
+    refused(await lim.hold(req(a, holders, 0)), 'insufficient_balance');
+    held(await lim.hold(req(b, holders, 0.5))).settle(0);
+  });
+
   test('a zero hold (unpriced model) is checked, stores nothing to refresh or settle, and a cost it settles to still counts', async () => {
     const lim = get().limiter;
     const tag = uid('tag');
