@@ -98,7 +98,8 @@ function stopReading(req: ReadingRequest): BodyRead {
 }
 
 function onReadData(this: ReadingRequest, chunk: Buffer): void {
-  const read = this[READ]!;
+  const read = this[READ];
+  if (read === undefined) return;
   read.chunks.push(chunk);
   read.total += chunk.length;
   const enough = read.enough(read.chunks, read.total);
@@ -109,18 +110,26 @@ function onReadData(this: ReadingRequest, chunk: Buffer): void {
   }
 }
 
+/**
+ * The body has ended: the read lets go of the request, but its listeners stay. Nothing
+ * more comes to them (no data after the end; no error and nothing to do at the close of
+ * a complete request), and taking four listeners off a stream costs more than they do.
+ * A request is read at most once.
+ */
 function onReadEnd(this: ReadingRequest): void {
-  const read = stopReading(this);
+  const read = this[READ];
+  if (read === undefined) return;
+  this[READ] = undefined;
   read.resolve({ chunks: read.chunks, total: read.total, ended: true, overLimit: false });
 }
 
 function onReadError(this: ReadingRequest, err: Error): void {
-  stopReading(this).reject(err);
+  if (this[READ] !== undefined) stopReading(this).reject(err);
 }
 
 /** The client went away, or its stalled body was cut: nothing more will come. */
 function onReadClose(this: ReadingRequest): void {
-  if (this.complete) return;
+  if (this.complete || this[READ] === undefined) return;
   const read = stopReading(this);
   read.resolve({ chunks: read.chunks, total: read.total, ended: false, overLimit: false, cut: true });
 }
