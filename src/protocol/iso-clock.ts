@@ -6,7 +6,7 @@
  * the request path").
  */
 
-/** A clock that answers `now()` as ISO text; `now` is injectable for tests. */
+/** A clock that answers `now()` (whole milliseconds since the epoch, as Date.now) as ISO text; `now` is injectable for tests. */
 export function isoClock(now: () => number = Date.now): () => string {
   let lastMs = Number.NaN;
   let lastText = '';
