@@ -121,7 +121,8 @@ class ExchangeTable implements Exchanges, ForwardHooks {
     // Only a body still to come can stall; watchBodyIdle watches nothing otherwise.
     ctx.bodyWatch = watchBodyIdle(req, { idleMs: snapshot.config.server.bodyIdleTimeoutMs, onIdle: this.cutStalledResponse, subject: res });
     (res as ContextResponse)[CONTEXT] = ctx;
-    res.once('close', this.onResponseClose);
+    // 'close' comes once: a plain listener, without `once`'s wrapper and removal.
+    res.on('close', this.onResponseClose);
     // Not a header: headers set ahead would make the forwarder's one-shot head merge into them.
     if (this.draining) res.shouldKeepAlive = false;
     const arrival = new Arrival({ req, res, expectContinue: expect === 'continue', clientIp, method: ctx.method });

@@ -110,7 +110,9 @@ export function relay(proxyRes: IncomingMessage, res: ServerResponse, opts: { he
   const source = proxyRes as Source;
   source[CLIENT] = res;
   source[WATCHER] = opts.watcher;
-  proxyRes.once('close', cutClientIfIncomplete);
+  // 'close' and 'end' come once each: a plain listener does what `once` would, without
+  // the wrapper `once` makes and the removal it does when the event comes.
+  proxyRes.on('close', cutClientIfIncomplete);
   if (!res.headersSent) {
     try {
       const reason = proxyRes.statusMessage;
@@ -124,5 +126,5 @@ export function relay(proxyRes: IncomingMessage, res: ServerResponse, opts: { he
   }
   if (res.writableEnded) return;
   proxyRes.on('data', relayChunk);
-  proxyRes.once('end', relayEnd);
+  proxyRes.on('end', relayEnd);
 }
