@@ -148,6 +148,22 @@ describe('upstream socket pool', () => {
     assert.equal((await models()).body.toString(), 'next');
     assert.notEqual(next, used);
   });
+
+  test("a pooled socket is closed before the upstream's Keep-Alive hint runs out", { timeout: 10_000 }, async () => {
+    // this upstream never closes an idle socket itself: only the sidecar can, and within the hint
+    let socket: net.Socket | null = null;
+    up.onRequest = (s) => {
+      socket = s;
+      s.write(response('hinted', 'Keep-Alive: timeout=2\r\n'));
+    };
+    assert.equal((await models()).body.toString(), 'hinted');
+    const from = performance.now();
+    const used = socket as net.Socket | null;
+    assert.ok(used);
+    if (!used.readableEnded) await once(used, 'end');
+    const idle = performance.now() - from;
+    assert.ok(idle < 2_000, `closed after ${idle.toFixed(0)} ms idle`);
+  });
 });
 
 describe('parser refusals after a response began', () => {

@@ -1,9 +1,10 @@
 /**
  * The upstream agent is Node's own with three documented hooks: sockets go back to the
  * pool and come out of it as Node counts them, a busy socket that goes quiet fails its
- * request with UpstreamTimeout, an idle one is closed quietly, and a socket whose idle
- * timer a short Keep-Alive hint shortened gets the upstream's timeout back when reused,
- * and bytes arriving on a socket kept alive get it destroyed.
+ * request with UpstreamTimeout (one whose bytes keep coming does not), an idle one is
+ * closed quietly, before the upstream's Keep-Alive hint runs out, and a reused one is
+ * held to the upstream's timeout again, and bytes arriving on a socket kept alive get it
+ * destroyed.
  */
 import { after, before, describe, test } from 'node:test';
 import assert from 'node:assert/strict';
@@ -11,16 +12,20 @@ import http from 'node:http';
 import https from 'node:https';
 import { once } from 'node:events';
 import net, { type AddressInfo, type Socket } from 'node:net';
-import { createUpstreamAgent } from '../../src/proxy/upstream/agent.js';
+import { createUpstreamAgent, noteKeepAlive } from '../../src/proxy/upstream/agent.js';
 
 let server: http.Server;
 let port: number;
-/** requests to /hang are never answered; /hint answers with a Keep-Alive hint of 2 s */
+/**
+ * requests to /hang are never answered; /hint answers with a Keep-Alive hint of 2 s;
+ * /trickle sends ten bytes 50 ms apart
+ */
 before(async () => {
   server = http.createServer((req, res) => {
     req.resume();
     if (req.url === '/hang') return;
     if (req.url === '/hint') res.setHeader('keep-alive', 'timeout=2');
+    if (req.url === '/trickle') return void trickle(res, 'abcdefghij');
     req.on('end', () => res.end(`port ${port}`));
   });
   server.listen(0, '127.0.0.1');
@@ -32,9 +37,23 @@ after(() => {
   server.close();
 });
 
-function get(agent: http.Agent, o: { to?: number; path?: string } = {}): Promise<{ socket: Socket; reused: boolean; body: string }> {
+function trickle(res: http.ServerResponse, text: string): void {
+  res.writeHead(200, { 'content-length': text.length });
+  let i = 0;
+  const timer = setInterval(() => {
+    res.write(text[i++]);
+    if (i === text.length) {
+      clearInterval(timer);
+      res.end();
+    }
+  }, 50);
+}
+
+/** `keepAlive`: the response's Keep-Alive hint goes to the agent, as the forwarder sends it */
+function get(agent: http.Agent, o: { to?: number; path?: string; keepAlive?: boolean } = {}): Promise<{ socket: Socket; reused: boolean; body: string }> {
   return new Promise((resolve, reject) => {
     const req = http.request({ host: '127.0.0.1', port: o.to ?? port, path: o.path ?? '/', agent }, (res) => {
+      if (o.keepAlive) noteKeepAlive(res);
       const socket = req.socket as Socket;
       let body = '';
       res.setEncoding('latin1');
@@ -89,19 +108,45 @@ describe('upstream agent', () => {
     agent.destroy();
   });
 
-  test("a socket a short Keep-Alive hint shortened gets the upstream's timeout back when reused", async () => {
+  test("an idle socket is closed quietly before the upstream's Keep-Alive hint runs out", { timeout: 5_000 }, async () => {
     const agent = createUpstreamAgent({ tls: false, timeoutMs: 60_000 });
-    const a = await get(agent, { path: '/hint' });
+    const name = `127.0.0.1:${port}:`;
+    // hint 2 s: the idle limit is a second less (Node's margin) and two looks of the sweep less again
+    const a = await get(agent, { path: '/hint', keepAlive: true });
+    const idleFrom = performance.now();
+    let failed: Error | null = null;
+    a.socket.on('error', (e) => (failed = e));
+    await once(a.socket, 'close');
+    const idle = performance.now() - idleFrom;
+    assert.ok(idle >= 400 && idle < 2_000, `closed after ${idle.toFixed(0)} ms idle`);
+    assert.equal(failed, null, 'no error on an idle socket');
+    assert.equal(name in agent.freeSockets, false);
+    agent.destroy();
+  });
+
+  test("a reused socket is held to the upstream's timeout, not to the idle limit its hint set", async () => {
+    const agent = createUpstreamAgent({ tls: false, timeoutMs: 1_000 });
+    const a = await get(agent, { path: '/hint', keepAlive: true });
     await settled();
-    // Node's keepSocketAlive: the hint less a second of margin
-    assert.equal(a.socket.timeout, 1_000);
     const req = http.request({ host: '127.0.0.1', port, path: '/hang', agent });
-    req.on('error', () => undefined);
+    const from = performance.now();
     req.end();
     const [socket] = (await once(req, 'socket')) as [Socket];
-    assert.equal(socket, a.socket);
-    assert.equal(socket.timeout, 60_000);
-    req.destroy();
+    assert.equal(socket, a.socket, 'the pooled socket was reused');
+    const [err] = (await once(req, 'error')) as [Error & { code?: string }];
+    const busy = performance.now() - from;
+    assert.equal(err.code, 'UPSTREAM_TIMEOUT');
+    // the hint's idle limit is 500 ms here
+    assert.ok(busy >= 1_000, `timed out after ${busy.toFixed(0)} ms, before the upstream's 1,000`);
+    agent.destroy();
+  });
+
+  test('a busy socket whose bytes keep coming is not timed out, however long the response takes', async () => {
+    const agent = createUpstreamAgent({ tls: false, timeoutMs: 150 });
+    const started = performance.now();
+    const got = await get(agent, { path: '/trickle' });
+    assert.ok(performance.now() - started >= 450, 'the response took three timeouts');
+    assert.equal(got.body, 'abcdefghij');
     agent.destroy();
   });
 

@@ -1,21 +1,29 @@
 /**
  * The upstream keep-alive agent: Node's http.Agent (or https.Agent), its pool, limits,
- * queue and Keep-Alive handling Node's own, with three documented hooks overridden:
+ * queue and Keep-Alive handling Node's own, with documented hooks overridden (and
+ * `destroy`, which also stops the sweep below):
  *
  * - `keepSocketAlive` (a socket goes back to the pool): the socket is marked idle, and any
  *   byte that arrives on it while idle gets it destroyed. Such bytes answer a request it was
  *   not sent (the upstream read a second request somewhere, or doubled a response); handed
  *   to the next request they would become that request's response.
  * - `reuseSocket` (a pooled socket is given to a request): the socket is busy again; one
- *   with unread bytes is destroyed instead, and its idle timer, which a short Keep-Alive
- *   hint may have shortened, is the upstream's timeout again.
+ *   with unread bytes is destroyed instead.
  * - `createConnection`: what watches a socket is attached once, when it is made, not per
- *   request: the stray-byte listener (which lets a busy socket's bytes pass) and the
- *   upstream's timeout. A socket that goes quiet while busy is destroyed with
- *   UpstreamTimeout, which its request reports as its error; an idle one is Node's to close.
+ *   request: the stray-byte listener (which lets a busy socket's bytes pass) and its place
+ *   in the agent's sweep.
+ *
+ * Timeouts are one sweep per agent, not socket timers. A socket timer (Node's `timeout`
+ * agent option) is set, cleared and set again on every request, and moved on every read
+ * and write; the sweep looks at each socket a few times a second instead. A busy socket
+ * whose byte counts (`bytesRead`, `bytesWritten`) have not moved for the upstream's
+ * `timeoutMs` is destroyed with UpstreamTimeout, which its request reports as its error.
+ * An idle one is closed quietly after `timeoutMs`, or sooner when the upstream's last
+ * `Keep-Alive: timeout=N` hint says it closes idle connections sooner (`noteKeepAlive`).
  */
-import http from 'node:http';
+import http, { type IncomingMessage } from 'node:http';
 import https from 'node:https';
+import type { Socket } from 'node:net';
 import type { Duplex } from 'node:stream';
 
 export class UpstreamTimeout extends Error {
@@ -24,54 +32,136 @@ export class UpstreamTimeout extends Error {
 
 export interface UpstreamAgentOptions {
   tls: boolean;
-  /** longest quiet spell of a busy socket (0: none) */
+  /** longest quiet spell of a socket, busy or idle (0: none; idle ones then follow the upstream's hint alone) */
   timeoutMs: number;
 }
 
 /** Pooling that suits a sidecar: reuse the warmest socket, keep plenty idle, never queue. */
 const POOL: http.AgentOptions = { keepAlive: true, keepAliveMsecs: 1000, maxSockets: Infinity, maxFreeSockets: 256, scheduling: 'lifo' };
 
+/** The longest time between two looks at a socket; shorter timeouts are looked at four times each. */
+const SWEEP_MAX_MS = 250;
+/** An idle socket is closed this long before the upstream's Keep-Alive hint runs out (Node's own margin). */
+const HINT_MARGIN_MS = 1000;
+
+/** One socket as the sweep sees it. */
+interface Watch {
+  busy: boolean;
+  /** how long an idle spell may last, from the upstream's last Keep-Alive hint (Infinity: none) */
+  idleMs: number;
+  /** at the last look: busy, the byte counts, and since when all three have been as they are */
+  seenBusy: boolean;
+  read: number;
+  written: number;
+  quietSince: number;
+}
+
+/** Every live socket of every upstream agent, for noteKeepAlive. */
+const watches = new WeakMap<Duplex, Watch>();
+
+let lastHint: string | null = null;
+let lastHintMs = Infinity;
+
+/**
+ * Tells the socket's agent what the upstream's response said of idle connections (its
+ * Keep-Alive header): the socket then goes back to the pool for at most that long. Called
+ * with each upstream response; a response without the header leaves the last hint in force.
+ */
+export function noteKeepAlive(res: IncomingMessage): void {
+  const hint = res.headers['keep-alive'];
+  if (typeof hint !== 'string') return;
+  const w = res.socket && watches.get(res.socket);
+  if (!w) return;
+  if (hint !== lastHint) {
+    const seconds = /^\s*timeout=(\d+)/i.exec(hint)?.[1];
+    lastHint = hint;
+    lastHintMs = seconds === undefined ? Infinity : Number(seconds) * 1000 - HINT_MARGIN_MS;
+  }
+  w.idleMs = lastHintMs;
+}
+
 // eslint-disable-next-line @typescript-eslint/no-explicit-any -- a mixin's base takes any arguments (TypeScript's rule)
 type AgentClass = new (...args: any[]) => http.Agent;
 
-/** Base with the three hooks above; `timeoutMs` 0 leaves timeouts to Node. */
+/** Base with the hooks above and the sweep; `timeoutMs` 0 leaves busy sockets without a timeout. */
 function guarded<B extends AgentClass>(Base: B, timeoutMs: number) {
-  const idle = new WeakSet<Duplex>();
   const message = `no answer from upstream within ${timeoutMs} ms`;
-  function onSocketTimeout(this: Duplex): void {
-    if (!idle.has(this)) this.destroy(new UpstreamTimeout(message));
-  }
-  // One listener for the socket's life: adding and removing one per request cost more than
-  // the check it makes on each chunk of a busy socket's response. Recent Node releases guard
-  // free sockets too, undocumented and not on every hand-off path; this guard does not rely on it.
-  function destroyOnStrayBytes(this: Duplex): void {
-    if (idle.has(this)) this.destroy();
-  }
+  const busyLimit = timeoutMs > 0 ? timeoutMs : Infinity;
+  const sweepMs = timeoutMs > 0 ? Math.max(10, Math.min(SWEEP_MAX_MS, timeoutMs / 4)) : SWEEP_MAX_MS;
+  // A spell is seen to start up to one look late and to end up to one look late: an idle
+  // socket is closed two looks before its hint's end, so never after it.
+  const idleLimit = (w: Watch): number => Math.min(busyLimit, w.idleMs - 2 * sweepMs);
+
   return class extends Base {
+    readonly #live = new Map<Socket, Watch>();
+    #sweeper: NodeJS.Timeout | null = null;
+
+    #sweep(): void {
+      const now = performance.now();
+      for (const [socket, w] of this.#live) {
+        const read = socket.bytesRead;
+        const written = socket.bytesWritten;
+        if (read !== w.read || written !== w.written || w.busy !== w.seenBusy) {
+          w.read = read;
+          w.written = written;
+          w.seenBusy = w.busy;
+          w.quietSince = now;
+        } else if (now - w.quietSince >= (w.busy ? busyLimit : idleLimit(w))) {
+          socket.destroy(w.busy ? new UpstreamTimeout(message) : undefined);
+        }
+      }
+    }
+
+    #watch(socket: Socket): void {
+      const w: Watch = { busy: true, idleMs: Infinity, seenBusy: true, read: 0, written: 0, quietSince: performance.now() };
+      watches.set(socket, w);
+      this.#live.set(socket, w);
+      // One listener for the socket's life: adding and removing one per request cost more
+      // than the check it makes on each chunk of a busy socket's response. Recent Node
+      // releases guard free sockets too, undocumented and not on every hand-off path; this
+      // guard does not rely on it.
+      socket.on('data', () => {
+        if (!w.busy) socket.destroy();
+      });
+      socket.once('close', () => {
+        this.#live.delete(socket);
+        if (this.#live.size === 0 && this.#sweeper) {
+          clearInterval(this.#sweeper);
+          this.#sweeper = null;
+        }
+      });
+      this.#sweeper ??= setInterval(() => this.#sweep(), sweepMs).unref();
+    }
+
     override keepSocketAlive(socket: Duplex): boolean {
       const keep = super.keepSocketAlive(socket) as unknown as boolean;
-      if (keep) idle.add(socket);
+      const w = watches.get(socket);
+      if (keep && w) w.busy = false;
       return keep;
     }
 
     override reuseSocket(socket: Duplex, req: http.ClientRequest): void {
-      idle.delete(socket);
+      const w = watches.get(socket);
+      if (w) w.busy = true;
       if (socket.readableLength > 0) socket.destroy();
-      else if (timeoutMs > 0 && (socket as Duplex & { timeout?: number }).timeout !== timeoutMs) (socket as Duplex & { setTimeout(ms: number): void }).setTimeout(timeoutMs);
       super.reuseSocket(socket, req);
     }
 
     override createConnection(options: http.ClientRequestArgs, callback?: (err: Error | null, stream: Duplex) => void): Duplex | null | undefined {
       const socket = super.createConnection(options, callback);
-      socket?.on('data', destroyOnStrayBytes);
-      if (timeoutMs > 0) socket?.on('timeout', onSocketTimeout);
+      if (socket) this.#watch(socket as Socket);
       return socket;
+    }
+
+    override destroy(): void {
+      super.destroy();
+      if (this.#sweeper) clearInterval(this.#sweeper);
+      this.#sweeper = null;
     }
   };
 }
 
 export function createUpstreamAgent(o: UpstreamAgentOptions): http.Agent {
-  const options: http.AgentOptions = o.timeoutMs > 0 ? { ...POOL, timeout: o.timeoutMs } : POOL;
   const Agent = guarded(o.tls ? (https.Agent as AgentClass) : http.Agent, o.timeoutMs);
-  return new Agent(options);
+  return new Agent(POOL);
 }

@@ -11,6 +11,7 @@ import type { Socket } from 'node:net';
 import type { Readable, Stream, Writable } from 'node:stream';
 import type { BodySource } from '../body/read.js';
 import { createProxyServer } from 'http-proxy-3';
+import { noteKeepAlive } from './agent.js';
 import { framingProblem } from './framing.js';
 import { outgoingHeaders } from './header-lines.js';
 import { relay, ResponseHead, responseDrops, type BodyWatcher } from './relay.js';
@@ -139,6 +140,7 @@ export function createForwarder(opts: ForwarderOptions): Forwarder {
   const drops = responseDrops(opts.replacedResponseHeaders ?? []);
   proxy.on('proxyRes', (proxyRes, req, res) => {
     const server = res as ServerResponse;
+    noteKeepAlive(proxyRes);
     const head = new ResponseHead(proxyRes, drops);
     // The client's own connection decides keep-alive (the upstream's Connection is its
     // own); an HTTP/1.0 client is answered `close`, as http-proxy-3 answers it.
