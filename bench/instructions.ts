@@ -21,11 +21,15 @@
  * (timers, lease refreshes, slices that end by the clock) is stretched by valgrind's
  * slowdown, so the Redis variants repeat less well than the in-process one (runs of the
  * same tree spread by about 3% in memory; more with Redis).
+ * BENCH_IR_OTHER=<tree>: old against new, as bench/ab.ts does for CPU time: every variant is
+ * counted in that checkout too (a git worktree with node_modules linked), the two trees
+ * alternating, BENCH_IR_PAIRS (3) times each; the report gives each tree's median and the
+ * difference. bare is the same code in both trees, so its difference is the runs' own spread.
  * Results: a table on stdout; callgrind's files in .bench/callgrind (callgrind_annotate).
  */
 import { spawnSync } from 'node:child_process';
 import { mkdirSync, readFileSync, readdirSync, rmSync } from 'node:fs';
-import { join } from 'node:path';
+import { join, resolve } from 'node:path';
 import autocannon from 'autocannon';
 import { jsFunctions } from './lib/jit-names.js';
 import { killChildren, redisAvailable, startServer, stopServer } from './lib/servers.js';
@@ -36,6 +40,8 @@ const REQUESTS = count('BENCH_IR_REQUESTS', 3000);
 const WARMUP = count('BENCH_IR_WARMUP', 20000);
 const CACHE = process.env.BENCH_IR_CACHE === '1';
 const JS_TOP = count('BENCH_IR_JS', 0);
+const OTHER = process.env.BENCH_IR_OTHER ? resolve(process.env.BENCH_IR_OTHER) : null;
+const PAIRS = count('BENCH_IR_PAIRS', 3);
 
 /** What one variant counted, per request: instructions, and with CACHE the simulated misses. */
 interface Counts {
@@ -79,10 +85,13 @@ const control = (...args: string[]): void => {
   if (r.status !== 0) throw new Error(`callgrind_control ${args.join(' ')}: ${r.stderr || r.stdout}`);
 };
 
-async function measure(variant: string, upstream: string, dir: string): Promise<Counts> {
+/** One variant counted once; `tree`: another checkout's copy of the server (BENCH_IR_OTHER). */
+async function measure(variant: string, upstream: string, dir: string, tree?: string): Promise<Counts> {
   const [name, ...rest] = VARIANTS[variant]!;
-  const out = join(dir, `${variant}.out`);
+  const label = tree ? `${variant}-other` : variant;
+  const out = join(dir, `${label}.out`);
   const s = await startServer(name, [upstream, ...rest], {
+    ...(tree ? { tree } : {}),
     nodeArgs: JS_TOP > 0 ? ['--perf-basic-prof'] : [],
     // --smc-check: V8 writes and rewrites machine code on the heap; counting starts switched off.
     wrap: ['valgrind', '-q', '--tool=callgrind', '--smc-check=all-non-file', '--instr-atstart=no', ...(CACHE ? ['--cache-sim=yes', '--I1=32768,8,64', '--D1=49152,12,64', '--LL=1048576,16,64'] : []), `--callgrind-out-file=${out}`],
@@ -98,11 +107,11 @@ async function measure(variant: string, upstream: string, dir: string): Promise<
     await stopServer(s);
   }
   // The dump on request is `<out>.1` (parts are numbered); the exit writes `<out>` with nothing counted after.
-  const file = readdirSync(dir).filter((f) => f.startsWith(`${variant}.out.`)).sort().at(-1);
+  const file = readdirSync(dir).filter((f) => f.startsWith(`${label}.out.`)).sort().at(-1);
   const counts = file ? countsOf(readFileSync(join(dir, file), 'utf8')) : null;
   if (!counts) throw new Error(`no callgrind summary for ${variant}`);
   if (JS_TOP > 0) {
-    reportJsFunctions(variant, join(dir, file!), s.child.pid!);
+    reportJsFunctions(label, join(dir, file!), s.child.pid!);
     // --perf-basic-prof also has V8 write its own log beside the server: not ours to keep.
     for (const f of readdirSync(root)) if (new RegExp(`^isolate-0x[0-9a-f]+-${s.child.pid}-v8\\.log$`).test(f)) rmSync(join(root, f), { force: true });
   }
@@ -121,6 +130,27 @@ function reportJsFunctions(variant: string, file: string, pid: number): void {
   for (const f of fns.slice(0, JS_TOP)) process.stdout.write(`${row(f.perRequest)}  ${f.name}\n`);
 }
 
+/** BENCH_IR_OTHER: each variant in both trees, alternating, PAIRS times; medians and the difference. */
+async function againstOther(variants: string[], url: string, dir: string): Promise<void> {
+  const runs = new Map<string, { other: number[]; self: number[] }>(variants.map((v) => [v, { other: [], self: [] }]));
+  for (let p = 0; p < PAIRS; p++) {
+    for (const v of variants) {
+      for (const side of p % 2 === 0 ? (['other', 'self'] as const) : (['self', 'other'] as const)) {
+        log(`instructions: ${v}, ${side === 'other' ? OTHER : 'this tree'} (pair ${p + 1} of ${PAIRS})`);
+        runs.get(v)![side].push((await measure(v, url, dir, side === 'other' ? OTHER! : undefined)).ir);
+      }
+    }
+  }
+  const med = (xs: number[]): number => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)]!;
+  const n = (x: number): string => Math.round(x).toLocaleString('en-US');
+  process.stdout.write(`user-space instructions per request (callgrind, ${REQUESTS} requests after ${WARMUP}), ${PAIRS} alternating runs of each tree; other: ${OTHER}\n`);
+  process.stdout.write(`${'variant'.padEnd(24)}${'other'.padStart(12)}${'this'.padStart(12)}${'difference'.padStart(12)}  runs (other; this)\n`);
+  for (const [v, r] of runs) {
+    const d = med(r.self) - med(r.other);
+    process.stdout.write(`${v.padEnd(24)}${n(med(r.other)).padStart(12)}${n(med(r.self)).padStart(12)}${`${d >= 0 ? '+' : ''}${n(d)}`.padStart(12)}  ${r.other.map(n).join(', ')}; ${r.self.map(n).join(', ')}\n`);
+  }
+}
+
 async function main(): Promise<void> {
   if (spawnSync('valgrind', ['--version']).status !== 0) throw new Error('valgrind is not installed (apt-get install valgrind)');
   const wanted = (process.argv[2] ?? 'bare,keyward,keyward-redis').split(',').filter((v) => v in VARIANTS);
@@ -131,6 +161,10 @@ async function main(): Promise<void> {
   for (const f of readdirSync(dir)) if (f.includes('.out')) rmSync(join(dir, f), { force: true });
   const upstream = await startServer('upstream', []);
   const url = `http://127.0.0.1:${upstream.port}`;
+  if (OTHER) {
+    await againstOther(wanted.filter((v) => !v.includes('redis') || withRedis), url, dir);
+    return void (await stopServer(upstream));
+  }
   const rows: [string, Counts][] = [];
   for (const v of wanted) {
     if (v.includes('redis') && !withRedis) {

@@ -1,5 +1,5 @@
 /**
- * The upstream agent is Node's own with three documented hooks: sockets go back to the
+ * The upstream agent is Node's own with documented hooks overridden: sockets go back to the
  * pool and come out of it as Node counts them, a busy socket that goes quiet fails its
  * request with UpstreamTimeout (one whose bytes keep coming does not), an idle one is
  * closed quietly, before the upstream's Keep-Alive hint runs out, and a reused one is
