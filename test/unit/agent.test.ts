@@ -18,14 +18,14 @@ let server: http.Server;
 let port: number;
 /**
  * requests to /hang are never answered; /hint answers with a Keep-Alive hint of 2 s;
- * /trickle sends ten bytes 50 ms apart
+ * /trickle sends twenty bytes 50 ms apart
  */
 before(async () => {
   server = http.createServer((req, res) => {
     req.resume();
     if (req.url === '/hang') return;
     if (req.url === '/hint') res.setHeader('keep-alive', 'timeout=2');
-    if (req.url === '/trickle') return void trickle(res, 'abcdefghij');
+    if (req.url === '/trickle') return void trickle(res, 'abcdefghijklmnopqrst');
     req.on('end', () => res.end(`port ${port}`));
   });
   server.listen(0, '127.0.0.1');
@@ -142,11 +142,12 @@ describe('upstream agent', () => {
   });
 
   test('a busy socket whose bytes keep coming is not timed out, however long the response takes', async () => {
-    const agent = createUpstreamAgent({ tls: false, timeoutMs: 150 });
+    // the timeout is eight gaps long, so only a stall of that length could fail this test
+    const agent = createUpstreamAgent({ tls: false, timeoutMs: 400 });
     const started = performance.now();
     const got = await get(agent, { path: '/trickle' });
-    assert.ok(performance.now() - started >= 450, 'the response took three timeouts');
-    assert.equal(got.body, 'abcdefghij');
+    assert.ok(performance.now() - started >= 900, 'the response took more than two timeouts');
+    assert.equal(got.body, 'abcdefghijklmnopqrst');
     agent.destroy();
   });
 
