@@ -62,14 +62,25 @@ const watches = new WeakMap<Duplex, Watch>();
 let lastHint: string | null = null;
 let lastHintMs = Infinity;
 
+/** The first Keep-Alive line's value among raw header lines, or null. */
+function keepAliveLine(raw: readonly string[]): string | null {
+  // From the raw lines, not `headers`: that object is built on first use, and building it
+  // for this one line cost more than all the rest of the hint's handling.
+  for (let i = 0; i < raw.length; i += 2) {
+    const name = raw[i]!;
+    if (name.length === 10 && name.toLowerCase() === 'keep-alive') return raw[i + 1]!;
+  }
+  return null;
+}
+
 /**
  * Tells the socket's agent what the upstream's response said of idle connections (its
  * Keep-Alive header): the socket then goes back to the pool for at most that long. Called
  * with each upstream response; a response without the header leaves the last hint in force.
  */
 export function noteKeepAlive(res: IncomingMessage): void {
-  const hint = res.headers['keep-alive'];
-  if (typeof hint !== 'string') return;
+  const hint = keepAliveLine(res.rawHeaders);
+  if (hint === null) return;
   const w = res.socket && watches.get(res.socket);
   if (!w) return;
   if (hint !== lastHint) {
