@@ -141,7 +141,11 @@ async function againstOther(variants: string[], url: string, dir: string): Promi
       }
     }
   }
-  const med = (xs: number[]): number => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)]!;
+  const med = (xs: number[]): number => {
+    const s = [...xs].sort((a, b) => a - b);
+    const h = Math.floor(s.length / 2);
+    return s.length % 2 === 1 ? s[h]! : (s[h - 1]! + s[h]!) / 2;
+  };
   const n = (x: number): string => Math.round(x).toLocaleString('en-US');
   process.stdout.write(`user-space instructions per request (callgrind, ${REQUESTS} requests after ${WARMUP}), ${PAIRS} alternating runs of each tree; other: ${OTHER}\n`);
   process.stdout.write(`${'variant'.padEnd(24)}${'other'.padStart(12)}${'this'.padStart(12)}${'difference'.padStart(12)}  runs (other; this)\n`);
