@@ -123,6 +123,11 @@ function guarded<B extends AgentClass>(Base: B, timeoutMs: number) {
       }
     }
 
+    #stopSweep(): void {
+      if (this.#sweeper) clearInterval(this.#sweeper);
+      this.#sweeper = null;
+    }
+
     #watch(socket: Socket): void {
       const w: Watch = { busy: true, idleMs: Infinity, seenBusy: true, read: 0, written: 0, quietSince: performance.now() };
       watches.set(socket, w);
@@ -136,10 +141,7 @@ function guarded<B extends AgentClass>(Base: B, timeoutMs: number) {
       });
       socket.once('close', () => {
         this.#live.delete(socket);
-        if (this.#live.size === 0 && this.#sweeper) {
-          clearInterval(this.#sweeper);
-          this.#sweeper = null;
-        }
+        if (this.#live.size === 0) this.#stopSweep();
       });
       this.#sweeper ??= setInterval(() => this.#sweep(), sweepMs).unref();
     }
@@ -166,8 +168,7 @@ function guarded<B extends AgentClass>(Base: B, timeoutMs: number) {
 
     override destroy(): void {
       super.destroy();
-      if (this.#sweeper) clearInterval(this.#sweeper);
-      this.#sweeper = null;
+      this.#stopSweep();
     }
   };
 }
