@@ -114,6 +114,29 @@ function plain(v: string): boolean {
   return true;
 }
 
+/**
+ * JSON text of a duration in ms rounded to µs (`Math.round(ms * 1000) / 1000`), the same
+ * text as `String(ms)`, made from integers: formatting a fraction goes through V8's
+ * shortest-digits search, which cost more than the rest of the two fields. Anything else
+ * (null, negative, past 23 days, more digits) is left to `String`.
+ */
+export function msText(ms: number | null): string {
+  if (ms === null) return 'null';
+  const us = Math.round(ms * 1000);
+  if (!(us >= 0 && us < 2e12) || us / 1000 !== ms) return String(ms);
+  const whole = (us / 1000) | 0;
+  let frac = us - whole * 1000;
+  if (frac === 0) return String(whole);
+  let digits = 3;
+  while (frac % 10 === 0) {
+    frac /= 10;
+    digits--;
+  }
+  // the fraction's leading zeros: 0.005 is 5 in three digits, 0.05 is 5 in two
+  const zeros = digits - (frac < 10 ? 1 : frac < 100 ? 2 : 3);
+  return `${whole}${zeros === 0 ? '.' : zeros === 1 ? '.0' : '.00'}${frac}`;
+}
+
 /** JSON text of a string field, or null. */
 const str = (v: string | null): string => (v === null ? 'null' : plain(v) ? `"${v}"` : JSON.stringify(v));
 
@@ -147,7 +170,7 @@ function lineFormat(extra: string): (l: AccessLine) => string {
     `"key_kind":${f.keyKind(l.key_kind)},"project_id":${f.projectId(l.project_id)},"user_id":${f.userId(l.user_id)},"model":${f.model(l.model)},` +
     `"routing":${f.routing(l.routing)},"app_name":${f.appName(l.app_name)},"app_url":${f.appUrl(l.app_url)},"input_tokens":${l.input_tokens},` +
     `"output_tokens":${l.output_tokens},"usage_estimated":${l.usage_estimated},` +
-    `"client_ip":${f.clientIp(l.client_ip)},"api_version":${f.apiVersion(l.api_version)},"duration_ms":${l.duration_ms},"upstream_ms":${l.upstream_ms},` +
+    `"client_ip":${f.clientIp(l.client_ip)},"api_version":${f.apiVersion(l.api_version)},"duration_ms":${msText(l.duration_ms)},"upstream_ms":${msText(l.upstream_ms)},` +
     `${l.shadow.length === 0 ? '' : `"shadow":[${l.shadow.map(str).join(',')}],`}"msg":"request"}\n`;
 }
 
