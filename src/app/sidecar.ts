@@ -186,7 +186,7 @@ async function shutdown(r: Running, graceMs: number): Promise<void> {
 async function adminFor(opts: SidecarOptions, o: { server: Server; metrics: Metrics; notReadyReason: () => string | null }): Promise<AdminServer | null> {
   if (opts.admin === false) return null;
   try {
-    return await startAdmin({ host: opts.config.admin.host, port: opts.config.admin.port, registry: o.metrics.registry, notReadyReason: o.notReadyReason });
+    return await startAdmin({ host: opts.config.admin.host, port: opts.config.admin.port, exposition: o.metrics.exposition, notReadyReason: o.notReadyReason });
   } catch (err) {
     o.server.close();
     throw err;

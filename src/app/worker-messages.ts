@@ -6,6 +6,7 @@
 import type { Worker } from 'node:cluster';
 import type { MetricObjectWithValues, MetricValue } from 'prom-client';
 import type { Config } from '../config/schema.js';
+import type { DecisionCounts } from '../obs/decision-histogram.js';
 import type { UsageEvent } from '../protocol/usage.js';
 
 /** primary -> worker */
@@ -27,7 +28,8 @@ export type ToPrimary =
   | { type: 'keyward:hello' }
   /** config `generation` is in force in the worker (error: it could not be applied whole) */
   | { type: 'keyward:configured'; generation: number; error?: string }
-  | { type: 'keyward:metrics'; id: number; metrics: MetricObjectWithValues<MetricValue<string>>[] }
+  /** a scrape's answer: the registry's metrics, and the decision histogram's counts kept beside it */
+  | { type: 'keyward:metrics'; id: number; metrics: MetricObjectWithValues<MetricValue<string>>[]; decisions: DecisionCounts }
   /** usage events for the console, in the order the worker produced them */
   | { type: 'keyward:usage'; events: UsageEvent[] }
   /** the worker's view of the replica, at start and after every change: /readyz waits for every worker */

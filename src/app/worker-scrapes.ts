@@ -1,10 +1,12 @@
 /**
  * /metrics of a `serve --workers N` primary: every worker's registry, asked for over IPC,
  * added up with the primary's own (prom-client's aggregation: counters and histograms add
- * up, gauges per their aggregator).
+ * up, gauges per their aggregator), and the workers' decision histograms added up after it.
  */
 import type { Worker } from 'node:cluster';
 import { AggregatorRegistry, type MetricObjectWithValues, type MetricValue, type Registry } from 'prom-client';
+import { addCounts, type DecisionCounts } from '../obs/decision-histogram.js';
+import { withDecisions, type Exposition } from '../obs/metrics.js';
 import { sendTo } from './worker-messages.js';
 
 /** A worker that does not answer a scrape within this is left out of that scrape. */
@@ -17,11 +19,19 @@ const PRIMARY_ONLY = /^keyward_(replica|config)_/;
 
 type MetricsJson = MetricObjectWithValues<MetricValue<string>>[];
 
-/** Renders like a registry, for the admin listener. */
-export class WorkerScrapes {
+/** One worker's answer to a scrape. */
+interface Scrape {
+  metrics: MetricsJson;
+  decisions: DecisionCounts;
+}
+
+const NOTHING: Scrape = { metrics: [], decisions: [] };
+
+/** What the admin listener serves on a primary. */
+export class WorkerScrapes implements Exposition {
   private lastId = 0;
   /** scrapes asked of a worker and not answered yet, by id */
-  private readonly pending = new Map<number, (m: MetricsJson) => void>();
+  private readonly pending = new Map<number, (s: Scrape) => void>();
 
   constructor(private readonly o: { own: Registry; workers: () => Iterable<Worker> }) {}
 
@@ -32,29 +42,30 @@ export class WorkerScrapes {
   async metrics(): Promise<string> {
     const fromWorkers = await Promise.all([...this.o.workers()].map((w) => this.ask(w)));
     const own = await this.o.own.getMetricsAsJSON();
-    const parts = [own, ...fromWorkers.map((m) => m.filter((metric) => !PRIMARY_ONLY.test(metric.name)))];
-    return AggregatorRegistry.aggregate(parts).metrics();
+    const parts = [own, ...fromWorkers.map((s) => s.metrics.filter((metric) => !PRIMARY_ONLY.test(metric.name)))];
+    // The primary forwards nothing, so the decisions are the workers' alone.
+    return withDecisions(AggregatorRegistry.aggregate(parts), addCounts(fromWorkers.map((s) => s.decisions)));
   }
 
   /** A worker's answer to scrape `id`. */
-  answered(id: number, metrics: MetricsJson): void {
-    this.pending.get(id)?.(metrics);
+  answered(id: number, scrape: Scrape): void {
+    this.pending.get(id)?.({ metrics: scrape.metrics, decisions: scrape.decisions });
   }
 
   /** One worker's metrics; none when it cannot be asked or does not answer in time. */
-  private ask(w: Worker): Promise<MetricsJson> {
+  private ask(w: Worker): Promise<Scrape> {
     const id = ++this.lastId;
     return new Promise((resolve) => {
       const timer = setTimeout(() => {
         this.pending.delete(id);
-        resolve([]);
+        resolve(NOTHING);
       }, SCRAPE_TIMEOUT_MS);
       this.pending.set(id, (m) => {
         clearTimeout(timer);
         this.pending.delete(id);
         resolve(m);
       });
-      sendTo(w, { type: 'keyward:metrics', id }, () => this.pending.get(id)?.([]));
+      sendTo(w, { type: 'keyward:metrics', id }, () => this.pending.get(id)?.(NOTHING));
     });
   }
 }

@@ -140,10 +140,11 @@ class WorkerProcess {
 
   private answerScrape(id: number): void {
     // not started yet: nothing counted
-    if (this.sidecar === null) return void send({ type: 'keyward:metrics', id, metrics: [] });
-    this.sidecar.metrics.registry.getMetricsAsJSON().then(
-      (metrics) => send({ type: 'keyward:metrics', id, metrics }),
-      () => send({ type: 'keyward:metrics', id, metrics: [] }),
+    if (this.sidecar === null) return void send({ type: 'keyward:metrics', id, metrics: [], decisions: [] });
+    const { registry, decisionCounts } = this.sidecar.metrics;
+    registry.getMetricsAsJSON().then(
+      (metrics) => send({ type: 'keyward:metrics', id, metrics, decisions: decisionCounts() }),
+      () => send({ type: 'keyward:metrics', id, metrics: [], decisions: decisionCounts() }),
     );
   }
 }

@@ -169,7 +169,7 @@ class Workers {
     else if (msg.type === 'keyward:configured') this.configs.confirmed(w, msg.generation, msg.error);
     else if (msg.type === 'keyward:usage') {
       if (this.o.usage) for (const e of msg.events) this.o.usage.push(e);
-    } else if (msg.type === 'keyward:metrics') this.scrapes.answered(msg.id, msg.metrics);
+    } else if (msg.type === 'keyward:metrics') this.scrapes.answered(msg.id, msg);
     else if (msg.type === 'keyward:replica') this.ready.set(w.id, msg.ready);
     else if (msg.type === 'keyward:drained') this.drained.get(w.id)?.();
   }
@@ -210,7 +210,7 @@ export async function startWorkers(opts: WorkersOptions): Promise<WorkerPool> {
   const admin = await startAdmin({
     host: config.admin.host,
     port: config.admin.port,
-    registry: workers.scrapes,
+    exposition: workers.scrapes,
     notReadyReason: () => workers.notReadyReason(replica.status().ready),
   });
   // Workers poll the file every 200 ms; after the primary's own writes they need not wait for it.

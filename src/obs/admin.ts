@@ -3,13 +3,13 @@
  * proxy port, so a route table mistake cannot expose it.
  */
 import { createServer, type Server } from 'node:http';
-import type { Registry } from 'prom-client';
+import type { Exposition } from './metrics.js';
 
 export interface AdminOptions {
   host: string;
   port: number;
-  /** a registry, or anything that renders like one (the cluster primary's aggregate of its workers) */
-  registry: Pick<Registry, 'metrics' | 'contentType'>;
+  /** what /metrics serves: this process's metrics, or the cluster primary's sum of its workers' */
+  exposition: Exposition;
   /** null when ready, else why not (replica never synced, draining) */
   notReadyReason: () => string | null;
 }
@@ -35,8 +35,8 @@ export async function startAdmin(opts: AdminOptions): Promise<AdminServer> {
       return reason === null ? send(res, 200, '{"status":"ready"}') : send(res, 503, JSON.stringify({ status: 'not_ready', reason }));
     }
     if (path === '/metrics') {
-      opts.registry.metrics().then(
-        (text) => send(res, 200, text, opts.registry.contentType),
+      opts.exposition.metrics().then(
+        (text) => send(res, 200, text, opts.exposition.contentType),
         (err: Error) => send(res, 500, JSON.stringify({ error: err.message })),
       );
       return;

@@ -1,9 +1,11 @@
 /**
  * Prometheus metrics (DESIGN section 9). Request counts are plain numbers that prom-client
  * reads at scrape time through `collect()`; gauges of the adapters are read the same way,
- * through `sources`, so the adapters stay free of metric code.
+ * through `sources`, so the adapters stay free of metric code. The decision histogram is
+ * kept and written by decision-histogram.ts, after the registry's own metrics.
  */
-import { Counter, Gauge, Histogram, Registry, collectDefaultMetrics } from 'prom-client';
+import { Counter, Gauge, Registry, collectDefaultMetrics } from 'prom-client';
+import { DecisionHistogram, decisionText, type DecisionCounts, type Outcome } from './decision-histogram.js';
 
 export interface MetricSources {
   replica: () => { version: number | null; appliedAt: number | null };
@@ -26,12 +28,28 @@ export interface ConfigStatus {
   hash: string;
 }
 
+/** What /metrics serves: the registry's metrics and the decision histogram, as one text. */
+export interface Exposition {
+  readonly contentType: Registry['contentType'];
+  metrics(): Promise<string>;
+}
+
+/** The registry's text (prom-client's Prometheus format, ending in a newline) with the decision histogram after it. */
+export async function withDecisions(registry: Registry, counts: DecisionCounts): Promise<string> {
+  return `${await registry.metrics()}\n${decisionText(counts)}\n`;
+}
+
 export interface Metrics {
+  /** every metric but keyward_decision_seconds */
   registry: Registry;
+  /** what /metrics serves */
+  exposition: Exposition;
+  /** keyward_decision_seconds so far, for a `serve --workers N` primary to add up */
+  decisionCounts(): DecisionCounts;
   /** one finished request */
   request(route: string, status: number, code: string): void;
   /** seconds from arrival to allow/deny */
-  decision(outcome: 'allow' | 'deny', seconds: number): void;
+  decision(outcome: Outcome, seconds: number): void;
   /** one request's would-be refusals by shadowed checks, each code once (DESIGN section 12) */
   shadowDenials(codes: readonly string[]): void;
   /**
@@ -42,8 +60,6 @@ export interface Metrics {
   /** Adds the config metrics, read from `read` at scrape time: only where the config file is read. */
   trackConfig(read: () => ConfigStatus): void;
 }
-
-type Outcome = 'allow' | 'deny';
 
 /**
  * A gauge or counter that mirrors a figure an adapter keeps, read at scrape time. For a
@@ -107,18 +123,6 @@ function shadowCounts(registry: Registry): Map<string, number> {
     },
   });
   return counts;
-}
-
-/** keyward_decision_seconds, one child per outcome made once rather than a labels object per request. */
-function decisionTimes(registry: Registry): Record<Outcome, Histogram.Internal<'outcome'>> {
-  const decisions = new Histogram({
-    name: 'keyward_decision_seconds',
-    help: 'Time from request arrival to the allow/deny decision',
-    labelNames: ['outcome'] as const,
-    buckets: [0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.1, 0.5],
-    registers: [registry],
-  });
-  return { allow: decisions.labels({ outcome: 'allow' }), deny: decisions.labels({ outcome: 'deny' }) };
 }
 
 /** The adapters' figures: replica, sync, limiter, usage pusher and tracer. */
@@ -197,14 +201,22 @@ export function createMetrics(sources: MetricSources): Metrics {
   // prom-client's names already start with process_ or nodejs_: keyward_process_cpu_seconds_total, not keyward_process_process_….
   collectDefaultMetrics({ register: registry, prefix: 'keyward_' });
   const countRequest = requestCounts(registry);
-  const byOutcome = decisionTimes(registry);
+  const decisions = new DecisionHistogram();
   const shadowed = shadowCounts(registry);
   mirrorSources(registry, sources);
   return {
     registry,
+    exposition: {
+      // prom-client's default, which nothing here changes: Prometheus' text format
+      get contentType() {
+        return registry.contentType;
+      },
+      metrics: () => withDecisions(registry, decisions.counts()),
+    },
+    decisionCounts: () => decisions.counts(),
     request: countRequest,
     decision(outcome, seconds) {
-      byOutcome[outcome].observe(seconds);
+      decisions.observe(outcome, seconds);
     },
     shadowDenials(codes) {
       for (const code of codes) shadowed.set(code, (shadowed.get(code) ?? 0) + 1);

@@ -85,6 +85,7 @@ async function metric(name: string): Promise<number> {
   return line ? Number(line.slice(name.length + 1)) : 0;
 }
 const served200 = 'keyward_requests_total{route="chat.completions",status="200",code=""}';
+const allowed = 'keyward_decision_seconds_count{outcome="allow"}';
 
 before(async () => {
   dir = mkdtempSync(join(tmpdir(), 'kw-workers-'));
@@ -110,6 +111,7 @@ after(async () => {
 describe('serve --workers 2', () => {
   test('two workers answer on one port, and /metrics on the admin port counts the requests of both', async () => {
     const before200 = await metric(served200);
+    const beforeAllowed = await metric(allowed);
     assert.equal(await metric('keyward_workers'), 2);
     // send() opens a new connection per request, and the cluster hands connections out in turn
     const rs = await Promise.all(Array.from({ length: 8 }, () => chat(secrets.k_open)));
@@ -118,6 +120,8 @@ describe('serve --workers 2', () => {
     const workers = new Set(access().filter((l) => l.key_id === 'k_open').map((l) => l.worker));
     assert.equal(workers.size, 2, `requests were served by workers ${[...workers].join(', ')}`);
     assert.equal((await metric(served200)) - before200, 8);
+    // each worker keeps its own decision histogram; the primary adds them up
+    assert.equal((await metric(allowed)) - beforeAllowed, 8);
   });
 
   test('one RPM limit in Redis holds across both workers: 8 at once with rpm 5 admit exactly 5', async () => {

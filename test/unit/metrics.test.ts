@@ -1,12 +1,14 @@
 /**
- * The decision histogram keeps one prom-client child per outcome (src/obs/metrics.ts).
- * These tests hold the exposition it produces to that of a plain prom-client Histogram fed
- * the same observations, so a change to how it is kept, or a prom-client upgrade, that
- * alters what a scrape shows fails here, not in a dashboard.
+ * The decision histogram is counted in plain numbers and written by keyward
+ * (src/obs/decision-histogram.ts). These tests hold what it writes to what a plain
+ * prom-client Histogram fed the same observations writes, alone and added up across
+ * workers, so a change to how it is kept, or a prom-client upgrade, that alters what a
+ * scrape shows fails here, not in a dashboard.
  */
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
-import { Histogram, Registry } from 'prom-client';
+import { AggregatorRegistry, Histogram, Registry } from 'prom-client';
+import { addCounts, decisionText } from '../../src/obs/decision-histogram.js';
 import { createMetrics } from '../../src/obs/metrics.js';
 
 const sources = {
@@ -36,10 +38,7 @@ const ROUND_2: ['allow' | 'deny', number][] = [['allow', 0.01], ['deny', 0.00002
 test('the decision histogram scrapes exactly as a prom-client histogram fed the same values, across scrapes', async () => {
   const m = createMetrics(sources);
   const ref = reference();
-  const scrape = async () => [
-    await m.registry.getSingleMetricAsString('keyward_decision_seconds'),
-    await ref.registry.getSingleMetricAsString('keyward_decision_seconds'),
-  ];
+  const scrape = async () => [decisionText(m.decisionCounts()), await ref.registry.getSingleMetricAsString('keyward_decision_seconds')];
   const [empty] = await scrape();
   assert.doesNotMatch(empty!, /outcome=/, 'no label set before the first decision');
   for (const round of [ROUND_1, ROUND_2]) {
@@ -55,6 +54,26 @@ test('the decision histogram scrapes exactly as a prom-client histogram fed the 
   assert.equal(again, theirs);
   assert.match(again!, /keyward_decision_seconds_count\{outcome="allow"\} 7/);
   assert.match(again!, /keyward_decision_seconds_bucket\{le="\+Inf",outcome="deny"\} 3/);
+  // What /metrics serves: the registry's metrics, then the histogram, each block apart.
+  const served = await m.exposition.metrics();
+  assert.ok(served.endsWith(`\n\n${again}\n`), 'the histogram closes the exposition');
+  assert.match(served, /^# TYPE keyward_requests_total counter$/m);
+  assert.equal(m.exposition.contentType, m.registry.contentType);
+});
+
+test('workers\' decision histograms add up as prom-client adds up their histograms', async () => {
+  const [w1, w2] = [createMetrics(sources), createMetrics(sources)];
+  const [r1, r2] = [reference(), reference()];
+  for (const [outcome, s] of ROUND_1) {
+    w1.decision(outcome, s);
+    r1.hist.observe({ outcome }, s);
+  }
+  for (const [outcome, s] of [...ROUND_2, ...ROUND_1.slice(2)]) {
+    w2.decision(outcome, s);
+    r2.hist.observe({ outcome }, s);
+  }
+  const theirs = AggregatorRegistry.aggregate([await r1.registry.getMetricsAsJSON(), await r2.registry.getMetricsAsJSON()]);
+  assert.equal(decisionText(addCounts([w1.decisionCounts(), w2.decisionCounts(), []])), await theirs.getSingleMetricAsString('keyward_decision_seconds'));
 });
 
 test('requests are counted by route, status and code', async () => {
