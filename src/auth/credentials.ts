@@ -9,6 +9,7 @@ export type CredentialRule = 'bearer' | 'messages';
 
 export type Extracted = { ok: true; key: string; header: 'authorization' | 'x-api-key' } | { ok: false; denial: Denial };
 
+const BEARER = /^bearer[ \t]+(.*)$/i;
 
 interface Found {
   authorization: string[];
@@ -27,49 +28,16 @@ function collect(rawHeaders: readonly string[]): Found {
   return found;
 }
 
-export type Bearer = { kind: 'key'; key: string } | { kind: 'none' } | { kind: 'other-scheme' };
+type Bearer = { kind: 'key'; key: string } | { kind: 'none' } | { kind: 'other-scheme' };
 
-const NO_BEARER: Bearer = Object.freeze({ kind: 'none' });
-const OTHER_SCHEME: Bearer = Object.freeze({ kind: 'other-scheme' });
-
-/** Whether `v` starts with `bearer` in any ASCII letter case (setting bit 5 lower-cases a letter and changes no other byte into one). */
-function saysBearer(v: string): boolean {
-  return (
-    v.length >= 6 &&
-    (v.charCodeAt(0) | 0x20) === 0x62 &&
-    (v.charCodeAt(1) | 0x20) === 0x65 &&
-    (v.charCodeAt(2) | 0x20) === 0x61 &&
-    (v.charCodeAt(3) | 0x20) === 0x72 &&
-    (v.charCodeAt(4) | 0x20) === 0x65 &&
-    (v.charCodeAt(5) | 0x20) === 0x72
-  );
-}
-
-/** Whether `s` holds a line terminator (what a regular expression's `.` does not match). */
-function breaksLine(s: string): boolean {
-  for (let i = 0; i < s.length; i++) {
-    const c = s.charCodeAt(i);
-    if (c === 0x0a || c === 0x0d || c === 0x2028 || c === 0x2029) return true;
-  }
-  return false;
-}
-
-/**
- * An Authorization value read as `bearer`, one or more spaces or tabs, then the key (the
- * pattern /^bearer[ \t]+(.*)$/i on the trimmed value, written out: it runs on every request).
- */
-export function parseBearer(value: string | undefined): Bearer {
-  if (value === undefined) return NO_BEARER;
+function parseBearer(value: string | undefined): Bearer {
+  if (value === undefined) return { kind: 'none' };
   const v = value.trim();
-  if (v === '') return NO_BEARER;
-  if (!saysBearer(v)) return OTHER_SCHEME;
-  if (v.length === 6) return NO_BEARER; // the scheme alone
-  const gap = v.charCodeAt(6);
-  if (gap !== 0x20 && gap !== 0x09) return OTHER_SCHEME;
-  const rest = v.slice(7);
-  if (breaksLine(rest)) return OTHER_SCHEME;
-  const key = rest.trim();
-  return key === '' ? NO_BEARER : { kind: 'key', key };
+  if (v === '') return { kind: 'none' };
+  const m = BEARER.exec(v);
+  if (!m) return /^bearer$/i.test(v) ? { kind: 'none' } : { kind: 'other-scheme' };
+  const key = m[1]!.trim();
+  return key === '' ? { kind: 'none' } : { kind: 'key', key };
 }
 
 type ConflictVariant = 'two_authorization' | 'two_x_api_key' | 'other_scheme' | undefined;
@@ -77,17 +45,13 @@ type MissingVariant = 'messages' | 'not_bearer' | 'not_bearer_messages' | 'x_api
 const conflict = (variant: ConflictVariant) => ({ ok: false as const, denial: deny('conflicting_api_keys', variant ? { variant } : {}) });
 const missing = (variant: MissingVariant) => ({ ok: false as const, denial: deny('missing_api_key', variant ? { variant } : {}) });
 
-function isAscii(s: string): boolean {
-  for (let i = 0; i < s.length; i++) if (s.charCodeAt(i) > 0x7f) return false;
-  return true;
-}
-
 /**
  * The key as the client's bytes spell it in UTF-8: Node reads header values as latin1, one
  * character a byte, so a key with characters outside ASCII arrives spelled otherwise.
  */
 function utf8Key(e: Extracted): Extracted {
-  if (!e.ok || isAscii(e.key)) return e;
+  // eslint-disable-next-line no-control-regex
+  if (!e.ok || !/[^\x00-\x7f]/.test(e.key)) return e;
   return { ok: true, key: Buffer.from(e.key, 'latin1').toString('utf8'), header: e.header };
 }
 
