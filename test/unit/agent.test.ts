@@ -53,7 +53,8 @@ function trickle(res: http.ServerResponse, text: string): void {
 function get(agent: http.Agent, o: { to?: number; path?: string; keepAlive?: boolean } = {}): Promise<{ socket: Socket; reused: boolean; body: string }> {
   return new Promise((resolve, reject) => {
     const req = http.request({ host: '127.0.0.1', port: o.to ?? port, path: o.path ?? '/', agent }, (res) => {
-      if (o.keepAlive) noteKeepAlive(res);
+      const hint = res.headers['keep-alive'];
+      if (o.keepAlive) noteKeepAlive(res.socket, typeof hint === 'string' ? hint : null);
       const socket = req.socket as Socket;
       let body = '';
       res.setEncoding('latin1');

@@ -21,7 +21,7 @@
  * An idle one is closed quietly after `timeoutMs`, or sooner when the upstream's last
  * `Keep-Alive: timeout=N` hint says it closes idle connections sooner (`noteKeepAlive`).
  */
-import http, { type IncomingMessage } from 'node:http';
+import http from 'node:http';
 import https from 'node:https';
 import type { Socket } from 'node:net';
 import type { Duplex } from 'node:stream';
@@ -62,26 +62,17 @@ const watches = new WeakMap<Duplex, Watch>();
 let lastHint: string | null = null;
 let lastHintMs = Infinity;
 
-/** The first Keep-Alive line's value among raw header lines, or null. */
-function keepAliveLine(raw: readonly string[]): string | null {
-  // From the raw lines, not `headers`: that object is built on first use, and building it
-  // for this one line cost more than all the rest of the hint's handling.
-  for (let i = 0; i < raw.length; i += 2) {
-    const name = raw[i]!;
-    if (name.length === 10 && name.toLowerCase() === 'keep-alive') return raw[i + 1]!;
-  }
-  return null;
-}
-
 /**
- * Tells the socket's agent what the upstream's response said of idle connections (its
- * Keep-Alive header): the socket then goes back to the pool for at most that long. Called
- * with each upstream response; a response without the header leaves the last hint in force.
+ * Tells the socket's agent what the upstream's response on it said of idle connections
+ * (its first Keep-Alive line, which the relay's pass over the raw lines finds: Node's
+ * header object is built on first use, and building it for this one line cost more than
+ * all the rest of the hint's handling). The socket then goes back to the pool for at most
+ * that long. Called with each upstream response; one without the header (null) leaves the
+ * last hint in force.
  */
-export function noteKeepAlive(res: IncomingMessage): void {
-  const hint = keepAliveLine(res.rawHeaders);
+export function noteKeepAlive(socket: Duplex | null, hint: string | null): void {
   if (hint === null) return;
-  const w = res.socket && watches.get(res.socket);
+  const w = socket && watches.get(socket);
   if (!w) return;
   if (hint !== lastHint) {
     const seconds = /^\s*timeout=(\d+)/i.exec(hint)?.[1];

@@ -140,8 +140,8 @@ export function createForwarder(opts: ForwarderOptions): Forwarder {
   const drops = responseDrops(opts.replacedResponseHeaders ?? []);
   proxy.on('proxyRes', (proxyRes, req, res) => {
     const server = res as ServerResponse;
-    noteKeepAlive(proxyRes);
     const head = new ResponseHead(proxyRes, drops);
+    noteKeepAlive(proxyRes.socket, head.keepAlive);
     // The client's own connection decides keep-alive (the upstream's Connection is its
     // own); an HTTP/1.0 client is answered `close`, as http-proxy-3 answers it.
     head.add('connection', req.httpVersion === '1.0' || !server.shouldKeepAlive ? 'close' : 'keep-alive');

@@ -27,6 +27,8 @@ export const responseDrops = (replaced: readonly string[]): NameSet => new NameS
 export class ResponseHead {
   /** name, value, name, value, ... with names in lower case: what writeHead takes */
   readonly lines: string[] = [];
+  /** the upstream's first Keep-Alive line (hop-by-hop, so not relayed), for its agent */
+  readonly keepAlive: string | null = null;
 
   /** `drops`: the names not relayed (responseDrops) */
   constructor(proxyRes: IncomingMessage, drops: NameSet) {
@@ -38,6 +40,7 @@ export class ResponseHead {
         const tokens = connectionTokens(raw[i + 1]!);
         if (tokens.length > 0) (named ??= []).push(...tokens);
       }
+      if (name === 'keep-alive') this.keepAlive ??= raw[i + 1]!;
       if (drops.has(name)) continue;
       this.lines.push(name, raw[i + 1]!);
     }
