@@ -49,7 +49,7 @@ export class WorkerScrapes implements Exposition {
 
   /** A worker's answer to scrape `id`. */
   answered(id: number, scrape: Scrape): void {
-    this.pending.get(id)?.({ metrics: scrape.metrics, decisions: scrape.decisions });
+    this.pending.get(id)?.(scrape);
   }
 
   /** One worker's metrics; none when it cannot be asked or does not answer in time. */

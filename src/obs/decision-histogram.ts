@@ -10,9 +10,9 @@
 
 export type Outcome = 'allow' | 'deny';
 
-export const DECISION_NAME = 'keyward_decision_seconds';
+const DECISION_NAME = 'keyward_decision_seconds';
 const HELP = 'Time from request arrival to the allow/deny decision';
-export const DECISION_BOUNDS: readonly number[] = [0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.1, 0.5];
+const DECISION_BOUNDS: readonly number[] = [0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.1, 0.5];
 
 /** One outcome's counts: `buckets[i]` holds the values in (bound i-1, bound i]; larger ones are only in `count`. */
 export interface OutcomeCounts {
@@ -70,9 +70,6 @@ export function addCounts(parts: readonly DecisionCounts[]): DecisionCounts {
   return total;
 }
 
-/** A sample's value as prom-client writes it. */
-const value = (v: number): string => (Number.isNaN(v) ? 'Nan' : v === Infinity ? '+Inf' : v === -Infinity ? '-Inf' : `${v}`);
-
 /** The histogram in Prometheus' text format, without a final newline (prom-client's layout). */
 export function decisionText(counts: DecisionCounts): string {
   const lines = [`# HELP ${DECISION_NAME} ${HELP}`, `# TYPE ${DECISION_NAME} histogram`];
@@ -81,11 +78,13 @@ export function decisionText(counts: DecisionCounts): string {
     let below = 0;
     DECISION_BOUNDS.forEach((bound, i) => {
       below += c.buckets[i]!;
-      lines.push(`${DECISION_NAME}_bucket{le="${bound}",${label}} ${value(below)}`);
+      lines.push(`${DECISION_NAME}_bucket{le="${bound}",${label}} ${below}`);
     });
-    lines.push(`${DECISION_NAME}_bucket{le="+Inf",${label}} ${value(c.count)}`);
-    lines.push(`${DECISION_NAME}_sum{${label}} ${value(c.sum)}`);
-    lines.push(`${DECISION_NAME}_count{${label}} ${value(c.count)}`);
+    // Counts and sum are finite (observe drops anything else): written as JavaScript
+    // writes a number, as prom-client writes them.
+    lines.push(`${DECISION_NAME}_bucket{le="+Inf",${label}} ${c.count}`);
+    lines.push(`${DECISION_NAME}_sum{${label}} ${c.sum}`);
+    lines.push(`${DECISION_NAME}_count{${label}} ${c.count}`);
   }
   return lines.join('\n');
 }
