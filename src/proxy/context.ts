@@ -5,7 +5,7 @@
 import type { IncomingMessage } from 'node:http';
 import { randomUUID } from 'node:crypto';
 import type { AccessLine } from '../obs/logger.js';
-import type { RequestSpan, SpanFacts } from '../obs/tracing/sink.js';
+import type { RequestSpan, SpanFacts } from '../obs/tracing/span.js';
 import type { Hold, Lease, Quota } from '../limits/limiter.js';
 import type { Price } from '../policy/pricing.js';
 import { classify, type Route } from '../routes.js';

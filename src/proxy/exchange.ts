@@ -11,7 +11,7 @@ import { deny } from '../errors.js';
 import type { LogSink } from '../log.js';
 import type { AccessWriter } from '../obs/logger.js';
 import type { Metrics } from '../obs/metrics.js';
-import type { SpanSource } from '../obs/tracing/sink.js';
+import type { SpanSource } from '../obs/tracing/span.js';
 import type { KeyFacts } from '../policy/facts.js';
 import type { UsageEvent } from '../protocol/usage.js';
 import { watchBodyIdle } from './body/idle.js';

@@ -13,7 +13,7 @@ import { configSchema, type Config } from '../../src/config/schema.js';
 import type { Limiter } from '../../src/limits/limiter.js';
 import { createLogger } from '../../src/obs/logger.js';
 import { startSidecar, type Sidecar } from '../../src/app/sidecar.js';
-import type { TraceTuning } from '../../src/obs/tracing/sink.js';
+import type { TraceTuning } from '../../src/obs/tracing/span.js';
 import type { AlertTuning } from '../../src/obs/alerts/alerts.js';
 import { ReplicaStore } from '../../src/replica/store.js';
 import type { KeyRecord, SyncRecord } from '../../src/protocol/records.js';

@@ -10,7 +10,7 @@ import { ExportResultCode, type ExportResult } from '@opentelemetry/core';
 import { AlwaysOnSampler, BatchSpanProcessor, ParentBasedSampler, TracerProvider, type ReadableSpan, type SpanExporter } from '@opentelemetry/sdk-trace';
 import { countedExport } from '../../src/obs/tracing/counting.js';
 import { quiet } from '../../src/log.js';
-import type { SinkEvents } from '../../src/obs/tracing/sink.js';
+import type { SinkEvents } from '../../src/obs/tracing/span.js';
 
 /** A collector that answers each batch when the test says so. */
 class HeldExporter implements SpanExporter {

@@ -9,7 +9,8 @@ import { ConfigError, parseConfigText } from '../../src/config/load.js';
 import { configSchema } from '../../src/config/schema.js';
 import { outgoingHeaders } from '../../src/proxy/upstream/header-lines.js';
 import { quiet } from '../../src/log.js';
-import { Traces, traceTuningFromEnv, type RequestSpan, type SinkFactory, type SpanFacts, type TraceSink, type TracingConfig } from '../../src/obs/tracing/sink.js';
+import { Traces, traceTuningFromEnv } from '../../src/obs/tracing/sink.js';
+import type { RequestSpan, SinkFactory, SpanFacts, TraceSink, TracingConfig } from '../../src/obs/tracing/span.js';
 
 const MINIMAL = 'upstreams:\n  default:\n    url: http://127.0.0.1:4000\n';
 const parse = (text: string, env: Record<string, string> = {}) => parseConfigText({ text, file: 'kw.yaml', schema: configSchema, env });

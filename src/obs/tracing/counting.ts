@@ -13,7 +13,7 @@
 import { TraceFlags, type Context } from '@opentelemetry/api';
 import { ExportResultCode, type ExportResult } from '@opentelemetry/core';
 import type { ReadableSpan, Span, SpanExporter, SpanProcessor } from '@opentelemetry/sdk-trace';
-import type { SinkEvents } from './sink.js';
+import type { SinkEvents } from './span.js';
 
 /** The exporter as the batch processor calls it: each batch leaves the queue, and a failed one is counted. */
 class CountingExporter implements SpanExporter {

@@ -19,7 +19,7 @@ import { OTLPTraceExporter } from '@opentelemetry/exporter-trace-otlp-http';
 import { defaultResource, detectResources, resourceAttributesEnvDetector, resourceFromAttributes, serviceNameEnvDetector } from '@opentelemetry/resources';
 import { BatchSpanProcessor, ParentBasedSampler, TraceIdRatioBasedSampler, TracerProvider } from '@opentelemetry/sdk-trace';
 import { countedExport } from './counting.js';
-import type { RequestSpan, SinkEvents, SinkFactory, SpanFacts, TraceSink, TraceTuning, TracingConfig } from './sink.js';
+import type { RequestSpan, SinkEvents, SinkFactory, SpanFacts, TraceSink, TraceTuning, TracingConfig } from './span.js';
 
 const PROPAGATOR = new W3CTraceContextPropagator();
 

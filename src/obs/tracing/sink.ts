@@ -7,73 +7,8 @@
  * OpenTelemetry: the SDK is loaded (otel.ts) only when `tracing` is configured.
  */
 import type { IncomingHttpHeaders } from 'node:http';
-import type { Config } from '../../config/schema.js';
 import type { LogSink } from '../../log.js';
-
-export type TracingConfig = NonNullable<Config['tracing']>;
-
-/** What a request's span carries when it ends: never a key, a key prefix, a hash, a body or a query string. */
-export interface SpanFacts {
-  /** the route's class, null when none was found: the span is named `keyward <class>` (`keyward none`) */
-  routeClass: string | null;
-  method: string;
-  /** without the query */
-  path: string;
-  status: number;
-  route: string | null;
-  /** the denial code */
-  code: string | null;
-  keyId: string | null;
-  projectId: string | null;
-  model: string | null;
-  /** codes of shadowed checks that would have refused (DESIGN section 12) */
-  shadow: readonly string[];
-  /** arrival to allow/deny, null when no decision was reached */
-  decisionMs: number | null;
-  inputTokens: number | null;
-  outputTokens: number | null;
-}
-
-/** One request's span. */
-export interface RequestSpan {
-  /** what the forwarded request's traceparent becomes (keyward's span as parent); null: headers pass unchanged */
-  readonly traceparent: string | null;
-  /** once, when the exchange finishes */
-  end(facts: SpanFacts): void;
-}
-
-/** Where the exchange gets a request's span. */
-export interface SpanSource {
-  /** a span for a request that just arrived, or null when nothing is traced */
-  start(headers: IncomingHttpHeaders): RequestSpan | null;
-}
-
-export interface TraceSink {
-  /** a span for a request that just arrived, child of its W3C traceparent when it has one */
-  start(headers: IncomingHttpHeaders): RequestSpan;
-  /** waits for the spans still open, hands everything to the collector, lets go of the exporter */
-  close(): Promise<void>;
-}
-
-/** Export settings that are not configuration: the SDK's defaults, shortened in tests. */
-export interface TraceTuning {
-  /** one export to the collector, retries included */
-  exportTimeoutMs?: number;
-  /** how long a finished span may wait for its batch */
-  scheduledDelayMs?: number;
-  /** finished spans waiting for export; more are dropped (and counted) */
-  maxQueueSize?: number;
-  maxExportBatchSize?: number;
-}
-
-/** What a sink reports back to the holder, which outlives every sink it holds. */
-export interface SinkEvents {
-  /** spans that will never reach the collector: the queue was full, or their export failed */
-  dropped(spans: number, reason: 'queue_full' | 'export_failed', err?: Error): void;
-  /** a batch reached the collector */
-  exported(): void;
-  log: LogSink;
-}
+import type { RequestSpan, SinkEvents, SinkFactory, SpanSource, TraceSink, TraceTuning, TracingConfig } from './span.js';
 
 /**
  * The batch settings the OpenTelemetry specification names for every SDK's environment
@@ -98,8 +33,6 @@ export function traceTuningFromEnv(env: Record<string, string | undefined>): Tra
 
 const sameConfig = (a: TracingConfig | undefined, b: TracingConfig | undefined): boolean =>
   a === b || (a !== undefined && b !== undefined && a.otlpUrl === b.otlpUrl && a.sampleRatio === b.sampleRatio && a.propagate === b.propagate);
-
-export type SinkFactory = (o: { config: TracingConfig; tuning: TraceTuning; events: SinkEvents }) => TraceSink;
 
 /** Loads the OpenTelemetry SDK on first use: a sidecar without `tracing` never imports it. */
 const loadOtel: () => Promise<SinkFactory> = async () => (await import('./otel.js')).createOtelSink;
