@@ -3,7 +3,8 @@
  * and admin listener from the config and hands them to the exchanges, which own each
  * request's life. Adapters meet only here. Shutdown drains in the order that loses nothing.
  * A reload (DESIGN section 12) puts a new snapshot of the config in force; the adapters
- * built from restart-only settings (listeners, replica, limiter, console clients) stay.
+ * built from restart-only settings (listeners, replica, limiter, console clients) stay, the
+ * limiter taking the new lease term.
  */
 import { createServer, type Server } from 'node:http';
 import { makeKeyHasher } from '../auth/hash.js';
@@ -198,11 +199,12 @@ async function adminFor(opts: SidecarOptions, o: { server: Server; metrics: Metr
  * Puts a config in force for the requests that arrive after it: one at a time, in the order
  * asked, so an earlier config never lands after a later one.
  */
-function reconfigurer(o: { logger: Logger; snapshots: Snapshots; forwarder: Forwarder; alerts: Alerts; traces: Traces }): (next: Config) => Promise<void> {
+function reconfigurer(o: { logger: Logger; snapshots: Snapshots; forwarder: Forwarder; limiter: Limiter; alerts: Alerts; traces: Traces }): (next: Config) => Promise<void> {
   let applying = Promise.resolve();
   return (next) => {
     const done = applying.then(async () => {
       o.logger.level = next.logging.level;
+      o.limiter.setLeaseMs(next.limits.leaseMs);
       o.snapshots.swap(snapshotOf(next, o.forwarder.targets(next.upstreams, o.snapshots.inForce.targets)));
       o.alerts.configure(next.alerts);
       await o.traces.configure(next.tracing);
@@ -255,7 +257,7 @@ export async function startSidecar(opts: SidecarOptions): Promise<Sidecar> {
     metrics,
     traces,
     config: () => snapshots.inForce.config,
-    reconfigure: reconfigurer({ logger, snapshots, forwarder, alerts, traces }),
+    reconfigure: reconfigurer({ logger, snapshots, forwarder, limiter, alerts, traces }),
     alerts,
     close({ graceMs = snapshots.inForce.config.server.shutdownGraceMs } = {}) {
       draining = true;

@@ -5,12 +5,8 @@
  */
 import type { Config } from './schema.js';
 
-/**
- * Settings a reload does not take up: a path names every key under it. `limits.leaseMs`
- * is here because the limiter builds it into its lease timers and stored expiries when it
- * is created, and the limiter is never rebuilt (that would reset every limit).
- */
-export const RESTART_ONLY: readonly string[] = ['server.host', 'server.port', 'admin', 'replica', 'redis', 'console', 'keys', 'limits.leaseMs'];
+/** Settings a reload does not take up: a path names every key under it. */
+export const RESTART_ONLY: readonly string[] = ['server.host', 'server.port', 'admin', 'replica', 'redis', 'console', 'keys'];
 
 export interface ReloadPlan {
   /** `next` with every restart-only setting at its running value: what to put in force */

@@ -82,6 +82,10 @@ function failoverLimiter(cfg: RedisLimitsConfig, local: Limiter, opts: CreateLim
     hold: (input) => holdWithFailover(failover, input),
     ledger: (input) => ledgerWithFailover(failover, input),
     claimOnce: (input) => claimWithFailover(failover, input),
+    setLeaseMs(ms) {
+      shared.setLeaseMs(ms);
+      local.setLeaseMs(ms);
+    },
     stats() {
       const s = shared.stats();
       const l = local.stats();

@@ -23,6 +23,7 @@ export function watchHolds(limiter: Limiter, watcher: HoldWatcher): Limiter {
     peek: (input) => limiter.peek(input),
     ledger: (input) => limiter.ledger(input),
     claimOnce: (input) => limiter.claimOnce(input),
+    setLeaseMs: (ms) => limiter.setLeaseMs(ms),
     stats: () => limiter.stats(),
     close: () => limiter.close(),
     hold(input: HoldInput): Promise<HoldResult> {

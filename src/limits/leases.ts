@@ -1,15 +1,17 @@
 import { randomBytes } from 'node:crypto';
 import { DenseSet } from '../dense-set.js';
+import type { LeaseTerm } from './lease-term.js';
 
 /**
  * Keeps the concurrency leases this instance holds alive. Each lease sits in one or two
  * lease sets (the key's, the route's); while it is live, its expiry is pushed forward every
- * `everyMs`, batched per set, so one call refreshes all of a key's in-flight requests.
- * The timer is unref'd and runs only while leases are held, so it never keeps a process up.
+ * period of the lease term, batched per set, so one call refreshes all of a key's in-flight
+ * requests. The timer is unref'd and runs only while leases are held, so it never keeps a
+ * process up.
  */
 export interface LeaseKeeperOptions {
-  /** Refresh period; 0 disables the timer (tests call refreshNow themselves). */
-  everyMs: number;
+  /** The lifetime each refresh gives and the refresh period; a period of 0 disables the timer (tests call refreshNow themselves). */
+  term: LeaseTerm;
   refresh: (setKey: string, leaseIds: string[]) => Promise<void>;
   onError: (err: unknown) => void;
 }
@@ -43,11 +45,6 @@ export function newLeaseId(): string {
   return leasePrefix + (++leaseCount).toString(36);
 }
 
-/** The default refresh period of live leases and holds: several refreshes fall within one lifetime, so one that fails or comes late does not let a live lease expire. */
-export function defaultRefreshEveryMs(leaseMs: number): number {
-  return Math.floor(leaseMs / 3);
-}
-
 export function createLeaseKeeper(opts: LeaseKeeperOptions): LeaseKeeper {
   return new Keeper(opts);
 }
@@ -64,8 +61,15 @@ class Keeper implements LeaseKeeper {
   private timer: NodeJS.Timeout | null = null;
   private running: Promise<void> | null = null;
   private stopped = false;
+  private readonly tick = (): void => {
+    this.timer = null;
+    void this.refreshNow();
+    this.arm(this.opts.term.refreshEveryMs);
+  };
 
-  constructor(private readonly opts: LeaseKeeperOptions) {}
+  constructor(private readonly opts: LeaseKeeperOptions) {
+    opts.term.onChange((previous) => this.termChanged(previous));
+  }
 
   add(leaseId: string, setKeys: string[]): LeaseTicket {
     if (setKeys.length === 0) return -1;
@@ -105,8 +109,7 @@ class Keeper implements LeaseKeeper {
 
   stop(): void {
     this.stopped = true;
-    if (this.timer) clearInterval(this.timer);
-    this.timer = null;
+    this.disarm();
   }
 
   /** The ids of the live leases, per set. */
@@ -123,12 +126,30 @@ class Keeper implements LeaseKeeper {
   }
 
   private syncTimer(): void {
-    if (this.leases.size > 0 && !this.timer && !this.stopped && this.opts.everyMs > 0) {
-      this.timer = setInterval(() => void this.refreshNow(), this.opts.everyMs);
-      this.timer.unref();
-    } else if (this.leases.size === 0 && this.timer) {
-      clearInterval(this.timer);
-      this.timer = null;
-    }
+    if (this.leases.size > 0 && !this.timer) this.arm(this.opts.term.refreshEveryMs);
+    else if (this.leases.size === 0 && this.timer) this.disarm();
+  }
+
+  /** The next refresh in `ms` (none when the keeper is stopped, holds nothing, or the period is 0). */
+  private arm(ms: number): void {
+    if (this.stopped || this.leases.size === 0 || ms <= 0) return;
+    this.timer = setTimeout(this.tick, ms);
+    this.timer.unref();
+  }
+
+  private disarm(): void {
+    if (this.timer) clearTimeout(this.timer);
+    this.timer = null;
+  }
+
+  /**
+   * A lease granted or refreshed under the previous term counts on its next refresh within
+   * the previous period (a third of its lifetime, by default): the next refresh comes no
+   * later than that, and the ones after it at the new period.
+   */
+  private termChanged(previous: { refreshEveryMs: number }): void {
+    if (!this.timer) return;
+    this.disarm();
+    this.arm(Math.min(this.opts.term.refreshEveryMs, previous.refreshEveryMs));
   }
 }

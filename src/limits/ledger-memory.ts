@@ -1,8 +1,9 @@
 /**
  * In-process spend ledger: the rules of ledger.ts for one instance, without Redis and as
- * the fail-open fallback. Holds are leases: they expire `leaseMs` after they were taken or
- * last refreshed, so a hold whose request never settles comes back by itself.
+ * the fail-open fallback. Holds are leases: they expire one lease term after they were taken
+ * or last refreshed, so a hold whose request never settles comes back by itself.
  */
+import type { LeaseTerm } from './lease-term.js';
 import { type KeptHolds, type LeaseKeeper, type LeaseTicket, createLeaseKeeper, newLeaseId } from './leases.js';
 import { LEDGER_TTL_MS, effectiveBase, fromNano, holdFits, holdNano, liveNano, settledNano, toNano } from './ledger.js';
 import type { Holder } from '../policy/holders.js';
@@ -10,9 +11,8 @@ import type { Hold, HoldInput, HoldResult, LedgerFigure, LedgerInput } from './l
 
 export interface MemoryLedgerOptions {
   now: () => number;
-  leaseMs: number;
-  /** Refresh period of live holds; 0 disables the timer (tests call refresh themselves). */
-  refreshEveryMs: number;
+  /** a hold's lifetime without a refresh, and the refresh period (0: no timer, tests call refresh themselves) */
+  term: LeaseTerm;
 }
 
 export interface MemoryLedger {
@@ -95,7 +95,7 @@ const entryKey = (tag: string, holder: Holder): string => `${tag}\u0000${holder.
 
 class InProcessLedger implements MemoryLedger, HoldOwner {
   readonly now: () => number;
-  private readonly leaseMs: number;
+  private readonly term: LeaseTerm;
   private readonly entries = new Map<string, Entry>();
   /**
    * Each holder list's entry keys, made once: a key made per request is a new string,
@@ -109,9 +109,9 @@ class InProcessLedger implements MemoryLedger, HoldOwner {
 
   constructor(opts: MemoryLedgerOptions) {
     this.now = opts.now;
-    this.leaseMs = opts.leaseMs;
+    this.term = opts.term;
     this.holds = createLeaseKeeper({
-      everyMs: opts.refreshEveryMs,
+      term: opts.term,
       refresh: async (key, ids) => this.refreshHolds(key, ids),
       onError: () => undefined,
     });
@@ -196,7 +196,7 @@ class InProcessLedger implements MemoryLedger, HoldOwner {
     let kept: LeaseTicket = -1;
     if (amount > 0) {
       for (const e of states) {
-        e.holds.set(id, { amount, expires: t + this.leaseMs });
+        e.holds.set(id, { amount, expires: t + this.term.ms });
         e.held += amount;
       }
       kept = this.holds.add(id, keys);
@@ -208,7 +208,7 @@ class InProcessLedger implements MemoryLedger, HoldOwner {
   private refreshHolds(key: string, ids: string[]): void {
     const e = this.entries.get(key);
     if (!e) return;
-    const until = this.now() + this.leaseMs;
+    const until = this.now() + this.term.ms;
     for (const id of ids) {
       const h = e.holds.get(id);
       if (h) h.expires = until;

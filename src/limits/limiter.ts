@@ -8,8 +8,8 @@
  * Where things are: create.ts builds the limiter the sidecar runs with; failover.ts,
  * failover-guard.ts and failover-money.ts say what happens when Redis fails; memory.ts (with
  * memory-store.ts, memory-admission.ts), ledger-memory.ts and claims-memory.ts are the
- * in-process limiter, ledger and claims; bucket.ts, ledger.ts and leases.ts hold the arithmetic
- * and lease keeping they share with Redis; hold-watch.ts reports holds to the budget alerts.
+ * in-process limiter, ledger and claims; bucket.ts, ledger.ts, leases.ts and lease-term.ts hold
+ * the arithmetic, lease keeping and lease term they share with Redis; hold-watch.ts reports holds to the budget alerts.
  * redis/ holds the Redis limiter (limiter.ts), its two admission paths (request-path.ts,
  * lease-path.ts), its ledger (ledger.ts, with hold-queue.ts and spend-slices.ts), claims
  * (claims.ts), the settlement batch and the Lua.
@@ -198,6 +198,13 @@ export interface Limiter {
    * when the store fails the answer is `unavailable`, never a second grant.
    */
   claimOnce(input: ClaimInput): Promise<ClaimResult>;
+  /**
+   * Puts a new `limits.leaseMs` in force (a reload, DESIGN section 12): every slot, hold
+   * and slice granted or refreshed from now on lives that long without a refresh. Those
+   * granted before keep their expiry until their next refresh, which comes no later than
+   * it would have.
+   */
+  setLeaseMs(ms: number): void;
   stats(): LimiterStats;
   close(): Promise<void>;
 }

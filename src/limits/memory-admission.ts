@@ -4,6 +4,7 @@
  * failure names the code and the longest wait among failures is when the request would fit.
  */
 import { CHECK_CODES, concurrencyWaitMs, refillWaitMs, refusedQuota, reservedTokens, tokensBack, tpmAdmits, tpmNeed } from './bucket.js';
+import type { LeaseTerm } from './lease-term.js';
 import { type LeaseKeeper, type LeaseTicket, newLeaseId } from './leases.js';
 import { type AdmitInput, type Lease, type LimitCheck, type LimitCode, type LimitRefusal, type Quota, capacityOf, isLimited } from './limiter.js';
 import { type MemoryStore, soonestExpiry } from './memory-store.js';
@@ -12,7 +13,7 @@ import { type MemoryStore, soonestExpiry } from './memory-store.js';
 export interface AdmissionContext {
   store: MemoryStore;
   keeper: LeaseKeeper;
-  leaseMs: number;
+  term: LeaseTerm;
 }
 
 /**
@@ -78,7 +79,7 @@ export class MemoryAdmission implements Lease {
   /** Takes a token of each RPM bucket, the reservation of each TPM bucket and a slot of each lease set. */
   take(): void {
     const { route, limits } = this.#input;
-    const { store, keeper, leaseMs } = this.#ctx;
+    const { store, keeper, term } = this.#ctx;
     const t = this.#t;
     const tokens = this.#tokens;
     if (isLimited(route.rpm)) store.store(`${this.#routePrefix}:rpm`, route.rpm, this.#routeRpmLevel - 1, t);
@@ -89,7 +90,7 @@ export class MemoryAdmission implements Lease {
     this.#leaseId = newLeaseId();
     if (isLimited(route.concurrency)) this.#setKeys.push(`${this.#routePrefix}:conc`);
     if (isLimited(limits.concurrency)) this.#setKeys.push(`${this.#keyPrefix}:conc`);
-    for (const setKey of this.#setKeys) store.addLease(setKey, this.#leaseId, t + leaseMs);
+    for (const setKey of this.#setKeys) store.addLease(setKey, this.#leaseId, t + term.ms);
     this.#kept = keeper.add(this.#leaseId, this.#setKeys);
   }
 

@@ -4,7 +4,8 @@
  * injected so tests can move time instead of sleeping.
  */
 import { MemoryClaims } from './claims-memory.js';
-import { createLeaseKeeper, defaultRefreshEveryMs, type LeaseKeeper } from './leases.js';
+import { LeaseTerm } from './lease-term.js';
+import { createLeaseKeeper, type LeaseKeeper } from './leases.js';
 import { type MemoryLedger, createMemoryLedger } from './ledger-memory.js';
 import type { AdmitInput, AdmitResult, ClaimInput, ClaimResult, HoldInput, HoldResult, KeyLimits, LedgerFigure, LedgerInput, Limiter, LimiterStats, Quota } from './limiter.js';
 import { MemoryAdmission } from './memory-admission.js';
@@ -37,22 +38,21 @@ export function createMemoryLimiter(opts: MemoryLimiterOptions): MemoryLimiter {
 class InProcessLimiter implements MemoryLimiter {
   readonly store: MemoryStore;
   readonly keeper: LeaseKeeper;
-  readonly leaseMs: number;
+  readonly term: LeaseTerm;
   private readonly money: MemoryLedger;
   private readonly claims: MemoryClaims;
   private admissions = 0;
 
   constructor(opts: MemoryLimiterOptions) {
     const now = opts.now ?? Date.now;
-    const everyMs = opts.refreshEveryMs ?? defaultRefreshEveryMs(opts.leaseMs);
-    this.leaseMs = opts.leaseMs;
+    this.term = new LeaseTerm(opts.leaseMs, opts.refreshEveryMs);
     this.store = new MemoryStore(now);
     this.keeper = createLeaseKeeper({
-      everyMs,
-      refresh: async (setKey, ids) => this.store.refresh(setKey, ids, this.leaseMs),
+      term: this.term,
+      refresh: async (setKey, ids) => this.store.refresh(setKey, ids, this.term.ms),
       onError: () => undefined,
     });
-    this.money = createMemoryLedger({ now, leaseMs: opts.leaseMs, refreshEveryMs: everyMs });
+    this.money = createMemoryLedger({ now, term: this.term });
     this.claims = new MemoryClaims(now);
   }
 
@@ -80,6 +80,10 @@ class InProcessLimiter implements MemoryLimiter {
 
   async claimOnce(input: ClaimInput): Promise<ClaimResult> {
     return this.claims.claim(input);
+  }
+
+  setLeaseMs(ms: number): void {
+    this.term.set(ms);
   }
 
   stats(): LimiterStats {

@@ -4,7 +4,8 @@
  * limits-conformance-quota.ts, spend holds in limits-conformance-ledger.ts, spend holds on
  * two instances with busy traffic (spend slices, where an implementation leases them) in
  * limits-conformance-spend.ts, refusals and shadow limits in limits-conformance-shadow.ts,
- * claims in limits-conformance-claims.ts; all run here. Each test uses its own key ids and
+ * claims in limits-conformance-claims.ts, a lease term changed while running in
+ * limits-conformance-term.ts; all run here. Each test uses its own key ids and
  * route names, so the implementations never see each other's state.
  */
 import assert from 'node:assert/strict';
@@ -17,6 +18,7 @@ import { ledgerConformance } from './limits-conformance-ledger.js';
 import { spendSliceConformance } from './limits-conformance-spend.js';
 import { quotaConformance } from './limits-conformance-quota.js';
 import { shadowConformance } from './limits-conformance-shadow.js';
+import { leaseTermConformance } from './limits-conformance-term.js';
 
 /** `spendSlicesHeld`: where the limiter leases spend slices (the Redis limiter with `lease`). */
 export type TestLimiter = Limiter & { refreshLeases(): Promise<void>; spendSlicesHeld?(): number };
@@ -342,5 +344,6 @@ export function runLimiterConformance(name: string, setup: () => Promise<Harness
     shadowConformance(() => h);
     claimConformance(() => h);
     spendSliceConformance(() => h);
+    leaseTermConformance(() => h);
   });
 }

@@ -47,12 +47,12 @@ export function chatUpstream(who: string): Handler {
 const hash = makeKeyHasher({ hash: 'sha256' });
 
 /** Fills `replica` through `keyward import` with personal keys of wallet u1: id -> [secret, extra fields]. */
-export async function importKeys(dir: string, replica: string, keys: Record<string, { secret: string; routing?: string | null; rpm?: number | null }>): Promise<void> {
+export async function importKeys(dir: string, replica: string, keys: Record<string, { secret: string; routing?: string | null; rpm?: number | null; concurrency?: number | null }>): Promise<void> {
   const records: unknown[] = [{ type: 'meta', version: 1 }, { type: 'wallet', user: 'u1', balance: 100 }];
   for (const [id, k] of Object.entries(keys)) {
     records.push({
       type: 'key', id, hash: hash(k.secret), kind: 'personal', user: 'u1', project: null, status: 'active', budget: null, spent: 0,
-      models: null, routing: k.routing ?? null, rpm: k.rpm ?? null, tpm: null, concurrency: null,
+      models: null, routing: k.routing ?? null, rpm: k.rpm ?? null, tpm: null, concurrency: k.concurrency ?? null,
     });
   }
   const file = join(dir, 'snapshot.ndjson');

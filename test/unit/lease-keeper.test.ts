@@ -4,11 +4,12 @@
  */
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
+import { LeaseTerm } from '../../src/limits/lease-term.js';
 import { createLeaseKeeper } from '../../src/limits/leases.js';
 
 function keeper(everyMs = 0) {
   const calls: [string, string[]][] = [];
-  const k = createLeaseKeeper({ everyMs, refresh: async (setKey, ids) => void calls.push([setKey, [...ids].sort()]), onError: (err) => assert.fail(String(err)) });
+  const k = createLeaseKeeper({ term: new LeaseTerm(30_000, everyMs), refresh: async (setKey, ids) => void calls.push([setKey, [...ids].sort()]), onError: (err) => assert.fail(String(err)) });
   const refreshed = async () => {
     calls.length = 0;
     await k.refreshNow();

@@ -1,5 +1,6 @@
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
+import { LeaseTerm } from '../../src/limits/lease-term.js';
 import { BLOCK_SHARE, type Block, BlockTable } from '../../src/limits/redis/slot-blocks.js';
 
 interface Resize {
@@ -8,12 +9,12 @@ interface Resize {
   dropped: boolean;
 }
 
-const table = (): { t: BlockTable; clock: { now: number }; resized: Resize[] } => {
+const table = (term = new LeaseTerm(3000)): { t: BlockTable; clock: { now: number }; resized: Resize[] } => {
   const clock = { now: 0 };
   const resized: Resize[] = [];
   const t = new BlockTable({
     sliceMs: 1000,
-    leaseMs: 3000,
+    term,
     now: () => clock.now,
     resize: (_k, b, weight, dropped) => resized.push({ id: b.id, weight, dropped }),
   });
@@ -64,6 +65,38 @@ test('a refresh extends the blocks Redis still records; a block it missed is dro
   assert.equal(t.current('k'), null, 'b1 was missing: dropped');
   assert.equal(t.current('j')?.id, 'b2', 'b2 was found: kept');
   assert.deepEqual(resized, [{ id: 'b1', weight: 0, dropped: true }]);
+  t.stop();
+});
+
+test('a shorter lease term: no block is used past one new term from the change, nor counted on longer from a reply sent before it', () => {
+  const term = new LeaseTerm(3000);
+  const { t, clock } = table(term);
+  t.granted('k', 'b1', 64, 2, 0);
+  clock.now = 500;
+  term.set(1000, 500);
+  assert.equal(t.current('k')?.validUntil, 1500, 'the next refresh may tell Redis 1 s: 3000 is no longer counted on');
+  t.refreshed(['b1'], 400, []);
+  assert.equal(t.current('k')?.validUntil, 1500, 'a refresh sent before the change, answered after it, counts for the new term only');
+  t.refreshed(['b1'], 600, []);
+  assert.equal(t.current('k')?.validUntil, 1600);
+  clock.now = 1599;
+  assert.ok(t.free('k', 64));
+  clock.now = 1600;
+  assert.equal(t.free('k', 64), null);
+  t.stop();
+});
+
+test('a longer lease term counts from the calls sent under it', () => {
+  const term = new LeaseTerm(1000);
+  const { t, clock } = table(term);
+  t.granted('k', 'b1', 64, 2, 0);
+  clock.now = 500;
+  term.set(10_000, 500);
+  assert.equal(t.current('k')?.validUntil, 1000, 'nothing sent yet has told Redis more');
+  t.refreshed(['b1'], 450, []);
+  assert.equal(t.current('k')?.validUntil, 1450, 'sent under 1 s');
+  t.refreshed(['b1'], 600, []);
+  assert.equal(t.current('k')?.validUntil, 10_600);
   t.stop();
 });
 

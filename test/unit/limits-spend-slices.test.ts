@@ -1,5 +1,6 @@
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
+import { LeaseTerm } from '../../src/limits/lease-term.js';
 import { createLeaseKeeper } from '../../src/limits/leases.js';
 import type { SettleBatch, SettleOp, SpendSliceWrite } from '../../src/limits/redis/settle-batch.js';
 import { SPEND_SLICE_CHECK_MS, SPEND_SLICE_COVER, type SpendSlice, SpendSliceTable } from '../../src/limits/redis/spend-slices.js';
@@ -14,7 +15,7 @@ function setup() {
   const clock = { now: 0 };
   const queued: SettleOp[] = [];
   const batch: SettleBatch = { add: (op) => void queued.push(op), flush: () => undefined, close: async () => undefined };
-  const keeper = createLeaseKeeper({ everyMs: 0, refresh: async () => undefined, onError: () => undefined });
+  const keeper = createLeaseKeeper({ term: new LeaseTerm(30_000, 0), refresh: async () => undefined, onError: () => undefined });
   const t = new SpendSliceTable({ windowMs: 1000, batch, keeper, ledgerTtlMs: 86_400_000, owner: () => undefined, now: () => clock.now });
   const writes = (): SpendSliceWrite[] => queued.filter((op): op is SpendSliceWrite & SettleOp => op.kind === 'spendSlice');
   const send = (): SpendSliceWrite[] => {

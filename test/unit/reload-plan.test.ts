@@ -30,7 +30,7 @@ upstreams: { default: { url: http://127.0.0.1:4001, capacity: { rpm: 5 } }, big:
 replica: { path: /var/lib/keyward/replica.sqlite }
 redis: { url: redis://127.0.0.1:6379, prefix: kw }
 keys: { hash: sha256 }
-limits: { leaseMs: 30000, defaultOutputTokens: 99 }
+limits: { leaseMs: 5000, defaultOutputTokens: 99 }
 messages: { vendor: acme }
 logging: { level: debug }
 routes: [ { path: /v1/rerank, class: model } ]
@@ -40,7 +40,7 @@ tracing: { otlpUrl: http://collector:4318 }
   assert.deepEqual(plan.needsRestart, []);
   assert.deepEqual(plan.config, next);
   assert.deepEqual(changedSettings(RUNNING, plan.config), [
-    'limits.defaultOutputTokens', 'logging.level', 'messages.vendor', 'routes',
+    'limits.defaultOutputTokens', 'limits.leaseMs', 'logging.level', 'messages.vendor', 'routes',
     'server.bodyIdleTimeoutMs', 'server.maxJsonBodyBytes', 'server.refuseBrowsers', 'server.shutdownGraceMs', 'server.trustedProxies',
     'tracing', 'upstreams.big', 'upstreams.default.capacity.rpm', 'upstreams.default.url',
   ]);
@@ -60,7 +60,7 @@ logging: { level: warn }
 `);
   const plan = planReload(RUNNING, next);
   assert.deepEqual(plan.needsRestart, [
-    'server.host', 'server.port', 'admin.host', 'admin.port', 'replica.path', 'redis.prefix', 'redis.url', 'console', 'keys.hash', 'keys.pepper', 'limits.leaseMs',
+    'server.host', 'server.port', 'admin.host', 'admin.port', 'replica.path', 'redis.prefix', 'redis.url', 'console', 'keys.hash', 'keys.pepper',
   ]);
   // every restart-only path holds its running value...
   for (const dotted of RESTART_ONLY) {

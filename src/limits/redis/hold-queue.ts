@@ -3,6 +3,7 @@
  * slot (one in all on a single node), each hold exact and taken in order, as if each were a
  * call of its own (see ledger.ts).
  */
+import type { LeaseTerm } from '../lease-term.js';
 import { LEDGER_TTL_MS } from '../ledger.js';
 import type { RedisClock } from './clock.js';
 import { callsByHashSlot } from './hash-slot.js';
@@ -22,8 +23,8 @@ export interface HoldReply {
 export interface HoldQueueOptions {
   /** the limiter's script runner (it flushes the settlement batch before each call) */
   run: RunScript;
-  /** Hold lifetime without a refresh (a spend slice's too). */
-  leaseMs: number;
+  /** a hold's lifetime without a refresh (a spend slice's too) */
+  term: LeaseTerm;
   clock?: RedisClock;
   atTurnEnd: (fn: () => void) => void;
   cluster: boolean;
@@ -62,7 +63,7 @@ export class HoldQueue {
   /** One hold.lua call for holds of one hash slot. */
   private send(group: Pending[]): void {
     const keys: string[] = [];
-    const args: (string | number)[] = [LEDGER_TTL_MS, this.o.leaseMs, SPEND_SLICE_SHARE, group.length];
+    const args: (string | number)[] = [LEDGER_TTL_MS, this.o.term.ms, SPEND_SLICE_SHARE, group.length];
     for (const p of group) {
       keys.push(...p.keys);
       args.push(...p.args);

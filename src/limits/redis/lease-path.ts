@@ -7,6 +7,7 @@
  * limit or a limited route take the per-request path (request-path.ts).
  */
 import { bucketQuota, quotaFromReply, reservedTokens } from '../bucket.js';
+import type { LeaseTerm } from '../lease-term.js';
 import { type LeaseKeeper, type LeaseTicket, newLeaseId } from '../leases.js';
 import { type AdmitInput, type AdmitResult, type QuotaFigures, capacityOf, isLimited } from '../limiter.js';
 import { StaleAdmissionError } from './api.js';
@@ -31,7 +32,8 @@ export interface LeasePathOptions {
   keyTag: (keyId: string) => string;
   /** keeps per-request slots and blocks alive (limiter.ts tells the path what it refreshed) */
   keeper: LeaseKeeper;
-  leaseMs: number;
+  /** a slot's and a block's lifetime without a refresh */
+  term: LeaseTerm;
 }
 
 /** The request in lease terms when it is limited by the key's own RPM/TPM/concurrency alone, else null. */
@@ -111,10 +113,10 @@ class SlicedPath implements LeasePath, LeaseOwner {
   private readonly blockTickets = new Map<string, LeaseTicket>();
 
   constructor(private readonly opts: LeasePathOptions) {
-    const { sliceMs, leaseMs } = opts;
+    const { sliceMs, term } = opts;
     this.keeper = opts.keeper;
     this.batch = opts.batch;
-    this.blocks = new BlockTable({ sliceMs, leaseMs, resize: (keyId, block, weight, dropped) => this.resized(keyId, block, weight, dropped) });
+    this.blocks = new BlockTable({ sliceMs, term, resize: (keyId, block, weight, dropped) => this.resized(keyId, block, weight, dropped) });
     this.slices = new SliceTable({
       sliceMs,
       giveBack: (keyId, slice) => this.batch.add(this.settleOp(keyId, slice.left, { rpm: slice.rpmCap, tpm: slice.tpmCap }, { sliceId: slice.id })),
@@ -238,7 +240,7 @@ class SlicedPath implements LeasePath, LeaseOwner {
       leased.rpm, leased.tpm, leased.tokens, this.opts.clock.deadline(),
       old?.id ?? '', old?.left.rpm ?? 0, old?.left.tpm ?? 0,
       ask.sliceId, want?.rpm ?? 0, want?.tpm ?? 0, this.opts.sliceMs * REDIS_LIFETIME_FACTOR, want?.keepRpm ?? 0, want?.keepTpm ?? 0,
-      leased.conc, ask.slotId, this.opts.leaseMs, ask.blockId, ask.wantBlock, Math.floor(leased.conc * BLOCK_KEEP_SHARE),
+      leased.conc, ask.slotId, this.opts.term.ms, ask.blockId, ask.wantBlock, Math.floor(leased.conc * BLOCK_KEEP_SHARE),
     ]) as Promise<number[]>;
     if (want) this.slices.track(leased.keyId, call);
     if (ask.wantBlock > 0) this.blocks.track(leased.keyId, call);

@@ -16,10 +16,12 @@
  * one settle.lua call per tick and hash slot for all of them). Until it leaves, the hold
  * still counts in full, which only ever refuses more, and this instance flushes the batch
  * before its next call, so a cost it settled counts in the very next hold it takes. Holds
- * and slices are leases: live ones are pushed forward every refreshEveryMs (one call per
- * hold set for all of this instance's), so a crashed instance's come back after leaseMs.
+ * and slices are leases: live ones are pushed forward every refresh period of the lease
+ * term (one call per hold set for all of this instance's), so a crashed instance's come
+ * back after one term.
  * Time is Redis TIME in every script.
  */
+import type { LeaseTerm } from '../lease-term.js';
 import { type KeptHolds, type LeaseKeeper, createLeaseKeeper, newLeaseId } from '../leases.js';
 import { LEDGER_TTL_MS, epochArg, fromNano, holdNano, toNano } from '../ledger.js';
 import type { Holder } from '../../policy/holders.js';
@@ -37,10 +39,8 @@ export interface RedisLedgerOptions {
   run: RunScript;
   batch: SettleBatch;
   prefix: string;
-  /** Hold lifetime without a refresh (a spend slice's too). */
-  leaseMs: number;
-  /** Refresh period of live holds; 0 disables the timer. */
-  refreshEveryMs: number;
+  /** a hold's lifetime without a refresh (a spend slice's too), and the refresh period of live ones (0: no timer) */
+  term: LeaseTerm;
   onError: (op: 'hold' | 'settle' | 'refresh', err: unknown) => void;
   /**
    * Redis time, shared with admissions (limiter.ts): replies teach it, and a hold Redis runs
@@ -128,8 +128,8 @@ class SharedLedger implements RedisLedger {
 
   constructor(readonly opts: RedisLedgerOptions) {
     this.holds = createLeaseKeeper({
-      everyMs: opts.refreshEveryMs,
-      refresh: (setKey, ids) => refreshInChunks({ run: opts.run, keys: [setKey], leaseMs: opts.leaseMs, ids }),
+      term: opts.term,
+      refresh: (setKey, ids) => refreshInChunks({ run: opts.run, keys: [setKey], term: opts.term, ids }),
       onError: (err) => opts.onError('refresh', err),
     });
     this.queue = new HoldQueue(opts);

@@ -12,7 +12,8 @@
  * under its own tag, `{<prefix>:r:<route>}:rpm|conc`. Spend holds: see ledger.ts.
  */
 import { quotaFromReply } from '../bucket.js';
-import { type LeaseKeeper, createLeaseKeeper, defaultRefreshEveryMs } from '../leases.js';
+import { LeaseTerm } from '../lease-term.js';
+import { type LeaseKeeper, createLeaseKeeper } from '../leases.js';
 import { type AdmitInput, type AdmitResult, type ClaimInput, type ClaimResult, type HoldInput, type HoldResult, type KeyLimits, type LedgerFigure, type LedgerInput, type LimiterStats, NO_QUOTA, type Quota, capacityOf } from '../limiter.js';
 import { type RedisLease, type RedisLimiter, type RedisLimiterOptions, errorTags, hashTag } from './api.js';
 import { claimOnRedis } from './claims.js';
@@ -44,6 +45,8 @@ class SharedLimiter implements RedisLimiter {
   /** the script runner that flushes the settlement batch first */
   private readonly send: RunScript;
   private readonly keeper: LeaseKeeper;
+  /** every lease's lifetime without a refresh (a reload may change it) */
+  private readonly term: LeaseTerm;
   private readonly money: RedisLedger;
   private readonly leasePath: LeasePath | null;
   private readonly requestPath: RequestPathContext;
@@ -54,9 +57,8 @@ class SharedLimiter implements RedisLimiter {
 
   constructor(private readonly opts: RedisLimiterOptions) {
     const client = opts.redis;
-    const { leaseMs } = opts;
     const run = scriptRunner(client, opts.callTimeoutMs ? new Deadlines({ timeoutMs: opts.callTimeoutMs }) : undefined);
-    const refreshEveryMs = opts.refreshEveryMs ?? defaultRefreshEveryMs(leaseMs);
+    const term = (this.term = new LeaseTerm(opts.leaseMs, opts.refreshEveryMs));
     const clock = createRedisClock(opts.staleAfterMs);
     const cluster = client.isCluster;
     const settleFailed = (err: unknown): void => this.failed('settle', err);
@@ -68,22 +70,22 @@ class SharedLimiter implements RedisLimiter {
       return run(name, keys, args);
     };
     this.keeper = createLeaseKeeper({
-      everyMs: refreshEveryMs,
-      refresh: (setKey, ids) => refreshInChunks({ run, keys: [setKey], leaseMs, ids, refreshed: (chunk, sentAt, missing) => this.leasePath?.refreshed(chunk, sentAt, missing) }),
+      term,
+      refresh: (setKey, ids) => refreshInChunks({ run, keys: [setKey], term, ids, refreshed: (chunk, sentAt, missing) => this.leasePath?.refreshed(chunk, sentAt, missing) }),
       onError: (err) => this.failed('refresh', err),
     });
     this.money = createRedisLedger({
       run: this.send,
       batch: this.batch,
       prefix: opts.prefix,
-      leaseMs,
-      refreshEveryMs,
+      term,
       onError: (op, err) => this.failed(op, err),
       clock,
       atTurnEnd: (fn) => atTurnEnd(client, fn),
       cluster,
-      // A slice is used for at most a second (a new epoch applies within one), and never past its lease.
-      spendSlices: opts.lease ? { windowMs: Math.min(opts.lease.sliceMs, SPEND_SLICE_MAX_MS, leaseMs) } : null,
+      // A slice is used for at most a second (a new epoch applies within one), so never past its
+      // lease, whatever term a reload puts in force (the config's least is a second).
+      spendSlices: opts.lease ? { windowMs: Math.min(opts.lease.sliceMs, SPEND_SLICE_MAX_MS, opts.leaseMs) } : null,
     });
     this.news = opts.lease
       ? listenForLedgerNews(client, (ledgerKey) => {
@@ -92,13 +94,13 @@ class SharedLimiter implements RedisLimiter {
         })
       : null;
     this.leasePath = opts.lease
-      ? createLeasePath({ run: this.send, batch: this.batch, owner: settleFailed, clock, sliceMs: opts.lease.sliceMs, keyTag: (id) => hashTag(this.prefix, 'k', id), keeper: this.keeper, leaseMs })
+      ? createLeasePath({ run: this.send, batch: this.batch, owner: settleFailed, clock, sliceMs: opts.lease.sliceMs, keyTag: (id) => hashTag(this.prefix, 'k', id), keeper: this.keeper, term })
       : null;
     this.requestPath = {
       send: this.send,
       clock,
       keeper: this.keeper,
-      leaseMs,
+      term,
       prefix: opts.prefix,
       cluster,
       settle: (leaseId: string, parts: Part[]) => {
@@ -162,6 +164,10 @@ class SharedLimiter implements RedisLimiter {
       this.failed('claim', err);
       throw err;
     }
+  }
+
+  setLeaseMs(ms: number): void {
+    this.term.set(ms);
   }
 
   async refreshLeases(): Promise<void> {

@@ -18,6 +18,7 @@
  *    key is limited (the common case) there is a single call and no such window.
  */
 import { quotaFromReply, reservedTokens, tokensBack } from '../bucket.js';
+import type { LeaseTerm } from '../lease-term.js';
 import { type LeaseKeeper, type LeaseTicket, newLeaseId } from '../leases.js';
 import { type AdmitInput, type AdmitResult, NO_QUOTA, capacityOf, hasAnyLimit } from '../limiter.js';
 import { type RedisLease, StaleAdmissionError, errorTags, hashTag } from './api.js';
@@ -39,7 +40,8 @@ export interface RequestPathContext {
   send: RunScript;
   clock: RedisClock;
   keeper: LeaseKeeper;
-  leaseMs: number;
+  /** a slot's lifetime without a refresh */
+  term: LeaseTerm;
   prefix: string;
   cluster: boolean;
   /** Queues the parts' writes for the next settlement batch. */
@@ -221,7 +223,7 @@ class RequestAdmission implements RedisLease {
   /** admit.lua's ARGV (see its header). */
   #argv(r: boolean, k: boolean): (string | number)[] {
     return [
-      this.#leaseId, this.#ctx.leaseMs,
+      this.#leaseId, this.#ctx.term.ms,
       r ? 1 : 0, this.#routeConc, this.#routeRpm,
       k ? 1 : 0, this.#keyRpm, this.#keyTpm, this.#keyConc, this.#tokens,
       this.#deadline, this.#modelRpm, this.#modelTpm,

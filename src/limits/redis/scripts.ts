@@ -14,6 +14,7 @@
  */
 import { readFileSync } from 'node:fs';
 import type { Cluster, Redis } from 'ioredis';
+import type { LeaseTerm } from '../lease-term.js';
 import type { Deadlines } from './deadlines.js';
 
 export const SCRIPTS = {
@@ -80,7 +81,8 @@ export interface RefreshOptions {
   run: RunScript;
   /** refresh.lua's KEYS: the lease set */
   keys: string[];
-  leaseMs: number;
+  /** read as each chunk is sent, with its `sentAt`: a reload may change it between chunks */
+  term: LeaseTerm;
   ids: string[];
   /** Hears each chunk: when it was sent (performance.now()) and the ids Redis no longer recorded. */
   refreshed?: (chunk: string[], sentAt: number, missing: readonly string[]) => void;
@@ -91,7 +93,7 @@ export async function refreshInChunks(o: RefreshOptions): Promise<void> {
   for (let i = 0; i < o.ids.length; i += REFRESH_CHUNK) {
     const chunk = o.ids.slice(i, i + REFRESH_CHUNK);
     const sentAt = performance.now();
-    const missing = (await o.run('keywardRefresh', o.keys, [o.leaseMs, ...chunk])) as string[];
+    const missing = (await o.run('keywardRefresh', o.keys, [o.term.ms, ...chunk])) as string[];
     o.refreshed?.(chunk, sentAt, missing);
   }
 }

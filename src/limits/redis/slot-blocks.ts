@@ -12,11 +12,13 @@
  *    one, at most BLOCK_SHARE of C;
  *  - Redis grants it only while slots in use, blocks included, stay within BLOCK_KEEP_SHARE of C
  *    (lease.lua); past that every instance is back to one call per request.
- * Redis keeps a block for leaseMs after its grant or its last refresh (the lease keeper's);
- * this instance stops taking slots from it leaseMs after it sent that grant or refresh, so it
- * never admits on a block Redis has let go. Slots left unused for a whole sliceMs go back
+ * Redis keeps a block for the lease term after its grant or its last refresh (the lease
+ * keeper's); this instance stops taking slots from it one term after it sent that grant or
+ * refresh (the shortest term in force since, when a reload changed it: lease-term.ts), so
+ * it never admits on a block Redis has let go. Slots left unused for a whole sliceMs go back
  * (resize in the settlement batch); on close every unused slot goes back.
  */
+import type { LeaseTerm } from '../lease-term.js';
 import { DemandTable, type DemandEntry } from './demand-table.js';
 
 /** Largest block, as a share of the concurrency limit. */
@@ -49,7 +51,7 @@ interface Entry extends DemandEntry {
 
 export interface BlockTableOptions {
   sliceMs: number;
-  leaseMs: number;
+  term: LeaseTerm;
   /** The block is resized to `weight` in Redis (queued); `dropped`: this instance no longer holds it. */
   resize: (keyId: string, block: Block, weight: number, dropped: boolean) => void;
   now?: () => number;
@@ -64,6 +66,7 @@ export class BlockTable extends DemandTable<Entry> {
 
   constructor(private readonly opts: BlockTableOptions) {
     super(opts.sliceMs, opts.now);
+    opts.term.onChange(() => this.termChanged());
   }
 
   protected fresh(): Omit<Entry, keyof DemandEntry> {
@@ -135,13 +138,13 @@ export class BlockTable extends DemandTable<Entry> {
     if (old && old.id === id) {
       old.cap = cap;
       old.weight = weight;
-      old.validUntil = Math.max(old.validUntil, sentAt + this.opts.leaseMs);
+      old.validUntil = Math.max(old.validUntil, sentAt + this.opts.term.lifetimeFrom(sentAt));
       old.lowFree = weight - old.used;
       old.win = this.now();
       return old;
     }
     if (old) this.drop(keyId, e);
-    const b: Block = { id, cap, weight, used: 0, validUntil: sentAt + this.opts.leaseMs, lowFree: weight, win: this.now() };
+    const b: Block = { id, cap, weight, used: 0, validUntil: sentAt + this.opts.term.lifetimeFrom(sentAt), lowFree: weight, win: this.now() };
     e.block = b;
     this.byId.set(id, keyId);
     return b;
@@ -156,7 +159,7 @@ export class BlockTable extends DemandTable<Entry> {
   /**
    * The keeper refreshed these lease ids, sent at sentAt; `missing`: those Redis no longer
    * recorded. A block among them is given up (its slots may be someone else's by now);
-   * every other block is good for another leaseMs from sentAt.
+   * every other block is good for another term from sentAt.
    */
   refreshed(ids: string[], sentAt: number, missing: readonly string[]): void {
     const gone = missing.length === 0 ? null : new Set(missing);
@@ -165,8 +168,17 @@ export class BlockTable extends DemandTable<Entry> {
       const e = keyId === undefined ? undefined : this.entries.get(keyId);
       if (!e?.block || e.block.id !== id) continue;
       if (gone?.has(id)) this.drop(keyId!, e);
-      else e.block.validUntil = Math.max(e.block.validUntil, sentAt + this.opts.leaseMs);
+      else e.block.validUntil = Math.max(e.block.validUntil, sentAt + this.opts.term.lifetimeFrom(sentAt));
     }
+  }
+
+  /**
+   * A shorter term reaches Redis with the next refresh, which may then set a block's expiry
+   * sooner than this instance counted on: no block is used past one new term from now.
+   */
+  private termChanged(): void {
+    const until = this.now() + this.opts.term.ms;
+    for (const e of this.entries.values()) if (e.block && e.block.validUntil > until) e.block.validUntil = until;
   }
 
   /** Stops using the block; its slots in use stay counted in Redis until their requests end. */

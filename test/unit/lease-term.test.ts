@@ -1,0 +1,100 @@
+/**
+ * The lease term (`limits.leaseMs`, which a reload may change): what a call sent at a given
+ * time can count on, and how the keepers' refresh timers follow a change.
+ */
+import assert from 'node:assert/strict';
+import { mock, test } from 'node:test';
+import { LeaseTerm } from '../../src/limits/lease-term.js';
+import { createLeaseKeeper } from '../../src/limits/leases.js';
+
+test('a call counts on the shortest term in force since it was sent', () => {
+  const term = new LeaseTerm(30_000);
+  assert.equal(term.lifetimeFrom(0), 30_000);
+  term.set(5_000, 100);
+  assert.equal(term.lifetimeFrom(50), 5_000, 'sent under 30 s, but a later call may have set 5 s');
+  assert.equal(term.lifetimeFrom(150), 5_000);
+  term.set(60_000, 200);
+  assert.equal(term.lifetimeFrom(50), 5_000);
+  assert.equal(term.lifetimeFrom(150), 5_000, 'sent under 5 s: it set 5 s, whatever came after');
+  assert.equal(term.lifetimeFrom(250), 60_000);
+  assert.equal(term.ms, 60_000);
+});
+
+test('a call older than every remembered change counts on the shortest term ever forgotten too', () => {
+  const term = new LeaseTerm(1_000);
+  for (let i = 1; i <= 20; i++) term.set(10_000 + i, i * 10);
+  assert.equal(term.lifetimeFrom(205), 10_020);
+  assert.equal(term.lifetimeFrom(0), 1_000, 'the first term, no longer remembered, was the shortest');
+});
+
+test('the refresh period is a third of the term unless fixed; setting the same term changes nothing', () => {
+  const heard: number[] = [];
+  const term = new LeaseTerm(30_000);
+  term.onChange((previous) => heard.push(previous.ms));
+  assert.equal(term.refreshEveryMs, 10_000);
+  term.set(30_000);
+  assert.deepEqual(heard, []);
+  term.set(3_000);
+  assert.equal(term.refreshEveryMs, 1_000);
+  assert.deepEqual(heard, [30_000]);
+  assert.equal(new LeaseTerm(30_000, 0).refreshEveryMs, 0);
+});
+
+/**
+ * A keeper on `term` with one lease in set `s`, under mocked timers; `refreshes()` counts
+ * the refreshes so far, once the last one's round has ended (a round still running takes
+ * no other).
+ */
+function keptLease(term: LeaseTerm) {
+  let n = 0;
+  const k = createLeaseKeeper({ term, refresh: async () => void n++, onError: (err) => assert.fail(String(err)) });
+  k.add('a', ['s']);
+  return { k, refreshes: async () => (await new Promise(setImmediate), n) };
+}
+
+test('a longer term: the next refresh still comes one old period later, the ones after at the new period', async (t) => {
+  t.mock.timers.enable({ apis: ['setTimeout'] });
+  const term = new LeaseTerm(30_000);
+  const { k, refreshes } = keptLease(term);
+  t.mock.timers.tick(5_000);
+  term.set(300_000);
+  t.mock.timers.tick(9_999);
+  assert.equal(await refreshes(), 0);
+  t.mock.timers.tick(1);
+  assert.equal(await refreshes(), 1, 'leases refreshed under 30 s must not wait 100 s');
+  t.mock.timers.tick(99_999);
+  assert.equal(await refreshes(), 1);
+  t.mock.timers.tick(1);
+  assert.equal(await refreshes(), 2);
+  k.stop();
+});
+
+test('a shorter term: the next refresh comes one new period later', async (t) => {
+  t.mock.timers.enable({ apis: ['setTimeout'] });
+  const term = new LeaseTerm(30_000);
+  const { k, refreshes } = keptLease(term);
+  t.mock.timers.tick(5_000);
+  term.set(3_000);
+  t.mock.timers.tick(999);
+  assert.equal(await refreshes(), 0);
+  t.mock.timers.tick(1);
+  assert.equal(await refreshes(), 1, 'a lease granted now lives 3 s: it is refreshed within a second');
+  t.mock.timers.tick(1_000);
+  assert.equal(await refreshes(), 2);
+  k.stop();
+  t.mock.timers.tick(10_000);
+  assert.equal(await refreshes(), 2, 'a stopped keeper refreshes no more');
+});
+
+test('a keeper with nothing to keep arms no timer when the term changes', () => {
+  mock.timers.enable({ apis: ['setTimeout'] });
+  try {
+    const term = new LeaseTerm(30_000);
+    const k = createLeaseKeeper({ term, refresh: async () => assert.fail('nothing to refresh'), onError: () => undefined });
+    term.set(3_000);
+    assert.equal(k.timerRunning(), false);
+    mock.timers.tick(60_000);
+  } finally {
+    mock.timers.reset();
+  }
+});
