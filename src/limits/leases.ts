@@ -143,13 +143,15 @@ class Keeper implements LeaseKeeper {
   }
 
   /**
-   * A lease granted or refreshed under the previous term counts on its next refresh within
-   * the previous period (a third of its lifetime, by default): the next refresh comes no
-   * later than that, and the ones after it at the new period.
+   * A shorter period moves the next refresh to one new period from now, so leases granted
+   * under the new term are refreshed within it. A longer one leaves the refresh already
+   * planned, which leases refreshed under the previous term count on; the ones after it
+   * come at the new period.
    */
   private termChanged(previous: { refreshEveryMs: number }): void {
-    if (!this.timer) return;
+    const period = this.opts.term.refreshEveryMs;
+    if (!this.timer || period >= previous.refreshEveryMs) return;
     this.disarm();
-    this.arm(Math.min(this.opts.term.refreshEveryMs, previous.refreshEveryMs));
+    this.arm(period);
   }
 }
