@@ -15,7 +15,7 @@ import { keyDetails, keysTable, lastUsed, projectsTable, walletsTable } from '..
 import { loadConsoleConfig } from '../console/config.js';
 import { MasterKeyError } from '../console/crypto.js';
 import type { KeyView } from '../console/db.js';
-import { SHADOW_CHECKS } from '../policy/shadow.js';
+import { SHADOW_CHECKS } from '../protocol/shadow-checks.js';
 import { startConsole } from './console.js';
 
 export interface CliIO {

@@ -4,7 +4,7 @@
  */
 import { z } from 'zod';
 import { parseRange } from '../policy/network.js';
-import { SHADOW_CHECKS } from '../policy/shadow.js';
+import { SHADOW_CHECKS } from '../protocol/shadow-checks.js';
 import { parseRedisUrl } from './redis-url.js';
 
 /** Numbers also accept numeric strings, which is what `${VAR}` expansion yields. */

@@ -6,7 +6,7 @@
 import type { IncomingMessage, ServerResponse } from 'node:http';
 import { z } from 'zod';
 import { budgetPeriod, cidr } from '../protocol/records.js';
-import { SHADOW_CHECKS } from '../policy/shadow.js';
+import { SHADOW_CHECKS } from '../protocol/shadow-checks.js';
 import { resetSpent } from './budgets.js';
 import { idPattern } from './config.js';
 import { ApiError, invalid } from './errors.js';

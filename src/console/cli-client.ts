@@ -3,7 +3,7 @@
  * environment (KEYWARD_ADMIN_TOKEN), never from a flag, so it stays out of shell history
  * and process listings; error messages never include it.
  */
-import { isShadowCheck, SHADOW_CHECKS, type ShadowCheck } from '../policy/shadow.js';
+import { isShadowCheck, SHADOW_CHECKS, type ShadowCheck } from '../protocol/shadow-checks.js';
 
 export class CliError extends Error {
   constructor(message: string) {

@@ -7,7 +7,7 @@ import type Database from 'better-sqlite3';
 import type { ParsedKeyRecord, ParsedRecord } from '../protocol/records.js';
 import type { ModelLimit } from '../policy/facts.js';
 import { nextPeriodStart, type BudgetPeriod } from '../policy/period.js';
-import { knownShadowChecks, type ShadowCheck } from '../policy/shadow.js';
+import { knownShadowChecks, type ShadowCheck } from '../protocol/shadow-checks.js';
 import { migrateConsoleDb } from './migrate.js';
 import { openPrivateDatabase } from '../sqlite-file.js';
 

@@ -10,7 +10,8 @@ import type { KeyHasher } from '../auth/hash.js';
 import type { DeleteChange, SyncRecord } from '../protocol/records.js';
 import type { ModelLimit } from '../policy/facts.js';
 import { periodStart, type BudgetPeriod } from '../policy/period.js';
-import { shadowColumn, type ShadowCheck } from '../policy/shadow.js';
+import { shadowColumn } from '../policy/shadow.js';
+import type { ShadowCheck } from '../protocol/shadow-checks.js';
 import { budgetChange, jsonOrNull, personalBudgetCheck } from './budgets.js';
 import { open, seal, verifyMasterKey } from './crypto.js';
 import {

@@ -8,7 +8,8 @@
  * other check takes and settles exactly as if all were enforced. The limiters and their
  * scripts stay as they are; a request with nothing shadowed makes the one call it always did.
  */
-import { addShadowCode, isShadowed, NO_SHADOW, type ShadowCheck, type ShadowSet } from '../policy/shadow.js';
+import { addShadowCode, isShadowed, NO_SHADOW, type ShadowSet } from '../policy/shadow.js';
+import type { ShadowCheck } from '../protocol/shadow-checks.js';
 import type { AdmitInput, AdmitResult, HoldInput, HoldResult, LimitCheck, Limiter, Quota, QuotaFigures } from './limiter.js';
 
 /** The shadow name that covers each check. */

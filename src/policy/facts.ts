@@ -3,7 +3,7 @@
  * wallet, as the replica returns them in one lookup. Defined here, beside the decisions
  * that read it; the replica produces it and the proxy carries it.
  */
-import type { ShadowCheck } from './shadow.js';
+import type { ShadowCheck } from '../protocol/shadow-checks.js';
 
 export interface FactsKey {
   id: string;

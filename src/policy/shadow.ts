@@ -1,20 +1,15 @@
 /**
- * Shadow limits (DESIGN section 12): the checks that may be evaluated without being
- * enforced, named in the config's `limits.shadow` and a key record's `shadow` field; a key's
- * set is the union of both. Pure.
+ * Shadow limits (DESIGN section 12): checks evaluated without being enforced, named in the
+ * config's `limits.shadow` and a key record's `shadow` field (src/protocol/shadow-checks.ts
+ * holds the names); a key's set is the union of both. Pure.
  */
-
-/** The names of the checks that can be shadowed, as DESIGN section 12 lists them. */
-export const SHADOW_CHECKS = ['rpm', 'tpm', 'concurrency', 'route', 'model', 'budget'] as const;
-export type ShadowCheck = (typeof SHADOW_CHECKS)[number];
+import { isShadowCheck, knownShadowChecks, type ShadowCheck } from '../protocol/shadow-checks.js';
 
 /** A set of shadowed checks as bits: a union is one `|`, with nothing allocated per request. */
 export type ShadowSet = number;
 export const NO_SHADOW: ShadowSet = 0;
 
 const BIT: Readonly<Record<ShadowCheck, number>> = { rpm: 1, tpm: 2, concurrency: 4, route: 8, model: 16, budget: 32 };
-
-export const isShadowCheck = (name: string): name is ShadowCheck => Object.hasOwn(BIT, name);
 
 /** The set a list names; names this build does not know are left out. */
 export function shadowSet(names: readonly string[] | null | undefined): ShadowSet {
@@ -24,16 +19,6 @@ export function shadowSet(names: readonly string[] | null | undefined): ShadowSe
 }
 
 export const isShadowed = (set: ShadowSet, check: ShadowCheck): boolean => (set & BIT[check]) !== 0;
-
-/**
- * The names a list holds that this build knows, once each, in SHADOW_CHECKS order: what a
- * replica keeps of a record's `shadow` field (a newer console may name checks it does not
- * know; those stay enforced).
- */
-export function knownShadowChecks(names: readonly string[] | null | undefined): ShadowCheck[] {
-  const set = shadowSet(names);
-  return SHADOW_CHECKS.filter((c) => isShadowed(set, c));
-}
 
 /** A key's shadowed checks as the stores keep them (replica and console): a JSON list of the known names, null for none. */
 export function shadowColumn(names: readonly string[] | null | undefined): string | null {

@@ -4,7 +4,7 @@
  * reference console.
  */
 import { z } from 'zod';
-import { knownShadowChecks } from '../policy/shadow.js';
+import { knownShadowChecks } from './shadow-checks.js';
 import { parseCidr } from './cidr.js';
 
 // Records are objects, not strict objects: a reader ignores fields it does not know

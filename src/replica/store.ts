@@ -10,7 +10,7 @@ import { openPrivateDatabase } from '../sqlite-file.js';
 import type { ChangeBatch } from '../protocol/records.js';
 import type { KeyFacts, ModelLimit } from '../policy/facts.js';
 import { pickPrice, type Price, type PriceEntry } from '../policy/pricing.js';
-import { knownShadowChecks, type ShadowCheck } from '../policy/shadow.js';
+import { knownShadowChecks, type ShadowCheck } from '../protocol/shadow-checks.js';
 
 
 export interface ReplicaStatus {

@@ -9,7 +9,8 @@ import assert from 'node:assert/strict';
 import { test } from 'node:test';
 import type { AdmitInput, AdmitResult, HoldInput, Lease, LimitRefusal, ModelLimitInput, RouteCapacity } from '../../src/limits/limiter.js';
 import { admitShadowed, holdShadowed } from '../../src/limits/shadow.js';
-import { shadowSet, type ShadowCheck } from '../../src/policy/shadow.js';
+import { shadowSet } from '../../src/policy/shadow.js';
+import type { ShadowCheck } from '../../src/protocol/shadow-checks.js';
 import { keyBudget, projectBudget, wallet } from './limits-conformance-ledger.js';
 import { type Harness, input, leaseOf, uid } from './redis-limits-conformance.js';
 
