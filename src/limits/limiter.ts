@@ -9,7 +9,8 @@
  * failover-guard.ts and failover-money.ts say what happens when Redis fails; memory.ts (with
  * memory-store.ts, memory-admission.ts), ledger-memory.ts and claims-memory.ts are the
  * in-process limiter, ledger and claims; bucket.ts, ledger.ts, leases.ts and lease-term.ts hold
- * the arithmetic, lease keeping and lease term they share with Redis; hold-watch.ts reports holds to the budget alerts.
+ * the arithmetic, lease keeping and lease term they share with Redis; hold-watch.ts reports
+ * holds to the budget alerts.
  * redis/ holds the Redis limiter (limiter.ts), its two admission paths (request-path.ts,
  * lease-path.ts), its ledger (ledger.ts, with hold-queue.ts and spend-slices.ts), claims
  * (claims.ts), the settlement batch and the Lua.

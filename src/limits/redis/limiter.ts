@@ -84,7 +84,7 @@ class SharedLimiter implements RedisLimiter {
       atTurnEnd: (fn) => atTurnEnd(client, fn),
       cluster,
       // A slice is used for at most a second (a new epoch applies within one), so never past its
-      // lease, whatever term a reload puts in force (the config's least is a second).
+      // lease, whatever term a reload puts in force (the config allows no term under a second).
       spendSlices: opts.lease ? { windowMs: Math.min(opts.lease.sliceMs, SPEND_SLICE_MAX_MS, opts.leaseMs) } : null,
     });
     this.news = opts.lease
