@@ -14,9 +14,8 @@ const defaultRefreshEveryMs = (ms: number): number => Math.floor(ms / 3);
 const HISTORY = 16;
 
 export class LeaseTerm {
-  #ms: number;
   readonly #fixedRefreshMs: number | undefined;
-  /** the terms put in force, oldest first, each from when (performance.now()) */
+  /** the terms put in force, oldest first, each from when (performance.now()); the last is in force */
   readonly #terms: { from: number; ms: number }[];
   /** the shortest of the terms no longer remembered */
   #forgottenMs = Infinity;
@@ -24,26 +23,24 @@ export class LeaseTerm {
 
   /** `refreshEveryMs`: a fixed refresh period (0: no timer, tests refresh by hand); by default a third of the term. */
   constructor(ms: number, refreshEveryMs?: number) {
-    this.#ms = ms;
     this.#fixedRefreshMs = refreshEveryMs;
     this.#terms = [{ from: -Infinity, ms }];
   }
 
   /** The lifetime a grant or refresh sent now gives a lease. */
   get ms(): number {
-    return this.#ms;
+    return this.#terms[this.#terms.length - 1]!.ms;
   }
 
   /** How often live leases are refreshed under the term in force. */
   get refreshEveryMs(): number {
-    return this.#fixedRefreshMs ?? defaultRefreshEveryMs(this.#ms);
+    return this.#fixedRefreshMs ?? defaultRefreshEveryMs(this.ms);
   }
 
   /** Puts a new term in force from `at`; listeners hear the previous one. */
   set(ms: number, at: number = performance.now()): void {
-    if (ms === this.#ms) return;
-    const previous = { ms: this.#ms, refreshEveryMs: this.refreshEveryMs };
-    this.#ms = ms;
+    if (ms === this.ms) return;
+    const previous = { ms: this.ms, refreshEveryMs: this.refreshEveryMs };
     this.#terms.push({ from: at, ms });
     if (this.#terms.length > HISTORY) this.#forgottenMs = Math.min(this.#forgottenMs, this.#terms.shift()!.ms);
     for (const listener of this.#listeners) listener(previous);
