@@ -3,7 +3,7 @@
  * time can count on, and how the keepers' refresh timers follow a change.
  */
 import assert from 'node:assert/strict';
-import { mock, test } from 'node:test';
+import { mock, test, type TestContext } from 'node:test';
 import { LeaseTerm } from '../../src/limits/lease-term.js';
 import { createLeaseKeeper } from '../../src/limits/leases.js';
 
@@ -40,47 +40,46 @@ test('the refresh period is a third of the term unless fixed; setting the same t
   assert.equal(new LeaseTerm(30_000, 0).refreshEveryMs, 0);
 });
 
+/** One step of a keeper's life under mocked timers: move the clock by `tick` ms, then expect `refreshes` refreshes so far. */
+type Step = { tick: number; refreshes: number; why?: string };
+
 /**
- * A keeper on `term` with one lease in set `s`, under mocked timers; `refreshes()` counts
- * the refreshes so far, once the last one's round has ended (a round still running takes
- * no other).
+ * A keeper on a 30 s term holding one lease in set `s`, under mocked timers: 5 s in, the
+ * term becomes `newMs`; then the steps. Refreshes are counted once the last one's round
+ * has ended (a round still running takes no other). Returns the keeper and the count.
  */
-function keptLease(term: LeaseTerm) {
+async function afterChange(t: TestContext, newMs: number, steps: Step[]) {
+  t.mock.timers.enable({ apis: ['setTimeout'] });
+  const term = new LeaseTerm(30_000);
   let n = 0;
   const k = createLeaseKeeper({ term, refresh: async () => void n++, onError: (err) => assert.fail(String(err)) });
   k.add('a', ['s']);
-  return { k, refreshes: async () => (await new Promise(setImmediate), n) };
+  const refreshes = async () => (await new Promise(setImmediate), n);
+  t.mock.timers.tick(5_000);
+  term.set(newMs);
+  for (const step of steps) {
+    t.mock.timers.tick(step.tick);
+    assert.equal(await refreshes(), step.refreshes, step.why);
+  }
+  return { k, refreshes };
 }
 
 test('a longer term: the refresh already planned still comes, the ones after it at the new period', async (t) => {
-  t.mock.timers.enable({ apis: ['setTimeout'] });
-  const term = new LeaseTerm(30_000);
-  const { k, refreshes } = keptLease(term);
-  t.mock.timers.tick(5_000);
-  term.set(300_000);
-  t.mock.timers.tick(4_999);
-  assert.equal(await refreshes(), 0);
-  t.mock.timers.tick(1);
-  assert.equal(await refreshes(), 1, 'leases refreshed under 30 s must not wait 100 s');
-  t.mock.timers.tick(99_999);
-  assert.equal(await refreshes(), 1);
-  t.mock.timers.tick(1);
-  assert.equal(await refreshes(), 2);
+  const { k } = await afterChange(t, 300_000, [
+    { tick: 4_999, refreshes: 0 },
+    { tick: 1, refreshes: 1, why: 'leases refreshed under 30 s must not wait 100 s' },
+    { tick: 99_999, refreshes: 1 },
+    { tick: 1, refreshes: 2 },
+  ]);
   k.stop();
 });
 
 test('a shorter term: the next refresh comes one new period later', async (t) => {
-  t.mock.timers.enable({ apis: ['setTimeout'] });
-  const term = new LeaseTerm(30_000);
-  const { k, refreshes } = keptLease(term);
-  t.mock.timers.tick(5_000);
-  term.set(3_000);
-  t.mock.timers.tick(999);
-  assert.equal(await refreshes(), 0);
-  t.mock.timers.tick(1);
-  assert.equal(await refreshes(), 1, 'a lease granted now lives 3 s: it is refreshed within a second');
-  t.mock.timers.tick(1_000);
-  assert.equal(await refreshes(), 2);
+  const { k, refreshes } = await afterChange(t, 3_000, [
+    { tick: 999, refreshes: 0 },
+    { tick: 1, refreshes: 1, why: 'a lease granted now lives 3 s: it is refreshed within a second' },
+    { tick: 1_000, refreshes: 2 },
+  ]);
   k.stop();
   t.mock.timers.tick(10_000);
   assert.equal(await refreshes(), 2, 'a stopped keeper refreshes no more');
