@@ -85,57 +85,77 @@ export function noteKeepAlive(socket: Duplex | null, hint: string | null): void 
 // eslint-disable-next-line @typescript-eslint/no-explicit-any -- a mixin's base takes any arguments (TypeScript's rule)
 type AgentClass = new (...args: any[]) => http.Agent;
 
-/** Base with the hooks above and the sweep; `timeoutMs` 0 leaves busy sockets without a timeout. */
-function guarded<B extends AgentClass>(Base: B, timeoutMs: number) {
-  const message = `no answer from upstream within ${timeoutMs} ms`;
-  const busyLimit = timeoutMs > 0 ? timeoutMs : Infinity;
-  const sweepMs = timeoutMs > 0 ? Math.max(10, Math.min(SWEEP_MAX_MS, timeoutMs / 4)) : SWEEP_MAX_MS;
-  // A spell is seen to start up to one look late and to end up to one look late: an idle
-  // socket is closed two looks before its hint's end, so never after it.
-  const idleLimit = (w: Watch): number => Math.min(busyLimit, w.idleMs - 2 * sweepMs);
+/**
+ * One agent's sockets, looked at together every `sweepMs`: a busy spell longer than the
+ * timeout ends the socket with UpstreamTimeout, an idle one longer than its limit closes
+ * it quietly. `timeoutMs` 0 leaves busy sockets without a timeout.
+ */
+class SocketSweep {
+  readonly #live = new Map<Socket, Watch>();
+  #timer: NodeJS.Timeout | null = null;
+  readonly #message: string;
+  readonly #busyLimit: number;
+  readonly #sweepMs: number;
 
-  return class extends Base {
-    readonly #live = new Map<Socket, Watch>();
-    #sweeper: NodeJS.Timeout | null = null;
+  constructor(timeoutMs: number) {
+    this.#message = `no answer from upstream within ${timeoutMs} ms`;
+    this.#busyLimit = timeoutMs > 0 ? timeoutMs : Infinity;
+    this.#sweepMs = timeoutMs > 0 ? Math.max(10, Math.min(SWEEP_MAX_MS, timeoutMs / 4)) : SWEEP_MAX_MS;
+  }
 
-    #sweep(): void {
-      const now = performance.now();
-      for (const [socket, w] of this.#live) {
-        const read = socket.bytesRead;
-        const written = socket.bytesWritten;
-        if (read !== w.read || written !== w.written || w.busy !== w.seenBusy) {
-          w.read = read;
-          w.written = written;
-          w.seenBusy = w.busy;
-          w.quietSince = now;
-        } else if (now - w.quietSince >= (w.busy ? busyLimit : idleLimit(w))) {
-          socket.destroy(w.busy ? new UpstreamTimeout(message) : undefined);
-        }
+  /**
+   * A spell is seen to start up to one look late and to end up to one look late: an idle
+   * socket is closed two looks before its hint's end, so never after it.
+   */
+  #idleLimit(w: Watch): number {
+    return Math.min(this.#busyLimit, w.idleMs - 2 * this.#sweepMs);
+  }
+
+  #look(): void {
+    const now = performance.now();
+    for (const [socket, w] of this.#live) {
+      const read = socket.bytesRead;
+      const written = socket.bytesWritten;
+      if (read !== w.read || written !== w.written || w.busy !== w.seenBusy) {
+        w.read = read;
+        w.written = written;
+        w.seenBusy = w.busy;
+        w.quietSince = now;
+      } else if (now - w.quietSince >= (w.busy ? this.#busyLimit : this.#idleLimit(w))) {
+        socket.destroy(w.busy ? new UpstreamTimeout(this.#message) : undefined);
       }
     }
+  }
 
-    #stopSweep(): void {
-      if (this.#sweeper) clearInterval(this.#sweeper);
-      this.#sweeper = null;
-    }
+  /** Watches a new socket (busy: it is made for a request) for the rest of its life. */
+  watch(socket: Socket): void {
+    const w: Watch = { busy: true, idleMs: Infinity, seenBusy: true, read: 0, written: 0, quietSince: performance.now() };
+    watches.set(socket, w);
+    this.#live.set(socket, w);
+    // One listener for the socket's life: adding and removing one per request cost more
+    // than the check it makes on each chunk of a busy socket's response. Recent Node
+    // releases guard free sockets too, undocumented and not on every hand-off path; this
+    // guard does not rely on it.
+    socket.on('data', () => {
+      if (!w.busy) socket.destroy();
+    });
+    socket.once('close', () => {
+      this.#live.delete(socket);
+      if (this.#live.size === 0) this.stop();
+    });
+    this.#timer ??= setInterval(() => this.#look(), this.#sweepMs).unref();
+  }
 
-    #watch(socket: Socket): void {
-      const w: Watch = { busy: true, idleMs: Infinity, seenBusy: true, read: 0, written: 0, quietSince: performance.now() };
-      watches.set(socket, w);
-      this.#live.set(socket, w);
-      // One listener for the socket's life: adding and removing one per request cost more
-      // than the check it makes on each chunk of a busy socket's response. Recent Node
-      // releases guard free sockets too, undocumented and not on every hand-off path; this
-      // guard does not rely on it.
-      socket.on('data', () => {
-        if (!w.busy) socket.destroy();
-      });
-      socket.once('close', () => {
-        this.#live.delete(socket);
-        if (this.#live.size === 0) this.#stopSweep();
-      });
-      this.#sweeper ??= setInterval(() => this.#sweep(), sweepMs).unref();
-    }
+  stop(): void {
+    if (this.#timer) clearInterval(this.#timer);
+    this.#timer = null;
+  }
+}
+
+/** Base with the hooks above, and a sweep of its own sockets. */
+function guarded<B extends AgentClass>(Base: B, timeoutMs: number) {
+  return class extends Base {
+    readonly #sweep = new SocketSweep(timeoutMs);
 
     override keepSocketAlive(socket: Duplex): boolean {
       const keep = super.keepSocketAlive(socket) as unknown as boolean;
@@ -153,13 +173,13 @@ function guarded<B extends AgentClass>(Base: B, timeoutMs: number) {
 
     override createConnection(options: http.ClientRequestArgs, callback?: (err: Error | null, stream: Duplex) => void): Duplex | null | undefined {
       const socket = super.createConnection(options, callback);
-      if (socket) this.#watch(socket as Socket);
+      if (socket) this.#sweep.watch(socket as Socket);
       return socket;
     }
 
     override destroy(): void {
       super.destroy();
-      this.#stopSweep();
+      this.#sweep.stop();
     }
   };
 }
