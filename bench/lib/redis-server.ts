@@ -1,12 +1,12 @@
 /**
  * The Redis the Redis variants use, and its CPU time. By default a private redis-server on a
- * free loopback port (no persistence), so its CPU is the benchmark's alone: a shared Redis
+ * loopback port claimed by binding it (no persistence), so its CPU is the benchmark's alone: a shared Redis
  * also serves whatever else runs on the machine. BENCH_REDIS_URL names another one; its CPU
  * then comes from /proc/<process_id> when that is readable, else from INFO cpu.
  */
-import { spawn, spawnSync } from 'node:child_process';
-import { createServer } from 'node:net';
+import { spawnSync } from 'node:child_process';
 import { Redis } from 'ioredis';
+import { REDIS_SERVER, spawnRedisOnSomePort } from '../../test/helpers/redis-server.js';
 import { ownCpuSeconds } from './procstat.js';
 import { redisAvailable, track } from './servers.js';
 import { REDIS_URL, REDIS_URL_GIVEN, log } from './settings.js';
@@ -22,40 +22,19 @@ export interface RedisUnderTest {
   stop(): Promise<void>;
 }
 
-function freePort(): Promise<number> {
-  return new Promise((resolve, reject) => {
-    const s = createServer();
-    s.once('error', reject);
-    s.listen(0, '127.0.0.1', () => {
-      const addr = s.address();
-      s.close(() => resolve(typeof addr === 'object' && addr ? addr.port : 0));
-    });
-  });
-}
-
 async function startPrivate(): Promise<RedisUnderTest | null> {
-  if (spawnSync('redis-server', ['--version']).status !== 0) return null;
-  const port = await freePort();
-  const child = spawn('redis-server', ['--port', String(port), '--bind', '127.0.0.1', '--save', '', '--appendonly', 'no', '--loglevel', 'warning'], { stdio: 'ignore' });
-  track(child);
-  const url = `redis://127.0.0.1:${port}`;
-  for (let i = 0; i < 50 && !(await redisAvailable(url)); i++) await new Promise((r) => setTimeout(r, 100));
-  if (!(await redisAvailable(url))) {
-    child.kill('SIGKILL');
-    return null;
-  }
-  const pid = child.pid!;
+  if (spawnSync(REDIS_SERVER, ['--version']).status !== 0) return null;
+  const started = await spawnRedisOnSomePort(() => ['--save', '', '--appendonly', 'no']).catch(() => null);
+  if (!started) return null;
+  const { port, server } = started;
+  track(server.proc);
+  const pid = server.proc.pid!;
   return {
-    url,
+    url: `redis://127.0.0.1:${port}`,
     pid,
     own: true,
     cpuSeconds: () => Promise.resolve(ownCpuSeconds(pid)),
-    stop: () =>
-      new Promise((resolve) => {
-        if (child.exitCode !== null) return resolve();
-        child.once('exit', () => resolve());
-        child.kill('SIGTERM');
-      }),
+    stop: () => server.stop(),
   };
 }
 
