@@ -10,7 +10,7 @@
  */
 import { addShadowCode, isShadowed, NO_SHADOW, type ShadowSet } from '../policy/shadow.js';
 import type { ShadowCheck } from '../protocol/shadow-checks.js';
-import type { AdmitInput, AdmitResult, HoldInput, HoldResult, LimitCheck, Limiter, Quota, QuotaFigures } from './limiter.js';
+import { isLimited, type AdmitInput, type AdmitResult, type HoldInput, type HoldResult, type LimitCheck, type Limiter, type LimitRefusal, type Quota, type QuotaFigures } from './limiter.js';
 
 /** The shadow name that covers each check. */
 const SHADOW_NAME: Readonly<Record<LimitCheck, ShadowCheck>> = {
@@ -71,12 +71,50 @@ async function askUntilEnforced(limiter: Pick<Limiter, 'admit'>, input: AdmitInp
     if (r.ok) return shown ? { ok: true, lease: r.lease, quota: shown(r.quota) } : r;
     if (r.code === 'limits_unavailable') return r;
     // An enforced refusal (a 429 for the key's own TPM, say) shows a shadowed bucket's figures too.
-    if (!isShadowed(o.shadow, SHADOW_NAME[r.check]) || n >= MAX_ASKS) return shown ? { ...r, quota: shown(r.quota) } : r;
+    if (!isShadowed(o.shadow, SHADOW_NAME[r.check]) || n >= MAX_ASKS) return enforcedWait(limiter, ask, o.shadow, shown ? { ...r, quota: shown(r.quota) } : r);
     addShadowCode(o.codes, r.code);
     if (r.check === 'rpm') requests = r.quota.requests;
     if (r.check === 'tpm') tokens = r.quota.tokens;
     ask = withoutCheck(ask, r.check);
   }
+}
+
+/** Whether `check` still limits the admission `input` asks for. */
+function limits(input: AdmitInput, check: LimitCheck): boolean {
+  switch (check) {
+    case 'route_concurrency':
+      return isLimited(input.route.concurrency);
+    case 'route_rpm':
+      return isLimited(input.route.rpm);
+    case 'rpm':
+    case 'tpm':
+    case 'concurrency':
+      return isLimited(input.limits[check]);
+    case 'model_rpm':
+      return isLimited(input.modelLimit?.rpm);
+    case 'model_tpm':
+      return isLimited(input.modelLimit?.tpm);
+  }
+}
+
+const ALL_CHECKS = Object.keys(SHADOW_NAME) as LimitCheck[];
+
+/**
+ * An enforced refusal's wait counts the enforced checks alone (DESIGN section 6: the time
+ * until the request fits). A limiter's wait is the longest of every check that fails, and a
+ * shadowed one failing after the enforced one would lengthen it, so the limiter is asked
+ * once more with every shadowed check off: a refusal takes nothing. Should that ask fit
+ * (the enforced bucket refilled in between), it is given back and the request may retry at once.
+ */
+async function enforcedWait(limiter: Pick<Limiter, 'admit'>, ask: AdmitInput, shadow: ShadowSet, refusal: LimitRefusal): Promise<LimitRefusal> {
+  const checks = ALL_CHECKS.filter((c) => isShadowed(shadow, SHADOW_NAME[c]) && limits(ask, c));
+  if (checks.length === 0) return refusal;
+  const again = await limiter.admit(checks.reduce(withoutCheck, ask));
+  if (again.ok) {
+    again.lease.cancel();
+    return { ...refusal, retryAfterMs: 0 };
+  }
+  return again.code === 'limits_unavailable' ? refusal : { ...refusal, retryAfterMs: Math.min(refusal.retryAfterMs, again.retryAfterMs) };
 }
 
 /** Step 9 under shadow: with `budget` shadowed, a holder that cannot fit the hold is left out of it. */

@@ -198,6 +198,24 @@ export function shadowConformance(get: () => Harness): void {
     assert.deepEqual([enforced.quota.requests?.limit, enforced.quota.requests?.remaining, enforced.quota.tokens?.remaining], [1, 0, 0]);
   });
 
+  test('an enforced refusal waits for the enforced checks alone: a shadowed check failing after it adds nothing', async () => {
+    const key = uid('k');
+    const limits = { rpm: 2, tpm: 100 };
+    leaseOf(await lim().admit(input(key, { limits, tokens: 100 }))).finish({ tokens: null });
+    const second = await shadowed(input(key, { limits, tokens: 100 }), ['tpm']);
+    assert.deepEqual(second.codes, ['tpm_exceeded']);
+    leaseOf(second.r).finish({ tokens: null });
+    // Both buckets are empty: RPM (enforced, checked first) lacks a token of 2 a minute, TPM
+    // (shadowed) lacks a whole minute's 100.
+    const third = await shadowed(input(key, { limits, tokens: 100 }), ['tpm']);
+    const wait = refusal(third.r, 'rpm_exceeded', 'rpm').retryAfterMs;
+    assert.ok(wait > 25_000 && wait <= 30_000, `one RPM token, not the shadowed TPM bucket's minute: ${wait}`);
+    assert.deepEqual(third.codes, []);
+    // Enforced, the same request waits for both.
+    const both = refusal(await lim().admit(input(key, { limits, tokens: 100 })), 'rpm_exceeded', 'rpm').retryAfterMs;
+    assert.ok(both > 55_000, `the longest of both: ${both}`);
+  });
+
   test('shadow budget: a holder that cannot fit is left out of the hold; the others hold and settle as enforced', async () => {
     const hold = async (inp: HoldInput) => {
       const codes: string[] = [];
