@@ -82,11 +82,24 @@ describe('header lines', () => {
     assert.equal(rec.body.toString(), 'file bytes');
   });
 
-  test('repeated cookie lines keep every value in order', async () => {
+  test('repeated cookie lines stay separate lines in order, with every other line and the body unchanged', async () => {
     assert.equal(await exchange(`GET /v1/models HTTP/1.1\r\nHost: a\r\nAuthorization: Bearer ${h.keys.k_ok}\r\nCookie: a=1\r\nCookie: b=2; c=3\r\n\r\n`), 200);
-    // Node's client sends a repeated Cookie as one line joined with "; " (RFC 6265 section
-    // 5.4, RFC 9113 section 8.2.3): the one header where that join is the field's own syntax.
-    assert.deepEqual(named(up.received.at(-1)!.rawHeaders, 'cookie').map(([, v]) => v), ['a=1; b=2; c=3']);
+    assert.deepEqual(named(up.received.at(-1)!.rawHeaders, 'cookie').map(([, v]) => v), ['a=1', 'b=2; c=3']);
+
+    const body = '{"model":"gpt-4o","messages":[{"role":"user","content":"hi"}]}';
+    const status = await exchange(
+      `POST /v1/chat/completions?v=1 HTTP/1.1\r\nHost: a\r\nCookie: s=1\r\nAuthorization: Bearer ${h.keys.k_ok}\r\n${block}cookie: t=2\r\nContent-Type: application/json\r\nContent-Length: ${body.length}\r\n\r\n`,
+      body,
+    );
+    assert.equal(status, 200);
+    const rec = up.received.at(-1)!;
+    assert.equal(rec.url, '/v1/chat/completions?v=1');
+    assert.equal(rec.body.toString(), body);
+    assert.deepEqual(named(rec.rawHeaders, 'cookie').map(([, v]) => v), ['s=1', 't=2']);
+    assert.deepEqual(named(rec.rawHeaders, 'host').map(([, v]) => v), ['a']);
+    assert.deepEqual(named(rec.rawHeaders, 'x-trace').map(([, v]) => v), ['one', 'two, three', 'four']);
+    assert.deepEqual(named(rec.rawHeaders, 'user-agent').map(([, v]) => v), ['first/1', 'second/2']);
+    assert.deepEqual(named(rec.rawHeaders, 'content-length').map(([, v]) => v), [String(body.length)]);
   });
 
   test('hop-by-hop lines and every name a Connection line lists are dropped; the rest stay', async () => {
@@ -107,5 +120,34 @@ describe('header lines', () => {
     assert.deepEqual(named(raw, '__proto__').map(([, v]) => v), ['x', 'w']);
     assert.deepEqual(named(raw, 'constructor').map(([, v]) => v), ['y', 'z']);
     assert.deepEqual(named(raw, 'tostring').map(([, v]) => v), ['t']);
+  });
+});
+
+describe('header lines, upstream under a path', () => {
+  let based: Harness;
+  let basedPort: number;
+  before(async () => {
+    based = await startHarness({ upstream: `${up.url}/base/?tenant=1`, keys: { k_ok: {} } });
+    basedPort = Number(new URL(based.url).port);
+  });
+  after(() => based.close());
+
+  /** The path and query the upstream read for `target`, with `cookies` Cookie lines. */
+  async function pathFor(target: string, cookies: number): Promise<string> {
+    const lines = Array.from({ length: cookies }, (_, i) => `Cookie: c${i}=1\r\n`).join('');
+    const n = up.received.length;
+    const ex = await rawExchange(basedPort, [`GET ${target} HTTP/1.1\r\nHost: a\r\nAuthorization: Bearer ${based.keys.k_ok}\r\n${lines}\r\n`], { expect: 1 });
+    assert.equal(ex.responses[0]!.status, 200);
+    assert.equal(up.received.length, n + 1);
+    assert.equal(named(up.received.at(-1)!.rawHeaders, 'cookie').length, cookies);
+    return up.received.at(-1)!.url;
+  }
+
+  test('a request sent line by line goes to the path the one-line request goes to', async () => {
+    for (const target of ['/v1/models', '/v1/models?x=1&y=2', '/v1/models/gpt-4o', '/v1/files/file-1/content?a=%20b']) {
+      const one = await pathFor(target, 1);
+      assert.equal(await pathFor(target, 2), one, target);
+    }
+    assert.equal(await pathFor('/v1/models?x=1', 2), '/base/v1/models?tenant=1&x=1');
   });
 });

@@ -6,6 +6,7 @@ import { once } from 'node:events';
 import { startFakeUpstream, type FakeUpstream } from '../helpers/upstream.js';
 import { startHarness, type Harness } from '../helpers/sidecar.js';
 import { bearer, send } from '../helpers/http.js';
+import { rawExchange } from '../helpers/raw.js';
 
 describe('upstream failures', () => {
   let up: FakeUpstream;
@@ -47,6 +48,18 @@ describe('upstream failures', () => {
     assert.equal(res.status, 502);
     assert.equal(res.headers['x-keyward-error'], 'upstream_unavailable');
     assert.deepEqual(Object.keys(res.json()), ['type', 'error']);
+  });
+
+  test('a request sent line by line (two Cookie lines) fails the same ways: 504 in time, 502 unreachable', async () => {
+    const port = Number(new URL(h.url).port);
+    const ask = async (key: string) => {
+      const head = `GET /v1/files/file-1/content HTTP/1.1\r\nHost: a\r\nAuthorization: Bearer ${key}\r\nCookie: a=1\r\nCookie: b=2\r\n\r\n`;
+      return (await rawExchange(port, [head], { expect: 1 })).responses[0]!;
+    };
+    const slow = await ask(h.keys.k_ok!);
+    assert.deepEqual([slow.status, slow.headers['x-keyward-error']], [504, 'upstream_timeout']);
+    const dead = await ask(h.keys.k_dead!);
+    assert.deepEqual([dead.status, dead.headers['x-keyward-error']], [502, 'upstream_unavailable']);
   });
 
   test('an unknown routing mode goes to default and is logged', async () => {

@@ -6,7 +6,7 @@
  * except for hop-by-hop headers, which belong to each connection and are dropped both ways,
  * and a `traceparent` the call names (DESIGN section 13: keyward's span as the parent).
  */
-import type { IncomingMessage, ServerResponse } from 'node:http';
+import type { Agent, IncomingMessage, ServerResponse } from 'node:http';
 import type { Socket } from 'node:net';
 import type { Readable, Stream, Writable } from 'node:stream';
 import type { BodySource } from '../body/read.js';
@@ -14,6 +14,7 @@ import { createProxyServer } from 'http-proxy-3';
 import { noteKeepAlive } from './agent.js';
 import { framingProblem } from './framing.js';
 import { outgoingHeaders } from './header-lines.js';
+import { needsLines, sendLineByLine } from './line-by-line.js';
 import { relay, ResponseHead, responseDrops, type BodyWatcher } from './relay.js';
 import { TargetSet, type Target, type UpstreamTarget } from './targets.js';
 
@@ -134,19 +135,26 @@ function receivedHeaderLines(req: IncomingMessage, res: ServerResponse): void {
 
 export function createForwarder(opts: ForwarderOptions): Forwarder {
   const proxy = createProxyServer({ xfwd: false, changeOrigin: false, ws: false, selfHandleResponse: true });
-  proxy.before('web', 'stream', receivedHeaderLines);
   /** every target whose agent is not destroyed yet, for close */
   const live = new Set<Target>();
   const drops = responseDrops(opts.replacedResponseHeaders ?? []);
-  proxy.on('proxyRes', (proxyRes, req, res) => {
-    const server = res as ServerResponse;
+  const onProxyRes = (proxyRes: IncomingMessage, req: IncomingMessage, server: ServerResponse): void => {
     const head = new ResponseHead(proxyRes, drops);
     noteKeepAlive(proxyRes.socket, head.keepAlive);
     // The client's own connection decides keep-alive (the upstream's Connection is its
     // own); an HTTP/1.0 client is answered `close`, as http-proxy-3 answers it.
     head.add('connection', req.httpVersion === '1.0' || !server.shouldKeepAlive ? 'close' : 'keep-alive');
-    const watcher = (res as HookedResponse)[HOOKS]?.onResponse(server, proxyRes, head) ?? null;
+    const watcher = (server as HookedResponse)[HOOKS]?.onResponse(server, proxyRes, head) ?? null;
     relay(proxyRes, server, { head, watcher });
+  };
+  proxy.on('proxyRes', (proxyRes, req, res) => onProxyRes(proxyRes, req, res as ServerResponse));
+  proxy.before('web', 'stream', (req, res, options) => {
+    receivedHeaderLines(req, res);
+    if (!needsLines(req.headers)) return false;
+    // A pass that returns true ends http-proxy-3's pass chain: its `stream` pass does not run.
+    const call = { req, res, target: options.target as URL, prependPath: options.prependPath !== false, agent: options.agent as Agent };
+    sendLineByLine({ ...call, body: options.buffer as unknown as BodySource, onResponse: onProxyRes, onError: onProxyError });
+    return true;
   });
   // A client that went away mid-request: http-proxy-3 already destroyed the upstream request.
   proxy.on('econnreset', () => {});
