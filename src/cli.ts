@@ -6,6 +6,7 @@ import cluster from 'node:cluster';
 import { Command, Option } from 'commander';
 import { ConfigError } from './config/load.js';
 import { loadConfig } from './config/file.js';
+import { DEFAULT_REPLICA_PATH } from './config/schema.js';
 import { serve, serveWorker } from './app/serve.js';
 import { parseWorkers } from './app/workers.js';
 import { importSnapshotFile, ImportError } from './app/import.js';
@@ -76,13 +77,12 @@ export function buildProgram(): Command {
     .description('apply a snapshot file (sync protocol v1 NDJSON) to the replica, atomically')
     .argument('<file>', 'snapshot file')
     .addOption(new Option('-c, --config <file>', 'config file naming replica.path').conflicts('replica'))
-    .option('--replica <path>', 'replica file (instead of --config)')
+    .option('--replica <path>', `replica file (instead of --config; neither: ${DEFAULT_REPLICA_PATH}, the config's default)`)
     .action(async (file: string, o: { config?: string; replica?: string }) => {
-      const path = o.replica ?? (o.config ? loadConfig(o.config).config.replica.path : undefined);
-      if (!path) throw new Error('import needs --config <file> or --replica <path>');
+      const path = o.replica ?? (o.config ? loadConfig(o.config).config.replica.path : DEFAULT_REPLICA_PATH);
       // Every line is validated inside the one transaction: a bad file changes nothing.
       const counts = await importSnapshotFile({ replicaPath: path, file });
-      process.stdout.write(`imported version ${counts.version}: ${counts.keys} keys, ${counts.projects} projects, ${counts.wallets} wallets\n`);
+      process.stdout.write(`imported version ${counts.version}: ${counts.keys} keys, ${counts.projects} projects, ${counts.wallets} wallets into ${path}\n`);
     });
 
   registerConsoleCommands(program);

@@ -52,6 +52,8 @@ const upstream = z.strictObject({
 
 /** The URL DESIGN section 2 gives the `default` upstream when its entry names none; other modes name their own. */
 const DEFAULT_UPSTREAM_URL = 'http://127.0.0.1:4000';
+/** `replica.path` when the config names none; also where `keyward import` writes without a config */
+export const DEFAULT_REPLICA_PATH = './data/replica.sqlite';
 function defaultUpstreamUrl(u: unknown): unknown {
   if (!isRecord(u) || !isRecord(u.default) || u.default.url !== undefined) return u;
   return { ...u, default: { ...u.default, url: DEFAULT_UPSTREAM_URL } };
@@ -93,7 +95,7 @@ export const configSchema = z
     upstreams: z
       .preprocess(defaultUpstreamUrl, z.record(z.string().regex(/^[A-Za-z0-9_.-]+$/, 'expected a routing mode name: letters, digits, `_`, `.` and `-`'), upstream)
       .refine((u) => !isRecord(u) || 'default' in u, { message: 'upstreams.default is required', ...always })),
-    replica: z.strictObject({ path: z.string().min(1).default('./data/replica.sqlite') }).prefault({}),
+    replica: z.strictObject({ path: z.string().min(1).default(DEFAULT_REPLICA_PATH) }).prefault({}),
     console: z
       .strictObject({
         url: httpUrl.default('http://127.0.0.1:7000'),

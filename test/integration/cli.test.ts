@@ -113,6 +113,23 @@ describe('keyward CLI', () => {
     }
   });
 
+  test('import without --config or --replica writes the default replica path, under the working directory', () => {
+    const cwd = mkdtempSync(join(dir, 'cwd-'));
+    const file = join(dir, 'default.ndjson');
+    writeFileSync(file, snapshot(3, [keyLine('k9', 'secret-nine')]));
+    // tsx named by its file: `--import tsx` resolves from the working directory
+    const args = ['--import', import.meta.resolve('tsx'), ...KEYWARD_ARGS.slice(2)];
+    const r = spawnSync(process.execPath, [...args, 'import', file], { encoding: 'utf8', timeout: 30_000, cwd });
+    assert.equal(r.status, 0, r.stderr);
+    assert.match(r.stdout, /version 3: 1 keys, .* into \.\/data\/replica\.sqlite/);
+    const store = new ReplicaStore({ path: join(cwd, 'data', 'replica.sqlite') });
+    try {
+      assert.equal(store.lookup(hash('secret-nine'))?.key.id, 'k9');
+    } finally {
+      store.close();
+    }
+  });
+
   test('serve: answers with the imported replica, picks up a later import, exits 0 on SIGTERM', async () => {
     const replica = join(dir, 'serve.sqlite');
     const cfg = join(dir, 'serve.yaml');
