@@ -215,6 +215,26 @@ async function listingQuota(limiter: Limiter, key: KeyFacts['key']): Promise<Quo
   }
 }
 
+/**
+ * Step 5 with live spend: a budget is exhausted when its live ledger says so (DESIGN
+ * section 5), and the replica's figures, which step 5 reads, can lag it. So a model request
+ * that a later step (6 to 8) is about to refuse asks its ledgers first, with a hold of 0,
+ * and is answered 402 when one is spent, as step 5 would have. Only on those refusals: a
+ * request that gets through learns the same at step 9, where it takes its hold.
+ */
+async function liveBudgetDenial(deps: PipelineDeps, o: { snap: Snapshot; admitted: Allow['seen']; requestId: string }): Promise<Denial | null> {
+  const facts = o.admitted.facts;
+  if (o.admitted.route.class !== 'model' || isShadowed(shadowOf(o.snap, facts), 'budget')) return null;
+  const { tag, holders } = holdersOf(facts);
+  if (holders.length === 0) return null;
+  const held = await deps.limiter.hold({ requestId: o.requestId, tag, holders, amount: 0 });
+  if (held.ok) {
+    held.hold.settle(0);
+    return null;
+  }
+  return held.code === 'limits_unavailable' ? null : deny(held.code);
+}
+
 /** Decides `input` under the settings of `snap`, the snapshot the request arrived under. */
 export async function decide(input: RequestInput, deps: PipelineDeps, snap: Snapshot, requestId: string): Promise<Decision> {
   const seen: Seen = { route: null, facts: null, upstream: null, model: null, shadow: [] };
@@ -230,7 +250,7 @@ export async function decide(input: RequestInput, deps: PipelineDeps, snap: Snap
 
   const bodyRead = route.class === 'model';
   const read = await bodyStep(input, { snap, admitted, seen });
-  if ('denial' in read) return denied(seen, read.denial);
+  if ('denial' in read) return denied(seen, (await liveBudgetDenial(deps, { snap, admitted, requestId })) ?? read.denial);
   const { body, estimate, metered } = read;
   const tokens = estimate.prompt + estimate.output;
 
@@ -242,6 +262,8 @@ export async function decide(input: RequestInput, deps: PipelineDeps, snap: Snap
   if (hasAnyLimit(limits)) {
     const result = await admitShadowed(deps.limiter, limits, shadow);
     if (!result.ok) {
+      const spent = await liveBudgetDenial(deps, { snap, admitted, requestId });
+      if (spent) return denied(seen, spent);
       // A key's own RPM or TPM refusal shows the key's figures, as an OpenAI-compatible upstream's 429 does.
       const figures = result.code !== 'limits_unavailable' && (result.check === 'rpm' || result.check === 'tpm') ? result.quota : null;
       return denied(seen, deny(result.code, { retryAfterMs: result.retryAfterMs }), figures);

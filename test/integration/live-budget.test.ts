@@ -44,7 +44,7 @@ for (const variant of VARIANTS) {
     before(async () => {
       h = await startHarness({
         upstream: up.url,
-        keys: { k_team: { kind: 'team', project: 'p_1', budget: 1000, spent: 0 }, k_rpm: { kind: 'team', project: 'p_1', budget: 1, spent: 0, rpm: 2 } },
+        keys: { k_team: { kind: 'team', project: 'p_1', budget: 1000, spent: 0 }, k_rpm: { kind: 'team', project: 'p_1', budget: 1, spent: 0, rpm: 2 }, k_order: { kind: 'team', project: 'p_1', budget: 1000, spent: 0, rpm: 1 } },
         records: [{ type: 'project', id: 'p_1', status: 'enabled', budget: null, spent: 0 }, { type: 'price', model: 'priced-*', input: 1, output: 1, per: 1 }],
         config: variant.config,
       });
@@ -74,6 +74,22 @@ for (const variant of VARIANTS) {
       const res = await countTokens();
       assert.equal(res.status, 402, 'the replica still says spent 0: only the live ledger knows');
       assert.equal(res.headers['x-keyward-error'], 'key_budget_exhausted');
+      assert.equal(up.received.length, before, 'nothing reached the upstream');
+    });
+
+    test('a budget spent live is 402 before a later step refuses: a key out of RPM, a bad body', async () => {
+      const post = (body: string) =>
+        send(h.url, { method: 'POST', path: '/v1/chat/completions', headers: { authorization: `Bearer ${h.keys.k_order}`, 'content-type': 'application/json' }, body });
+      const chat = JSON.stringify({ model: 'priced-model', max_tokens: 1, messages: [] });
+      const settled = waitForLine(h, (l) => l.msg === 'request' && l.key_id === 'k_order');
+      assert.equal((await post(chat)).status, 200, 'the one request of the minute, far within the budget');
+      assert.equal((await settled).input_tokens, 5000);
+      const before = up.received.length;
+      // The replica still says spent 0; the live ledger says 5,001 of 1,000.
+      const late = await post(chat);
+      assert.deepEqual([late.status, late.headers['x-keyward-error']], [402, 'key_budget_exhausted'], 'out of RPM as well, and step 5 comes first');
+      const bad = await post('{"model":');
+      assert.deepEqual([bad.status, bad.headers['x-keyward-error']], [402, 'key_budget_exhausted'], 'an unreadable body as well');
       assert.equal(up.received.length, before, 'nothing reached the upstream');
     });
 
