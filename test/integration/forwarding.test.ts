@@ -161,7 +161,12 @@ describe('forwarding', () => {
     assert.equal(up.received.at(-1)!.sha256, sha256(body));
   });
 
-  test("an SSE response's first event reaches the client before the upstream has finished", async () => {
+  for (const cookies of [0, 2]) {
+  const lines = cookies === 0 ? '' : `, two Cookie lines (sent line by line)`;
+  /** The request's head as Node's documented array of lines (Node adds no Host to one), with `cookies` Cookie lines. */
+  const head = () => ['host', new URL(h.url).host, 'authorization', `Bearer ${h.keys.k_ok!}`, 'content-type', 'application/json', ...Array.from({ length: cookies }, (_, i) => ['cookie', `c${i}=1`]).flat()];
+
+  test(`an SSE response's first event reaches the client before the upstream has finished${lines}`, async () => {
     let release!: () => void;
     const released = new Promise<void>((r) => (release = r));
     up.setHandler(async (_req, res) => {
@@ -172,7 +177,7 @@ describe('forwarding', () => {
     });
     try {
       const u = new URL(h.url);
-      const req = http.request({ host: u.hostname, port: u.port, method: 'POST', path: '/v1/chat/completions', headers: { ...bearer(h.keys.k_ok!), 'content-type': 'application/json' } });
+      const req = http.request({ host: u.hostname, port: u.port, method: 'POST', path: '/v1/chat/completions', headers: head() });
       req.end('{"model":"gpt-4o","stream":true}');
       const [res] = (await once(req, 'response')) as [http.IncomingMessage];
       const [first] = (await once(res, 'data')) as [Buffer];
@@ -189,7 +194,7 @@ describe('forwarding', () => {
     }
   });
 
-  test('a client that goes away closes the upstream request', async () => {
+  test(`a client that goes away closes the upstream request${lines}`, async () => {
     up.setHandler((_req, res) => {
       res.writeHead(200, { 'content-type': 'text/event-stream' });
       res.write('data: {}\n\n'); // and never ends
@@ -197,7 +202,7 @@ describe('forwarding', () => {
     try {
       const arrived = up.nextRequest();
       const u = new URL(h.url);
-      const req = http.request({ host: u.hostname, port: u.port, method: 'POST', path: '/v1/chat/completions', headers: { ...bearer(h.keys.k_ok!), 'content-type': 'application/json' } });
+      const req = http.request({ host: u.hostname, port: u.port, method: 'POST', path: '/v1/chat/completions', headers: head() });
       req.on('error', () => {});
       req.end('{"model":"gpt-4o","stream":true}');
       const [res] = (await once(req, 'response')) as [http.IncomingMessage];
@@ -213,6 +218,7 @@ describe('forwarding', () => {
       });
     }
   });
+  }
 
   test('no key and no key hash ever reaches a log line', async () => {
     const { makeKeyHasher } = await import('../../src/auth/hash.js');
