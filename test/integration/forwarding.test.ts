@@ -162,62 +162,62 @@ describe('forwarding', () => {
   });
 
   for (const cookies of [0, 2]) {
-  const lines = cookies === 0 ? '' : `, two Cookie lines (sent line by line)`;
-  /** The request's head as Node's documented array of lines (Node adds no Host to one), with `cookies` Cookie lines. */
-  const head = () => ['host', new URL(h.url).host, 'authorization', `Bearer ${h.keys.k_ok!}`, 'content-type', 'application/json', ...Array.from({ length: cookies }, (_, i) => ['cookie', `c${i}=1`]).flat()];
+    const lines = cookies === 0 ? '' : `, two Cookie lines (sent line by line)`;
+    /** The request's head as Node's documented array of lines (Node adds no Host to one), with `cookies` Cookie lines. */
+    const head = () => ['host', new URL(h.url).host, 'authorization', `Bearer ${h.keys.k_ok!}`, 'content-type', 'application/json', ...Array.from({ length: cookies }, (_, i) => ['cookie', `c${i}=1`]).flat()];
 
-  test(`an SSE response's first event reaches the client before the upstream has finished${lines}`, async () => {
-    let release!: () => void;
-    const released = new Promise<void>((r) => (release = r));
-    up.setHandler(async (_req, res) => {
-      res.writeHead(200, { 'content-type': 'text/event-stream' });
-      res.write('data: {"choices":[{"delta":{"content":"first"}}]}\n\n');
-      await released; // only the client seeing the first event lets the upstream finish
-      res.end('data: [DONE]\n\n');
-    });
-    try {
-      const u = new URL(h.url);
-      const req = http.request({ host: u.hostname, port: u.port, method: 'POST', path: '/v1/chat/completions', headers: head() });
-      req.end('{"model":"gpt-4o","stream":true}');
-      const [res] = (await once(req, 'response')) as [http.IncomingMessage];
-      const [first] = (await once(res, 'data')) as [Buffer];
-      assert.match(first.toString(), /"first"/);
-      release();
-      const rest: Buffer[] = [];
-      res.on('data', (c: Buffer) => rest.push(c));
-      await once(res, 'end');
-      assert.match(Buffer.concat(rest).toString(), /\[DONE\]/);
-    } finally {
-      up.setHandler((_q, r, rec) => {
-        r.end(JSON.stringify({ ok: true, sha256: rec.sha256 }));
+    test(`an SSE response's first event reaches the client before the upstream has finished${lines}`, async () => {
+      let release!: () => void;
+      const released = new Promise<void>((r) => (release = r));
+      up.setHandler(async (_req, res) => {
+        res.writeHead(200, { 'content-type': 'text/event-stream' });
+        res.write('data: {"choices":[{"delta":{"content":"first"}}]}\n\n');
+        await released; // only the client seeing the first event lets the upstream finish
+        res.end('data: [DONE]\n\n');
       });
-    }
-  });
+      try {
+        const u = new URL(h.url);
+        const req = http.request({ host: u.hostname, port: u.port, method: 'POST', path: '/v1/chat/completions', headers: head() });
+        req.end('{"model":"gpt-4o","stream":true}');
+        const [res] = (await once(req, 'response')) as [http.IncomingMessage];
+        const [first] = (await once(res, 'data')) as [Buffer];
+        assert.match(first.toString(), /"first"/);
+        release();
+        const rest: Buffer[] = [];
+        res.on('data', (c: Buffer) => rest.push(c));
+        await once(res, 'end');
+        assert.match(Buffer.concat(rest).toString(), /\[DONE\]/);
+      } finally {
+        up.setHandler((_q, r, rec) => {
+          r.end(JSON.stringify({ ok: true, sha256: rec.sha256 }));
+        });
+      }
+    });
 
-  test(`a client that goes away closes the upstream request${lines}`, async () => {
-    up.setHandler((_req, res) => {
-      res.writeHead(200, { 'content-type': 'text/event-stream' });
-      res.write('data: {}\n\n'); // and never ends
-    });
-    try {
-      const arrived = up.nextRequest();
-      const u = new URL(h.url);
-      const req = http.request({ host: u.hostname, port: u.port, method: 'POST', path: '/v1/chat/completions', headers: head() });
-      req.on('error', () => {});
-      req.end('{"model":"gpt-4o","stream":true}');
-      const [res] = (await once(req, 'response')) as [http.IncomingMessage];
-      await once(res, 'data');
-      const rec = await arrived;
-      req.destroy();
-      assert.equal(await rec.closed, 'aborted');
-      const line = await waitForLine(h, (l) => l.status === 499);
-      assert.equal(line.key_id, 'k_ok');
-    } finally {
-      up.setHandler((_q, r, rec) => {
-        r.end(JSON.stringify({ ok: true, sha256: rec.sha256 }));
+    test(`a client that goes away closes the upstream request${lines}`, async () => {
+      up.setHandler((_req, res) => {
+        res.writeHead(200, { 'content-type': 'text/event-stream' });
+        res.write('data: {}\n\n'); // and never ends
       });
-    }
-  });
+      try {
+        const arrived = up.nextRequest();
+        const u = new URL(h.url);
+        const req = http.request({ host: u.hostname, port: u.port, method: 'POST', path: '/v1/chat/completions', headers: head() });
+        req.on('error', () => {});
+        req.end('{"model":"gpt-4o","stream":true}');
+        const [res] = (await once(req, 'response')) as [http.IncomingMessage];
+        await once(res, 'data');
+        const rec = await arrived;
+        req.destroy();
+        assert.equal(await rec.closed, 'aborted');
+        const line = await waitForLine(h, (l) => l.status === 499);
+        assert.equal(line.key_id, 'k_ok');
+      } finally {
+        up.setHandler((_q, r, rec) => {
+          r.end(JSON.stringify({ ok: true, sha256: rec.sha256 }));
+        });
+      }
+    });
   }
 
   test('no key and no key hash ever reaches a log line', async () => {
