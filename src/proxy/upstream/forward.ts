@@ -2,7 +2,8 @@
  * Forwarding through http-proxy-3's documented interface (one keep-alive agent per
  * upstream): `web` with per-call options, `selfHandleResponse` with the `proxyRes` event
  * (relay.ts writes the response), the error callback, and one pass of keyward's own
- * before the `stream` pass. Method, path, header lines and body bytes go through unchanged
+ * before the `stream` pass (which sends a request with repeated Cookie lines itself:
+ * line-by-line.ts). Method, path, header lines and body bytes go through unchanged
  * except for hop-by-hop headers, which belong to each connection and are dropped both ways,
  * and a `traceparent` the call names (DESIGN section 13: keyward's span as the parent).
  */
@@ -127,7 +128,8 @@ function onProxyError(err: Error & { code?: string }, _req: IncomingMessage, res
  * or drops repeats), and the framing is the received one again (the `deleteLength` pass
  * before it turns a chunked DELETE or OPTIONS into `content-length: 0` and still pipes the
  * body, which the upstream would read as a second request that no one authenticated).
- * A traceparent the call names takes the received one's place.
+ * A traceparent the call names takes the received one's place. Node's client joins a
+ * list of Cookie values into one line, so the pass then sends such a request itself.
  */
 function receivedHeaderLines(req: IncomingMessage, res: ServerResponse): void {
   req.headers = outgoingHeaders(req.rawHeaders, { traceparent: (res as HookedResponse)[TRACEPARENT] ?? null, known: Object.keys(req.headers) });
