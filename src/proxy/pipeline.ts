@@ -262,7 +262,8 @@ export async function decide(input: RequestInput, deps: PipelineDeps, snap: Snap
   if (hasAnyLimit(limits)) {
     const result = await admitShadowed(deps.limiter, limits, shadow);
     if (!result.ok) {
-      const spent = await liveBudgetDenial(deps, { snap, admitted, requestId });
+      // Limits that cannot be read now are answered at once: a ledger call would wait out the same timeout again.
+      const spent = result.code === 'limits_unavailable' ? null : await liveBudgetDenial(deps, { snap, admitted, requestId });
       if (spent) return denied(seen, spent);
       // A key's own RPM or TPM refusal shows the key's figures, as an OpenAI-compatible upstream's 429 does.
       const figures = result.code !== 'limits_unavailable' && (result.check === 'rpm' || result.check === 'tpm') ? result.quota : null;
