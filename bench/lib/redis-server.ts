@@ -1,8 +1,9 @@
 /**
  * The Redis the Redis variants use, and its CPU time. By default a private redis-server on a
- * loopback port claimed by binding it (no persistence), so its CPU is the benchmark's alone: a shared Redis
- * also serves whatever else runs on the machine. BENCH_REDIS_URL names another one; its CPU
- * then comes from /proc/<process_id> when that is readable, else from INFO cpu.
+ * loopback port claimed by binding it (no persistence), so its CPU is the benchmark's
+ * alone: a shared Redis also serves whatever else runs on the machine. BENCH_REDIS_URL
+ * names another one; its CPU then comes from /proc/<process_id> when that is readable,
+ * else from INFO cpu.
  */
 import { spawnSync } from 'node:child_process';
 import { Redis } from 'ioredis';
