@@ -46,6 +46,11 @@ function hideReferences(text: string): { text: string; refs: Reference[] } {
  */
 function expand(value: unknown, ctx: { path: string[]; refs: Reference[]; env: NodeJS.ProcessEnv; problems: string[] }): unknown {
   if (typeof value === 'string') {
+    // Any other form (`${VAR:?msg}`, `${VAR-x}`, `${ VAR }`) would stay as literal text, a token or URL no one meant.
+    if (value.includes('${')) {
+      ctx.problems.push(`${ctx.path.join('.') || '(root)'}: "\${" starts no supported reference; only \${VAR} and \${VAR:-default} are expanded`);
+      return undefined;
+    }
     let missing = false;
     const out = value.replace(PLACEHOLDER, (_m, i: string) => {
       const ref = ctx.refs[Number(i)]!;

@@ -6,6 +6,7 @@ import { z } from 'zod';
 import { parseRange } from '../policy/network.js';
 import { SHADOW_CHECKS } from '../protocol/shadow-checks.js';
 import { parseRedisUrl } from './redis-url.js';
+import { checkPath } from '../routes.js';
 
 /** Numbers also accept numeric strings, which is what `${VAR}` expansion yields. */
 export const num = () => z.preprocess((v) => (typeof v === 'string' && /^-?\d+$/.test(v.trim()) ? Number(v) : v), z.number().int());
@@ -13,10 +14,13 @@ const bool = () => z.preprocess((v) => (v === 'true' ? true : v === 'false' ? fa
 const port = num().pipe(z.number().min(0).max(65535));
 /** An IP address or a DNS name: what a listener can bind, so check-config refuses what serve could not. */
 const HOSTNAME = /^[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*$/;
+const unbracketed = (h: string): string => h.replace(/^\[(.*)\]$/, '$1');
+/** `[::1]` is accepted as written in a URL and kept as `::1`, the form `listen()` binds. */
 const host = z
   .string()
   .min(1)
-  .refine((h) => !h.includes('/') && (HOSTNAME.test(h) || parseRange(h.replace(/^\[(.*)\]$/, '$1')) !== null), { message: 'expected an IP address or a host name' });
+  .refine((h) => !h.includes('/') && (HOSTNAME.test(h) || parseRange(unbracketed(h)) !== null), { message: 'expected an IP address or a host name' })
+  .transform(unbracketed);
 /** redis.url, parsed as the limiter's client parses it. */
 const redisUrl = z.string().superRefine((url, ctx) => {
   try {
@@ -60,10 +64,27 @@ function defaultUpstreamUrl(u: unknown): unknown {
 }
 
 /** Operator-added routes, matched before the default table. */
+const HTTP_METHODS = ['GET', 'HEAD', 'POST', 'PUT', 'PATCH', 'DELETE', 'OPTIONS'] as const;
+
+/** Why an operator route could never match a request the path check lets through, or null. */
+function routePathProblem(path: string): string | null {
+  const bare = path.endsWith('/*') ? path.slice(0, -2) : path;
+  if (bare.includes('*')) return 'a "*" may only end a path, as "/*" (a prefix)';
+  if (bare === '/v1/key') return 'GET /v1/key is answered by keyward itself and cannot be routed';
+  const checked = checkPath(bare);
+  return checked.ok ? null : `no request could match this path: ${checked.message}`;
+}
+
 const routeEntry = z.strictObject({
   /** exact path, or a prefix when it ends in `/*` (the bare prefix matches too) */
-  path: z.string().regex(/^\/[^?#\s]*$/, 'expected a path starting with /'),
-  methods: z.array(z.string().regex(/^[A-Z]+$/, 'expected an upper-case HTTP method')).min(1).optional(),
+  path: z
+    .string()
+    .regex(/^\/[^?#\s]*$/, 'expected a path starting with /')
+    .superRefine((path, ctx) => {
+      const problem = routePathProblem(path);
+      if (problem) ctx.addIssue({ code: 'custom', message: problem });
+    }),
+  methods: z.array(z.enum(HTTP_METHODS, { error: `expected one of ${HTTP_METHODS.join(', ')}` })).min(1).optional(),
   class: z.enum(['listing', 'model', 'files']),
   credentials: z.enum(['bearer', 'messages']).default('bearer'),
   style: z.enum(['openai', 'messages']).default('openai'),

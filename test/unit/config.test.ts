@@ -4,6 +4,8 @@ import { existsSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
+import { createServer } from 'node:http';
+import { listen } from '../../src/app/listen.js';
 import { ConfigError, loadConfigFile } from '../../src/config/load.js';
 import { configSchema, type Config } from '../../src/config/schema.js';
 import { MINIMAL, hasProblem, parse, problems } from '../helpers/config-text.js';
@@ -81,6 +83,12 @@ for (const [name, text, env, check] of EXPANSION) {
   test(`expansion: ${name}`, () => check(parse(text, env)));
 }
 
+test('expansion: an unsupported reference form is a problem, not literal text', () => {
+  const list = problems(`${MINIMAL}console:\n  url: http://c\n  token: \${KEYWARD_SYNC_TOKEN:?must be set}\nkeys: { hash: hmac-sha256, pepper: "\${PEPPER-x}" }\n`, { KEYWARD_SYNC_TOKEN: 'tok', PEPPER: 'p'.repeat(32) });
+  hasProblem(list, 'console.token', /supported reference/);
+  hasProblem(list, 'keys.pepper', /supported reference/);
+});
+
 test('expansion: an unset variable without default is one problem naming the variable and the key', () => {
   const list = problems(`${MINIMAL}console:\n  url: http://c\n  token: \${KEYWARD_SYNC_TOKEN}\n`);
   assert.equal(list.length, 1, list.join('\n'));
@@ -139,6 +147,14 @@ const SINGLE: [string, string, string, RegExp?][] = [
   ['vendor with upper case', `${MINIMAL}messages: { vendor: Acme }\n`, 'messages.vendor'],
   ['route class', `${MINIMAL}routes:\n  - { path: /x, class: other }\n`, 'routes.0.class'],
   ['route path', `${MINIMAL}routes:\n  - { path: x, class: model }\n`, 'routes.0.path'],
+  ['route path with a trailing slash', `${MINIMAL}routes:\n  - { path: /v1/rerank/, class: model }\n`, 'routes.0.path', /could match/],
+  ['route path with an empty segment', `${MINIMAL}routes:\n  - { path: /v1//a, class: model }\n`, 'routes.0.path', /could match/],
+  ['route path with a dot segment', `${MINIMAL}routes:\n  - { path: /v1/../admin/*, class: model }\n`, 'routes.0.path', /dot segments/],
+  ['route path with an encoded dot', `${MINIMAL}routes:\n  - { path: /v1/%2e/x, class: model }\n`, 'routes.0.path', /encoded/],
+  ['route path outside ASCII', `${MINIMAL}routes:\n  - { path: /v1/ré, class: model }\n`, 'routes.0.path', /ASCII/],
+  ['route path with an inner *', `${MINIMAL}routes:\n  - { path: /v1/x/*/y, class: model }\n`, 'routes.0.path', /only end a path/],
+  ['route on /v1/key', `${MINIMAL}routes:\n  - { path: /v1/key, class: listing }\n`, 'routes.0.path', /answered by keyward/],
+  ['route method Node never parses', `${MINIMAL}routes:\n  - { path: /v1/x, methods: [GETX], class: model }\n`, 'routes.0.methods.0', /expected one of GET/],
   ['upstreams missing', 'server: { port: 8080 }\n', 'upstreams'],
   ['upstreams.default missing', 'upstreams:\n  batch: { url: http://b }\n', 'upstreams', /upstreams\.default/],
   ['empty file', '', 'upstreams'],
@@ -165,6 +181,19 @@ test(
     hasProblem(problems(`${MINIMAL}server: { host: 0.0.0.0, port: 9000 }\nadmin: { port: 9000 }\n`), 'admin.port');
   },
 );
+
+test('a bracketed IPv6 host is kept in the form a listener binds', async () => {
+  const c = parse(`${MINIMAL}server: { host: "[::1]", port: 0 }\nadmin: { host: "[::1]" }\n`);
+  assert.equal(c.server.host, '::1');
+  assert.equal(c.admin.host, '::1');
+  const server = createServer();
+  try {
+    const port = await listen(server, c.server.port, c.server.host);
+    assert.ok(port > 0);
+  } finally {
+    server.close();
+  }
+});
 
 test('every problem is reported together in one ConfigError', () => {
   const text = [
