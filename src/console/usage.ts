@@ -47,8 +47,9 @@ interface Batch {
   touched: { keys: Set<string>; projects: Set<string>; wallets: Set<string> };
 }
 
-/** The ledger's id of an event: a digest of the whole event. */
+/** The ledger's id of an event: its sidecar's event_id, or, from a sidecar without one, a digest of the whole event. */
 function eventId(ev: UsageEvent): string {
+  if (ev.event_id !== undefined) return createHash('sha256').update(JSON.stringify(['event_id', ev.event_id])).digest('hex');
   // `estimated` joins the digest only when set, so ids of events without it stay what they were.
   const fields: unknown[] = [ev.request_id, ev.key_id, ev.model, ev.input_tokens, ev.output_tokens, ev.status, ev.at];
   if (ev.estimated) fields.push(true);

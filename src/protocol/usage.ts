@@ -6,6 +6,12 @@ import { z } from 'zod';
 import { issueText } from './records.js';
 
 export interface UsageEvent {
+  /**
+   * The sidecar's own id of this event, unique per forwarded request: a client may send the
+   * same x-request-id with many requests, so request_id does not tell two events apart. The
+   * console applies an event with a given event_id once (a retried batch sends it again).
+   */
+  event_id?: string;
   request_id: string;
   key_id: string;
   model: string | null;
@@ -20,6 +26,7 @@ export interface UsageEvent {
 
 // Like records, events may carry fields this reader does not know: they are ignored.
 export const usageEvent = z.object({
+  event_id: z.string().min(1).max(128).optional(),
   request_id: z.string().min(1).max(256),
   key_id: z.string().min(1).max(256),
   model: z.string().max(256).nullable(),

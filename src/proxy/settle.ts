@@ -2,6 +2,7 @@
  * The end of an exchange's billing: what a request is billed at, the limits and holds
  * settled to it, and the usage event the console receives.
  */
+import { randomUUID } from 'node:crypto';
 import type { KeyFacts } from '../policy/facts.js';
 import { settledPrompt, settleUsage, type Settled } from '../policy/estimate.js';
 import { costOf } from '../policy/pricing.js';
@@ -41,6 +42,7 @@ const isoNow = isoClock();
 /** The usage event of a settled model response, for the console. */
 export function usageEvent(ctx: RequestContext, settled: Settled, facts: KeyFacts, status: number): UsageEvent {
   return {
+    event_id: randomUUID(),
     request_id: ctx.reqId,
     key_id: facts.key.id,
     model: ctx.model,

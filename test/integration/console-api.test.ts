@@ -161,6 +161,20 @@ test('usage ingestion prices events, moves spent and balance, records last use, 
   assert.ok(last.some((c) => c.type === 'project' && c.id === 'p_use' && c.spent === 0.7));
 });
 
+test('usage events with an event_id: equal fields are two events, the same event_id again is a repeat', async () => {
+  const key = (await fx.api('POST', '/admin/v1/keys', { body: { kind: 'personal', user: 'eve' } })).body.key;
+  const at = new Date(Date.now() - 1000).toISOString();
+  const ev = (event_id: string) => JSON.stringify({ event_id, request_id: 'same', key_id: key.id, model: 'gpt-4o', input_tokens: 1_000_000, output_tokens: 0, status: 200, at });
+  const post = async (lines: string[]) => {
+    const res = await fetch(`${fx.url}/sync/v1/usage`, { method: 'POST', headers: { authorization: `Bearer ${fx.tokens.sync}`, 'content-type': 'application/x-ndjson' }, body: lines.join('\n') });
+    const out = (await res.json()) as Record<string, number>;
+    return { accepted: out.accepted, duplicates: out.duplicates };
+  };
+  assert.deepEqual(await post([ev('e1'), ev('e2')]), { accepted: 2, duplicates: 0 });
+  assert.deepEqual(await post([ev('e2'), ev('e3')]), { accepted: 1, duplicates: 1 }, 'a retried batch applies its events once');
+  assert.equal((await fx.api('GET', `/admin/v1/keys/${key.id}`)).body.key.spent, 7.5); // 2.5 per million input tokens, three events
+});
+
 test('start-up fails clearly on a missing, malformed or wrong master key, without printing it', async () => {
   const config = { ...fx.config, listen: { host: '127.0.0.1', port: 0 } };
   await assert.rejects(startConsole({ config, env: {} }), (e: Error) => e instanceof MasterKeyError && /TEST_MASTER_KEY is not set/.test(e.message));

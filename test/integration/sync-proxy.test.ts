@@ -139,6 +139,32 @@ test('priced usage reaching a key budget, a project budget or an empty wallet ma
   assert.ok(k.lastUsedAt);
 });
 
+test('one x-request-id on many concurrent requests: the console bills every one of them once', async () => {
+  await fx.api('POST', '/admin/v1/projects', { body: { id: 'p_rid' } });
+  const key = (await fx.api('POST', '/admin/v1/keys', { body: { kind: 'team', project: 'p_rid' } })).body;
+  await synced((n) => lookupSecret(n.replica, key.secret) !== null);
+  const sentBefore = nodes.map((n) => n.pusher.stats().sent);
+  const perNode = 20;
+  const statuses = await Promise.all(
+    nodes.flatMap((n) =>
+      Array.from({ length: perNode }, async () => {
+        const res = await fetch(`${n.sidecar.url}/v1/chat/completions`, {
+          method: 'POST',
+          headers: { authorization: `Bearer ${key.secret}`, 'content-type': 'application/json', 'x-request-id': 'client-reuses-this-id' },
+          body: JSON.stringify({ model: 'gpt-4o', messages: [{ role: 'user', content: 'hi' }], max_tokens: 100 }),
+        });
+        await res.arrayBuffer();
+        return res.status;
+      }),
+    ),
+  );
+  assert.deepEqual(new Set(statuses), new Set([200]));
+  assert.ok(await until(() => nodes.every((n, i) => n.pusher.stats().sent - sentBefore[i]! >= perNode)), 'every event was delivered');
+  const body = (await fx.api('GET', `/admin/v1/keys/${key.key.id}`)).body.key;
+  // 0.0035 a request (1000 prompt and 100 completion tokens of gpt-4o)
+  assert.equal(body.spent, Math.round(nodes.length * perNode * 0.0035 * 1e9) / 1e9);
+});
+
 test('disabling a project: model requests 402 and file requests 403 within a second', async () => {
   await fx.api('POST', '/admin/v1/projects', { body: { id: 'p_off' } });
   const key = (await fx.api('POST', '/admin/v1/keys', { body: { kind: 'team', project: 'p_off' } })).body;
