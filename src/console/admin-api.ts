@@ -18,6 +18,13 @@ import { recentUsage } from './usage.js';
 
 const ident = z.string().regex(idPattern, 'expected an id of letters, digits, and . _ @ -');
 const count = z.number().int().nonnegative().nullable().optional();
+/**
+ * Amounts stay far inside what the store's rounding (`money`) and the sync feed's JSON can
+ * carry: 1e300 would round to Infinity and go out as null, which every sidecar refuses.
+ */
+const MAX_AMOUNT = 1e12;
+const amount = () => z.number().finite().min(-MAX_AMOUNT).max(MAX_AMOUNT);
+const budget = amount().nonnegative().nullable().optional();
 const settings = {
   name: z.string().max(200).nullable().optional(),
   models: z.array(z.string().min(1).max(256)).max(1000).nullable().optional(),
@@ -25,7 +32,7 @@ const settings = {
   rpm: count,
   tpm: count,
   concurrency: count,
-  budget: z.number().finite().nonnegative().nullable().optional(),
+  budget,
   /** client addresses the key works from (DESIGN section 4); null: anywhere */
   ips: z.array(cidr).min(1).max(1000).nullable().optional(),
   allowBrowser: z.boolean().optional(),
@@ -44,17 +51,17 @@ const createKeyBody = z.discriminatedUnion('kind', [
 const updateKeyBody = z.strictObject(settings);
 const createProjectBody = z.strictObject({
   id: ident,
-  budget: z.number().finite().nonnegative().nullable().optional(),
+  budget,
   members: z.array(ident).max(10_000).optional(),
   period: budgetPeriod.optional(),
 });
 const updateProjectBody = z.strictObject({
   status: z.enum(['enabled', 'disabled']).optional(),
-  budget: z.number().finite().nonnegative().nullable().optional(),
+  budget,
   period: budgetPeriod.optional(),
 });
-const creditBody = z.strictObject({ amount: z.number().finite().positive() });
-const setBody = z.strictObject({ balance: z.number().finite() });
+const creditBody = z.strictObject({ amount: amount().positive() });
+const setBody = z.strictObject({ balance: amount() });
 
 interface Ctx {
   req: IncomingMessage;

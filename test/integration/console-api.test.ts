@@ -121,6 +121,11 @@ test('keys: update, delete tombstones and wipes the secret, rotate copies settin
   assert.equal((await fx.api('POST', '/admin/v1/keys', { body: { kind: 'team', project: 'nope' } })).status, 404);
   assert.equal((await fx.api('POST', '/admin/v1/keys', { body: { kind: 'team', project: 'p_rot', extra: 1 } })).status, 400);
   assert.equal((await fx.api('GET', '/admin/v1/keys/k_missing')).status, 404);
+  // An amount the store would round to Infinity would reach every sidecar as null (a feed they refuse).
+  assert.equal((await fx.api('PUT', '/admin/v1/wallets/rot', { body: { balance: 1e300 } })).status, 400);
+  assert.equal((await fx.api('POST', '/admin/v1/wallets/rot/credit', { body: { amount: 1e300 } })).status, 400);
+  assert.equal((await fx.api('POST', '/admin/v1/keys', { body: { kind: 'team', project: 'p_rot', budget: 1e300 } })).status, 400);
+  assert.equal((await fx.api('PUT', '/admin/v1/wallets/rot', { body: { balance: 1e12 } })).status, 200);
   assert.equal((await fx.api('POST', '/admin/v1/projects', { body: { id: 'p_rot' } })).status, 409);
 });
 
