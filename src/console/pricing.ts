@@ -2,11 +2,11 @@
  * The console's price table: what it charges usage at, and what it publishes to sidecars
  * as `price` records (DESIGN section 7) so their spend holds use the same prices. Both
  * pick a model's price the same way, through the shared pickPrice: an exact name, then the
- * longest matching glob. A model no entry matches (or usage without a model) costs what
- * `pricing.unpriced` says; the config requires it to be stated.
+ * longest matching glob; usage without a model is priced as `*` (priceName). A model no
+ * entry matches costs what `pricing.unpriced` says; the config requires it to be stated.
  */
 import type { DeleteChange, SyncRecord } from '../protocol/records.js';
-import { costOf, pickPrice, type Price, type PriceEntry } from '../policy/pricing.js';
+import { costOf, pickPrice, priceName, type Price, type PriceEntry } from '../policy/pricing.js';
 import type { ConsoleConfig } from './config.js';
 import type { ConsoleStore } from './store.js';
 
@@ -31,7 +31,7 @@ export function makePricer(pricing: ConsoleConfig['pricing']): Pricer {
   const table = priceTable(pricing);
   const unpriced: Price = { input: pricing.unpriced.inputPerMillion, output: pricing.unpriced.outputPerMillion, per: PER };
   return ({ model, inputTokens, outputTokens }) => {
-    const price = (model !== null ? pickPrice(table, model) : null) ?? unpriced;
+    const price = pickPrice(table, priceName(model)) ?? unpriced;
     return costOf(price, { input: inputTokens, output: outputTokens });
   };
 }

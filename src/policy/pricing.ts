@@ -31,6 +31,12 @@ function moreSpecific(a: PriceEntry, b: PriceEntry): boolean {
   return a.model < b.model;
 }
 
+/**
+ * The name a request or usage without a model is priced by: the catch-all record `*`, which
+ * the console publishes for the rate it charges such usage, so both sides price it alike.
+ */
+export const priceName = (model: string | null): string => model ?? '*';
+
 export function pickPrice(prices: readonly PriceEntry[], model: string): Price | null {
   let best: PriceEntry | null = null;
   for (const p of prices) {

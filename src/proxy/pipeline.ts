@@ -13,7 +13,7 @@ import { hasAnyLimit, isLimited, NO_QUOTA, type AdmitInput, type Hold, type Leas
 import { admitShadowed, holdShadowed } from '../limits/shadow.js';
 import { checkKey, checkModel, checkModels, checkStanding, modelLimitFor } from '../policy/decide.js';
 import { holdersOf } from '../policy/holders.js';
-import { costOf, type Price } from '../policy/pricing.js';
+import { costOf, priceName, type Price } from '../policy/pricing.js';
 import { checkNetwork, looksLikeBrowser } from '../policy/network.js';
 import { promptTokens, type Estimate } from '../policy/estimate.js';
 import type { KeyFacts } from '../policy/facts.js';
@@ -279,7 +279,7 @@ export async function decide(input: RequestInput, deps: PipelineDeps, snap: Snap
   // A request that is not metered (count_tokens, a call without a body) holds nothing, but
   // a budget its live ledger shows exhausted still refuses it (DESIGN section 5: live spend),
   // where the replica's figures may not have caught up yet: a hold of 0 asks exactly that.
-  const price = !metered || seen.model === null ? null : deps.priceFor(seen.model);
+  const price = metered ? deps.priceFor(priceName(seen.model)) : null;
   const held = await holdShadowed(deps.limiter, { requestId, tag, holders, amount: metered ? costOf(price, { input: estimate.prompt, output: estimate.output }) : 0 }, shadow);
   if (!held.ok) {
     lease?.cancel(); // refused before forwarding: the admission took nothing

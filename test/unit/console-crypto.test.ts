@@ -50,4 +50,7 @@ test('pricing: anchored globs, the most specific entry wins, unpriced is explici
   assert.equal(price({ model: 'x-gpt-4o', inputTokens: 1_000_000, outputTokens: 500_000 }), 2, 'globs are anchored');
   assert.equal(price({ model: 'llama', inputTokens: 1_000_000, outputTokens: 500_000 }), 2);
   assert.equal(price({ model: null, inputTokens: 1_000_000, outputTokens: 0 }), 1);
+  // A table that names `*` itself: usage without a model costs what sidecars hold for it, the `*` rate.
+  const star = makePricer({ models: [{ match: '*', inputPerMillion: 3, outputPerMillion: 3 }], unpriced: { inputPerMillion: 1, outputPerMillion: 1 } });
+  assert.equal(star({ model: null, inputTokens: 1_000_000, outputTokens: 0 }), 3);
 });
