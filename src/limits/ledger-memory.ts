@@ -131,8 +131,9 @@ class InProcessLedger implements MemoryLedger, HoldOwner {
       let e = this.live(key, t);
       const { restart, base } = effectiveBase(e, holder, toNano(holder.base));
       if (!e || restart) {
-        // A first or newer epoch: the ledger starts again from the replica's figure.
-        e = { epoch: holder.epoch, base0: base, settled: 0, held: 0, holds: new Map(), lastUse: t };
+        // A first or newer epoch: the ledger starts again from the replica's figure, keeping
+        // the holds in flight, which the new figure does not know of yet.
+        e = { epoch: holder.epoch, base0: base, settled: 0, held: e?.held ?? 0, holds: e?.holds ?? new Map(), lastUse: t };
         this.entries.set(key, e);
       }
       e.lastUse = t;
@@ -156,9 +157,11 @@ class InProcessLedger implements MemoryLedger, HoldOwner {
       const e = this.entries.get(entryKey(input.tag, holder));
       const fresh = e && e.lastUse + LEDGER_TTL_MS > t ? e : undefined;
       const { restart, base } = effectiveBase(fresh, holder, toNano(holder.base));
-      if (!fresh || restart) return { id: holder.id, live: fromNano(base), epoch: holder.epoch, start: fromNano(base) };
+      if (!fresh) return { id: holder.id, live: fromNano(base), epoch: holder.epoch, start: fromNano(base) };
       let held = 0;
       for (const h of fresh.holds.values()) if (h.expires > t) held += h.amount;
+      // A newer epoch reads as the next hold makes it: its figure and the holds in flight.
+      if (restart) return { id: holder.id, live: fromNano(liveNano(holder.kind, base, { epoch: holder.epoch, base0: base, settled: 0, held })), epoch: holder.epoch, start: fromNano(base) };
       const live = fromNano(liveNano(holder.kind, base, { epoch: fresh.epoch, base0: fresh.base0, settled: fresh.settled, held }));
       return { id: holder.id, live, epoch: fresh.epoch, start: fromNano(fresh.base0) };
     });

@@ -121,23 +121,26 @@ export function ledgerConformance(get: () => Harness): void {
     near(await live(lim, tag, w), -0.1, 'a wallet may end below zero by the actual cost');
   });
 
-  test('a new epoch restarts the ledger from the replica figure; old holds are forgotten', async () => {
+  test('a new epoch restarts the ledger from the replica figure; holds in flight still count until they settle', async () => {
     const lim = get().limiter;
     const tag = uid('tag');
     const id = uid('k');
     const old = held(await lim.hold(req(tag, [keyBudget(id, { base: 0.5, limit: 1 })], 0.3)));
     held(await lim.hold(req(tag, [keyBudget(id, { base: 0.5, limit: 1 })], 0.1))).settle(0.2);
     refused(await lim.hold(req(tag, [keyBudget(id, { base: 0.5, limit: 1 })], 0.1)), 'key_budget_exhausted');
-    // The console reset the budget: spent 0 under epoch 1.
+    // The console reset the budget: spent 0 under epoch 1. The 0.3 still in flight counts.
     const reset = keyBudget(id, { base: 0, limit: 1, epoch: 1 });
-    const h = held(await lim.hold(req(tag, [reset], 0.9)));
-    near(await live(lim, tag, reset), 0.9, 'the new epoch counts only its own hold');
+    near(await live(lim, tag, reset), 0.3, 'the new figure and the hold in flight, before any hold of the new epoch');
+    refused(await lim.hold(req(tag, [reset], 0.9)), 'key_budget_exhausted');
+    const h = held(await lim.hold(req(tag, [reset], 0.6)));
+    near(await live(lim, tag, reset), 0.9, 'the new epoch counts its own hold and the one in flight');
     // An instance whose replica still has epoch 0 sees the new ledger, not its stale figure.
     near(await live(lim, tag, keyBudget(id, { base: 0.5, limit: 1 })), 0.9, 'a stale epoch reads the current ledger');
     refused(await lim.hold(req(tag, [keyBudget(id, { base: 0.5, limit: 1 })], 0.2)), 'key_budget_exhausted');
-    old.settle(0); // the old epoch's hold is gone already: nothing changes
+    old.settle(0.25); // the old request's usage lands after the reset: it counts in the new period
+    near(await live(lim, tag, reset), 0.85, 'its cost replaces its hold');
     h.settle(0);
-    near(await live(lim, tag, reset), 0, 'back to the replica figure');
+    near(await live(lim, tag, reset), 0.25, 'the new figure and what settled since');
 
     const wid = uid('u');
     held(await lim.hold(req(tag, [wallet(wid, { base: 1 })], 0.1))).settle(1);
@@ -145,6 +148,29 @@ export function ledgerConformance(get: () => Harness): void {
     // A top-up: the console's balance is now 5 under epoch 3.
     held(await lim.hold(req(tag, [wallet(wid, { base: 5, epoch: 3 })], 4))).settle(4);
     near(await live(lim, tag, wallet(wid, { base: 5, epoch: 3 })), 1, 'balance after the top-up and a settlement');
+  });
+
+  test('a budget raised or a wallet topped up while a hold is in flight: never more held than the new figure allows', async () => {
+    const lim = get().limiter;
+    const tag = uid('tag');
+    const id = uid('k');
+    const a = held(await lim.hold(req(tag, [keyBudget(id, { base: 0, limit: 10 })], 8)));
+    refused(await lim.hold(req(tag, [keyBudget(id, { base: 0, limit: 10 })], 8)), 'key_budget_exhausted');
+    const raised = keyBudget(id, { base: 0, limit: 12, epoch: 1 });
+    refused(await lim.hold(req(tag, [raised], 8)), 'key_budget_exhausted');
+    const b = held(await lim.hold(req(tag, [raised], 4)));
+    a.settle(8);
+    b.settle(4);
+    near(await live(lim, tag, raised), 12, 'spent exactly the raised budget, not past it');
+
+    const wid = uid('u');
+    const c = held(await lim.hold(req(tag, [wallet(wid, { base: 10 })], 8)));
+    const topped = wallet(wid, { base: 12, epoch: 1 });
+    refused(await lim.hold(req(tag, [topped], 8)), 'insufficient_balance');
+    const d = held(await lim.hold(req(tag, [topped], 4)));
+    c.settle(8);
+    d.settle(4);
+    near(await live(lim, tag, topped), 0, 'the balance ends at 0, not below');
   });
 
   test('once the replica catches up with what was settled, nothing counts twice: max(base, base0 + settled)', async () => {

@@ -167,20 +167,20 @@ describe('redis limiter: key layout and expiry', () => {
     }
   });
 
-  test('in one call, a hold at a new epoch restarts the ledger for the holds after it', async () => {
+  test('in one call, a hold at a new epoch restarts the ledger for the holds after it, keeping the one in flight', async () => {
     const lim = createRedisLimiter({ redis, prefix, leaseMs: 5_000 });
     const user = uid('u');
     try {
-      // One turn: 0.6 at epoch 1, then two of 0.6 at epoch 2 (a top-up seen mid-turn), all on a balance of 1.
+      // One turn: 0.6 at epoch 1, then 0.6 and 0.4 at epoch 2 (a top-up to 1.6 seen mid-turn).
       const rs = await Promise.all([
         lim.hold({ requestId: uid('req'), tag: user, holders: [wallet(user, { base: 1, epoch: 1 })], amount: 0.6 }),
-        lim.hold({ requestId: uid('req'), tag: user, holders: [wallet(user, { base: 1, epoch: 2 })], amount: 0.6 }),
-        lim.hold({ requestId: uid('req'), tag: user, holders: [wallet(user, { base: 1, epoch: 2 })], amount: 0.6 }),
+        lim.hold({ requestId: uid('req'), tag: user, holders: [wallet(user, { base: 1.6, epoch: 2 })], amount: 0.6 }),
+        lim.hold({ requestId: uid('req'), tag: user, holders: [wallet(user, { base: 1.6, epoch: 2 })], amount: 0.6 }),
       ]);
-      // The restart forgot the first hold, so the second fits; the third counts the second's.
+      // The restart keeps the first hold: 1.6 - 0.6 leaves room for one more of 0.6, not two.
       assert.deepEqual(rs.map((r) => r.ok), [true, true, false]);
       const L = `{${prefix}:t:${user}}:l:wallet%3A${user}`;
-      assert.deepEqual(await redis.hmget(L, 'e', 'h'), ['2', '600000000']);
+      assert.deepEqual(await redis.hmget(L, 'e', 'b0', 'h'), ['2', '1600000000', '1200000000']);
       assert.ok((await redis.pttl(L)) > 0, 'the restarted ledger keeps a TTL');
       assert.ok((await redis.pttl(`{${prefix}:t:${user}}:lh:wallet%3A${user}`)) > 0, 'so does its hold set');
       for (const r of rs) if (r.ok) r.hold.settle(0);

@@ -18,8 +18,9 @@
 -- Money is integer nano-units throughout (see src/limits/ledger.ts); numbers go back to Redis as
 -- '%.0f' strings so that large values are never written in exponent form.
 --
--- A first or higher epoch restarts the holder's ledger from base (old holds and slices
--- forgotten); a lower epoch keeps the ledger and uses its b0 in place of the stale base.
+-- A first or higher epoch restarts the holder's ledger from base (a higher one keeps the
+-- holds and slices in flight); a lower epoch keeps the ledger and uses its b0 in place of
+-- the stale base.
 -- Live figure and fit: ledger-rules.lua (the rules of src/limits/ledger.ts).
 -- A zero hold is checked like any other but not recorded.
 -- A slice is granted after its hold, on every holder or on none: on each holder
@@ -66,11 +67,22 @@ end
 -- rather than once per hold. Fields: e, b0, s, h, and z (the hold set has its TTL).
 local seen = {}
 
-local function restart(L, Z, epoch, base)
-  redis.call('DEL', L, Z)
-  redis.call('HSET', L, 'e', int(epoch), 'b0', int(base), 's', '0', 'h', '0')
+-- A first epoch starts an empty ledger. A higher one starts base and settled again but keeps
+-- the holds in flight (and slices), which still count until they settle, are given back or
+-- expire: the new figures do not know of them yet (DESIGN section 6: plus the holds in flight).
+local function restart(L, Z, epoch, base, keep_holds)
+  local h, m = 0, nil
+  if keep_holds then
+    purge(L, Z)
+    local v = redis.call('HMGET', L, 'h', 'm')
+    h, m = tonumber(v[1]) or 0, tonumber(v[2])
+    redis.call('HSET', L, 'e', int(epoch), 'b0', int(base), 's', '0')
+  else
+    redis.call('DEL', L, Z)
+    redis.call('HSET', L, 'e', int(epoch), 'b0', int(base), 's', '0', 'h', '0')
+  end
   redis.call('PEXPIRE', L, ttl)
-  local f = {e = epoch, b0 = base, s = 0, h = 0, z = false, m = nil}
+  local f = {e = epoch, b0 = base, s = 0, h = h, z = false, m = m}
   seen[L] = f
   return f
 end
@@ -79,11 +91,12 @@ end
 local function figures(L, Z, epoch, base)
   local f = seen[L]
   if f then
-    if epoch > f.e then return restart(L, Z, epoch, base) end
+    if epoch > f.e then return restart(L, Z, epoch, base, true) end
     return f
   end
   local v = redis.call('HMGET', L, 'e', 'b0', 's', 'h', 'm')
-  if not v[1] or epoch > tonumber(v[1]) then return restart(L, Z, epoch, base) end
+  if not v[1] then return restart(L, Z, epoch, base, false) end
+  if epoch > tonumber(v[1]) then return restart(L, Z, epoch, base, true) end
   -- Only a purge changes the figures just read.
   if purge(L, Z) then v = redis.call('HMGET', L, 'e', 'b0', 's', 'h', 'm') end
   redis.call('PEXPIRE', L, ttl)

@@ -5,8 +5,8 @@
 -- ARGV: three per holder j: kind ('budget' | 'wallet'), base (the replica's figure), epoch
 -- Returns three integers per holder: the live figure (nano-units), the epoch it belongs to,
 -- and the figure when that epoch was first seen (nano-units; a wallet's balance at its
--- epoch). Same rules as hold.lua: no ledger or a higher epoch means the replica's figure
--- alone; holds past their expiry do not count.
+-- epoch). Same rules as hold.lua: no ledger means the replica's figure alone, a higher
+-- epoch the replica's figure and the holds in flight; holds past their expiry do not count.
 
 -- #include ledger-rules.lua
 
@@ -19,13 +19,18 @@ for j = 1, #KEYS / 2 do
   local kind, base, epoch = ARGV[o + 1], tonumber(ARGV[o + 2]), tonumber(ARGV[o + 3])
   local v = redis.call('HMGET', L, 'e', 'b0', 's', 'h')
   local live, at, start = base, epoch, base
-  if v[1] and epoch <= tonumber(v[1]) then
+  if v[1] then
     local b0, s, h = tonumber(v[2]), tonumber(v[3]) or 0, tonumber(v[4]) or 0
-    if epoch < tonumber(v[1]) then base = b0 end
     for _, id in ipairs(redis.call('ZRANGEBYSCORE', Z, '-inf', now)) do
       h = h - (tonumber(redis.call('HGET', L, 'a:' .. id)) or 0)
     end
-    live, at, start = live_of(kind, base, b0, s, h), tonumber(v[1]), b0
+    if epoch > tonumber(v[1]) then
+      -- What the next hold makes of it: a restart from base that keeps the holds in flight.
+      live = live_of(kind, base, base, 0, h)
+    else
+      if epoch < tonumber(v[1]) then base = b0 end
+      live, at, start = live_of(kind, base, b0, s, h), tonumber(v[1]), b0
+    end
   end
   out[3 * j - 2], out[3 * j - 1], out[3 * j] = live, at, start
 end
