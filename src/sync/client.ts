@@ -203,8 +203,10 @@ class SyncLoop implements SyncClient {
     const r: ChangesApplied = await this.opts.target.applyChangeText(text, 'console');
     if (r.applied || r.changes > 0) {
       this.log.debug({ version: r.version, changes: r.changes, ms: Math.round(performance.now() - t), offThread: r.offThread }, 'changes applied');
-    } else if (r.version === after && waitMs > 0 && this.now() - started < waitMs / 10) {
-      // An empty answer long before waitMs (a console shutting down, or one that ignores waitMs): do not spin.
+    }
+    if (!r.applied && r.version <= after && waitMs > 0 && this.now() - started < waitMs / 10) {
+      // An answer that moves nothing forward long before waitMs (a console shutting down, one
+      // that ignores waitMs, or one answering with an older version): do not spin.
       await sleep(backoffDelay(1, this.backoff), this.stopper.signal);
     }
     return 'ok';

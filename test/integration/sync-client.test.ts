@@ -153,6 +153,25 @@ test('a wrong sync token is reported without the token and retried', async () =>
   await client.stop();
 });
 
+test('a console answering changes with an older version at once is not polled in a tight loop', async () => {
+  let changeCalls = 0;
+  const stale: typeof fetch = async (input, init) => {
+    if (!String(input).includes('/sync/v1/changes')) return fetch(input, init);
+    changeCalls++;
+    return new Response(JSON.stringify({ version: 0, changes: [] }), { headers: { 'content-type': 'application/json' } });
+  };
+  const replica = new ReplicaStore({ path: join(dir, 'stale.sqlite') });
+  replicas.push(replica);
+  const client = createSyncClient({ url: fx.url, token: fx.tokens.sync, waitMs: 1000, target: replicaWriter(replica), backoff: { baseMs: 200, maxMs: 400 }, fetch: stale });
+  clients.push(client);
+  await client.start();
+  assert.ok(await until(() => changeCalls > 0), 'the client polls after its snapshot');
+  const from = changeCalls;
+  await new Promise((r) => setTimeout(r, 1000)); // a rate: calls per second of wall time
+  assert.ok(changeCalls - from <= 10, `${changeCalls - from} change polls in a second`);
+  assert.equal(replica.status().ready, true, 'the snapshot still serves');
+});
+
 test('backoff: exponential, capped, jittered, never zero', async () => {
   const { backoffDelay } = await import('../../src/sync/backoff.js');
   const lo = (n: number) => backoffDelay(n, { baseMs: 100, maxMs: 1000, random: () => 0 });
