@@ -77,6 +77,23 @@ test('delivery: a holder\'s events go in order, the next waiting while the one b
   }
 });
 
+test('delivery: an event waiting behind its holder\'s earlier one gets a retry window of its own', async () => {
+  const hook = await startWebhookReceiver();
+  try {
+    const d = new Delivery(quiet, { firstRetryMs: 10, maxRetryMs: 20, retryWindowMs: 150 });
+    hook.failNext(1_000);
+    d.add(out(hook.url, 'key:k_1', 1));
+    d.add(out(hook.url, 'key:k_1', 2));
+    await d.idle();
+    const attempts = (n: number) => hook.received.filter((r) => JSON.parse(r.body).n === n).length;
+    assert.ok(attempts(1) >= 4, `the first event: ${attempts(1)} attempts`);
+    assert.ok(attempts(2) >= 4, `the second event: ${attempts(2)} attempts, not one last try after the first gave up`);
+    assert.deepEqual(d.stats(), { sent: 0, failed: 2, queued: 0 });
+  } finally {
+    await hook.close();
+  }
+});
+
 test('delivery: the queue is bounded, an event past it is dropped, logged and counted as failed; close gives the rest a last attempt', async () => {
   const hook = await startWebhookReceiver();
   try {

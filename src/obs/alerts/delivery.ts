@@ -1,7 +1,7 @@
 /**
  * Delivering budget alerts (DESIGN section 13): each event is POSTed to the webhook in the
- * background, retried with backoff until an attempt fails at least `retryWindowMs` after the
- * event was found, then logged and counted as failed. Events of one holder go in the order
+ * background, retried with backoff until an attempt fails at least `retryWindowMs` after its
+ * first attempt, then logged and counted as failed. Events of one holder go in the order
  * they were found (the next waits for the one before); holders do not wait for each other,
  * and a few attempts run at once. The queue is bounded: an event past it is dropped, logged
  * and counted as failed. No request ever waits on any of this.
@@ -17,7 +17,7 @@ export interface DeliveryTuning {
   firstRetryMs?: number;
   /** ...up to this */
   maxRetryMs?: number;
-  /** an event is given up once an attempt fails this long (or longer) after it was found */
+  /** an event is given up once an attempt fails this long (or longer) after its first attempt */
   retryWindowMs?: number;
   /** one attempt, answer included */
   attemptTimeoutMs?: number;
@@ -48,7 +48,11 @@ export interface Outgoing {
 }
 
 interface Pending extends Outgoing {
-  foundAt: number;
+  /**
+   * performance.now() of its first attempt: its retry window starts there, not when it was
+   * queued, so an event waiting behind its holder's earlier one still gets a window of its own
+   */
+  firstAttemptAt: number;
   attempts: number;
   /** performance.now() of the next attempt */
   dueAt: number;
@@ -88,7 +92,7 @@ export class Delivery {
       return;
     }
     const now = performance.now();
-    const p: Pending = { ...event, foundAt: now, attempts: 0, dueAt: now, last: false };
+    const p: Pending = { ...event, firstAttemptAt: now, attempts: 0, dueAt: now, last: false };
     const lane = this.lanes.get(event.lane);
     if (lane) lane.push(p);
     else this.lanes.set(event.lane, [p]);
@@ -157,6 +161,7 @@ export class Delivery {
   }
 
   private async attempt(name: string, p: Pending): Promise<void> {
+    if (p.attempts === 0) p.firstAttemptAt = performance.now();
     p.attempts++;
     p.last = this.closing;
     const problem = await this.post(p);
@@ -167,7 +172,7 @@ export class Delivery {
       this.sent++;
       this.log.info({ ...p.about, attempts: p.attempts }, 'budget alert sent');
       this.done(name);
-    } else if (p.last || (!this.closing && now - p.foundAt >= this.t.retryWindowMs)) {
+    } else if (p.last || (!this.closing && now - p.firstAttemptAt >= this.t.retryWindowMs)) {
       this.giveUp(p, problem);
       this.done(name);
     } else {
