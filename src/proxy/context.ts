@@ -94,16 +94,33 @@ export function saneRequestId(value: string | string[] | undefined): string | nu
   return v !== undefined && SANE_REQUEST_ID.test(v) ? v : null;
 }
 
+/**
+ * The request's path for logs and spans: never its query or fragment. An absolute-form
+ * target (refused 400) keeps its scheme, host and path but not its user-info, which may
+ * hold a key (`http://user:<key>@host/v1/models`).
+ */
+export function requestPath(url: string): string {
+  if (url.charCodeAt(0) !== 47 /* / */) {
+    if (url === '*') return url;
+    if (!URL.canParse(url)) return '(malformed request target)';
+    const u = new URL(url);
+    return u.host === '' ? u.protocol : `${u.protocol}//${u.host}${u.pathname}`;
+  }
+  const q = url.indexOf('?');
+  const h = url.indexOf('#');
+  const end = q === -1 ? h : h === -1 ? q : Math.min(q, h);
+  return end === -1 ? url : url.slice(0, end);
+}
+
 export function newContext(req: IncomingMessage, opts: { snapshot: Snapshot; now: number; clientIp: string | null }): RequestContext {
   const url = req.url ?? '/';
-  const q = url.indexOf('?');
   const version = req.headers[opts.snapshot.versionHeader];
   return {
     snapshot: opts.snapshot,
     reqId: saneRequestId(req.headers['x-request-id']) ?? randomUUID(),
     start: opts.now,
     method: req.method ?? 'GET',
-    path: q === -1 ? url : url.slice(0, q),
+    path: requestPath(url),
     route: null,
     code: null,
     facts: null,

@@ -5,7 +5,7 @@
 import { after, before, describe, test } from 'node:test';
 import assert from 'node:assert/strict';
 import { startFakeUpstream, type FakeUpstream } from '../helpers/upstream.js';
-import { startHarness, type Harness } from '../helpers/sidecar.js';
+import { startHarness, waitForLine, type Harness } from '../helpers/sidecar.js';
 import { bearer, send, type RawRequest } from '../helpers/http.js';
 
 let up: FakeUpstream;
@@ -127,6 +127,16 @@ describe('denials', () => {
       assert.equal(up.received.length, before, 'a denied request reached the upstream');
     });
   }
+
+  test('an absolute-form target with a key in its user-info: 400, and its access line keeps no key, query or fragment', async () => {
+    const key = K('k_ok');
+    const line = waitForLine(h, (l) => l.msg === 'request' && l.code === 'invalid_path' && String(l.path).startsWith('http:'));
+    const res = await send(h.url, { path: `http://user:${key}@example.test/v1/models?api_key=${key}#${key}`, headers: bearer(key) });
+    assert.equal(res.status, 400);
+    const logged = await line;
+    assert.equal(logged.path, 'http://example.test/v1/models');
+    assert.ok(!JSON.stringify(logged).includes(key), 'the access line holds the key');
+  });
 
   test('lowercase bearer scheme is accepted; listing needs only a known key', async () => {
     const res = await send(h.url, { path: '/v1/models', headers: { authorization: `bearer ${K('k_broke')}` } });
