@@ -30,3 +30,21 @@ export function shadowColumn(names: readonly string[] | null | undefined): strin
 export function addShadowCode(codes: string[], code: string): void {
   if (!codes.includes(code)) codes.push(code);
 }
+
+/** Step 5's codes: the budgets a key draws on, exhausted. */
+const BUDGET_CODES: ReadonlySet<string> = new Set(['key_budget_exhausted', 'project_budget_exhausted', 'insufficient_balance']);
+
+/** Whether shadowed checks of steps 6 to 8 (not budgets) have recorded codes. */
+export const hasLaterStepCodes = (codes: readonly string[]): boolean => codes.some((c) => !BUDGET_CODES.has(c));
+
+/**
+ * Adds the code of a budget found exhausted by its live ledger after later steps have
+ * recorded theirs: step 5 comes before them, so it goes before the first code that is not
+ * a budget's.
+ */
+export function addExhaustedBudgetCode(codes: string[], code: string): void {
+  if (codes.includes(code)) return;
+  const at = codes.findIndex((c) => !BUDGET_CODES.has(c));
+  if (at === -1) codes.push(code);
+  else codes.splice(at, 0, code);
+}

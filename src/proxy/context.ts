@@ -15,6 +15,7 @@ import type { Estimate, Settled } from '../policy/estimate.js';
 import type { Arrival } from './arrival.js';
 import type { BodyWatch } from './body/idle.js';
 import type { Forwarding } from './upstream/forward.js';
+import type { Seen } from './pipeline.js';
 import type { Snapshot } from './snapshot.js';
 import type { UsageTap } from './usage/tap.js';
 
@@ -69,6 +70,22 @@ export interface RequestContext {
   shadow: readonly string[];
   /** its trace span (null: tracing is off) */
   span: RequestSpan | null;
+  /** what the pipeline has learned while deciding (see adoptSeen) */
+  seen: Seen | null;
+}
+
+/**
+ * A request answered before its decision was applied (its client gone mid-body, its body
+ * stalled, an error) takes the route, key and model the pipeline had learned by then, so
+ * its access line, metrics, span and denial style say what it was.
+ */
+export function adoptSeen(ctx: RequestContext): void {
+  const seen = ctx.seen;
+  if (seen === null || ctx.route !== null) return;
+  ctx.route = seen.route;
+  ctx.facts = seen.facts;
+  ctx.upstream = seen.upstream;
+  ctx.model = seen.model;
 }
 
 /** before admission nothing is estimated (shared: estimates are replaced, never written to) */
@@ -149,6 +166,7 @@ export function newContext(req: IncomingMessage, opts: { snapshot: Snapshot; now
     decisionMs: null,
     shadow: NO_SHADOW,
     span: null,
+    seen: null,
   };
 }
 

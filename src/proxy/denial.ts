@@ -8,7 +8,7 @@ import type { IncomingMessage, ServerResponse } from 'node:http';
 import { deny, renderError, type Denial, type ErrorStyle } from '../errors.js';
 import type { Quota } from '../limits/limiter.js';
 import { hasBody } from './body/read.js';
-import type { RequestContext } from './context.js';
+import { adoptSeen, type RequestContext } from './context.js';
 import { addQuotaHeaders } from './quota-headers.js';
 import { settle } from './settle.js';
 import type { ForwardFailure } from './upstream/forward.js';
@@ -58,6 +58,7 @@ export const failureDenial = (kind: ForwardFailure, err: Error): Denial => FAILU
  * is complete, everything the request holds is given back, and the connection is closed.
  */
 export function cutStalledBody(req: IncomingMessage, res: ServerResponse, ctx: RequestContext): void {
+  adoptSeen(ctx);
   ctx.forwarding?.abort();
   ctx.upstreamFailed = true; // nothing the upstream generated is billed
   settle(ctx);

@@ -18,13 +18,13 @@ import { watchBodyIdle } from './body/idle.js';
 import { Arrival, clientIpOf } from './arrival.js';
 import { answerConnect, answerParserRefusal } from './upstream/framing.js';
 import { refusedBeforeDecision } from './preflight.js';
-import { accessLine, newContext, spanFacts, styleOf, type RequestContext } from './context.js';
+import { accessLine, adoptSeen, newContext, spanFacts, styleOf, type RequestContext } from './context.js';
 import type { ForwardFailure, Forwarder, ForwardHooks } from './upstream/forward.js';
 import type { BodyWatcher, ResponseHead } from './upstream/relay.js';
 import { addQuotaHeaders } from './quota-headers.js';
 import { cutStalledBody, failureDenial, sendDenial, SHADOW_HEADER } from './denial.js';
 import { settle, usageEvent } from './settle.js';
-import { decide, type Allow, type Decision, type PipelineDeps } from './pipeline.js';
+import { decide, newSeen, type Allow, type Decision, type PipelineDeps } from './pipeline.js';
 import type { Snapshots } from './snapshot.js';
 import { createUsageTap } from './usage/tap.js';
 import { DenseSet } from '../dense-set.js';
@@ -170,12 +170,16 @@ class ExchangeTable implements Exchanges, ForwardHooks {
     try {
       const http10 = req.httpVersionMajor === 1 && req.httpVersionMinor === 0;
       const refused = refusedBeforeDecision({ method: ctx.method, url: input.url, rawHeaders: input.rawHeaders, http10, unmetExpectation }, ctx.snapshot.rules);
-      const decision = refused ?? (await decide(input, this.deps.pipeline, ctx.snapshot, ctx.reqId));
+      const seen = newSeen();
+      ctx.seen = seen;
+      const decision = refused ?? (await decide(input, this.deps.pipeline, ctx.snapshot, { requestId: ctx.reqId, seen }));
       this.apply(req, res, ctx, decision, input.expectContinue);
     } catch (err) {
       // Whatever was held is given back, and nothing is billed for a call that never got an answer.
       if (ctx.upstreamStatus === null) ctx.upstreamFailed = true;
-      this.deps.log.error({ req_id: ctx.reqId, err: (err as Error).message }, 'request failed');
+      adoptSeen(ctx);
+      // A client gone mid-body is no failure of keyward's: its access line says 499.
+      if (!req.destroyed) this.deps.log.error({ req_id: ctx.reqId, err: (err as Error).message }, 'request failed');
       sendDenial(req, res, ctx, deny('internal_error'), ctx.route?.style ?? 'openai');
     }
   }
@@ -268,6 +272,7 @@ class ExchangeTable implements Exchanges, ForwardHooks {
     this.open.delete(ctx.openIndex);
     ctx.openIndex = -1;
     settle(ctx);
+    adoptSeen(ctx);
     // 499: the client went away before the response was complete (nginx's convention)
     const status = res.writableFinished ? res.statusCode : 499;
     if (ctx.settled && ctx.facts && this.deps.usageSink) this.deps.usageSink(usageEvent(ctx, ctx.settled, ctx.facts, status));

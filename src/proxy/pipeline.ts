@@ -17,11 +17,12 @@ import { costOf, priceName, type Price } from '../policy/pricing.js';
 import { checkNetwork, looksLikeBrowser } from '../policy/network.js';
 import { promptTokens, type Estimate } from '../policy/estimate.js';
 import type { KeyFacts } from '../policy/facts.js';
-import { isShadowed, shadowSet, type ShadowSet } from '../policy/shadow.js';
+import { hasLaterStepCodes, isShadowed, shadowSet, type ShadowSet } from '../policy/shadow.js';
 import { classify, type Route } from '../routes.js';
 import type { BodyResult, BodySource, ReadOptions } from './body/read.js';
 import type { UploadResult } from './body/upload.js';
 import type { Snapshot } from './snapshot.js';
+import { liveBudgetDenial } from './live-budget.js';
 
 /**
  * What the pipeline decides with besides the config: the replica, the limiter, the key
@@ -215,29 +216,25 @@ async function listingQuota(limiter: Limiter, key: KeyFacts['key']): Promise<Quo
   }
 }
 
-/**
- * Step 5 with live spend: a budget is exhausted when its live ledger says so (DESIGN
- * section 5), and the replica's figures, which step 5 reads, can lag it. So a model request
- * that a later step (6 to 8) is about to refuse asks its ledgers first, with a hold of 0,
- * and is answered 402 when one is spent, as step 5 would have. Only on those refusals: a
- * request that gets through learns the same at step 9, where it takes its hold.
- */
-async function liveBudgetDenial(deps: PipelineDeps, o: { snap: Snapshot; admitted: Allow['seen']; requestId: string }): Promise<Denial | null> {
+/** Step 5 with live spend, for a model request a later step refuses or would refuse (live-budget.ts). */
+function liveBudget(deps: PipelineDeps, o: { snap: Snapshot; admitted: Allow['seen']; requestId: string }): Promise<Denial | null> {
   const facts = o.admitted.facts;
-  if (o.admitted.route.class !== 'model' || isShadowed(shadowOf(o.snap, facts), 'budget')) return null;
-  const { tag, holders } = holdersOf(facts);
-  if (holders.length === 0) return null;
-  const held = await deps.limiter.hold({ requestId: o.requestId, tag, holders, amount: 0 });
-  if (held.ok) {
-    held.hold.settle(0);
-    return null;
-  }
-  return held.code === 'limits_unavailable' ? null : deny(held.code);
+  if (o.admitted.route.class !== 'model') return Promise.resolve(null);
+  const shadowed = isShadowed(shadowOf(o.snap, facts), 'budget');
+  return liveBudgetDenial(deps.limiter, { facts, requestId: o.requestId, shadowed, codes: o.admitted.shadow });
 }
 
 /** Decides `input` under the settings of `snap`, the snapshot the request arrived under. */
-export async function decide(input: RequestInput, deps: PipelineDeps, snap: Snapshot, requestId: string): Promise<Decision> {
-  const seen: Seen = { route: null, facts: null, upstream: null, model: null, shadow: [] };
+export const newSeen = (): Seen => ({ route: null, facts: null, upstream: null, model: null, shadow: [] });
+
+/**
+ * Decides one request. `seen`, when the caller passes it, fills in as the steps learn the
+ * route, key and model, so a request answered before its decision (its client gone mid-body,
+ * its body stalled) is still logged with them.
+ */
+export async function decide(input: RequestInput, deps: PipelineDeps, snap: Snapshot, o: { requestId: string; seen?: Seen }): Promise<Decision> {
+  const seen = o.seen ?? newSeen();
+  const requestId = o.requestId;
   const authDenial = authenticate(input, deps, snap, seen);
   if (authDenial) return denied(seen, authDenial);
   const admitted = seen as Allow['seen'];
@@ -250,7 +247,7 @@ export async function decide(input: RequestInput, deps: PipelineDeps, snap: Snap
 
   const bodyRead = route.class === 'model';
   const read = await bodyStep(input, { snap, admitted, seen });
-  if ('denial' in read) return denied(seen, (await liveBudgetDenial(deps, { snap, admitted, requestId })) ?? read.denial);
+  if ('denial' in read) return denied(seen, (await liveBudget(deps, { snap, admitted, requestId })) ?? read.denial);
   const { body, estimate, metered } = read;
   const tokens = estimate.prompt + estimate.output;
 
@@ -263,7 +260,7 @@ export async function decide(input: RequestInput, deps: PipelineDeps, snap: Snap
     const result = await admitShadowed(deps.limiter, limits, shadow);
     if (!result.ok) {
       // Limits that cannot be read now are answered at once: a ledger call would wait out the same timeout again.
-      const spent = result.code === 'limits_unavailable' ? null : await liveBudgetDenial(deps, { snap, admitted, requestId });
+      const spent = result.code === 'limits_unavailable' ? null : await liveBudget(deps, { snap, admitted, requestId });
       if (spent) return denied(seen, spent);
       // A key's own RPM or TPM refusal shows the key's figures, as an OpenAI-compatible upstream's 429 does.
       const figures = result.code !== 'limits_unavailable' && (result.check === 'rpm' || result.check === 'tpm') ? result.quota : null;
@@ -280,6 +277,8 @@ export async function decide(input: RequestInput, deps: PipelineDeps, snap: Snap
   // a budget its live ledger shows exhausted still refuses it (DESIGN section 5: live spend),
   // where the replica's figures may not have caught up yet: a hold of 0 asks exactly that.
   const price = metered ? deps.priceFor(priceName(seen.model)) : null;
+  // A shadowed budget its live ledger shows spent is step 5's code, before those of shadowed limits.
+  if (isShadowed(shadow.shadow, 'budget') && hasLaterStepCodes(seen.shadow)) await liveBudget(deps, { snap, admitted, requestId });
   const held = await holdShadowed(deps.limiter, { requestId, tag, holders, amount: metered ? costOf(price, { input: estimate.prompt, output: estimate.output }) : 0 }, shadow);
   if (!held.ok) {
     lease?.cancel(); // refused before forwarding: the admission took nothing

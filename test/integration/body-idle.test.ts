@@ -8,7 +8,7 @@ import assert from 'node:assert/strict';
 import net from 'node:net';
 import { once } from 'node:events';
 import { startFakeUpstream, type FakeUpstream } from '../helpers/upstream.js';
-import { startHarness, type Harness } from '../helpers/sidecar.js';
+import { startHarness, waitForLine, type Harness } from '../helpers/sidecar.js';
 import { parseResponses } from '../helpers/raw.js';
 import { bearer, send } from '../helpers/http.js';
 
@@ -67,6 +67,31 @@ describe('stalled bodies', () => {
     assert.equal(up.received.length, before);
     const next = await send(h.url, { method: 'POST', path: '/v1/chat/completions', headers: { ...bearer(h.keys.k_one!), 'content-type': 'application/json' }, body: '{"model":"m"}' });
     assert.equal(next.status, 200);
+  });
+
+  test('a stalled messages body: 408 in the messages style, logged with its route and key', { timeout: 20_000 }, async () => {
+    const line = waitForLine(h, (l) => l.status === 408 && l.route === 'messages');
+    const head = `POST /v1/messages HTTP/1.1\r\nHost: kw\r\nx-api-key: ${h.keys.k_one}\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n`;
+    const r = await stall(head, '{"model":');
+    assert.equal(r.status, 408);
+    await r.closed;
+    const logged = await line;
+    assert.equal(logged.key_id, 'k_one');
+    assert.equal(logged.code, 'invalid_request');
+  });
+
+  test('a client gone mid-body: 499 logged with its route and key, and no error line', { timeout: 20_000 }, async () => {
+    const errorsBefore = h.logs.filter((l) => l.includes('"request failed"')).length;
+    const line = waitForLine(h, (l) => l.status === 499 && l.route === 'chat.completions');
+    const socket = net.connect(h.sidecar.port, '127.0.0.1');
+    await once(socket, 'connect');
+    socket.write(`POST /v1/chat/completions HTTP/1.1\r\nHost: kw\r\nAuthorization: Bearer ${h.keys.k_one}\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{"model":`);
+    // most often the sidecar is reading the body when the client leaves; either way the line names the route and key
+    await new Promise((r) => setTimeout(r, 50));
+    socket.destroy();
+    const logged = await line;
+    assert.equal(logged.key_id, 'k_one');
+    assert.equal(h.logs.filter((l) => l.includes('"request failed"')).length, errorsBefore);
   });
 
   test('a body that keeps arriving is not cut, however long it takes in all', { timeout: 20_000 }, async () => {

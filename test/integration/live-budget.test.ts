@@ -44,7 +44,10 @@ for (const variant of VARIANTS) {
     before(async () => {
       h = await startHarness({
         upstream: up.url,
-        keys: { k_team: { kind: 'team', project: 'p_1', budget: 1000, spent: 0 }, k_rpm: { kind: 'team', project: 'p_1', budget: 1, spent: 0, rpm: 2 }, k_order: { kind: 'team', project: 'p_1', budget: 1000, spent: 0, rpm: 1 } },
+        keys: { k_team: { kind: 'team', project: 'p_1', budget: 1000, spent: 0 }, k_rpm: { kind: 'team', project: 'p_1', budget: 1, spent: 0, rpm: 2 }, k_order: { kind: 'team', project: 'p_1', budget: 1000, spent: 0, rpm: 1 },
+          k_sh_both: { kind: 'team', project: 'p_1', budget: 1000, spent: 0, rpm: 1, shadow: ['budget', 'rpm'] },
+          k_sh_budget: { kind: 'team', project: 'p_1', budget: 1000, spent: 0, rpm: 1, shadow: ['budget'] },
+        },
         records: [{ type: 'project', id: 'p_1', status: 'enabled', budget: null, spent: 0 }, { type: 'price', model: 'priced-*', input: 1, output: 1, per: 1 }],
         config: variant.config,
       });
@@ -91,6 +94,24 @@ for (const variant of VARIANTS) {
       const bad = await post('{"model":');
       assert.deepEqual([bad.status, bad.headers['x-keyward-error']], [402, 'key_budget_exhausted'], 'an unreadable body as well');
       assert.equal(up.received.length, before, 'nothing reached the upstream');
+    });
+
+    test('budget shadowed and spent live: its code comes first in x-keyward-shadow, forwarded or refused by an enforced RPM', async () => {
+      const post = (key: string) =>
+        send(h.url, { method: 'POST', path: '/v1/chat/completions', headers: { authorization: `Bearer ${key}`, 'content-type': 'application/json' }, body: JSON.stringify({ model: 'priced-model', max_tokens: 1, messages: [] }) });
+      for (const id of ['k_sh_both', 'k_sh_budget']) {
+        const settled = waitForLine(h, (l) => l.msg === 'request' && l.key_id === id);
+        assert.equal((await post(h.keys[id]!)).status, 200, 'the one request of the minute');
+        assert.equal((await settled).input_tokens, 5000, 'its usage spends the budget of 1,000');
+      }
+      // RPM and budget shadowed: forwarded; step 5's code before step 8's.
+      const both = await post(h.keys.k_sh_both!);
+      assert.equal(both.status, 200);
+      assert.equal(both.headers['x-keyward-shadow'], 'key_budget_exhausted,rpm_exceeded');
+      // Only the budget shadowed: the enforced RPM refuses, and the answer names the shadowed budget too.
+      const rpm = await post(h.keys.k_sh_budget!);
+      assert.deepEqual([rpm.status, rpm.headers['x-keyward-error']], [429, 'rpm_exceeded']);
+      assert.equal(rpm.headers['x-keyward-shadow'], 'key_budget_exhausted');
     });
 
     test('a request refused 402 at its spend hold takes no request from the key\'s RPM', async () => {

@@ -144,7 +144,7 @@ for (const row of ROWS) {
       },
       deps,
       snapshotWith(row.shadow),
-      'req-1',
+      { requestId: 'req-1' },
     );
     const summary = decision.allow ? 'allow' : `${statusOf(decision.denial)} ${decision.denial.code}`;
     assert.equal(summary, row.expect);
