@@ -60,7 +60,8 @@ export const keyRecord = z
   .object({
     type: z.literal('key'),
     id,
-    hash: z.string().regex(/^[0-9a-f]{64}$/, 'expected 64 lowercase hex characters'),
+    // Looked up as the sidecar spells a digest (lowercase); a console that writes it in capitals means the same hash.
+    hash: z.string().regex(/^[0-9a-fA-F]{64}$/, 'expected 64 hex characters').transform((h) => h.toLowerCase()),
     kind: z.enum(['personal', 'team']),
     user: id.nullable(),
     project: id.nullable(),

@@ -23,6 +23,14 @@ test('an old-style key, project and wallet without the v1 fields load with the d
   assert.deepEqual(w.value, { type: 'wallet', user: 'u_1', balance: 5, epoch: 0 });
 });
 
+test("a key's hash in capitals is the same hash: read as lowercase, anything but 64 hex characters refused", () => {
+  const upper = parseRecord({ ...oldKey, hash: 'AB'.repeat(32) });
+  assert.ok(upper.ok && upper.value.type === 'key');
+  assert.equal(upper.value.hash, 'ab'.repeat(32));
+  assert.equal(parseRecord({ ...oldKey, hash: 'g'.repeat(64) }).ok, false);
+  assert.equal(parseRecord({ ...oldKey, hash: 'a'.repeat(63) }).ok, false);
+});
+
 test('the v1 key fields are read and validated', () => {
   const k = parseRecord({
     ...oldKey, epoch: 3, ips: ['10.0.0.0/8', '2001:db8::/32'], allowBrowser: true, period: 'month',
