@@ -22,7 +22,7 @@ import type { UsageEvent } from '../protocol/usage.js';
 import { ReplicaStore } from '../replica/store.js';
 import type { SyncClient, UsagePusher } from '../sync/client.js';
 import { consoleClients } from './console-clients.js';
-import { answerClientError, createExchanges, type ExchangeDeps, type Exchanges } from '../proxy/exchange.js';
+import { createExchanges, type ExchangeDeps, type Exchanges } from '../proxy/exchange.js';
 import { createForwarder, type Forwarder } from '../proxy/upstream/forward.js';
 import { snapshotOf, Snapshots } from '../proxy/snapshot.js';
 import { QUOTA_HEADER_NAMES } from '../proxy/quota-headers.js';
@@ -141,7 +141,7 @@ function proxyServer(exchanges: Exchanges): Server {
   server.on('request', (req, res) => exchanges.handle(req, res, 'none'));
   server.on('checkContinue', (req, res) => exchanges.handle(req, res, 'continue'));
   server.on('checkExpectation', (req, res) => exchanges.handle(req, res, 'unmet'));
-  server.on('clientError', (err: NodeJS.ErrnoException, socket) => answerClientError(err, socket));
+  server.on('clientError', (err: NodeJS.ErrnoException, socket) => exchanges.refuseUnparsed(err, socket));
   // Without a listener Node closes a CONNECT's connection with no answer at all.
   server.on('connect', (req, socket) => exchanges.refuseConnect(req, socket));
   return server;

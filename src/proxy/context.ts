@@ -72,12 +72,15 @@ export interface RequestContext {
   span: RequestSpan | null;
   /** what the pipeline has learned while deciding (see adoptSeen) */
   seen: Seen | null;
+  /** the status written straight on the socket when the parser refused its body (null: none) */
+  answeredOnSocket: number | null;
 }
 
 /**
- * A request answered before its decision was applied (its client gone mid-body, its body
- * stalled, an error) takes the route, key and model the pipeline had learned by then, so
- * its access line, metrics, span and denial style say what it was.
+ * The decision's findings go onto the context: the route, key, model and shadow codes. A
+ * request answered before its decision was applied (its client gone mid-body, its body
+ * stalled, an error) takes what the pipeline had learned by then, so its access line,
+ * metrics, span and denial style say what it was.
  */
 export function adoptSeen(ctx: RequestContext): void {
   const seen = ctx.seen;
@@ -86,6 +89,8 @@ export function adoptSeen(ctx: RequestContext): void {
   ctx.facts = seen.facts;
   ctx.upstream = seen.upstream;
   ctx.model = seen.model;
+  // The context keeps its shared empty list unless a shadowed check would have refused.
+  if (seen.shadow.length > 0) ctx.shadow = seen.shadow;
 }
 
 /** before admission nothing is estimated (shared: estimates are replaced, never written to) */
@@ -167,6 +172,7 @@ export function newContext(req: IncomingMessage, opts: { snapshot: Snapshot; now
     shadow: NO_SHADOW,
     span: null,
     seen: null,
+    answeredOnSocket: null,
   };
 }
 
@@ -198,6 +204,17 @@ export function accessLine(ctx: RequestContext, status: number, now: number): Ac
     duration_ms: Math.round((now - ctx.start) * 1000) / 1000,
     upstream_ms: ctx.upstreamMs === null ? null : Math.round(ctx.upstreamMs * 1000) / 1000,
     shadow: ctx.shadow,
+  };
+}
+
+/** The access line of bytes that never became a request (a parser refusal): nothing of it is known but its answer. */
+export function unparsedLine(o: { status: number; code: string; clientIp: string | null }): AccessLine {
+  return {
+    req_id: randomUUID(), method: '-', path: '-', route: null, status: o.status, code: o.code,
+    key_id: null, key_kind: null, project_id: null, user_id: null, model: null, routing: null, app_name: null, app_url: null,
+    input_tokens: null, output_tokens: null, usage_estimated: null,
+    client_ip: o.clientIp === null ? null : o.clientIp.slice(0, 64),
+    api_version: null, duration_ms: 0, upstream_ms: null, shadow: NO_SHADOW,
   };
 }
 

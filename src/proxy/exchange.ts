@@ -6,6 +6,7 @@
  */
 import type { IncomingMessage, ServerResponse } from 'node:http';
 import type { Duplex } from 'node:stream';
+import { Socket } from 'node:net';
 import { performance } from 'node:perf_hooks';
 import { deny } from '../errors.js';
 import type { LogSink } from '../log.js';
@@ -18,12 +19,13 @@ import { watchBodyIdle } from './body/idle.js';
 import { Arrival, clientIpOf } from './arrival.js';
 import { answerConnect, answerParserRefusal } from './upstream/framing.js';
 import { refusedBeforeDecision } from './preflight.js';
-import { accessLine, adoptSeen, newContext, spanFacts, styleOf, type RequestContext } from './context.js';
+import { accessLine, adoptSeen, newContext, spanFacts, styleOf, unparsedLine, type RequestContext } from './context.js';
 import type { ForwardFailure, Forwarder, ForwardHooks } from './upstream/forward.js';
 import type { BodyWatcher, ResponseHead } from './upstream/relay.js';
 import { addQuotaHeaders } from './quota-headers.js';
 import { cutStalledBody, failureDenial, sendDenial, SHADOW_HEADER } from './denial.js';
 import { settle, usageEvent } from './settle.js';
+import { answerSelf } from './self.js';
 import { decide, newSeen, type Allow, type Decision, type PipelineDeps } from './pipeline.js';
 import type { Snapshots } from './snapshot.js';
 import { createUsageTap } from './usage/tap.js';
@@ -55,6 +57,8 @@ export interface Exchanges {
   handle(req: IncomingMessage, res: ServerResponse, expect: Expectation): void;
   /** A CONNECT (Node hands its socket over raw): refused, and counted and logged like any request. */
   refuseConnect(req: IncomingMessage, socket: Duplex): void;
+  /** Bytes Node could not parse as HTTP: answered on the socket, which then closes; counted and logged. */
+  refuseUnparsed(err: NodeJS.ErrnoException, socket: Duplex): void;
   inFlight(): number;
   /**
    * From now on every response asks the client to close its connection, those in flight
@@ -73,12 +77,6 @@ type TrackedSocket = Duplex & { [CURRENT]?: ServerResponse };
 /** The request's context on its response, for the shared 'close' listener. */
 const CONTEXT = Symbol('keyward.context');
 type ContextResponse = ServerResponse & { [CONTEXT]?: RequestContext };
-
-/** A request Node could not parse as HTTP: answered on the socket, which then closes. */
-export function answerClientError(err: NodeJS.ErrnoException, socket: Duplex): void {
-  const res = (socket as TrackedSocket)[CURRENT];
-  answerParserRefusal(err, socket, res ? { req: res.req, res, style: () => styleOf(contextOf(res), res.req.url ?? '/') } : undefined);
-}
 
 /** The context a response carries, set when its request arrived. */
 const contextOf = (res: ServerResponse): RequestContext => (res as ContextResponse)[CONTEXT]!;
@@ -142,6 +140,22 @@ class ExchangeTable implements Exchanges, ForwardHooks {
     this.record(ctx, 400);
   }
 
+  refuseUnparsed(err: NodeJS.ErrnoException, socket: Duplex): void {
+    const res = (socket as TrackedSocket)[CURRENT];
+    const current = res && !res.req.complete ? res : undefined;
+    const answer = answerParserRefusal(err, socket, res ? { req: res.req, res, style: () => styleOf(contextOf(res), res.req.url ?? '/') } : undefined);
+    if (answer === null) return;
+    if (current) {
+      // Refused inside its body: the answer is that request's, logged when its response closes.
+      const ctx = contextOf(current);
+      ctx.code = answer.code;
+      ctx.answeredOnSocket = answer.status;
+      return;
+    }
+    this.deps.metrics.request('none', answer.status, answer.code);
+    this.deps.access(unparsedLine({ status: answer.status, code: answer.code, clientIp: socket instanceof Socket ? (socket.remoteAddress ?? null) : null }));
+  }
+
   inFlight(): number {
     return this.open.size;
   }
@@ -185,13 +199,8 @@ class ExchangeTable implements Exchanges, ForwardHooks {
   }
 
   private apply(req: IncomingMessage, res: ServerResponse, ctx: RequestContext, decision: Decision, expectContinue: boolean): void {
-    const { seen } = decision;
-    ctx.route = seen.route;
-    ctx.facts = seen.facts;
-    ctx.upstream = seen.upstream;
-    ctx.model = seen.model;
-    // The context keeps its shared empty list unless a shadowed check would have refused.
-    if (seen.shadow.length > 0) ctx.shadow = seen.shadow;
+    ctx.seen = decision.seen;
+    adoptSeen(ctx);
     ctx.decisionMs = performance.now() - ctx.start;
     this.deps.metrics.decision(decision.allow ? 'allow' : 'deny', ctx.decisionMs / 1000);
     if (!decision.allow) return sendDenial(req, res, ctx, decision.denial, decision.style, decision.quota);
@@ -203,7 +212,7 @@ class ExchangeTable implements Exchanges, ForwardHooks {
     ctx.price = decision.price;
     // The client went away while the checks ran: its response has closed already.
     if (res.destroyed) return settle(ctx);
-    if (decision.seen.route.class === 'self') return this.answerSelf(res, ctx, decision.seen.facts);
+    if (decision.seen.route.class === 'self') return answerSelf(res, ctx, { facts: decision.seen.facts, describeKey: this.deps.describeKey, log: this.deps.log });
     this.forward(req, res, ctx, decision, expectContinue);
   }
 
@@ -213,20 +222,6 @@ class ExchangeTable implements Exchanges, ForwardHooks {
     if (expectContinue && !allow.bodyRead) res.writeContinue();
     ctx.upstreamStart = performance.now();
     ctx.forwarding = this.deps.forwarder.forward(req, res, { targets: ctx.snapshot.targets, upstream: allow.seen.upstream, body: allow.body, hooks: this, traceparent: ctx.span?.traceparent ?? null });
-  }
-
-  private answerSelf(res: ServerResponse, ctx: RequestContext, facts: KeyFacts): void {
-    this.deps.describeKey(facts).then(
-      (view) => {
-        const body = JSON.stringify(view);
-        res.writeHead(200, { 'content-type': 'application/json', 'content-length': String(Buffer.byteLength(body)), 'x-request-id': ctx.reqId, 'cache-control': 'no-store' });
-        res.end(body);
-      },
-      (err: Error) => {
-        this.deps.log.error({ req_id: ctx.reqId, err: err.message }, 'key view failed');
-        sendDenial(res.req, res, ctx, deny('internal_error'), 'openai');
-      },
-    );
   }
 
   /** Forwarding hook: the upstream's head is in, the client's is not written yet. */
@@ -263,7 +258,7 @@ class ExchangeTable implements Exchanges, ForwardHooks {
     // A keep-alive connection would otherwise hold this exchange's whole graph (request,
     // context, body, tap) until its next request, however long that connection idles.
     // Kept while the request's body is still arriving: a parser refusal later in it must
-    // know that this answer has begun (answerClientError).
+    // know that this answer has begun (refuseUnparsed).
     const socket = res.req.socket as TrackedSocket | null;
     if (socket?.[CURRENT] === res && res.req.complete) socket[CURRENT] = undefined;
   }
@@ -274,7 +269,7 @@ class ExchangeTable implements Exchanges, ForwardHooks {
     settle(ctx);
     adoptSeen(ctx);
     // 499: the client went away before the response was complete (nginx's convention)
-    const status = res.writableFinished ? res.statusCode : 499;
+    const status = res.writableFinished ? res.statusCode : (ctx.answeredOnSocket ?? 499);
     if (ctx.settled && ctx.facts && this.deps.usageSink) this.deps.usageSink(usageEvent(ctx, ctx.settled, ctx.facts, status));
     this.record(ctx, status);
     // A keep-alive connection whose answer began before the drain would otherwise stay

@@ -3,13 +3,18 @@
  * remains of the key's limits and its live budget or balance from the limits store and
  * shapes them with the pure key view; never the key or its hash.
  */
+import type { ServerResponse } from 'node:http';
+import { deny } from '../errors.js';
 import type { Limiter } from '../limits/limiter.js';
+import type { LogSink } from '../log.js';
 import type { KeyFacts } from '../policy/facts.js';
 import { holdersOf } from '../policy/holders.js';
 import { keyView } from '../policy/key-view.js';
+import type { RequestContext } from './context.js';
+import { sendDenial } from './denial.js';
 
-export /** GET /v1/key: the key's figures with what remains of its limits and its live budget or balance. */
-async function describeKey(limiter: Limiter, facts: KeyFacts): Promise<unknown> {
+/** GET /v1/key: the key's figures with what remains of its limits and its live budget or balance. */
+export async function describeKey(limiter: Limiter, facts: KeyFacts): Promise<unknown> {
   const { key } = facts;
   const { tag, holders } = holdersOf(facts);
   const [quota, live] = await Promise.all([
@@ -23,3 +28,18 @@ async function describeKey(limiter: Limiter, facts: KeyFacts): Promise<unknown> 
   return keyView(facts, { remaining, spent, balance: figure(`wallet:${key.userId}`) }, Date.now());
 }
 
+
+/** Writes the key view, or a 500 when the limits store could not give its figures. */
+export function answerSelf(res: ServerResponse, ctx: RequestContext, o: { facts: KeyFacts; describeKey: (facts: KeyFacts) => Promise<unknown>; log: LogSink }): void {
+  o.describeKey(o.facts).then(
+    (view) => {
+      const body = JSON.stringify(view);
+      res.writeHead(200, { 'content-type': 'application/json', 'content-length': String(Buffer.byteLength(body)), 'x-request-id': ctx.reqId, 'cache-control': 'no-store' });
+      res.end(body);
+    },
+    (err: Error) => {
+      o.log.error({ req_id: ctx.reqId, err: err.message }, 'key view failed');
+      sendDenial(res.req, res, ctx, deny('internal_error'), 'openai');
+    },
+  );
+}

@@ -8,7 +8,7 @@
 import { after, before, describe, test } from 'node:test';
 import assert from 'node:assert/strict';
 import { echoJson, startFakeUpstream, type FakeUpstream } from '../helpers/upstream.js';
-import { startHarness, waitForLine, type Harness } from '../helpers/sidecar.js';
+import { accessLines, startHarness, waitForLine, type Harness } from '../helpers/sidecar.js';
 import { rawExchange, type ParsedResponse } from '../helpers/raw.js';
 
 let up: FakeUpstream;
@@ -132,12 +132,28 @@ describe('CONNECT and the parser\'s refusals', () => {
     }
   });
 
+  test('bytes the parser refuses before any request are counted and logged: an access line with nothing of the request', async () => {
+    const series = 'keyward_requests_total{route="none",status="400",code="invalid_path"}';
+    const before = await metric(series);
+    const logged = h.logs.length;
+    const earlier = new Set(accessLines(h).map((l) => l.req_id));
+    const ex = await rawExchange(h.sidecar.port, [Buffer.from(`GET /v1/models/g\u00e9 HTTP/1.1\r\nHost: kw\r\nAuthorization: Bearer ${h.keys.k_ok}\r\n\r\n`, 'utf8')], { expect: 1 });
+    assert.equal(ex.responses[0]!.status, 400);
+    const line = await waitForLine(h, (l) => !earlier.has(l.req_id) && l.code === 'invalid_path');
+    assert.deepEqual([line.method, line.status, line.route, line.path, line.key_id, line.client_ip], ['-', 400, null, '-', null, '127.0.0.1']);
+    assert.ok(!h.logs.slice(logged).some((l) => l.includes(h.keys.k_ok!)), 'no line holds the key');
+    assert.equal(await metric(series), before + 1);
+  });
+
   test('a body the parser refuses midway on a messages route is answered in the messages style', async () => {
     const head = `POST /v1/messages HTTP/1.1\r\nHost: kw\r\nx-api-key: ${h.keys.k_ok}\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n`;
     const ex = await rawExchange(h.sidecar.port, [head, '5\r\n{"mod\r\nzz-not-a-chunk-size\r\n']);
     assert.equal(ex.responses[0]!.status, 400);
     const err = errorOf(ex.responses[0]!);
     assert.deepEqual([err.code, err.style], ['invalid_request', 'messages']);
+    // Its access line says what the client read: 400, not a client gone (499).
+    const line = await waitForLine(h, (l) => l.route === 'messages' && l.key_id === 'k_ok' && l.code === 'invalid_request');
+    assert.equal(line.status, 400);
   });
 });
 

@@ -38,11 +38,12 @@ export function parserRefusalMayBeHead(err: NodeJS.ErrnoException & { rawPacket?
  * has begun, a second response would answer the next request, so the connection closes.
  * When its answer has not begun, the answer is that request's: its method is known (only
  * a HEAD goes without a body), and a connection that ended inside its body cut it short.
+ * Returns the status and code written, or null when the connection closed unanswered.
  */
-export function answerParserRefusal(err: NodeJS.ErrnoException, socket: Duplex, current: { req: IncomingMessage; res: ServerResponse; style: () => ErrorStyle } | undefined): void {
+export function answerParserRefusal(err: NodeJS.ErrnoException, socket: Duplex, current: { req: IncomingMessage; res: ServerResponse; style: () => ErrorStyle } | undefined): { status: number; code: string } | null {
   if (!socket.writable || (current && !current.req.complete && current.res.headersSent)) {
     socket.destroy();
-    return;
+    return null;
   }
   const inBody = current !== undefined && !current.req.complete;
   const { statusLine, ...denial } = refusalOf(err.code, inBody);
@@ -51,6 +52,7 @@ export function answerParserRefusal(err: NodeJS.ErrnoException, socket: Duplex, 
   const head = inBody ? current.req.method === 'HEAD' : parserRefusalMayBeHead(err, socket);
   const body = head ? '' : out.body;
   socket.end(`HTTP/1.1 ${statusLine}\r\ncontent-type: application/json\r\nx-keyward-error: ${denial.code}\r\ncontent-length: ${Buffer.byteLength(body)}\r\nconnection: close\r\n\r\n${body}`);
+  return { status: Number(statusLine.slice(0, 3)), code: denial.code };
 }
 
 /** What a parser refusal answers, by Node's error code. */
