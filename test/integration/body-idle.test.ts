@@ -80,9 +80,12 @@ describe('stalled bodies', () => {
     assert.equal(logged.code, 'invalid_request');
   });
 
-  test('a client gone mid-body: 499 logged with its route and key, and no error line', { timeout: 20_000 }, async () => {
+  test('a client gone mid-body: logged with its route and key, and no error line', { timeout: 20_000 }, async () => {
     const errorsBefore = h.logs.filter((l) => l.includes('"request failed"')).length;
-    const line = waitForLine(h, (l) => l.status === 499 && l.route === 'chat.completions');
+    // 499 when the sidecar sees the connection go; when it reads the client's FIN first, the
+    // answer to the cut body (408 from the body read, 400 from Node's parser) goes out on the
+    // half-closed connection and is what the line says
+    const line = waitForLine(h, (l) => [400, 408, 499].includes(l.status as number) && l.route === 'chat.completions');
     const socket = net.connect(h.sidecar.port, '127.0.0.1');
     await once(socket, 'connect');
     socket.write(`POST /v1/chat/completions HTTP/1.1\r\nHost: kw\r\nAuthorization: Bearer ${h.keys.k_one}\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{"model":`);
