@@ -9,66 +9,24 @@ import type { Duplex } from 'node:stream';
 import { Socket } from 'node:net';
 import { performance } from 'node:perf_hooks';
 import { deny } from '../errors.js';
-import type { LogSink } from '../log.js';
-import type { AccessWriter } from '../obs/logger.js';
-import type { Metrics } from '../obs/metrics.js';
-import type { SpanSource } from '../obs/tracing/span.js';
-import type { KeyFacts } from '../policy/facts.js';
-import type { UsageEvent } from '../protocol/usage.js';
 import { watchBodyIdle } from './body/idle.js';
 import { Arrival, clientIpOf } from './arrival.js';
 import { answerConnect, answerParserRefusal } from './upstream/framing.js';
 import { refusedBeforeDecision } from './preflight.js';
 import { accessLine, adoptSeen, newContext, spanFacts, styleOf, unparsedLine, type RequestContext } from './context.js';
-import type { ForwardFailure, Forwarder, ForwardHooks } from './upstream/forward.js';
-import type { BodyWatcher, ResponseHead } from './upstream/relay.js';
+import type { ForwardFailure, ForwardHooks } from './upstream/forward.js';
+import { markCutByUpstream, wasCutByUpstream, type BodyWatcher, type ResponseHead } from './upstream/relay.js';
 import { addQuotaHeaders } from './quota-headers.js';
 import { cutStalledBody, failureDenial, sendDenial, SHADOW_HEADER } from './denial.js';
 import { settle, usageEvent } from './settle.js';
 import { answerSelf } from './self.js';
-import { decide, newSeen, type Allow, type Decision, type PipelineDeps } from './pipeline.js';
-import type { Snapshots } from './snapshot.js';
+import { decide, newSeen, type Allow, type Decision } from './pipeline.js';
 import { createUsageTap } from './usage/tap.js';
 import { DenseSet } from '../dense-set.js';
 
-export interface ExchangeDeps {
-  pipeline: PipelineDeps;
-  forwarder: Forwarder;
-  metrics: Metrics;
-  access: AccessWriter;
-  /** receives one event per model response that reported usage; null: nobody listens */
-  usageSink: ((event: UsageEvent) => void) | null;
-  log: LogSink;
-  /**
-   * The config in force: each request takes the snapshot in force when it arrives and is
-   * decided, forwarded and timed under it until it ends (a reload swaps it).
-   */
-  snapshots: Snapshots;
-  /** GET /v1/key: the caller's own key and live figures (DESIGN section 11) */
-  describeKey: (facts: KeyFacts) => Promise<unknown>;
-  /** one span per request (DESIGN section 13); it starts none while tracing is off */
-  traces: SpanSource;
-}
+import type { ExchangeDeps, Exchanges, Expectation } from './exchange-api.js';
 
-/** What a request's `Expect` asks: nothing, 100-continue, or something keyward does not do. */
-export type Expectation = 'none' | 'continue' | 'unmet';
-
-export interface Exchanges {
-  handle(req: IncomingMessage, res: ServerResponse, expect: Expectation): void;
-  /** A CONNECT (Node hands its socket over raw): refused, and counted and logged like any request. */
-  refuseConnect(req: IncomingMessage, socket: Duplex): void;
-  /** Bytes Node could not parse as HTTP: answered on the socket, which then closes; counted and logged. */
-  refuseUnparsed(err: NodeJS.ErrnoException, socket: Duplex): void;
-  inFlight(): number;
-  /**
-   * From now on every response asks the client to close its connection, those in flight
-   * included while their headers are still to be sent; `closeIdle` runs after each
-   * response that ends during the drain, to let go of its connection if it is idle now.
-   */
-  startDraining(opts?: { closeIdle?: () => void }): void;
-  /** resolves when nothing is in flight, or after `graceMs` */
-  drained(graceMs: number): Promise<void>;
-}
+export type { ExchangeDeps, Exchanges, Expectation };
 
 /** The request a connection is on, so a parser refusal mid-body knows whose answer has begun. */
 const CURRENT = Symbol('keyward.currentRequest');
@@ -243,7 +201,10 @@ class ExchangeTable implements Exchanges, ForwardHooks {
     const ctx = contextOf(res);
     if (ctx.upstreamStatus === null) ctx.upstreamFailed = true;
     // mid-response: the client must see a broken response, not a truncated "success"
-    if (res.headersSent) return void res.destroy();
+    if (res.headersSent) {
+      markCutByUpstream(res);
+      return void res.destroy();
+    }
     if (kind !== 'rejected') this.deps.log.warn({ req_id: ctx.reqId, upstream: ctx.upstream, err: err.message }, 'upstream failure');
     sendDenial(res.req, res, ctx, failureDenial(kind, err), ctx.route?.style ?? 'openai');
   }
@@ -268,14 +229,27 @@ class ExchangeTable implements Exchanges, ForwardHooks {
     ctx.openIndex = -1;
     settle(ctx);
     adoptSeen(ctx);
-    // 499: the client went away before the response was complete (nginx's convention)
-    const status = res.writableFinished ? res.statusCode : (ctx.answeredOnSocket ?? 499);
+    const status = res.writableFinished ? res.statusCode : this.unfinishedStatus(res, ctx);
     if (ctx.settled && ctx.facts && this.deps.usageSink) this.deps.usageSink(usageEvent(ctx, ctx.settled, ctx.facts, status));
     this.record(ctx, status);
     // A keep-alive connection whose answer began before the drain would otherwise stay
     // open, and in use by its client, until the drain ends and every connection is cut.
     if (this.draining) this.closeIdle?.();
     if (this.open.size === 0) this.onIdle?.();
+  }
+
+  /**
+   * The status logged for a response that did not end whole: the one its head carried when
+   * the upstream stopped short mid-response (with a warning: nginx logs it so too), what
+   * was written on the socket for a body the parser refused, else 499: the client went
+   * away first (nginx's convention).
+   */
+  private unfinishedStatus(res: ServerResponse, ctx: RequestContext): number {
+    if (wasCutByUpstream(res)) {
+      this.deps.log.warn({ req_id: ctx.reqId, upstream: ctx.upstream, err: 'the upstream response stopped before its end' }, 'upstream failure');
+      return res.statusCode;
+    }
+    return ctx.answeredOnSocket ?? 499;
   }
 
   /** The request's metrics, access line and span, then its snapshot goes back. */

@@ -139,6 +139,9 @@ describe('limits through the proxy (Redis)', () => {
     const r = await chat(h.url, h.keys.k_tpm_stream!, { stream: true, max_tokens: 900 }).catch(() => null);
     assert.ok(r === null || r.status === 200);
     const line = await waitForLine(h, (l) => l.key_id === 'k_tpm_stream');
+    // the upstream stopped, not the client: the status its head gave, and a warning
+    assert.equal(line.status, 200);
+    assert.ok(h.logs.some((l) => l.includes('"upstream failure"') && l.includes(String(line.req_id))), 'an upstream failure line for the request');
     assert.equal(line.usage_estimated, true);
     assert.equal(line.output_tokens, 1, 'ceil(4 characters seen / 4)');
     assert.ok(typeof line.input_tokens === 'number' && line.input_tokens > 0, 'the prompt estimate');

@@ -99,9 +99,24 @@ function relayEnd(this: Source): void {
   this[CLIENT]!.end();
 }
 
+/** Responses whose upstream stopped before the end of its response (few: a set kept only for them). */
+const cutByUpstream = new WeakSet<ServerResponse>();
+
+/** Whether `res` was cut because its upstream's response stopped short (not because the client left). */
+export const wasCutByUpstream = (res: ServerResponse): boolean => cutByUpstream.has(res);
+
+/** Marks a client response cut because its upstream stopped mid-response. */
+export function markCutByUpstream(res: ServerResponse): void {
+  if (!res.destroyed) cutByUpstream.add(res);
+}
+
 /** An upstream that dies mid-response must not leave the client on an open, seemingly healthy stream. */
 function cutClientIfIncomplete(this: Source): void {
-  if (!this.complete) this[CLIENT]?.destroy();
+  if (this.complete) return;
+  const res = this[CLIENT];
+  if (!res) return;
+  markCutByUpstream(res);
+  res.destroy();
 }
 
 /**
