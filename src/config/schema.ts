@@ -48,8 +48,16 @@ const capacity = z
   })
   .prefault({});
 
+/**
+ * An upstream's URL: its path and query go before every forwarded request's; user-info
+ * (Node's client would drop it, sending no Basic auth) and a fragment have no meaning here.
+ */
+const upstreamUrl = httpUrl.refine((u) => !/^https?:\/\/[^/?#]*@/i.test(u) && !u.includes('#'), {
+  message: 'expected no user-info (user:password@) and no #fragment: keyward forwards the client\'s own credentials',
+});
+
 const upstream = z.strictObject({
-  url: httpUrl,
+  url: upstreamUrl,
   timeoutMs: ms(600_000),
   capacity,
 });
@@ -173,7 +181,7 @@ export const configSchema = z
     tracing: z
       .strictObject({
         /** the collector's OTLP/HTTP base URL: spans go to `<otlpUrl>/v1/traces` */
-        otlpUrl: httpUrl,
+        otlpUrl: httpUrl.default('http://127.0.0.1:4318'),
         /** share of new traces sampled; a request with a traceparent follows its sampled flag */
         sampleRatio: z.preprocess((v) => (typeof v === 'string' && v.trim() !== '' && !Number.isNaN(Number(v)) ? Number(v) : v), z.number().min(0).max(1)).default(1),
         /** the forwarded traceparent names keyward's span as parent */

@@ -147,6 +147,8 @@ const SINGLE: [string, string, string, RegExp?][] = [
   ['vendor with upper case', `${MINIMAL}messages: { vendor: Acme }\n`, 'messages.vendor'],
   ['route class', `${MINIMAL}routes:\n  - { path: /x, class: other }\n`, 'routes.0.class'],
   ['route path', `${MINIMAL}routes:\n  - { path: x, class: model }\n`, 'routes.0.path'],
+  ['upstream URL with user-info', 'upstreams:\n  default: { url: "http://user:secret@127.0.0.1:4000" }\n', 'upstreams.default.url', /user-info/],
+  ['upstream URL with a fragment', 'upstreams:\n  default: { url: "http://127.0.0.1:4000/base#x" }\n', 'upstreams.default.url', /fragment/],
   ['route path with a trailing slash', `${MINIMAL}routes:\n  - { path: /v1/rerank/, class: model }\n`, 'routes.0.path', /could match/],
   ['route path with an empty segment', `${MINIMAL}routes:\n  - { path: /v1//a, class: model }\n`, 'routes.0.path', /could match/],
   ['route path with a dot segment', `${MINIMAL}routes:\n  - { path: /v1/../admin/*, class: model }\n`, 'routes.0.path', /dot segments/],
@@ -181,6 +183,12 @@ test(
     hasProblem(problems(`${MINIMAL}server: { host: 0.0.0.0, port: 9000 }\nadmin: { port: 9000 }\n`), 'admin.port');
   },
 );
+
+test('tracing: an empty block sends to a collector beside keyward (DESIGN section 2 default); a query on an upstream URL is kept', () => {
+  const c = parse(`${MINIMAL}tracing: {}\n`);
+  assert.deepEqual(c.tracing, { otlpUrl: 'http://127.0.0.1:4318', sampleRatio: 1, propagate: true });
+  assert.equal(parse('upstreams:\n  default: { url: "http://127.0.0.1:4000/base?tenant=1" }\n').upstreams.default?.url, 'http://127.0.0.1:4000/base?tenant=1');
+});
 
 test('a bracketed IPv6 host is kept in the form a listener binds', async () => {
   const c = parse(`${MINIMAL}server: { host: "[::1]", port: 0 }\nadmin: { host: "[::1]" }\n`);
