@@ -87,6 +87,8 @@ export function openConsoleDb(path: string): DB {
     db.pragma('synchronous = NORMAL');
     db.pragma('busy_timeout = 5000');
     db.pragma('foreign_keys = ON');
+    // A deleted key's sealed secret is overwritten, not left in a free page (see ConsoleStore.deleteKey).
+    db.pragma('secure_delete = ON');
     db.exec(DDL);
     migrateConsoleDb(db);
   });

@@ -181,9 +181,14 @@ export class ConsoleStore {
     });
   }
 
-  /** Immediate and final: the row stays as a tombstone (sidecars answer api_key_deleted) and the secret is wiped. */
+  /**
+   * Immediate and final: the row stays as a tombstone (sidecars answer api_key_deleted) and
+   * the secret is wiped: overwritten in its page (secure_delete), and the write-ahead log,
+   * whose earlier frames still hold it, is checkpointed and truncated (a reader in the
+   * middle of a snapshot can keep it from being truncated; the next deletion tries again).
+   */
   deleteKey(id: string): KeyView {
-    return this.write(() => {
+    const view = this.write(() => {
       const row = this.keyRow(id);
       if (row.status === 'deleted') return { result: keyViewOf(row), records: [] };
       this.db.prepare(`UPDATE keys SET status = 'deleted', deleted_at = ?, secret_iv = NULL, secret_tag = NULL, secret_ct = NULL
@@ -191,6 +196,8 @@ export class ConsoleStore {
       const next = this.keyRow(id);
       return { result: keyViewOf(next), records: [keyRecordOf(next)] };
     });
+    this.db.pragma('wal_checkpoint(TRUNCATE)');
+    return view;
   }
 
   /** A new key with the old one's settings; the old key stays active until deleted. */

@@ -51,6 +51,16 @@ test('create → hash as the sidecar computes it, reveal returns the same key, n
   }
 });
 
+test('keys delete: the sealed secret is gone from the store and its write-ahead log, and reveal says so', async () => {
+  const made = (await fx.api('POST', '/admin/v1/keys', { body: { kind: 'personal', user: 'dora' } })).body;
+  const row = fx.console.store.db.prepare('SELECT secret_ct FROM keys WHERE id = ?').get(made.key.id) as { secret_ct: Buffer };
+  assert.ok(row.secret_ct.length >= 16);
+  assert.ok(storeBytes().includes(row.secret_ct), 'the sealed secret is stored while the key lives');
+  assert.equal((await fx.api('DELETE', `/admin/v1/keys/${made.key.id}`)).status, 200);
+  assert.ok(!storeBytes().includes(row.secret_ct), 'no copy of the sealed secret is left in the store files');
+  assert.equal((await fx.api('POST', `/admin/v1/keys/${made.key.id}/reveal`)).status, 410);
+});
+
 test('tokens: 401 without, 403 for someone else\'s key, own and project keys visible to users', async () => {
   await fx.api('POST', '/admin/v1/projects', { body: { id: 'p_perm', members: ['bob'] } });
   const aliceKey = (await fx.api('POST', '/admin/v1/keys', { body: { kind: 'personal', user: 'alice' } })).body;
