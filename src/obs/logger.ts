@@ -87,7 +87,11 @@ export interface AccessLine {
 }
 
 export interface AccessWriter {
-  (line: AccessLine): void;
+  /**
+   * `logged`: whether the level the request arrived under writes access lines (a reload may
+   * have changed the logger's since); without it, the logger's level now decides.
+   */
+  (line: AccessLine, logged?: boolean): void;
   /** hands every held line to the logger's stream now */
   flush(): void;
 }
@@ -220,8 +224,8 @@ function accessWriter(opts: { stream: pino.DestinationStream; extra: string; chu
   // attribution headers; a UTF-16 unit is at most 3 UTF-8 bytes, so the length test spares
   // every other line the work.
   const mayOverflow = opts.chunkBytes / 3;
-  const write = ((l: AccessLine) => {
-    if (!opts.enabled()) return;
+  const write = ((l: AccessLine, logged?: boolean) => {
+    if (!(logged ?? opts.enabled())) return;
     let line = format(l);
     if (line.length > mayOverflow) line = fitLine(line, opts.chunkBytes);
     held.push(line);

@@ -256,7 +256,7 @@ class ExchangeTable implements Exchanges, ForwardHooks {
   private record(ctx: RequestContext, status: number): void {
     this.deps.metrics.request(ctx.route?.name ?? 'none', status, ctx.code ?? '');
     if (ctx.shadow.length > 0) this.deps.metrics.shadowDenials(ctx.shadow);
-    this.deps.access(accessLine(ctx, status, performance.now()));
+    this.deps.access(accessLine(ctx, status, performance.now()), ctx.snapshot.accessLines);
     ctx.span?.end(spanFacts(ctx, status));
     this.deps.snapshots.release(ctx.snapshot);
   }

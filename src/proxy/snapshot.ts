@@ -33,6 +33,8 @@ export interface Snapshot {
   readonly shadow: ShadowSet;
   /** where each routing mode forwards */
   readonly targets: TargetSet;
+  /** `logging.level` writes access lines (info or finer): a request arrived under it keeps it until it ends */
+  readonly accessLines: boolean;
 }
 
 /** A snapshot and the number of requests holding it: a plain field, no Map churn per request. */
@@ -42,6 +44,7 @@ class HeldSnapshot implements Snapshot {
   readonly trustedProxies: readonly Cidr[];
   readonly versionHeader: string;
   readonly shadow: ShadowSet;
+  readonly accessLines: boolean;
   /** requests that took this snapshot and have not ended */
   requests = 0;
 
@@ -54,6 +57,7 @@ class HeldSnapshot implements Snapshot {
     this.trustedProxies = config.server.trustedProxies.map((c) => parseRange(c)!);
     this.versionHeader = `${config.messages.vendor}-version`;
     this.shadow = shadowSet(config.limits.shadow);
+    this.accessLines = ['trace', 'debug', 'info'].includes(config.logging.level);
   }
 }
 

@@ -142,13 +142,14 @@ describe('a stream in flight across reloads', () => {
     let before = configMetrics(await scrape(kw));
     kw.child.kill('SIGHUP');
     before = (await nextReload(kw, before, 'ok')).metrics;
-    // The ConfigMap edit: the default upstream is now B.
-    const next = yaml(upB.url, 'debug');
+    // The ConfigMap edit: the default upstream is now B, and access lines are off (warn).
+    const next = yaml(upB.url, 'warn');
     volume.publish(next);
     const swapped = await nextReload(kw, before, 'ok');
     assert.deepEqual(swapped.metrics.hashes, [configHash(next)]);
     assert.ok(Date.now() - started < SLOW_PIECES * SLOW_PAUSE_MS - 1000, 'both reloads happened while the stream was in flight');
-    assert.equal(await answer(kw), 'B', 'a request that arrives after the swap goes to the new upstream');
+    const after = await client(kw).chat.completions.create({ model: 'quick', messages: [{ role: 'user', content: 'hi' }] }).withResponse();
+    assert.equal(after.data.choices[0]!.message.content, 'B', 'a request that arrives after the swap goes to the new upstream');
 
     let usage: OpenAI.CompletionUsage | null | undefined;
     for (let c = await chunks.next(); !c.done; c = await chunks.next()) {
@@ -159,7 +160,10 @@ describe('a stream in flight across reloads', () => {
     assert.deepEqual(pieces, Array.from({ length: SLOW_PIECES }, (_, i) => `A${i} `), 'every piece, from the upstream it started on');
     assert.equal(usage?.completion_tokens, SLOW_PIECES);
     assert.equal(upA.received.length - receivedByA, 1, 'A served the stream alone');
+    // The stream finished under the config it started with, log level included.
     const [line] = await accessOf(kw, [requestId]);
     assert.equal(line!.status, 200);
+    const afterId = after.response.headers.get('x-request-id')!;
+    assert.ok(!kw.lines.some((l) => l.includes(afterId)), 'the request that arrived under warn wrote no access line');
   });
 });
