@@ -39,6 +39,7 @@ export const CATALOGUE = {
       two_authorization: 'More than one Authorization header was sent; send exactly one.',
       two_x_api_key: 'More than one x-api-key header was sent; send exactly one.',
       other_scheme: 'Both x-api-key and an Authorization header of another scheme were sent; send the key in one of them (x-api-key, or Authorization: Bearer).',
+      underscored: 'An x_api_key header was sent beside the key; some servers read it as x-api-key. Send the key in x-api-key alone.',
     },
   },
   invalid_api_key: {

@@ -14,16 +14,22 @@ const BEARER = /^bearer[ \t]+(.*)$/i;
 interface Found {
   authorization: string[];
   apiKey: string[];
+  /** `x_api_key` lines: no credential, but CGI-style servers (WSGI) read them as x-api-key */
+  underscored: number;
 }
 
 /** Collects every line of the two headers; Node's req.headers keeps only the first of each. */
 function collect(rawHeaders: readonly string[]): Found {
-  const found: Found = { authorization: [], apiKey: [] };
+  const found: Found = { authorization: [], apiKey: [], underscored: 0 };
   for (let i = 0; i < rawHeaders.length; i += 2) {
     const name = rawHeaders[i]!;
     // cheap length gate before the case-insensitive compare: this runs on every request
     if (name.length === 13 && name.toLowerCase() === 'authorization') found.authorization.push(rawHeaders[i + 1]!);
-    else if (name.length === 9 && name.toLowerCase() === 'x-api-key') found.apiKey.push(rawHeaders[i + 1]!);
+    else if (name.length === 9) {
+      const lower = name.toLowerCase();
+      if (lower === 'x-api-key') found.apiKey.push(rawHeaders[i + 1]!);
+      else if (lower === 'x_api_key') found.underscored++;
+    }
   }
   return found;
 }
@@ -40,7 +46,7 @@ function parseBearer(value: string | undefined): Bearer {
   return key === '' ? { kind: 'none' } : { kind: 'key', key };
 }
 
-type ConflictVariant = 'two_authorization' | 'two_x_api_key' | 'other_scheme' | undefined;
+type ConflictVariant = 'two_authorization' | 'two_x_api_key' | 'other_scheme' | 'underscored' | undefined;
 type MissingVariant = 'messages' | 'not_bearer' | 'not_bearer_messages' | 'x_api_key_here' | undefined;
 const conflict = (variant: ConflictVariant) => ({ ok: false as const, denial: deny('conflicting_api_keys', variant ? { variant } : {}) });
 const missing = (variant: MissingVariant) => ({ ok: false as const, denial: deny('missing_api_key', variant ? { variant } : {}) });
@@ -69,6 +75,8 @@ function extractRaw(rawHeaders: readonly string[], rule: CredentialRule): Extrac
   }
   const bearer = parseBearer(found.authorization[0]);
   if (rule === 'messages') {
+    // A key read from one header while the upstream may read another from `x_api_key`.
+    if (found.underscored > 0 && (found.apiKey.length > 0 || bearer.kind === 'key')) return conflict('underscored');
     const apiKey = found.apiKey[0]?.trim() ?? '';
     if (apiKey !== '') {
       if (bearer.kind === 'key' && bearer.key !== apiKey) {

@@ -81,6 +81,7 @@ const cases: Case[] = [
   { name: 'x-api-key on a bearer route', req: () => ({ path: '/v1/models', headers: { 'x-api-key': K('k_ok') } }), status: 401, code: 'missing_api_key', message: /Authorization/ },
   { name: 'two Authorization lines', req: () => ({ path: '/v1/models', headers: { authorization: [`Bearer ${K('k_ok')}`, `Bearer ${K('k_team')}`] } }), status: 401, code: 'conflicting_api_keys' },
   { name: 'two x-api-key lines', req: () => messages({ 'x-api-key': [K('k_ok'), K('k_ok')] }), status: 401, code: 'conflicting_api_keys', style: 'messages' },
+  { name: 'x-api-key and an x_api_key line (one name to CGI-style upstreams)', req: () => messages({ 'x-api-key': K('k_ok'), x_api_key: K('k_team') }), status: 401, code: 'conflicting_api_keys', style: 'messages' },
   { name: 'x-api-key and Bearer differ', req: () => messages({ 'x-api-key': K('k_ok'), authorization: `Bearer ${K('k_team')}` }), status: 401, code: 'conflicting_api_keys', style: 'messages', message: /different keys/ },
   { name: 'unknown key', req: () => chat('kw_nope'), status: 401, code: 'invalid_api_key' },
   { name: 'provider-looking key', req: () => chat('sk-ant-api03-abcdefghijklmnop'), status: 401, code: 'invalid_api_key', message: /Anthropic/ },

@@ -87,6 +87,15 @@ test('duplicate header lines are reported as such on both route kinds', () => {
   }
 });
 
+test('on messages routes an x_api_key line beside a key is a conflict: CGI-style upstreams read it as x-api-key', () => {
+  for (const headers of [['x-api-key', K1, 'x_api_key', K2], ['X_API_KEY', K2, 'Authorization', `Bearer ${K1}`]]) {
+    const m = extractCredential(headers, 'messages');
+    assert.ok(!m.ok && m.denial.code === 'conflicting_api_keys' && /x_api_key/.test(m.denial.message), headers[0]);
+  }
+  // Bearer routes read Authorization alone, as for x-api-key itself.
+  assert.ok(extractCredential(['Authorization', `Bearer ${K1}`, 'x_api_key', K2], 'bearer').ok);
+});
+
 test('header names of other lengths or similar spellings are not credentials', () => {
   for (const name of ['Authorization2', 'Proxy-Authorization', 'x-api-keys', 'api-key', 'x_api_key', 'authorizatio']) {
     const b = extractCredential([name, `Bearer ${K1}`], 'bearer');
