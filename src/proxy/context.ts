@@ -23,6 +23,8 @@ export interface RequestContext {
   /** the config the request arrived under, held until it ends */
   snapshot: Snapshot;
   reqId: string;
+  /** the client sent reqId (x-request-id): not unique to this request */
+  clientReqId: boolean;
   start: number;
   method: string;
   path: string;
@@ -137,9 +139,11 @@ export function requestPath(url: string): string {
 export function newContext(req: IncomingMessage, opts: { snapshot: Snapshot; now: number; clientIp: string | null }): RequestContext {
   const url = req.url ?? '/';
   const version = req.headers[opts.snapshot.versionHeader];
+  const clientReqId = saneRequestId(req.headers['x-request-id']);
   return {
     snapshot: opts.snapshot,
-    reqId: saneRequestId(req.headers['x-request-id']) ?? randomUUID(),
+    reqId: clientReqId ?? randomUUID(),
+    clientReqId: clientReqId !== null,
     start: opts.now,
     method: req.method ?? 'GET',
     path: requestPath(url),

@@ -42,7 +42,8 @@ const isoNow = isoClock();
 /** The usage event of a settled model response, for the console. */
 export function usageEvent(ctx: RequestContext, settled: Settled, facts: KeyFacts, status: number): UsageEvent {
   return {
-    event_id: randomUUID(),
+    // A generated request id is this request's alone; a client's may name many requests.
+    event_id: ctx.clientReqId ? randomUUID() : ctx.reqId,
     request_id: ctx.reqId,
     key_id: facts.key.id,
     model: ctx.model,
