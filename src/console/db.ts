@@ -182,3 +182,22 @@ export function projectViewOf(r: ProjectRow, members: string[]): ProjectView {
     members, createdAt: iso(r.created_at)!,
   };
 }
+
+/** A key's settings as the admin API gives them (create and update). */
+export interface KeySettings {
+  name?: string | null;
+  models?: string[] | null;
+  routing?: string | null;
+  rpm?: number | null;
+  tpm?: number | null;
+  concurrency?: number | null;
+  budget?: number | null;
+  ips?: string[] | null;
+  allowBrowser?: boolean;
+  modelLimits?: ModelLimit[] | null;
+  period?: BudgetPeriod | null;
+  /** checks evaluated but not enforced for this key (DESIGN section 12); [] for none */
+  shadow?: ShadowCheck[];
+}
+
+export type NewKey = KeySettings & ({ kind: 'personal'; user: string } | { kind: 'team'; project: string });

@@ -8,36 +8,16 @@ import { randomBytes } from 'node:crypto';
 import { generateKey } from '../auth/keyformat.js';
 import type { KeyHasher } from '../auth/hash.js';
 import type { DeleteChange, SyncRecord } from '../protocol/records.js';
-import type { ModelLimit } from '../policy/facts.js';
 import { periodStart, type BudgetPeriod } from '../policy/period.js';
 import { shadowColumn } from '../policy/shadow.js';
-import type { ShadowCheck } from '../protocol/shadow-checks.js';
 import { budgetChange, jsonOrNull, personalBudgetCheck } from './budgets.js';
 import { open, seal, verifyMasterKey } from './crypto.js';
 import {
   KEY_COLUMNS, keyRecordOf, keyViewOf, money, projectRecordOf, projectViewOf, walletRecordOf, walletViewOf,
-  type DB, type KeyRow, type KeyView, type ProjectRow, type ProjectView, type WalletRow, type WalletView,
+  type DB, type KeyRow, type KeyView, type NewKey, type KeySettings, type ProjectRow, type ProjectView, type WalletRow, type WalletView,
 } from './db.js';
 import { ApiError, conflict, notFound } from './errors.js';
 import { ChangeFeed } from './feed.js';
-
-export interface KeySettings {
-  name?: string | null;
-  models?: string[] | null;
-  routing?: string | null;
-  rpm?: number | null;
-  tpm?: number | null;
-  concurrency?: number | null;
-  budget?: number | null;
-  ips?: string[] | null;
-  allowBrowser?: boolean;
-  modelLimits?: ModelLimit[] | null;
-  period?: BudgetPeriod | null;
-  /** checks evaluated but not enforced for this key (DESIGN section 12); [] for none */
-  shadow?: ShadowCheck[];
-}
-
-export type NewKey = KeySettings & ({ kind: 'personal'; user: string } | { kind: 'team'; project: string });
 
 export interface StoreOptions {
   db: DB;
