@@ -78,7 +78,8 @@ const HTTP_METHODS = ['GET', 'HEAD', 'POST', 'PUT', 'PATCH', 'DELETE', 'OPTIONS'
 function routePathProblem(path: string): string | null {
   const bare = path.endsWith('/*') ? path.slice(0, -2) : path;
   if (bare.includes('*')) return 'a "*" may only end a path, as "/*" (a prefix)';
-  if (bare === '/v1/key') return 'GET /v1/key is answered by keyward itself and cannot be routed';
+  if (bare === '') return null; // `/*`: every path
+  if (path === '/v1/key') return 'GET /v1/key is answered by keyward itself and cannot be routed';
   const checked = checkPath(bare);
   return checked.ok ? null : `no request could match this path: ${checked.message}`;
 }

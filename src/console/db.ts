@@ -79,13 +79,16 @@ CREATE INDEX IF NOT EXISTS usage_key_at ON usage(key_id, at);
 
 export type DB = Database.Database;
 
+/** How long a statement waits for another connection's lock (a snapshot stream's reader). */
+export const BUSY_TIMEOUT_MS = 5000;
+
 /** Opens (or creates) the console's store, readable by its owner only, at the current schema. */
 export function openConsoleDb(path: string): DB {
   return openPrivateDatabase(path, (db) => {
     // WAL lets a snapshot stream read a consistent view on its own connection while writes go on.
     db.pragma('journal_mode = WAL');
     db.pragma('synchronous = NORMAL');
-    db.pragma('busy_timeout = 5000');
+    db.pragma(`busy_timeout = ${BUSY_TIMEOUT_MS}`);
     db.pragma('foreign_keys = ON');
     // A deleted key's sealed secret is overwritten, not left in a free page (see ConsoleStore.deleteKey).
     db.pragma('secure_delete = ON');

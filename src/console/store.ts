@@ -13,7 +13,7 @@ import { shadowColumn } from '../policy/shadow.js';
 import { budgetChange, jsonOrNull, personalBudgetCheck } from './budgets.js';
 import { open, seal, verifyMasterKey } from './crypto.js';
 import {
-  KEY_COLUMNS, keyRecordOf, keyViewOf, money, projectRecordOf, projectViewOf, walletRecordOf, walletViewOf,
+  BUSY_TIMEOUT_MS, KEY_COLUMNS, keyRecordOf, keyViewOf, money, projectRecordOf, projectViewOf, walletRecordOf, walletViewOf,
   type DB, type KeyRow, type KeyView, type NewKey, type KeySettings, type ProjectRow, type ProjectView, type WalletRow, type WalletView,
 } from './db.js';
 import { ApiError, conflict, notFound } from './errors.js';
@@ -176,7 +176,10 @@ export class ConsoleStore {
       const next = this.keyRow(id);
       return { result: keyViewOf(next), records: [keyRecordOf(next)] };
     });
+    // Without waiting: a checkpoint that waits for readers would hold the event loop.
+    this.db.pragma('busy_timeout = 0');
     this.db.pragma('wal_checkpoint(TRUNCATE)');
+    this.db.pragma(`busy_timeout = ${BUSY_TIMEOUT_MS}`);
     return view;
   }
 

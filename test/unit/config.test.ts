@@ -184,6 +184,11 @@ test(
   },
 );
 
+test('operator routes: a catch-all `/*` and prefixes are accepted', () => {
+  const c = parse(`${MINIMAL}routes:\n  - { path: /v2/*, class: model }\n  - { path: /*, class: files }\n`);
+  assert.deepEqual(c.routes.map((r) => r.path), ['/v2/*', '/*']);
+});
+
 test('tracing: an empty block sends to a collector beside keyward (DESIGN section 2 default); a query on an upstream URL is kept', () => {
   const c = parse(`${MINIMAL}tracing: {}\n`);
   assert.deepEqual(c.tracing, { otlpUrl: 'http://127.0.0.1:4318', sampleRatio: 1, propagate: true });
