@@ -38,7 +38,8 @@ test('config: tracing is strict, and every problem in it is reported', () => {
   const list = problems(`${MINIMAL}tracing: { otlpUrl: ftp://c, sampleRatio: 1.5, propagate: maybe, exporter: zipkin }\n`);
   for (const path of ['tracing.otlpUrl', 'tracing.sampleRatio', 'tracing.propagate']) assert.ok(list.some((p) => p.startsWith(`${path}:`)), `${path} in ${list.join('\n')}`);
   assert.ok(list.some((p) => /exporter/.test(p)), list.join('\n'));
-  assert.ok(problems(`${MINIMAL}tracing: { sampleRatio: 0.5 }\n`).some((p) => p.startsWith('tracing.otlpUrl:')));
+  // Without otlpUrl: the collector beside keyward (DESIGN section 2's default).
+  assert.equal(parse(`${MINIMAL}tracing: { sampleRatio: 0.5 }\n`).tracing?.otlpUrl, 'http://127.0.0.1:4318');
   assert.ok(problems(`${MINIMAL}tracing: { otlpUrl: http://c, sampleRatio: -0.1 }\n`).some((p) => p.startsWith('tracing.sampleRatio:')));
 });
 
