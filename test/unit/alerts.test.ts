@@ -9,7 +9,7 @@ import { test } from 'node:test';
 import { createMemoryLimiter } from '../../src/limits/memory.js';
 import type { ClaimInput } from '../../src/limits/limiter.js';
 import { quiet } from '../../src/log.js';
-import { Delivery, type Outgoing } from '../../src/obs/alerts/delivery.js';
+import { Delivery, type DeliveryTuning, type Outgoing } from '../../src/obs/alerts/delivery.js';
 import { eventBody, holderRef, signature, standing } from '../../src/obs/alerts/event.js';
 import { AlertWatch } from '../../src/obs/alerts/watch.js';
 import type { Crossing } from '../../src/obs/alerts/event.js';
@@ -62,37 +62,36 @@ function recordingLog(): { warn: { obj: object; msg?: string }[]; log: typeof qu
   return { warn, log: { ...quiet, warn: (obj, msg) => void warn.push({ obj, ...(msg !== undefined ? { msg } : {}) }) } };
 }
 
-test('delivery: a holder\'s events go in order, the next waiting while the one before is retried', async () => {
+type Hook = Awaited<ReturnType<typeof startWebhookReceiver>>;
+
+/** Two events of one holder through a webhook that fails its first `failures` answers, until both are sent or given up. */
+async function deliverTwo(tuning: DeliveryTuning, failures: number, check: (hook: Hook, d: Delivery) => void): Promise<void> {
   const hook = await startWebhookReceiver();
   try {
-    const d = new Delivery(quiet, { firstRetryMs: 10, maxRetryMs: 20, retryWindowMs: 5_000 });
-    hook.failNext(2);
+    const d = new Delivery(quiet, tuning);
+    hook.failNext(failures);
     d.add(out(hook.url, 'key:k_1', 1));
     d.add(out(hook.url, 'key:k_1', 2));
     await d.idle();
-    assert.deepEqual(hook.received.map((r) => [JSON.parse(r.body).n, r.status]), [[1, 500], [1, 500], [1, 204], [2, 204]]);
-    assert.deepEqual(d.stats(), { sent: 2, failed: 0, queued: 0 });
+    check(hook, d);
   } finally {
     await hook.close();
   }
-});
+}
 
-test('delivery: an event waiting behind its holder\'s earlier one gets a retry window of its own', async () => {
-  const hook = await startWebhookReceiver();
-  try {
-    const d = new Delivery(quiet, { firstRetryMs: 10, maxRetryMs: 20, retryWindowMs: 150 });
-    hook.failNext(1_000);
-    d.add(out(hook.url, 'key:k_1', 1));
-    d.add(out(hook.url, 'key:k_1', 2));
-    await d.idle();
+test('delivery: a holder\'s events go in order, the next waiting while the one before is retried', () =>
+  deliverTwo({ firstRetryMs: 10, maxRetryMs: 20, retryWindowMs: 5_000 }, 2, (hook, d) => {
+    assert.deepEqual(hook.received.map((r) => [JSON.parse(r.body).n, r.status]), [[1, 500], [1, 500], [1, 204], [2, 204]]);
+    assert.deepEqual(d.stats(), { sent: 2, failed: 0, queued: 0 });
+  }));
+
+test('delivery: an event waiting behind its holder\'s earlier one gets a retry window of its own', () =>
+  deliverTwo({ firstRetryMs: 10, maxRetryMs: 20, retryWindowMs: 150 }, 1_000, (hook, d) => {
     const attempts = (n: number) => hook.received.filter((r) => JSON.parse(r.body).n === n).length;
     assert.ok(attempts(1) >= 4, `the first event: ${attempts(1)} attempts`);
     assert.ok(attempts(2) >= 4, `the second event: ${attempts(2)} attempts, not one last try after the first gave up`);
     assert.deepEqual(d.stats(), { sent: 0, failed: 2, queued: 0 });
-  } finally {
-    await hook.close();
-  }
-});
+  }));
 
 test('delivery: the queue is bounded, an event past it is dropped, logged and counted as failed; close gives the rest a last attempt', async () => {
   const hook = await startWebhookReceiver();
