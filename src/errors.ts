@@ -72,6 +72,7 @@ export const CATALOGUE = {
       expectation: 'Only "Expect: 100-continue" is understood; send the request without another expectation.',
       two_host: 'More than one Host header was sent; send exactly one.',
       no_host: 'No Host header was sent; an HTTP/1.1 request carries exactly one.',
+      transfer_coding: 'Only "Transfer-Encoding: chunked" is accepted as a request transfer coding.',
       cut_short: 'The request body was cut short.',
       stalled: 'The request body stalled: no byte arrived for {ms} ms.',
     },
@@ -133,6 +134,12 @@ export interface ErrorResponse {
   body: string;
 }
 
+/**
+ * The header that marks an answer as keyward's own denial. An upstream's line of that name
+ * is dropped from forwarded responses, so a client can tell the two apart.
+ */
+export const ERROR_HEADER = 'x-keyward-error';
+
 /** Renders a denial in the route's style with the headers every denial carries. */
 export function renderError(denial: Denial, style: ErrorStyle): ErrorResponse {
   const status = denial.status ?? STATUS[denial.code];
@@ -144,7 +151,7 @@ export function renderError(denial: Denial, style: ErrorStyle): ErrorResponse {
   const headers: Record<string, string> = {
     'content-type': 'application/json',
     'content-length': String(Buffer.byteLength(text)),
-    'x-keyward-error': denial.code,
+    [ERROR_HEADER]: denial.code,
   };
   if (status === 401 || status === 402 || status === 403) headers['x-should-retry'] = 'false';
   if (status === 429 || (status === 503 && denial.retryAfterMs !== undefined)) {

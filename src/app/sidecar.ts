@@ -27,6 +27,7 @@ import { createForwarder, type Forwarder } from '../proxy/upstream/forward.js';
 import { snapshotOf, Snapshots } from '../proxy/snapshot.js';
 import { QUOTA_HEADER_NAMES } from '../proxy/quota-headers.js';
 import { SHADOW_HEADER } from '../proxy/denial.js';
+import { ERROR_HEADER } from '../errors.js';
 import { describeKey } from '../proxy/self.js';
 import { httpUrl, listen } from './listen.js';
 
@@ -219,7 +220,7 @@ export async function startSidecar(opts: SidecarOptions): Promise<Sidecar> {
   const replica = opts.replica ?? new ReplicaStore({ path: config.replica.path });
   const limiter = opts.limiter ?? limiterFor(config, logger);
   const { sync, usage } = consoleClients({ config, replica, logger, pushUsage: !opts.usageSink });
-  const forwarder = createForwarder({ replacedResponseHeaders: [...QUOTA_HEADER_NAMES, SHADOW_HEADER] });
+  const forwarder = createForwarder({ replacedResponseHeaders: [...QUOTA_HEADER_NAMES, SHADOW_HEADER, ERROR_HEADER] });
   const traces = new Traces({ log: logger, tuning: opts.traceTuning ?? traceTuningFromEnv(process.env) });
   await traces.configure(config.tracing);
   const alerts = new Alerts({ store: limiter, log: logger, ...(opts.alertTuning ? { tuning: opts.alertTuning } : {}) });

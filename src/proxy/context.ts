@@ -4,6 +4,7 @@
  */
 import type { IncomingMessage } from 'node:http';
 import { randomUUID } from 'node:crypto';
+import { isUtf8 } from 'node:buffer';
 import type { AccessLine } from '../obs/logger.js';
 import type { RequestSpan, SpanFacts } from '../obs/tracing/span.js';
 import type { Hold, Lease, Quota } from '../limits/limiter.js';
@@ -100,15 +101,29 @@ const NO_ESTIMATE: { readonly prompt: number; readonly output: number } = Object
 /** no shadowed check refused (shared: replaced, never written to) */
 const NO_SHADOW: readonly string[] = Object.freeze([]);
 
-/** C0, DEL and C1 (Node reads header bytes 0x80-0x9f as U+0080-U+009F: NEL, CSI among them) */
+/** C0, DEL and C1 (NEL and CSI among them) */
 const CONTROL = /[\x00-\x1f\x7f-\x9f]/g; // eslint-disable-line no-control-regex
+const NON_ASCII = /[^\x00-\x7f]/; // eslint-disable-line no-control-regex
 
-/** Attribution headers: trimmed, control characters removed, at most 256 characters. */
+/**
+ * Attribution headers: trimmed, control characters removed, at most 256 characters. Node
+ * reads header bytes as Latin-1; clients send UTF-8, so a value whose bytes past ASCII are
+ * valid UTF-8 is read as such (what the client wrote, not its bytes one by one).
+ */
 export function cleanAttribution(value: string | string[] | undefined): string | null {
   if (value === undefined) return null;
-  const v = (Array.isArray(value) ? value[0] ?? '' : value).replace(CONTROL, '').trim().slice(0, 256);
+  let v = Array.isArray(value) ? value[0] ?? '' : value;
+  if (NON_ASCII.test(v)) {
+    const bytes = Buffer.from(v, 'latin1');
+    if (isUtf8(bytes)) v = bytes.toString('utf8');
+  }
+  v = v.replace(CONTROL, '').trim();
+  // cut between characters, never inside a surrogate pair
+  if (v.length > 256) v = v.slice(0, isHighSurrogate(v.charCodeAt(255)) ? 255 : 256);
   return v === '' ? null : v;
 }
+
+const isHighSurrogate = (c: number): boolean => c >= 0xd800 && c <= 0xdbff;
 
 const SANE_REQUEST_ID = /^[A-Za-z0-9._:@/+=-]{1,128}$/;
 

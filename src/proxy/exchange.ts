@@ -141,7 +141,7 @@ class ExchangeTable implements Exchanges, ForwardHooks {
   private async run(req: IncomingMessage, res: ServerResponse, ctx: RequestContext, input: Arrival, unmetExpectation: boolean): Promise<void> {
     try {
       const http10 = req.httpVersionMajor === 1 && req.httpVersionMinor === 0;
-      const refused = refusedBeforeDecision({ method: ctx.method, url: input.url, rawHeaders: input.rawHeaders, http10, unmetExpectation }, ctx.snapshot.rules);
+      const refused = refusedBeforeDecision({ method: ctx.method, url: input.url, rawHeaders: input.rawHeaders, http10, unmetExpectation, transferEncoding: req.headers['transfer-encoding'] }, ctx.snapshot.rules);
       const seen = newSeen();
       ctx.seen = seen;
       const decision = refused ?? (await decide(input, this.deps.pipeline, ctx.snapshot, { requestId: ctx.reqId, seen }));

@@ -17,7 +17,7 @@ let h: Harness;
 
 before(async () => {
   up = await startFakeUpstream();
-  h = await startHarness({ upstream: up.url, keys: { k_ok: {} } });
+  h = await startHarness({ upstream: up.url, keys: { k_ok: {}, k_rpm: { rpm: 2 } } });
 });
 after(async () => {
   await h.close();
@@ -94,6 +94,27 @@ describe('framing is preserved or refused', () => {
     assert.equal(ex.responses[0]!.status, 400);
     assert.equal(ex.responses[0]!.headers['x-keyward-error'], 'invalid_request');
     assert.equal(up.received.length, before);
+  });
+
+  test('a transfer-coding refusal on a model route takes nothing from the key\'s RPM', async () => {
+    const before = up.received.length;
+    const body = '{"model":"gpt-4o","messages":[]}';
+    const send = (te: string) =>
+      rawExchange(h.sidecar.port, [`POST /v1/chat/completions HTTP/1.1\r\nHost: kw\r\nAuthorization: Bearer ${h.keys.k_rpm}\r\nContent-Type: application/json\r\nTransfer-Encoding: ${te}\r\nConnection: close\r\n\r\n`, chunked(body)], { expect: 1 });
+    for (const te of ['identity, chunked', 'gzip, chunked']) {
+      const ex = await send(te);
+      assert.equal(ex.responses[0]!.status, 400, te);
+      assert.match(ex.responses[0]!.body.toString(), /Transfer-Encoding: chunked/);
+    }
+    assert.equal(up.received.length, before);
+    // a bucket of 2 that the refusals had drained would answer 429 here
+    assert.equal((await send('chunked')).responses[0]!.status, 200);
+  });
+
+  test('a parser refusal answers with its body when a header name merely contains HEAD', async () => {
+    const ex = await rawExchange(h.sidecar.port, ['GET /v1/models HTTP/1.1\r\nHost: kw\r\nX-HEAD-Fold: a\r\n b\r\n\r\n']);
+    assert.equal(ex.responses[0]!.status, 400);
+    assert.equal(JSON.parse(ex.responses[0]!.body.toString()).error.code, 'invalid_request');
   });
 
   test('a parser refusal of a HEAD request has no body', async () => {

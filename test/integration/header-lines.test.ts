@@ -102,6 +102,16 @@ describe('header lines', () => {
     assert.deepEqual(named(rec.rawHeaders, 'content-length').map(([, v]) => v), [String(body.length)]);
   });
 
+  test('a request received without framing goes out with content-length 0, whether or not it repeats Cookie', async () => {
+    for (const cookies of ['', 'Cookie: a=1\r\nCookie: b=2\r\n']) {
+      assert.equal(await exchange(`POST /v1/files HTTP/1.1\r\nHost: a\r\nAuthorization: Bearer ${h.keys.k_ok}\r\n${cookies}\r\n`), 200);
+      const rec = up.received.at(-1)!;
+      assert.deepEqual(named(rec.rawHeaders, 'transfer-encoding'), [], cookies ? 'sent line by line' : 'sent by the stream pass');
+      assert.deepEqual(named(rec.rawHeaders, 'content-length').map(([, v]) => v), ['0']);
+      assert.equal(rec.body.length, 0);
+    }
+  });
+
   test('hop-by-hop lines and every name a Connection line lists are dropped; the rest stay', async () => {
     assert.equal(
       await exchange(

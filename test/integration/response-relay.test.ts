@@ -35,6 +35,7 @@ before(async () => {
       'X-Repeated', 'one',
       'X-Repeated', 'two',
       'x-ratelimit-limit-requests', '999999',
+      'X-Keyward-Error', 'invalid_api_key',
       'Transfer-Encoding', 'chunked',
     ]);
     res.end('{"object":"list","data":[]}');
@@ -67,6 +68,8 @@ describe('response relay', () => {
     // the upstream's figures describe its provider account, never this key: the key's own replace them
     assert.deepEqual(named('x-ratelimit-limit-requests'), ['10']);
     assert.equal(named('x-request-id').length, 1);
+    // only keyward's own denials carry it: a client tells them from the upstream's answers by it
+    assert.deepEqual(named('x-keyward-error'), []);
     assert.deepEqual(named('transfer-encoding'), ['chunked'], 'framed by the sidecar for its own connection');
     assert.equal(ex.responses[0]!.body.toString(), '{"object":"list","data":[]}');
   });

@@ -63,3 +63,17 @@ test('cleanAttribution: C0, DEL and C1 control characters are removed, the rest 
   assert.equal(cleanAttribution(' my\u0085app\u009b31m\u0007 \t'), 'myapp31m');
   assert.equal(cleanAttribution('café'), 'café');
 });
+
+test('cleanAttribution: UTF-8 bytes are read as the text the client wrote', () => {
+  // what Node's header string holds for UTF-8 bytes: one character per byte
+  const asNodeReads = (text: string): string => Buffer.from(text, 'utf8').toString('latin1');
+  assert.equal(cleanAttribution(asNodeReads('café €')), 'café €');
+  // a C1 control written in UTF-8 is removed like the byte form
+  assert.equal(cleanAttribution(asNodeReads('my\u0085app')), 'myapp');
+  // bytes that are not UTF-8 keep their Latin-1 reading
+  assert.equal(cleanAttribution('caf\u00e9 \u00ff'), 'café ÿ');
+  // 256 characters at most, never half a surrogate pair
+  const cut = cleanAttribution(asNodeReads('a' + '😀'.repeat(200)))!;
+  assert.equal(cut.length, 255);
+  assert.ok(cut.endsWith('😀'));
+});

@@ -13,24 +13,31 @@ import { deny, renderError, type Denial, type ErrorStyle } from '../../errors.js
  * the other codings and read a body no one checked, so only plain `chunked` passes.
  */
 export function framingProblem(req: IncomingMessage): string | null {
-  const te = req.headers['transfer-encoding'];
-  if (te !== undefined && te.trim().toLowerCase() !== 'chunked') return 'Only "Transfer-Encoding: chunked" is accepted as a request transfer coding.';
-  return null;
+  return unforwardableCoding(req.headers['transfer-encoding']) ? 'Only "Transfer-Encoding: chunked" is accepted as a request transfer coding.' : null;
+}
+
+/** Whether a request's Transfer-Encoding value is one keyward does not forward (see framingProblem). */
+export function unforwardableCoding(te: string | undefined): boolean {
+  return te !== undefined && te.trim().toLowerCase() !== 'chunked';
 }
 
 /**
  * Whether the request the parser refused may have been a HEAD: its answer then carries no
  * body, or a client (or a proxy in front) would read that body as the next response.
  * The method is only known for sure when the failing packet is everything the connection
- * has sent; otherwise the start line may lie in an earlier packet, so: maybe HEAD.
+ * has sent; otherwise the start line may lie in an earlier packet, so: maybe HEAD. Within
+ * the packet, only a line that starts `HEAD ` can be a HEAD's start line (a header named
+ * `X-HEAD-Fold` is not one).
  */
 export function parserRefusalMayBeHead(err: NodeJS.ErrnoException & { rawPacket?: unknown }, socket: Duplex): boolean {
   const raw = err.rawPacket;
   if (!Buffer.isBuffer(raw)) return true;
   const bytesRead = (socket as Duplex & { bytesRead?: number }).bytesRead;
   if (bytesRead !== raw.length) return true;
-  return raw.includes('HEAD', 0, 'latin1');
+  return HEAD_LINE.test(raw.toString('latin1'));
 }
+
+const HEAD_LINE = /(?:^|\n)HEAD /;
 
 /**
  * Answers a request the HTTP parser refused. `current` is the last request seen on the

@@ -69,8 +69,17 @@ export interface LineByLineCall {
   onError(err: Error, req: IncomingMessage, res: ServerResponse): void;
 }
 
+/** Methods whose request Node's client frames as chunked when it is given no length. */
+const BODY_BY_DEFAULT = (method: string): boolean => !['GET', 'HEAD', 'DELETE', 'OPTIONS', 'TRACE', 'CONNECT'].includes(method);
+
 export function sendLineByLine(c: LineByLineCall): void {
   const { req, res, target } = c;
+  // Received without framing, the request has no body. The stream pass ends such a request
+  // before its head is written, and Node's client frames it `content-length: 0`; a header
+  // array is written at once, so here that line is given, or Node would send chunked.
+  const unframed = req.headers['content-length'] === undefined && req.headers['transfer-encoding'] === undefined;
+  const lines = headerLines(req.headers, target);
+  if (unframed && BODY_BY_DEFAULT(req.method ?? 'GET')) lines.push('content-length', '0');
   const request = target.protocol === 'https:' ? https.request : http.request;
   const proxyReq = request({
     protocol: target.protocol,
@@ -78,7 +87,7 @@ export function sendLineByLine(c: LineByLineCall): void {
     port: target.port || (target.protocol === 'https:' ? 443 : 80),
     method: req.method,
     path: upstreamPath(target, c.prependPath, req.url ?? ''),
-    headers: headerLines(req.headers, target),
+    headers: lines,
     agent: c.agent,
   });
   // The client gone first: nothing waits for the answer (a read error of the client's
@@ -92,6 +101,7 @@ export function sendLineByLine(c: LineByLineCall): void {
   };
   req.on('error', failed);
   proxyReq.on('error', failed);
-  c.body.pipe(proxyReq);
+  if (unframed) proxyReq.end();
+  else c.body.pipe(proxyReq);
   proxyReq.on('response', (proxyRes) => c.onResponse(proxyRes, req, res));
 }
