@@ -6,8 +6,9 @@
  *    otherwise `onError: open` holds in the in-process ledger (counted in failOpenHolds),
  *    `closed` answers limits_unavailable. A hold Redis grants after the guard gave up is
  *    released at once (settled at 0), so it cannot sit on a budget until it expires.
- *  - peek, ledger: read the in-process figures in either mode. They only inform the caller
- *    (GET /v1/key); refusing them would turn a display into an outage.
+ *  - peek, ledger: `onError: open` reads the in-process figures, the ones admissions are
+ *    held to meanwhile; `closed` rejects with LimitsUnavailableError, as no figure of this
+ *    process alone stands for the shared one (GET /v1/key answers 503 limits_unavailable).
  *  - claimOnce: `unavailable` in either mode, never a claim in the in-process store: a claim
  *    made by one instance alone could be made again by another, and an alert sent twice is
  *    worse than one sent late (the caller asks again). A grant Redis gives after the guard
@@ -15,6 +16,7 @@
  * Calls that need no Redis skip the guard: their success says nothing about Redis.
  */
 import { type Failover, unavailable } from './failover.js';
+import { LimitsUnavailableError } from './limiter.js';
 import type { GuardedCall } from './failover-guard.js';
 import type { ClaimInput, ClaimResult, HoldInput, HoldResult, KeyLimits, LedgerFigure, LedgerInput, Limiter, Quota } from './limiter.js';
 import { isLimited } from './limiter.js';
@@ -87,7 +89,7 @@ class HoldCall extends OneTagCall<HoldResult> {
   }
 }
 
-/** A read: Redis' figures in time, else the in-process ones, in either mode. */
+/** A read: Redis' figures in time, else the in-process ones (`open`) or a rejection (`closed`). */
 class ReadCall<T> extends OneTagCall<T> {
   constructor(failover: Failover, tag: string, private readonly read: (from: Pick<Limiter, 'peek' | 'ledger'>) => Promise<T>) {
     super(failover, tag);
@@ -98,6 +100,7 @@ class ReadCall<T> extends OneTagCall<T> {
   }
 
   fallback(): Promise<T> {
+    if (this.failover.onError === 'closed') return Promise.reject(new LimitsUnavailableError(unavailable().retryAfterMs));
     return this.read(this.failover.local);
   }
 }

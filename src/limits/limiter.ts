@@ -186,12 +186,24 @@ export interface ClaimInput {
  */
 export type ClaimResult = 'claimed' | 'taken' | 'unavailable';
 
+/**
+ * What `peek` and `ledger` reject with when the store failed and `onError: closed`: no
+ * figure of this process alone stands for the shared one then (GET /v1/key answers 503).
+ */
+export class LimitsUnavailableError extends Error {
+  readonly code = 'limits_unavailable';
+  constructor(readonly retryAfterMs: number) {
+    super('the limits store is unavailable');
+  }
+}
+
 export interface Limiter {
   admit(input: AdmitInput): Promise<AdmitResult>;
-  /** The key's own quota figures now; no side effects (GET /v1/key). */
+  /** The key's own quota figures now; no side effects (GET /v1/key). Rejects with LimitsUnavailableError (see there). */
   peek(input: { keyId: string; limits: KeyLimits }): Promise<Quota>;
   /** Takes the request's spend hold on every holder at once, or none (step 9). */
   hold(input: HoldInput): Promise<HoldResult>;
+  /** Each holder's live figures; no side effects. Rejects with LimitsUnavailableError (see there). */
   ledger(input: LedgerInput): Promise<LedgerFigure[]>;
   /**
    * Claims `name` once per holder and epoch, across every instance sharing the store. A claim

@@ -5,7 +5,7 @@
  */
 import type { ServerResponse } from 'node:http';
 import { deny } from '../errors.js';
-import type { Limiter } from '../limits/limiter.js';
+import { LimitsUnavailableError, type Limiter } from '../limits/limiter.js';
 import type { LogSink } from '../log.js';
 import type { KeyFacts } from '../policy/facts.js';
 import { holdersOf } from '../policy/holders.js';
@@ -29,7 +29,7 @@ export async function describeKey(limiter: Limiter, facts: KeyFacts): Promise<un
 }
 
 
-/** Writes the key view, or a 500 when the limits store could not give its figures. */
+/** Writes the key view; 503 when the store is down and `onError: closed`, 500 when reading it failed otherwise. */
 export function answerSelf(res: ServerResponse, ctx: RequestContext, o: { facts: KeyFacts; describeKey: (facts: KeyFacts) => Promise<unknown>; log: LogSink }): void {
   o.describeKey(o.facts).then(
     (view) => {
@@ -38,6 +38,7 @@ export function answerSelf(res: ServerResponse, ctx: RequestContext, o: { facts:
       res.end(body);
     },
     (err: Error) => {
+      if (err instanceof LimitsUnavailableError) return sendDenial(res.req, res, ctx, deny('limits_unavailable', { retryAfterMs: err.retryAfterMs }), 'openai');
       o.log.error({ req_id: ctx.reqId, err: err.message }, 'key view failed');
       sendDenial(res.req, res, ctx, deny('internal_error'), 'openai');
     },

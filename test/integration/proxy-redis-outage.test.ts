@@ -75,6 +75,10 @@ describe('Redis outage through the proxy', () => {
       const slowest = Math.max(...paused.map((r) => r.ms));
       assert.ok(slowest < TIMEOUT_MS + SLACK_MS, `a request waited ${slowest.toFixed(0)} ms`);
       assert.ok(h.sidecar.limiter.stats().failOpenAdmissions > 0);
+      // GET /v1/key shows the in-process figures, the ones admissions are held to meanwhile
+      const view = await send(h.url, { method: 'GET', path: '/v1/key', headers: bearer(h.keys.fresh!) });
+      assert.equal(view.status, 200);
+      assert.equal(JSON.parse(view.body).limits.rpm, 100_000);
 
       redis.proc.kill('SIGCONT');
       await waitFor(async () => {
@@ -116,6 +120,11 @@ describe('Redis outage through the proxy', () => {
       assert.equal(res.headers['x-keyward-error'], 'limits_unavailable');
       assert.ok(Number(res.headers['retry-after']) >= 1);
       assert.equal(up.received.length, forwarded, 'the refused request reached the upstream');
+      // no figure of this process alone stands for the shared one: GET /v1/key is 503 too
+      const view = await send(h.url, { method: 'GET', path: '/v1/key', headers: bearer(h.keys.fresh!) });
+      assert.equal(view.status, 503);
+      assert.equal(view.headers['x-keyward-error'], 'limits_unavailable');
+      assert.ok(Number(view.headers['retry-after']) >= 1);
     } finally {
       redis.proc.kill('SIGCONT');
       await h.close();
