@@ -88,9 +88,9 @@ export function leasingInstances(url: string, prefix: string) {
   return {
     connect,
     track: (c: Redis) => void clients.push(c),
-    async instance(o: { sliceMs?: number; leaseMs?: number } = {}): Promise<{ lim: RedisLimiter; client: Redis }> {
+    async instance(o: { sliceMs?: number; leaseMs?: number; settleEveryMs?: number } = {}): Promise<{ lim: RedisLimiter; client: Redis }> {
       const client = await connect();
-      const lim = createRedisLimiter({ redis: client, prefix, leaseMs: o.leaseMs ?? 30_000, lease: { sliceMs: o.sliceMs ?? 1000 } });
+      const lim = createRedisLimiter({ redis: client, prefix, leaseMs: o.leaseMs ?? 30_000, lease: { sliceMs: o.sliceMs ?? 1000 }, ...(o.settleEveryMs ? { settleEveryMs: o.settleEveryMs } : {}) });
       limiters.push(lim);
       return { lim, client };
     },

@@ -131,6 +131,21 @@ describe('spend slices on one Redis', { timeout: 60_000 }, () => {
     assert.deepEqual((await ledgerHash(client, prefix, tag, key)).amounts, [], 'the key has room, but its project does not');
   });
 
+  test('a cost past its hold leaves for Redis at once, not at the next settlement tick', async () => {
+    // a tick longer than the test: only the overrun's own flush can bring its cost to Redis
+    const { lim, client } = await fleet.instance({ settleEveryMs: 600_000 });
+    const tag = uid('t');
+    const sliced = wallet(uid('u'), { base: 100 });
+    held(await lim.hold(req(tag, [sliced], 0.01))).settle(0.01); // asks for a slice: the exact call sends the batch first
+    for (let i = 0; i < 20; i++) held(await lim.hold(req(tag, [sliced], 0.01))).settle(0.01);
+    assert.equal(lim.spendSlicesHeld(), 1);
+    held(await lim.hold(req(tag, [sliced], 0.01))).settle(60); // from the slice, far past it
+    await waitFor(async () => (await ledgerHash(client, prefix, tag, sliced)).s >= 60 * NANO, 2_000, 'the slice\'s overrun settled in Redis');
+    const exact = wallet(uid('u'), { base: 100 });
+    held(await lim.hold(req(tag, [exact], 0.01))).settle(30); // a hold.lua hold, past its amount
+    await waitFor(async () => (await ledgerHash(client, prefix, tag, exact)).s === 30 * NANO, 2_000, 'the exact hold\'s overrun settled in Redis');
+  });
+
   test('what is left of a slice goes back when its time is up; every cost it took is settled', async () => {
     const { lim, client } = await fleet.instance({ sliceMs: 200 });
     const tag = uid('t');

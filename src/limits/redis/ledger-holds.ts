@@ -47,6 +47,9 @@ export class RedisHold implements Hold {
       if (cost > amount) ledger.slices?.endAll(keys);
       if (amount === 0 && cost === 0) return;
       ledger.opts.batch.add({ kind: 'hold', tag: hashTag, holdId: id, cost, ttlMs: LEDGER_TTL_MS, keys, kinds, owner: ledger.settleFailed });
+      // Past its hold, the cost may spend the budget: other instances learn it from Redis
+      // (ledger-news.ts), so it leaves now rather than at the next tick.
+      if (cost > amount) ledger.opts.batch.flush();
     } catch (err) {
       ledger.opts.onError('settle', err);
     }

@@ -153,7 +153,11 @@ export class SpendSliceTable extends DemandTable<Entry> {
       if (cost > take) excess = true;
       this.write(s, cost, take);
     }
-    if (excess) for (const s of slices) this.endLive(s.keys[0]);
+    if (!excess) return;
+    for (const s of slices) this.endLive(s.keys[0]);
+    // What the slices could not absorb may spend the budget: other instances learn it from
+    // Redis (ledger-news.ts), so it leaves now rather than at the next tick.
+    this.opts.batch.flush();
   }
 
   /** The slice per holder worth asking for with a hold of `amount`, or null. */
