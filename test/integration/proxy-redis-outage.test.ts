@@ -78,7 +78,7 @@ describe('Redis outage through the proxy', () => {
       // GET /v1/key shows the in-process figures, the ones admissions are held to meanwhile
       const view = await send(h.url, { method: 'GET', path: '/v1/key', headers: bearer(h.keys.fresh!) });
       assert.equal(view.status, 200);
-      assert.equal(JSON.parse(view.body).limits.rpm, 100_000);
+      assert.equal(view.json<{ limits: { rpm: number } }>().limits.rpm, 100_000);
 
       redis.proc.kill('SIGCONT');
       await waitFor(async () => {
