@@ -5,7 +5,7 @@
  * is in force).
  */
 import { createHash } from 'node:crypto';
-import { parseConfigText, readConfigFile } from './load.js';
+import { parseConfigText, readConfigFile, type EnvDefault } from './load.js';
 import { configSchema, type Config } from './schema.js';
 
 export interface LoadedConfig {
@@ -19,8 +19,14 @@ export function configHash(bytes: Buffer | string): string {
   return createHash('sha256').update(bytes).digest('hex').slice(0, 12);
 }
 
+/** Values DESIGN section 2 gives as environment references, taken when a block leaves them out. */
+export const SIDECAR_ENV_DEFAULTS: readonly EnvDefault[] = [
+  { block: 'console', key: 'token', variable: 'KEYWARD_SYNC_TOKEN' },
+  { block: 'keys', key: 'pepper', variable: 'KEYWARD_KEY_PEPPER' },
+];
+
 /** Reads and validates the file; throws ConfigError naming every problem. */
 export function loadConfig(file: string, env: NodeJS.ProcessEnv = process.env): LoadedConfig {
   const bytes = readConfigFile(file);
-  return { config: parseConfigText({ text: bytes.toString('utf8'), file, schema: configSchema, env }), hash: configHash(bytes) };
+  return { config: parseConfigText({ text: bytes.toString('utf8'), file, schema: configSchema, env, envDefaults: SIDECAR_ENV_DEFAULTS }), hash: configHash(bytes) };
 }

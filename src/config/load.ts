@@ -76,12 +76,14 @@ function expand(value: unknown, ctx: { path: string[]; refs: Reference[]; env: N
   return value;
 }
 
+const UNKNOWN_KEY = ': unknown key';
+
 function zodProblems(error: z.ZodError): string[] {
   const out: string[] = [];
   for (const issue of error.issues) {
     const path = issue.path.map(String).join('.') || '(root)';
     if (issue.code === 'unrecognized_keys') {
-      for (const k of issue.keys) out.push(`${path === '(root)' ? k : `${path}.${k}`}: unknown key`);
+      for (const k of issue.keys) out.push(`${path === '(root)' ? k : `${path}.${k}`}${UNKNOWN_KEY}`);
     } else if (issue.code === 'invalid_key') {
       // zod's own message says only "Invalid key in record"; what was expected is in the issue under it
       out.push(`${path}: ${issue.issues[0]?.message ?? issue.message}`);
@@ -92,20 +94,43 @@ function zodProblems(error: z.ZodError): string[] {
   return out;
 }
 
+/**
+ * A value a block takes from the environment when the file leaves it out (DESIGN section
+ * 2 gives `console.token` as `${KEYWARD_SYNC_TOKEN}`): only inside a block the file has.
+ */
+export interface EnvDefault {
+  block: string;
+  key: string;
+  variable: string;
+}
+
+function applyEnvDefaults(doc: unknown, defaults: readonly EnvDefault[], env: NodeJS.ProcessEnv): void {
+  if (typeof doc !== 'object' || doc === null) return;
+  for (const d of defaults) {
+    const block = (doc as Record<string, unknown>)[d.block];
+    const value = env[d.variable];
+    if (typeof block !== 'object' || block === null || Array.isArray(block) || value === undefined || value === '') continue;
+    if (!Object.hasOwn(block, d.key)) (block as Record<string, unknown>)[d.key] = value;
+  }
+}
+
 /** Parses YAML text against a schema; throws ConfigError with every problem found. */
-export function parseConfigText<T>(opts: { text: string; file: string; schema: z.ZodType<T>; env?: NodeJS.ProcessEnv }): T {
+export function parseConfigText<T>(opts: { text: string; file: string; schema: z.ZodType<T>; env?: NodeJS.ProcessEnv; envDefaults?: readonly EnvDefault[] }): T {
   const hidden = hideReferences(opts.text);
   const doc = parseDocument(hidden.text, { uniqueKeys: true });
   if (doc.errors.length > 0) {
     throw new ConfigError(opts.file, doc.errors.map((e) => `YAML: ${e.message.split('\n')[0]}`));
   }
   const problems: string[] = [];
-  const expanded = expand(doc.toJS() ?? {}, { path: [], refs: hidden.refs, env: opts.env ?? process.env, problems });
+  const env = opts.env ?? process.env;
+  const expanded = expand(doc.toJS() ?? {}, { path: [], refs: hidden.refs, env, problems });
+  applyEnvDefaults(expanded, opts.envDefaults ?? [], env);
   const result = opts.schema.safeParse(expanded);
   if (!result.success) {
-    // A missing variable is already reported; zod's "received undefined" for that key would be noise.
+    // A missing variable is already reported; zod's "received undefined" for that key would
+    // be noise. A key that is unknown is a problem of its own, whatever its value.
     const reported = new Set(problems.map((p) => p.slice(0, p.indexOf(':'))));
-    problems.push(...zodProblems(result.error).filter((p) => !reported.has(p.slice(0, p.indexOf(':')))));
+    problems.push(...zodProblems(result.error).filter((p) => p.endsWith(UNKNOWN_KEY) || !reported.has(p.slice(0, p.indexOf(':')))));
   }
   if (problems.length > 0 || !result.success) throw new ConfigError(opts.file, problems);
   return result.data;

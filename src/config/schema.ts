@@ -33,6 +33,11 @@ const ms = (def: number) => num().pipe(z.number().nonnegative()).default(def);
 /** A fraction such as 0.8; also from a numeric string, as `${VAR}` expansion yields. */
 export const fraction = z.preprocess((v) => (typeof v === 'string' && v.trim() !== '' && !Number.isNaN(Number(v)) ? Number(v) : v), z.number());
 const httpUrl = z.url({ protocol: /^https?$/, error: 'expected an http:// or https:// URL' });
+/** A URL with user-info (`user:password@`) before its host. */
+const USER_INFO = /^https?:\/\/[^/?#]*@/i;
+/** Node's fetch refuses a URL with user-info, and its error (which a log line would quote) names the whole URL. */
+const fetchUrl = (secret: string) =>
+  httpUrl.refine((u) => !USER_INFO.test(u), { message: `expected no user-info (user:password@): Node's fetch refuses it; ${secret} authenticates the calls` });
 /**
  * Runs a check that compares fields even when other parts of its value have problems, so
  * every problem is reported at once (zod skips the refinements of a value with issues).
@@ -52,7 +57,7 @@ const capacity = z
  * An upstream's URL: its path and query go before every forwarded request's; user-info
  * (Node's client would drop it, sending no Basic auth) and a fragment have no meaning here.
  */
-const upstreamUrl = httpUrl.refine((u) => !/^https?:\/\/[^/?#]*@/i.test(u) && !u.includes('#'), {
+const upstreamUrl = httpUrl.refine((u) => !USER_INFO.test(u) && !u.includes('#'), {
   message: 'expected no user-info (user:password@) and no #fragment: keyward forwards the client\'s own credentials',
 });
 
@@ -128,8 +133,8 @@ export const configSchema = z
     replica: z.strictObject({ path: z.string().min(1).default(DEFAULT_REPLICA_PATH) }).prefault({}),
     console: z
       .strictObject({
-        url: httpUrl.default('http://127.0.0.1:7000'),
-        token: z.string().min(1, 'the sync token must not be empty'),
+        url: fetchUrl('the sync token').default('http://127.0.0.1:7000'),
+        token: z.string({ error: (iss) => (iss.input === undefined ? 'required: the sync token (or KEYWARD_SYNC_TOKEN in the environment)' : 'expected a string') }).min(1, 'the sync token must not be empty'),
         waitMs: num().pipe(z.number().min(0).max(60_000)).default(25_000),
       })
       .optional(),
@@ -167,7 +172,7 @@ export const configSchema = z
       })
       .prefault({})
       .refine((k) => !isRecord(k) || k.hash !== 'hmac-sha256' || k.pepper !== undefined, {
-        message: 'keys.pepper is required with hash: hmac-sha256',
+        message: 'keys.pepper is required with hash: hmac-sha256 (or KEYWARD_KEY_PEPPER in the environment)',
         path: ['pepper'],
         ...always,
       }),
@@ -193,7 +198,7 @@ export const configSchema = z
     alerts: z
       .strictObject({
         /** where each `budget.threshold` event is POSTed */
-        webhookUrl: httpUrl,
+        webhookUrl: fetchUrl('alerts.secret'),
         /** fractions of a budget (of a wallet's balance at its epoch), each alerted once per epoch */
         thresholds: z
           .array(fraction.pipe(z.number().gt(0, 'expected a fraction above 0').max(1, 'expected a fraction of at most 1')))

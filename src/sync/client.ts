@@ -53,6 +53,12 @@ export interface SyncClient {
 
 /** Longest pause between sync attempts while the console is away. */
 const RETRY_MAX_MS = 2_000;
+/**
+ * With `console.waitMs: 0` (no long poll), the pause after a poll that brought nothing: a
+ * change (a deleted key) still applies within a second, and a fleet never polls its
+ * console in a loop.
+ */
+export const SHORT_POLL_MS = 500;
 
 class HttpError extends Error {
   constructor(readonly status: number, what: string) {
@@ -204,10 +210,11 @@ class SyncLoop implements SyncClient {
     if (r.applied || r.changes > 0) {
       this.log.debug({ version: r.version, changes: r.changes, ms: Math.round(performance.now() - t), offThread: r.offThread }, 'changes applied');
     }
-    if (!r.applied && r.version <= after && waitMs > 0 && this.now() - started < waitMs / 10) {
+    if (!r.applied && r.version <= after) {
       // An answer that moves nothing forward long before waitMs (a console shutting down, one
       // that ignores waitMs, or one answering with an older version): do not spin.
-      await sleep(backoffDelay(1, this.backoff), this.stopper.signal);
+      if (waitMs > 0 && this.now() - started < waitMs / 10) await sleep(backoffDelay(1, this.backoff), this.stopper.signal);
+      else if (this.opts.waitMs === 0) await sleep(SHORT_POLL_MS, this.stopper.signal);
     }
     return 'ok';
   }

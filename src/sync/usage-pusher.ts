@@ -58,9 +58,14 @@ export interface UsagePusher {
   stats(): UsageStats;
 }
 
-/** 4xx other than timeouts, throttling and token refusals: the console will never take this batch. */
+/**
+ * The console read the batch and will never take it (400, 422). Any other refusal may pass
+ * later: a 404 or 503 from an ingress while the console redeploys, a token being rolled
+ * out (401, 403), throttling (429); those are retried with backoff, and 413 with smaller
+ * batches.
+ */
 function refusedForGood(status: number): boolean {
-  return status >= 400 && status < 500 && status !== 408 && status !== 429 && status !== 401 && status !== 403;
+  return status === 400 || status === 422;
 }
 
 class BatchPusher implements UsagePusher {
@@ -71,6 +76,8 @@ class BatchPusher implements UsagePusher {
   private readonly counts = { sent: 0, dropped: 0, rejected: 0, failures: 0 };
   /** failed sends in a row: the backoff step */
   private consecutive = 0;
+  /** events a batch carries: halved on each 413, back to batchSize after a batch is taken */
+  private size: number;
   private retryAt = 0;
   /** one drain at a time, so a batch is never sent twice or spliced twice */
   private draining: Promise<void> | null = null;
@@ -80,6 +87,7 @@ class BatchPusher implements UsagePusher {
 
   constructor(private readonly opts: UsagePusherOptions) {
     this.endpoint = `${opts.url.replace(/\/+$/, '')}${USAGE_PATH}`;
+    this.size = opts.batchSize;
     this.doFetch = opts.fetch ?? fetch;
     this.now = opts.now ?? Date.now;
     this.timer = setInterval(() => {
@@ -160,7 +168,7 @@ class BatchPusher implements UsagePusher {
 
   /** Sends the oldest batch; true when the console took it (or refused it for good). */
   private async sendBatch(): Promise<boolean> {
-    const batch = this.buffer.slice(0, this.opts.batchSize);
+    const batch = this.buffer.slice(0, this.size);
     if (batch.length === 0) return true;
     try {
       const res = await this.doFetch(this.endpoint, {
@@ -170,8 +178,14 @@ class BatchPusher implements UsagePusher {
         signal: AbortSignal.timeout(this.opts.timeoutMs ?? 10_000),
       });
       await res.arrayBuffer().catch(() => undefined);
-      if (!res.ok && !refusedForGood(res.status)) throw new Error(`console answered ${res.status}`);
+      // Too large for the console: the same events go again in halves; one event alone is refused for good.
+      if (res.status === 413 && batch.length > 1) {
+        this.size = Math.ceil(batch.length / 2);
+        return true;
+      }
+      if (!res.ok && res.status !== 413 && !refusedForGood(res.status)) throw new Error(`console answered ${res.status}`);
       this.settled(batch.length, res.ok ? null : res.status);
+      if (res.ok) this.size = this.opts.batchSize;
       return true;
     } catch (err) {
       this.failed(err as Error);

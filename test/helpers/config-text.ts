@@ -2,10 +2,11 @@
 import assert from 'node:assert/strict';
 import { ConfigError, parseConfigText } from '../../src/config/load.js';
 import { configSchema, type Config } from '../../src/config/schema.js';
+import { SIDECAR_ENV_DEFAULTS } from '../../src/config/file.js';
 
 export const FILE = 'keyward-test.yaml';
 export const MINIMAL = 'upstreams:\n  default:\n    url: http://127.0.0.1:4000\n';
-export const parse = (text: string, env: Record<string, string> = {}): Config => parseConfigText({ text, file: FILE, schema: configSchema, env });
+export const parse = (text: string, env: Record<string, string> = {}): Config => parseConfigText({ text, file: FILE, schema: configSchema, env, envDefaults: SIDECAR_ENV_DEFAULTS });
 
 /** Runs `fn`, expects a ConfigError, returns its problems. */
 export function problems(text: string, env: Record<string, string> = {}): string[] {

@@ -172,6 +172,29 @@ test('a console answering changes with an older version at once is not polled in
   assert.equal(replica.status().ready, true, 'the snapshot still serves');
 });
 
+test('console.waitMs 0 polls twice a second, not in a loop, and a deleted key still applies within a second', async () => {
+  let changeCalls = 0;
+  const counted: typeof fetch = async (input, init) => {
+    if (String(input).includes('/sync/v1/changes')) changeCalls++;
+    return fetch(input, init);
+  };
+  const replica = new ReplicaStore({ path: join(dir, 'short-poll.sqlite') });
+  replicas.push(replica);
+  const client = createSyncClient({ url: fx.url, token: fx.tokens.sync, waitMs: 0, target: replicaWriter(replica), fetch: counted });
+  clients.push(client);
+  await client.start();
+  assert.ok(await until(() => changeCalls > 0), 'the client polls after its snapshot');
+  const from = changeCalls;
+  await new Promise((r) => setTimeout(r, 1000)); // a rate: calls per second of wall time
+  assert.ok(changeCalls - from <= 3, `${changeCalls - from} change polls in a second`);
+  const v0 = replica.status().version ?? 0;
+  const created = (await fx.api('POST', '/admin/v1/keys', { body: { kind: 'personal', user: 'short-poll' } })).body;
+  assert.ok(await until(() => (replica.status().version ?? 0) > v0, 2_000), 'the new key applied');
+  const v1 = replica.status().version ?? 0;
+  await fx.api('DELETE', `/admin/v1/keys/${created.key.id}`);
+  assert.ok(await until(() => (replica.status().version ?? 0) > v1, 1_000), 'the deletion applied within a second');
+});
+
 test('backoff: exponential, capped, jittered, never zero', async () => {
   const { backoffDelay } = await import('../../src/sync/backoff.js');
   const lo = (n: number) => backoffDelay(n, { baseMs: 100, maxMs: 1000, random: () => 0 });

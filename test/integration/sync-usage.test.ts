@@ -4,6 +4,7 @@ import { createUsagePusher } from '../../src/sync/client.js';
 import type { UsageEvent } from '../../src/protocol/usage.js';
 import { startConsoleFixture, type ConsoleFixture } from '../helpers/console-fixture.js';
 import { until } from '../helpers/console-replica.js';
+import { waitFor } from '../helpers/redis-server.js';
 
 let fx: ConsoleFixture;
 let keyId: string;
@@ -94,4 +95,41 @@ test('a batch the console refuses outright is counted as rejected, not retried f
   await p.flush();
   assert.deepEqual(p.stats(), { buffered: 0, sent: 0, dropped: 0, rejected: 3, failures: 0 });
   await p.stop();
+});
+
+test('a 404 (an ingress while the console redeploys) is retried: every event is billed once it answers again', async () => {
+  let calls = 0;
+  const flaky: typeof fetch = async (url, init) => (++calls <= 2 ? new Response('not found', { status: 404 }) : fetch(url, init));
+  const before = await spent();
+  const p = pusher({ fetch: flaky });
+  for (let i = 0; i < 3; i++) p.push(ev());
+  await waitFor(async () => p.stats().sent === 3, 5_000, 'the events sent after the 404s');
+  assert.equal(p.stats().rejected, 0);
+  assert.ok(p.stats().failures >= 2);
+  await p.stop();
+  await waitFor(async () => Math.abs((await spent()) - before - 3 * PER_EVENT) < 1e-9, 5_000, 'three events billed');
+});
+
+test('a 413 sends the same events again in smaller batches; only one event alone too large is refused', async () => {
+  const sizes: number[] = [];
+  const small: typeof fetch = async (url, init) => {
+    const lines = String(init?.body ?? '').trim().split('\n').length;
+    sizes.push(lines);
+    return lines > 4 ? new Response('too large', { status: 413 }) : fetch(url, init);
+  };
+  const before = await spent();
+  const p = pusher({ fetch: small });
+  for (let i = 0; i < 10; i++) p.push(ev());
+  await p.flush();
+  assert.deepEqual(p.stats(), { buffered: 0, sent: 10, dropped: 0, rejected: 0, failures: 0 });
+  assert.deepEqual(sizes.slice(0, 3), [10, 5, 3], 'halved until the console takes it');
+  await waitFor(async () => Math.abs((await spent()) - before - 10 * PER_EVENT) < 1e-9, 5_000, 'ten events billed');
+  await p.stop();
+
+  const never: typeof fetch = async () => new Response('too large', { status: 413 });
+  const q = pusher({ fetch: never });
+  q.push(ev());
+  await q.flush();
+  assert.deepEqual(q.stats(), { buffered: 0, sent: 0, dropped: 0, rejected: 1, failures: 0 });
+  await q.stop();
 });

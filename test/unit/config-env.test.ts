@@ -1,0 +1,39 @@
+/**
+ * What the config takes from the environment besides `${VAR}` (DESIGN section 2 gives
+ * `console.token` as `${KEYWARD_SYNC_TOKEN}` and `keys.pepper` as `${KEYWARD_KEY_PEPPER}`),
+ * URLs whose user-info would reach a log line through fetch's error, and an unknown key
+ * reported even when its value names a variable that is not set.
+ */
+import { test } from 'node:test';
+import assert from 'node:assert/strict';
+import { MINIMAL, hasProblem, parse, problems } from '../helpers/config-text.js';
+
+const PEPPER = 'p'.repeat(24);
+
+test('console.token and keys.pepper left out of their blocks come from the environment', () => {
+  const c = parse(`${MINIMAL}console: { url: http://127.0.0.1:7000 }\nkeys: { hash: hmac-sha256 }\n`, { KEYWARD_SYNC_TOKEN: 'tok-1', KEYWARD_KEY_PEPPER: PEPPER });
+  assert.equal(c.console?.token, 'tok-1');
+  assert.equal(c.keys.pepper, PEPPER);
+  // a value in the file wins; without the block nothing is made up
+  assert.equal(parse(`${MINIMAL}console: { token: from-file }\n`, { KEYWARD_SYNC_TOKEN: 'tok-1' }).console?.token, 'from-file');
+  assert.equal(parse(MINIMAL, { KEYWARD_SYNC_TOKEN: 'tok-1' }).console, undefined);
+});
+
+test('without the file\'s value or the variable, the problem says what is required', () => {
+  const list = problems(`${MINIMAL}console: { url: http://127.0.0.1:7000 }\nkeys: { hash: hmac-sha256 }\n`);
+  hasProblem(list, 'console.token', /required.*KEYWARD_SYNC_TOKEN/);
+  hasProblem(list, 'keys.pepper', /KEYWARD_KEY_PEPPER/);
+});
+
+test('console.url and alerts.webhookUrl with user-info are refused; the secret is never echoed', () => {
+  const list = problems(`${MINIMAL}console: { url: "http://ops:hunter2@127.0.0.1:7000", token: t }\nalerts: { webhookUrl: "https://hook:s3cret@ops.example/h" }\n`);
+  hasProblem(list, 'console.url', /user-info/);
+  hasProblem(list, 'alerts.webhookUrl', /user-info/);
+  assert.ok(!list.join('\n').includes('hunter2') && !list.join('\n').includes('s3cret'), list.join('\n'));
+});
+
+test('an unknown key is reported even when its value names a variable that is not set', () => {
+  const list = problems(`${MINIMAL}console:\n  token: t\n  tokne: \${NOT_SET_ANYWHERE}\n`);
+  hasProblem(list, 'console.tokne', /environment variable NOT_SET_ANYWHERE/);
+  hasProblem(list, 'console.tokne', /unknown key/);
+});
