@@ -4,18 +4,25 @@
  * committed by one path (large files on the worker thread). Composition, like server.ts:
  * the command line never opens the replica itself.
  */
-import { createReadStream } from 'node:fs';
+import { createReadStream, existsSync, rmSync } from 'node:fs';
 import type { SnapshotApplied } from '../protocol/writer.js';
 import { ReplicaStore } from '../replica/store.js';
 import { replicaWriter } from '../replica/writer.js';
 
 export { SnapshotApplyError as ImportError } from '../replica/snapshot-apply.js';
 
+/** Applies the file; a replica the import created is removed again when the file is refused. */
 export async function importSnapshotFile(opts: { replicaPath: string; file: string }): Promise<SnapshotApplied> {
+  const created = !existsSync(opts.replicaPath);
   const replica = new ReplicaStore({ path: opts.replicaPath });
+  let applied = false;
   try {
-    return await replicaWriter(replica).applySnapshot({ body: createReadStream(opts.file), source: `import:${opts.file}` });
+    const result = await replicaWriter(replica).applySnapshot({ body: createReadStream(opts.file), source: `import:${opts.file}` });
+    applied = true;
+    return result;
   } finally {
     replica.close();
+    // An empty replica left behind would look like one to serve from, to a later `serve`.
+    if (created && !applied) for (const p of [opts.replicaPath, `${opts.replicaPath}-wal`, `${opts.replicaPath}-shm`]) rmSync(p, { force: true });
   }
 }

@@ -79,6 +79,8 @@ export interface Sidecar {
 const TRACE_FLUSH_MS = 2_000;
 /** ...and the last budget alerts the webhook. */
 const ALERT_FLUSH_MS = 2_000;
+/** How long the responses cut at the end of the grace get to close (they do within a few turns). */
+const CUT_CLOSE_MS = 1_000;
 
 /** Warns once per distinct value (at most 100 of them): a misrouted key must not flood the log. */
 function onceEach(warn: (value: string) => void): (value: string) => void {
@@ -170,7 +172,11 @@ async function shutdown(r: Running, graceMs: number): Promise<void> {
   r.server.close();
   r.server.closeIdleConnections();
   await r.exchanges.drained(graceMs);
+  const cut = r.exchanges.cutAtShutdown();
+  if (cut > 0) r.logger.warn({ in_flight: cut, grace_ms: graceMs }, 'shutdown grace over: cutting the requests still in flight');
   r.server.closeAllConnections();
+  // A cut response closes a few turns later: its access line, settlement and usage event come first.
+  if (cut > 0) await r.exchanges.drained(CUT_CLOSE_MS);
   r.logger.access.flush();
   r.forwarder.close();
   await r.admin?.close();

@@ -101,7 +101,8 @@ export class ConsoleStore {
     return this.db.prepare('SELECT 1 FROM members WHERE project_id = ? AND user_id = ?').get(key.project_id, user) !== undefined;
   }
 
-  createKey(input: NewKey): { key: KeyView; secret: string } {
+  /** `carry`: what a rotated key's replacement takes over of its budget (rotateKey). */
+  createKey(input: NewKey, carry: { spent: number; periodStart: number | null } | null = null): { key: KeyView; secret: string } {
     return this.write(() => {
       const records: SyncRecord[] = [];
       if (input.kind === 'personal') {
@@ -117,13 +118,13 @@ export class ConsoleStore {
       const period = input.period ?? null;
       this.db.prepare(`INSERT INTO keys (id, name, hash, secret_iv, secret_tag, secret_ct, kind, user_id, project_id, status,
           budget, spent, models, routing, rpm, tpm, concurrency, created_at, ips, allow_browser, model_limits, period, period_start, shadow)
-        VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, 'active', ?, 0, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`).run(
+        VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, 'active', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`).run(
         id, input.name ?? null, this.hasher(secret), sealed.iv, sealed.tag, sealed.ciphertext, input.kind,
         input.kind === 'personal' ? input.user : null, input.kind === 'team' ? input.project : null,
-        input.budget ?? null, input.models == null ? null : JSON.stringify(input.models), input.routing ?? null,
+        input.budget ?? null, carry?.spent ?? 0, input.models == null ? null : JSON.stringify(input.models), input.routing ?? null,
         input.rpm ?? null, input.tpm ?? null, input.concurrency ?? null, this.now(),
         jsonOrNull(input.ips), input.allowBrowser ? 1 : 0, jsonOrNull(input.modelLimits), period,
-        period === null ? null : periodStart(period, this.now()), shadowColumn(input.shadow),
+        period === null ? null : (carry?.periodStart ?? periodStart(period, this.now())), shadowColumn(input.shadow),
       );
       const row = this.keyRow(id);
       records.push(keyRecordOf(row));
@@ -194,7 +195,8 @@ export class ConsoleStore {
     };
     const created = old.kind === 'personal'
       ? this.createKey({ kind: 'personal', user: old.user_id!, ...settings })
-      : this.createKey({ kind: 'team', project: old.project_id!, ...settings, budget: v.budget, period: v.period });
+      // a new credential, not a new budget: the replacement goes on from what the old key spent this period
+      : this.createKey({ kind: 'team', project: old.project_id!, ...settings, budget: v.budget, period: v.period }, { spent: old.spent, periodStart: old.period_start });
     return { ...created, replaces: v };
   }
 

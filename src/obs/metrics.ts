@@ -10,7 +10,7 @@ import { DecisionHistogram, decisionText, type DecisionCounts, type Outcome } fr
 export interface MetricSources {
   replica: () => { version: number | null; appliedAt: number | null };
   limiter: () => { redisErrors: number; failOpenAdmissions: number; failOpenHolds: number; slotsHeld: number };
-  sync?: () => { lastSyncAt: number | null; connected: boolean };
+  sync?: () => { currentAsOf: number | null; connected: boolean };
   usage?: () => { buffered: number; sent: number; dropped: number; rejected: number };
   /** the tracer's lost spans (DESIGN section 13); absent: none are made here */
   traces?: () => { dropped: number };
@@ -130,8 +130,8 @@ function mirrorSources(registry: Registry, sources: MetricSources): void {
   const now = sources.now ?? Date.now;
   const { replica, limiter, sync, usage, traces } = sources;
   mirror(registry, 'gauge', 'keyward_replica_version', 'Sync version of the replica (-1 before the first sync or import)', () => replica().version ?? -1);
-  mirror(registry, 'gauge', 'keyward_replica_sync_lag_seconds', 'Seconds since the replica last applied a snapshot or change batch, or heard from the console (-1: never)', () => {
-    const last = Math.max(replica().appliedAt ?? 0, sync?.().lastSyncAt ?? 0);
+  mirror(registry, 'gauge', 'keyward_replica_sync_lag_seconds', 'Seconds since the replica was last known current: it applied a snapshot or change batch, the console answered, or a long poll is held open (-1: never)', () => {
+    const last = Math.max(replica().appliedAt ?? 0, sync?.().currentAsOf ?? 0);
     return last === 0 ? -1 : (now() - last) / 1000;
   });
   if (sync) mirror(registry, 'gauge', 'keyward_sync_connected', '1 when the last exchange with the console succeeded', () => (sync().connected ? 1 : 0));

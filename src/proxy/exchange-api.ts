@@ -51,4 +51,9 @@ export interface Exchanges {
   startDraining(opts?: { closeIdle?: () => void }): void;
   /** resolves when nothing is in flight, or after `graceMs` */
   drained(graceMs: number): Promise<void>;
+  /**
+   * The grace is over and the sidecar is about to cut what is still in flight: returns how
+   * many requests that is. From now on a response cut short logs no upstream failure.
+   */
+  cutAtShutdown(): number;
 }

@@ -47,6 +47,8 @@ const contextOf = (res: ServerResponse): RequestContext => (res as ContextRespon
  */
 class ExchangeTable implements Exchanges, ForwardHooks {
   private draining = false;
+  /** the sidecar itself is cutting what is in flight (shutdown grace over) */
+  private cutting = false;
   private closeIdle: (() => void) | null = null;
   private onIdle: (() => void) | null = null;
   /** responses not yet closed: what is in flight (not a Set: src/dense-set.ts says why) */
@@ -138,6 +140,11 @@ class ExchangeTable implements Exchanges, ForwardHooks {
     });
   }
 
+  cutAtShutdown(): number {
+    this.cutting = true;
+    return this.open.size;
+  }
+
   private async run(req: IncomingMessage, res: ServerResponse, ctx: RequestContext, input: Arrival, unmetExpectation: boolean): Promise<void> {
     try {
       const http10 = req.httpVersionMajor === 1 && req.httpVersionMinor === 0;
@@ -205,7 +212,7 @@ class ExchangeTable implements Exchanges, ForwardHooks {
       markCutByUpstream(res);
       return void res.destroy();
     }
-    if (kind !== 'rejected') this.deps.log.warn({ req_id: ctx.reqId, upstream: ctx.upstream, err: err.message }, 'upstream failure');
+    if (kind !== 'rejected' && !this.cutting) this.deps.log.warn({ req_id: ctx.reqId, upstream: ctx.upstream, err: err.message }, 'upstream failure');
     sendDenial(res.req, res, ctx, failureDenial(kind, err), ctx.route?.style ?? 'openai');
   }
 
@@ -246,7 +253,7 @@ class ExchangeTable implements Exchanges, ForwardHooks {
    */
   private unfinishedStatus(res: ServerResponse, ctx: RequestContext): number {
     if (wasCutByUpstream(res)) {
-      this.deps.log.warn({ req_id: ctx.reqId, upstream: ctx.upstream, err: 'the upstream response stopped before its end' }, 'upstream failure');
+      if (!this.cutting) this.deps.log.warn({ req_id: ctx.reqId, upstream: ctx.upstream, err: 'the upstream response stopped before its end' }, 'upstream failure');
       return res.statusCode;
     }
     return ctx.answeredOnSocket ?? 499;

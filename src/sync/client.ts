@@ -34,6 +34,12 @@ export interface SyncStatus {
   version: number | null;
   /** when the console last answered successfully (ms since epoch), empty long polls included */
   lastSyncAt: number | null;
+  /**
+   * Up to when the replica is known to hold what the console holds: now while a connected
+   * console holds a long poll open (it answers at once with any change), no longer than
+   * waitMs and a margin past its start; else lastSyncAt.
+   */
+  currentAsOf: number | null;
   lastError: string | null;
   /** the last exchange with the console succeeded */
   connected: boolean;
@@ -51,6 +57,8 @@ export interface SyncClient {
   status(): SyncStatus;
 }
 
+/** How long past waitMs a long poll may stay open and still count as the console's "nothing new". */
+const POLL_MARGIN_MS = 5_000;
 /** Longest pause between sync attempts while the console is away. */
 const RETRY_MAX_MS = 2_000;
 /**
@@ -81,7 +89,7 @@ async function* watched(stream: ReadableStream<Uint8Array>, idle: NodeJS.Timeout
   }
 }
 
-type Counters = Omit<SyncStatus, 'version'>;
+type Counters = Omit<SyncStatus, 'version' | 'currentAsOf'>;
 
 class SyncLoop implements SyncClient {
   private readonly base: string;
@@ -94,6 +102,8 @@ class SyncLoop implements SyncClient {
   private readonly stopper = new AbortController();
   private readonly st: Counters = { lastSyncAt: null, lastError: null, connected: false, failures: 0, snapshots: 0, lastSnapshot: null };
   private loop: Promise<void> | null = null;
+  /** when the long poll in flight was sent, while the exchange before it succeeded */
+  private pollSentAt: number | null = null;
   private markFirst: () => void = () => {};
   /** resolves after the first successful sync, or when stopped first */
   private readonly first = new Promise<void>((resolve) => (this.markFirst = resolve));
@@ -122,7 +132,9 @@ class SyncLoop implements SyncClient {
   }
 
   status(): SyncStatus {
-    return { version: this.opts.target.version(), ...this.st };
+    const t = this.now();
+    const held = this.pollSentAt !== null && this.st.connected && t - this.pollSentAt <= this.opts.waitMs + POLL_MARGIN_MS;
+    return { version: this.opts.target.version(), ...this.st, currentAsOf: held ? t : this.st.lastSyncAt };
   }
 
   private async run(): Promise<void> {
@@ -133,7 +145,7 @@ class SyncLoop implements SyncClient {
         if (needSnapshot || version === null) {
           await this.snapshot();
           needSnapshot = false;
-        } else if ((await this.poll(version)) === 'gone') {
+        } else if ((await this.pollAt(version)) === 'gone') {
           this.log.info({ version }, 'console no longer holds changes after our version; taking a snapshot');
           needSnapshot = true;
         }
@@ -168,7 +180,8 @@ class SyncLoop implements SyncClient {
     const delay = backoffDelay(st.failures, this.backoff);
     // The first failure is worth a warning; a console that stays away is reported less loudly.
     const level = st.failures === 1 || st.failures % 20 === 0 ? 'warn' : 'debug';
-    this.log[level]({ err: st.lastError, failures: st.failures, retryInMs: delay, version: this.opts.target.version() }, 'console sync failed; serving from the replica');
+    const version = this.opts.target.version();
+    this.log[level]({ err: st.lastError, failures: st.failures, retryInMs: delay, version }, version === null ? 'console sync failed; no replica yet, not ready' : 'console sync failed; serving from the replica');
     return delay;
   }
 
@@ -188,6 +201,15 @@ class SyncLoop implements SyncClient {
       this.log.info({ version: applied.version, keys: applied.keys, projects: applied.projects, wallets: applied.wallets, ms: applied.totalMs }, 'snapshot applied');
     } finally {
       clearTimeout(idle);
+    }
+  }
+
+  private async pollAt(version: number): Promise<'ok' | 'gone'> {
+    this.pollSentAt = this.now();
+    try {
+      return await this.poll(version);
+    } finally {
+      this.pollSentAt = null;
     }
   }
 

@@ -2,7 +2,7 @@
 import { after, before, describe, test } from 'node:test';
 import assert from 'node:assert/strict';
 import { spawn, spawnSync } from 'node:child_process';
-import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { existsSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { createInterface } from 'node:readline';
@@ -102,6 +102,11 @@ describe('keyward CLI', () => {
     const r2 = run(['import', bad, '--replica', replica]);
     assert.equal(r2.status, 1);
     assert.match(r2.stderr, /line 4/);
+
+    // refused into a replica that was not there: none is left behind for a later serve to read
+    const fresh = join(dir, 'fresh.sqlite');
+    assert.equal(run(['import', bad, '--replica', fresh]).status, 1);
+    assert.ok(!existsSync(fresh) && !existsSync(`${fresh}-wal`), 'the refused import left a replica file');
 
     const store = new ReplicaStore({ path: replica });
     try {

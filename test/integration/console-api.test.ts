@@ -103,7 +103,7 @@ test('tokens: 401 without, 403 for someone else\'s key, own and project keys vis
   assert.equal((await syncGet(fx, '/sync/v1/snapshot', fx.tokens.admin)).status, 403);
 });
 
-test('keys: update, delete tombstones and wipes the secret, rotate copies settings; errors are JSON', async () => {
+test('keys: update, delete tombstones and wipes the secret, rotate copies settings and what the key spent; errors are JSON', async () => {
   await fx.api('POST', '/admin/v1/projects', { body: { id: 'p_rot', budget: 100 } });
   const k = (await fx.api('POST', '/admin/v1/keys', { body: { kind: 'team', project: 'p_rot', models: ['a*'], routing: 'batch', rpm: 10, tpm: 1000, concurrency: 2, budget: 3 } })).body;
   const upd = await fx.api('PATCH', `/admin/v1/keys/${k.key.id}`, { body: { rpm: 20, models: null } });
@@ -111,8 +111,15 @@ test('keys: update, delete tombstones and wipes the secret, rotate copies settin
   assert.equal(upd.body.key.rpm, 20);
   assert.equal(upd.body.key.models, null);
 
+  const event = { request_id: 'rot-1', key_id: k.key.id, model: 'gpt-4o', input_tokens: 400_000, output_tokens: 0, status: 200, at: new Date().toISOString() };
+  await fetch(`${fx.url}/sync/v1/usage`, { method: 'POST', headers: { authorization: `Bearer ${fx.tokens.sync}`, 'content-type': 'application/x-ndjson' }, body: JSON.stringify(event) });
+  const spent = (await fx.api('GET', `/admin/v1/keys/${k.key.id}`)).body.key.spent as number;
+  assert.ok(spent > 0);
+
   const rot = await fx.api('POST', `/admin/v1/keys/${k.key.id}/rotate`);
   assert.equal(rot.status, 201);
+  // a new credential, not a new budget
+  assert.equal(rot.body.key.spent, spent);
   assert.notEqual(rot.body.key.id, k.key.id);
   assert.notEqual(rot.body.secret, k.secret);
   for (const f of ['kind', 'project', 'models', 'routing', 'rpm', 'tpm', 'concurrency', 'budget']) assert.deepEqual(rot.body.key[f], upd.body.key[f], f);

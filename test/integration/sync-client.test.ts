@@ -195,6 +195,27 @@ test('console.waitMs 0 polls twice a second, not in a loop, and a deleted key st
   assert.ok(await until(() => (replica.status().version ?? 0) > v1, 1_000), 'the deletion applied within a second');
 });
 
+test('a long poll held open keeps the replica current: its lag does not climb toward waitMs', async () => {
+  let clock = 1_000_000;
+  let changeCalls = 0;
+  const counted: typeof fetch = async (input, init) => {
+    if (String(input).includes('/sync/v1/changes')) changeCalls++;
+    return fetch(input, init);
+  };
+  const replica = new ReplicaStore({ path: join(dir, 'held-poll.sqlite') });
+  replicas.push(replica);
+  const client = createSyncClient({ url: fx.url, token: fx.tokens.sync, waitMs: 20_000, target: replicaWriter(replica), fetch: counted, now: () => clock });
+  clients.push(client);
+  await client.start();
+  assert.ok(await until(() => changeCalls > 0), 'a long poll is sent');
+  const synced = client.status().lastSyncAt!;
+  clock += 15_000; // well into the poll, which the console holds: nothing new
+  assert.equal(client.status().currentAsOf, clock);
+  assert.equal(client.status().lastSyncAt, synced);
+  clock += 11_000; // past waitMs and its margin: the poll no longer vouches for anything
+  assert.equal(client.status().currentAsOf, synced);
+});
+
 test('backoff: exponential, capped, jittered, never zero', async () => {
   const { backoffDelay } = await import('../../src/sync/backoff.js');
   const lo = (n: number) => backoffDelay(n, { baseMs: 100, maxMs: 1000, random: () => 0 });

@@ -110,6 +110,42 @@ describe('shutdown', () => {
     await up.close();
   });
 
+  test('a stream still in flight when the grace ends is cut by the sidecar: one shutdown line, no upstream failure', async () => {
+    let release!: () => void;
+    const gate = new Promise<void>((r) => (release = r));
+    const up = await startFakeUpstream(async (_req, res) => {
+      res.writeHead(200, { 'content-type': 'text/event-stream' });
+      res.write('data: 1\n\n');
+      await gate;
+      res.end();
+    });
+    const h = await startHarness({ upstream: up.url, keys: { k: {} } });
+    try {
+      const u = new URL(h.url);
+      const req = http.request({ host: u.hostname, port: u.port, method: 'POST', path: '/v1/chat/completions', headers: { ...bearer(h.keys.k!), 'content-type': 'application/json' } });
+      req.end('{"model":"m","stream":true}');
+      const [res] = (await once(req, 'response')) as [http.IncomingMessage];
+      await once(res, 'data');
+      // the sidecar cuts it: both ends of the client's call see the reset
+      res.on('error', () => {});
+      req.on('error', () => {});
+      // not once(): it rejects on the 'error' that comes first
+      const ended = new Promise((r) => res.on('close', r));
+      await h.sidecar.close({ graceMs: 50 });
+      await ended;
+      const lines = h.logs.map((l) => JSON.parse(l) as Record<string, unknown>);
+      const shutdown = lines.filter((l) => l.msg === 'shutdown grace over: cutting the requests still in flight');
+      assert.equal(shutdown.length, 1);
+      assert.equal(shutdown[0]!.in_flight, 1);
+      assert.deepEqual(lines.filter((l) => l.msg === 'upstream failure'), [], 'the sidecar cut it, not the upstream');
+      assert.equal(lines.filter((l) => l.msg === 'request').length, 1, 'its access line is written');
+    } finally {
+      release();
+      h.replica.close();
+      await up.close();
+    }
+  });
+
   test('draining with keep-alive clients: an answer not begun says close, an ended one lets its connection go at once', async () => {
     let releaseStream!: () => void;
     const streamGate = new Promise<void>((r) => (releaseStream = r));
