@@ -30,7 +30,9 @@ export type { ExchangeDeps, Exchanges, Expectation };
 
 /** The request a connection is on, so a parser refusal mid-body knows whose answer has begun. */
 const CURRENT = Symbol('keyward.currentRequest');
-type TrackedSocket = Duplex & { [CURRENT]?: ServerResponse };
+/** The socket's bytesRead when its last complete request's response closed. */
+const ANSWERED_AT = Symbol('keyward.answeredAt');
+type TrackedSocket = Duplex & { [CURRENT]?: ServerResponse; [ANSWERED_AT]?: number; bytesRead?: number };
 
 /** The request's context on its response, for the shared 'close' listener. */
 const CONTEXT = Symbol('keyward.context');
@@ -103,7 +105,10 @@ class ExchangeTable implements Exchanges, ForwardHooks {
   refuseUnparsed(err: NodeJS.ErrnoException, socket: Duplex): void {
     const res = (socket as TrackedSocket)[CURRENT];
     const current = res && !res.req.complete ? res : undefined;
-    const answer = answerParserRefusal(err, socket, res ? { req: res.req, res, style: () => styleOf(contextOf(res), res.req.url ?? '/') } : undefined);
+    const answer = answerParserRefusal(err, socket, {
+      current: res ? { req: res.req, res, style: () => styleOf(contextOf(res), res.req.url ?? '/') } : undefined,
+      answeredAt: (socket as TrackedSocket)[ANSWERED_AT] ?? 0,
+    });
     if (answer === null) return;
     if (current) {
       // Refused inside its body: the answer is that request's, logged when its response closes.
@@ -228,7 +233,10 @@ class ExchangeTable implements Exchanges, ForwardHooks {
     // Kept while the request's body is still arriving: a parser refusal later in it must
     // know that this answer has begun (refuseUnparsed).
     const socket = res.req.socket as TrackedSocket | null;
-    if (socket?.[CURRENT] === res && res.req.complete) socket[CURRENT] = undefined;
+    if (socket?.[CURRENT] === res && res.req.complete) {
+      socket[CURRENT] = undefined;
+      socket[ANSWERED_AT] = socket.bytesRead ?? 0;
+    }
   }
 
   private finish(res: ServerResponse, ctx: RequestContext): void {

@@ -117,6 +117,21 @@ describe('framing is preserved or refused', () => {
     assert.equal(JSON.parse(ex.responses[0]!.body.toString()).error.code, 'invalid_request');
   });
 
+  test('a parser refusal on a reused connection answers with its body, once the request before it was answered', async () => {
+    const socket = net.connect(h.sidecar.port, '127.0.0.1');
+    await once(socket, 'connect');
+    const chunks: Buffer[] = [];
+    socket.on('data', (c: Buffer) => chunks.push(c));
+    socket.write(`GET /v1/models HTTP/1.1\r\nHost: kw\r\nAuthorization: Bearer ${h.keys.k_ok}\r\n\r\n`);
+    while (parseResponses(Buffer.concat(chunks)).responses.length < 1) await once(socket, 'data');
+    socket.write('GET /v1/models HTTP/1.1\r\nHost: kw\r\nX-Fold: a\r\n b\r\n\r\n');
+    await once(socket, 'close');
+    const [first, refused] = parseResponses(Buffer.concat(chunks)).responses;
+    assert.equal(first!.status, 200);
+    assert.equal(refused!.status, 400);
+    assert.equal(JSON.parse(refused!.body.toString()).error.code, 'invalid_request');
+  });
+
   test('a parser refusal of a HEAD request has no body', async () => {
     const ex = await rawExchange(h.sidecar.port, ['HEAD /v1/models HTTP/1.1\r\nHost: kw\r\nBad Header Line\r\n\r\n']);
     const text = ex.bytes.toString('latin1');

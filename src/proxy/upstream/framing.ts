@@ -25,15 +25,16 @@ export function unforwardableCoding(te: string | undefined): boolean {
  * Whether the request the parser refused may have been a HEAD: its answer then carries no
  * body, or a client (or a proxy in front) would read that body as the next response.
  * The method is only known for sure when the failing packet is everything the connection
- * has sent; otherwise the start line may lie in an earlier packet, so: maybe HEAD. Within
- * the packet, only a line that starts `HEAD ` can be a HEAD's start line (a header named
- * `X-HEAD-Fold` is not one).
+ * sent after its last answered request (`answeredAt`: the socket's bytesRead when that
+ * answer closed; 0 on a new connection); otherwise the start line may lie in an earlier
+ * packet, so: maybe HEAD. Within the packet, only a line that starts `HEAD ` can be a
+ * HEAD's start line (a header named `X-HEAD-Fold` is not one).
  */
-export function parserRefusalMayBeHead(err: NodeJS.ErrnoException & { rawPacket?: unknown }, socket: Duplex): boolean {
+export function parserRefusalMayBeHead(err: NodeJS.ErrnoException & { rawPacket?: unknown }, socket: Duplex, answeredAt = 0): boolean {
   const raw = err.rawPacket;
   if (!Buffer.isBuffer(raw)) return true;
   const bytesRead = (socket as Duplex & { bytesRead?: number }).bytesRead;
-  if (bytesRead !== raw.length) return true;
+  if (bytesRead !== answeredAt + raw.length) return true;
   return HEAD_LINE.test(raw.toString('latin1'));
 }
 
@@ -47,7 +48,12 @@ const HEAD_LINE = /(?:^|\n)HEAD /;
  * a HEAD goes without a body), and a connection that ended inside its body cut it short.
  * Returns the status and code written, or null when the connection closed unanswered.
  */
-export function answerParserRefusal(err: NodeJS.ErrnoException, socket: Duplex, current: { req: IncomingMessage; res: ServerResponse; style: () => ErrorStyle } | undefined): { status: number; code: string } | null {
+export function answerParserRefusal(
+  err: NodeJS.ErrnoException,
+  socket: Duplex,
+  o: { current: { req: IncomingMessage; res: ServerResponse; style: () => ErrorStyle } | undefined; answeredAt: number },
+): { status: number; code: string } | null {
+  const current = o.current;
   if (!socket.writable || (current && !current.req.complete && current.res.headersSent)) {
     socket.destroy();
     return null;
@@ -56,7 +62,7 @@ export function answerParserRefusal(err: NodeJS.ErrnoException, socket: Duplex, 
   const { statusLine, ...denial } = refusalOf(err.code, inBody);
   // Refused inside a body, the answer is that request's, in its route's style.
   const out = renderError(denial, inBody ? current.style() : 'openai');
-  const head = inBody ? current.req.method === 'HEAD' : parserRefusalMayBeHead(err, socket);
+  const head = inBody ? current.req.method === 'HEAD' : parserRefusalMayBeHead(err, socket, o.answeredAt);
   const body = head ? '' : out.body;
   socket.end(`HTTP/1.1 ${statusLine}\r\ncontent-type: application/json\r\nx-keyward-error: ${denial.code}\r\ncontent-length: ${Buffer.byteLength(body)}\r\nconnection: close\r\n\r\n${body}`);
   return { status: Number(statusLine.slice(0, 3)), code: denial.code };
