@@ -16,10 +16,9 @@
  * Calls that need no Redis skip the guard: their success says nothing about Redis.
  */
 import { type Failover, unavailable } from './failover.js';
-import { LimitsUnavailableError } from './limiter.js';
 import type { GuardedCall } from './failover-guard.js';
 import type { ClaimInput, ClaimResult, HoldInput, HoldResult, KeyLimits, LedgerFigure, LedgerInput, Limiter, Quota } from './limiter.js';
-import { isLimited } from './limiter.js';
+import { LimitsUnavailableError, isLimited } from './limiter.js';
 
 export function holdWithFailover(failover: Failover, input: HoldInput): Promise<HoldResult> {
   // Nothing to hold: nothing can be unavailable either.

@@ -66,7 +66,7 @@ const RETRY_MAX_MS = 2_000;
  * change (a deleted key) still applies within a second, and a fleet never polls its
  * console in a loop.
  */
-export const SHORT_POLL_MS = 500;
+const SHORT_POLL_MS = 500;
 
 class HttpError extends Error {
   constructor(readonly status: number, what: string) {
