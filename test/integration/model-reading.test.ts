@@ -87,6 +87,21 @@ describe('multipart read as RFC 2046/7578 parsers read it', () => {
   test('two name parameters', () => expectRefused(request({ path, contentType: MP, body: mp(`${CD('name="model"; name="x"')}\r\n\r\nwhisper-1`) })));
   test('name*=', () => expectRefused(request({ path, contentType: MP, body: mp(`${CD("name=\"x\"; name*=UTF-8''model")}\r\n\r\ngpt-4o`) })));
   test('two Content-Disposition lines', () => expectRefused(request({ path, contentType: MP, body: mp(`${CD('name="model"')}\r\n${CD('name="x"')}\r\n\r\nwhisper-1`) })));
+  test('an RFC 2231 boundary beside the plain one (Go takes it over boundary=)', async () => {
+    const body = mp(`${CD('name="model"')}\r\n\r\nwhisper-1`);
+    for (const extra of ["boundary*=utf-8''evil", 'boundary*0=ev; boundary*1=il', 'boundary=other']) {
+      await expectRefused(request({ path, contentType: `${MP}; ${extra}`, body }));
+    }
+  });
+  test('a models field naming more than 1000 models, the last out of scope', () =>
+    expectRefused(request({ path, contentType: MP, body: mp(`${CD('name="model"')}\r\n\r\nwhisper-1\r\n--${B}\r\n${CD('name="models"')}\r\n\r\n${JSON.stringify([...Array(1001).fill('whisper-1'), 'gpt-4o'])}`) })));
+  test('a model field naming a list', () => expectRefused(request({ path, contentType: MP, body: mp(`${CD('name="model"')}\r\n\r\nwhisper-1,gpt-4o`) })));
+  test('a models field nested deeper than 32 is 400, not a crash', () =>
+    expectRefused(request({ path, contentType: MP, body: mp(`${CD('name="model"')}\r\n\r\nwhisper-1\r\n--${B}\r\n${CD('name="models"')}\r\n\r\n${'['.repeat(30000)}${']'.repeat(30000)}`) })));
+  test('a streamed body with a Content-Length that never closes never reaches the upstream whole', async () => {
+    const unclosed = `--${B}\r\n${CD('name="model"')}\r\n\r\nwhisper-1\r\n--${B}\r\n${CD('name="file"; filename="a.wav"')}\r\n\r\n${'x'.repeat(200_000)}\r\n`;
+    await expectRefused(request({ path, contentType: MP, body: unclosed }));
+  });
   test('a model field after the file part', () =>
     expectRefused(request({ path, contentType: MP, body: mp(`${CD('name="model"')}\r\n\r\nwhisper-1\r\n--${B}\r\n${CD('name="file"; filename="a"')}\r\n\r\nx\r\n--${B}\r\n${CD('name="model"')}\r\n\r\ngpt-4o`) })));
 });

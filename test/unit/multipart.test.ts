@@ -157,7 +157,7 @@ test('the guard withholds the chunk in which a late model part shows, and never 
   const reader = new MultipartReader(B);
   const split = buf.indexOf('name="file"') + 40;
   assert.ok(Array.isArray(reader.push(buf.subarray(0, split))));
-  const guard = createMultipartGuard(reader);
+  const guard = createMultipartGuard(reader, null);
   const out: Buffer[] = [];
   guard.on('data', (c: Buffer) => out.push(c));
   const failed = new Promise<Error>((resolve) => guard.once('error', resolve));
@@ -169,6 +169,24 @@ test('the guard withholds the chunk in which a late model part shows, and never 
   const err = await failed;
   assert.match(err.message, /after the file part/);
   assert.equal(Buffer.concat(out).toString(), rest.subarray(0, lateAt - 10).toString());
+});
+
+test('with a Content-Length, the guard withholds the last chunk of a body that never closes', async () => {
+  const whole = body(B, [{ name: 'model', value: 'a' }, FILE]);
+  const unclosed = whole.subarray(0, whole.lastIndexOf(`--${B}--`));
+  const reader = new MultipartReader(B);
+  const split = unclosed.indexOf('name="file"') + 40;
+  assert.ok(Array.isArray(reader.push(unclosed.subarray(0, split))));
+  const rest = unclosed.subarray(split);
+  const guard = createMultipartGuard(reader, rest.length);
+  const out: Buffer[] = [];
+  guard.on('data', (c: Buffer) => out.push(c));
+  const failed = new Promise<Error>((resolve) => guard.once('error', resolve));
+  guard.write(rest.subarray(0, 10));
+  guard.write(rest.subarray(10));
+  const err = await failed;
+  assert.match(err.message, /clos/i);
+  assert.equal(Buffer.concat(out).length, 10, 'the chunk that completes the declared length is not passed on');
 });
 
 test('a reader sealed at admission refuses a model field that comes later', () => {

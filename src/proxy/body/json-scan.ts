@@ -9,16 +9,13 @@
  * part. Pure.
  */
 
+import { collectModels, modelNamesProblem, TOO_DEEP } from './model-names.js';
+
 export type JsonInspection =
   | { ok: true; model: string | null; maxOutputTokens: number | null; models: string[] }
   | { ok: false; message: string };
 
-/** The longest model name keyward accepts: the console refuses longer ones in usage events. */
-export const MAX_MODEL_LENGTH = 256;
-
 const OUTPUT_CAPS = ['max_tokens', 'max_completion_tokens', 'max_output_tokens'];
-/** At most this many further models (`models`, `fallbacks`) are read from one request. */
-const MAX_EXTRA_MODELS = 1000;
 
 /** How Go's case-insensitive key matching sees a key. */
 export function foldKey(key: string): string {
@@ -135,32 +132,6 @@ export function strictProblem(text: string): string | null {
   return null;
 }
 
-/** Every string and object key inside `v` (a `models`/`fallbacks` value), depth first. */
-function collectModels(v: unknown, out: string[]): void {
-  if (out.length > MAX_EXTRA_MODELS) return;
-  if (typeof v === 'string') out.push(v);
-  else if (Array.isArray(v)) for (const x of v) collectModels(x, out);
-  else if (typeof v === 'object' && v !== null) {
-    for (const [k, x] of Object.entries(v)) {
-      out.push(k);
-      collectModels(x, out);
-    }
-  }
-}
-
-/** The models a multipart `models`/`fallbacks` field names: a JSON value's strings and keys, else the text itself. */
-export function modelsOfField(value: string): string[] {
-  const out: string[] = [];
-  let parsed: unknown;
-  try {
-    parsed = JSON.parse(value);
-  } catch {
-    return [value];
-  }
-  collectModels(parsed, out);
-  return typeof parsed === 'object' && parsed !== null ? out : [value, ...out.filter((m) => m !== value)];
-}
-
 /** The largest output cap the body names; a numeric string counts (lax decoders coerce it). */
 function outputCap(body: Record<string, unknown>): { ok: true; cap: number | null } | { ok: false; message: string } {
   let cap: number | null = null;
@@ -221,7 +192,7 @@ function collectSelected(body: Record<string, unknown>, models: string[]): strin
       }
       (folds ??= new Set()).add(folded);
     }
-    if (selectsModels(key)) collectModels(body[key], models);
+    if (selectsModels(key) && !collectModels(body[key], models)) return TOO_DEEP;
   }
   // Gateways that call providers through an OpenAI SDK merge `extra_body` into the
   // provider's request, where its `model` overrides the one keyward checked.
@@ -229,7 +200,7 @@ function collectSelected(body: Record<string, unknown>, models: string[]): strin
   if (typeof extra === 'object' && extra !== null && !Array.isArray(extra)) {
     for (const [k, v] of Object.entries(extra)) {
       const folded = foldKey(k);
-      if (folded === 'model' || selectsModels(folded)) collectModels(v, models);
+      if ((folded === 'model' || selectsModels(folded)) && !collectModels(v, models)) return TOO_DEEP;
     }
   }
   return null;
@@ -241,14 +212,14 @@ export function inspectJson(buf: Buffer): JsonInspection {
   const models: string[] = [];
   const clash = collectSelected(body, models);
   if (clash) return refused(clash);
-  if (models.length > MAX_EXTRA_MODELS) return refused('The request body names too many models.');
-  if (models.some((m) => m.length > MAX_MODEL_LENGTH)) return refused(`Model names are at most ${MAX_MODEL_LENGTH} characters.`);
   const cap = outputCap(body);
   if (!cap.ok) return cap;
-  if (!('model' in body)) return { ok: true, model: null, maxOutputTokens: cap.cap, models };
-  if (typeof body.model !== 'string' || body.model === '') return refused('"model" must be a non-empty string.');
-  if (body.model.length > MAX_MODEL_LENGTH) return refused(`"model" is at most ${MAX_MODEL_LENGTH} characters.`);
-  return { ok: true, model: body.model, maxOutputTokens: cap.cap, models };
+  const named = 'model' in body;
+  if (named && (typeof body.model !== 'string' || body.model === '')) return refused('"model" must be a non-empty string.');
+  const model = named ? (body.model as string) : null;
+  const names = modelNamesProblem(model, models);
+  if (names) return refused(names);
+  return { ok: true, model, maxOutputTokens: cap.cap, models };
 }
 
 /**

@@ -6,13 +6,27 @@
 
 /**
  * The boundary from a content-type header, or null. RFC 2046 allows 1-70 characters; a
- * longer one, or a header naming two boundaries, is refused rather than guessed at.
+ * longer one, or a header whose parameters parsers could read another way, is refused
+ * rather than guessed at: a parameter named twice, one that does not parse, and the RFC 2231
+ * forms `boundary*=` and `boundary*0=`, which Go's parser takes over a plain `boundary=`
+ * (the upstream would split the body at a boundary keyward never read).
  */
 export function multipartBoundary(contentType: string | undefined): string | null {
-  if (!contentType || !/^multipart\/form-data\s*(;|$)/i.test(contentType)) return null;
-  const all = [...contentType.matchAll(/;\s*boundary=(?:"([^"]*)"|([^\s;]*))/gi)];
-  if (all.length !== 1) return null;
-  const b = all[0]![1] ?? all[0]![2] ?? '';
+  const m = contentType === undefined ? null : /^multipart\/form-data\s*((?:;.*)?)$/is.exec(contentType.trim());
+  if (!m) return null;
+  const params = new Map<string, string>();
+  let rest = m[1]!;
+  while (rest !== '') {
+    const p = /^;\s*([^\s=;"]+)\s*=\s*(?:"([^"]*)"|([^\s;"]*))\s*/.exec(rest) ?? /^;\s*$/.exec(rest);
+    if (!p) return null;
+    if (p[1] !== undefined) {
+      const key = p[1].toLowerCase();
+      if (params.has(key) || key.startsWith('boundary*')) return null;
+      params.set(key, p[2] ?? p[3]!);
+    }
+    rest = rest.slice(p[0].length);
+  }
+  const b = params.get('boundary') ?? '';
   // RFC 2046 bchars only: a quoted boundary with a backslash or quote is unescaped by
   // some parsers (Go) and not by others.
   return BOUNDARY.test(b) ? b : null;

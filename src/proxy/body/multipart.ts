@@ -17,7 +17,8 @@
  * whitespace after the closing delimiter.
  */
 import { Transform } from 'node:stream';
-import { foldKey, isSensitiveField, MAX_MODEL_LENGTH } from './json-scan.js';
+import { foldKey, isSensitiveField } from './json-scan.js';
+import { MAX_MODEL_LENGTH } from './model-names.js';
 import { MAX_HEADER_BYTES, type PartHead, parsePartHeaders } from './multipart-head.js';
 
 export type MultipartEvent =
@@ -258,14 +259,21 @@ export class LateFieldError extends Error {
  * Checks the streamed rest of a multipart body with the reader that read its head. A
  * chunk in which a problem shows is never passed on, and the body's end is held back
  * until the closing delimiter was seen, so the upstream never reads a complete body
- * keyward refused; the error destroys whatever the stream is piped into.
+ * keyward refused; the error destroys whatever the stream is piped into. `toCome` is
+ * what a Content-Length says is still to arrive (null when chunked, whose end the pipe
+ * holds back): its last chunk is passed on only once the closing delimiter is in it, since
+ * with that byte the upstream has a complete body.
  */
-export function createMultipartGuard(reader: MultipartReader): Transform {
+export function createMultipartGuard(reader: MultipartReader, toCome: number | null): Transform {
+  let left = toCome;
   return new Transform({
     transform(chunk: Buffer, _enc, cb) {
       const r = reader.push(chunk);
-      if (!Array.isArray(r)) cb(new LateFieldError(r.problem));
-      else cb(null, chunk);
+      if (!Array.isArray(r)) return cb(new LateFieldError(r.problem));
+      if (left !== null && (left -= chunk.length) <= 0 && !reader.closed) {
+        return cb(new LateFieldError(reader.end() ?? 'The multipart body ends without its closing delimiter.'));
+      }
+      cb(null, chunk);
     },
     flush(cb) {
       const problem = reader.end();

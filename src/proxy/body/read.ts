@@ -7,10 +7,11 @@
 import type { IncomingMessage } from 'node:http';
 import { PassThrough } from 'node:stream';
 import { deny, type Denial } from '../../errors.js';
-import { inspectJson, MAX_MODEL_LENGTH, modelsOfField, queryNamesModel, selectsModels } from './json-scan.js';
+import { inspectJson, queryNamesModel, selectsModels } from './json-scan.js';
+import { modelNamesProblem, modelsOfField, TOO_DEEP } from './model-names.js';
 import { createMultipartGuard, MultipartReader } from './multipart.js';
 import { multipartBoundary } from './multipart-head.js';
-import { bodyTooLarge, byteLimit, declaredOver, dropRest, needsCounting } from './upload.js';
+import { bodyTooLarge, byteLimit, declaredOver, dropRest, needsCounting, toComeAfter } from './upload.js';
 
 /** What is forwarded instead of `req`; http-proxy-3 only ever calls `pipe` on it. */
 export interface BodySource {
@@ -167,7 +168,7 @@ function replayStream(req: IncomingMessage, read: { chunks: Buffer[]; total: num
   out.write(head);
   const stages = [
     ...(needsCounting(req, uploadLimit) ? [byteLimit(uploadLimit, read.total)] : []),
-    ...(reader === null ? [] : [createMultipartGuard(reader)]),
+    ...(reader === null ? [] : [createMultipartGuard(reader, toComeAfter(req, read.total))]),
   ];
   let upstream: NodeJS.ReadableStream = req;
   for (const stage of stages) {
@@ -219,8 +220,14 @@ async function readMultipart(req: IncomingMessage, boundary: string, uploadLimit
   if (problem === null && !read.ended) problem = reader.seal();
   if (problem !== null) return invalid(problem);
   const models: string[] = [];
-  for (const [name, value] of fields) if (selectsModels(name)) models.push(...modelsOfField(value));
-  if (models.some((m) => m.length > MAX_MODEL_LENGTH)) return invalid(`Model names are at most ${MAX_MODEL_LENGTH} characters.`);
+  for (const [name, value] of fields) {
+    if (!selectsModels(name)) continue;
+    const named = modelsOfField(value);
+    if (named === null) return invalid(TOO_DEEP);
+    models.push(...named);
+  }
+  const names = modelNamesProblem(fields.get('model') ?? null, models);
+  if (names) return invalid(names);
   // The whole body counts towards the estimate, whatever the order of its parts.
   const declared = Number(req.headers['content-length']);
   const estimateBytes = Number.isSafeInteger(declared) && declared > read.total ? declared : read.total;

@@ -104,3 +104,9 @@ export function openUpload(req: IncomingMessage, opts: { limit: number }): Uploa
   if (declaredOver(req, opts.limit)) return { ok: false, denial: bodyTooLarge(opts.limit) };
   return { ok: true, source: needsCounting(req, opts.limit) ? new UploadSource(req, opts.limit) : null };
 }
+
+/** The bytes a Content-Length says are still to come after `read` of them, or null without one. */
+export function toComeAfter(req: IncomingMessage, read: number): number | null {
+  const declared = Number(req.headers['content-length']);
+  return req.headers['content-length'] !== undefined && Number.isSafeInteger(declared) ? declared - read : null;
+}
