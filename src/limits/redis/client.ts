@@ -54,11 +54,19 @@ export function createRedisClient(opts: RedisClientOptions): Redis | Cluster {
   return client;
 }
 
+/** How often a Cluster client reads the slot map again (DESIGN section 6: exact again within the node timeout plus 5 s). */
+const SLOTS_REFRESH_MS = 1_000;
+
 function clusterClient(target: Extract<RedisTarget, { kind: 'cluster' }>, common: RedisOptions, timeoutMs: number): Cluster {
   return new Cluster(target.nodes, {
     enableOfflineQueue: false,
     clusterRetryStrategy: reconnectDelayMs,
     slotsRefreshTimeout: Math.max(1_000, timeoutMs * 10),
+    // The slot map is read again every second (CLUSTER SLOTS from some node). ioredis reads
+    // it otherwise only on a redirection or a connection error, and a master that hangs (a
+    // frozen VM, a partition that drops packets) gives neither: keyward's own deadline ends
+    // each call first, so a promoted replica would never be used while the master hung.
+    slotsRefreshInterval: SLOTS_REFRESH_MS,
     scaleReads: 'master',
     // Off: a Cluster groups a pipelined call by its first argument, which for a script
     // with a variable number of keys is the key count (scripts.ts).
