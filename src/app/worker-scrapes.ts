@@ -2,6 +2,9 @@
  * /metrics of a `serve --workers N` primary: every worker's registry, asked for over IPC,
  * added up with the primary's own (prom-client's aggregation: counters and histograms add
  * up, gauges per their aggregator), and the workers' decision histograms added up after it.
+ * A worker that exits leaves its counters and histograms, as last scraped, in a retired
+ * total: Prometheus reads a total that falls as a counter reset, and would count the
+ * surviving workers' requests again.
  */
 import type { Worker } from 'node:cluster';
 import { AggregatorRegistry, type MetricObjectWithValues, type MetricValue, type Registry } from 'prom-client';
@@ -27,11 +30,25 @@ interface Scrape {
 
 const NOTHING: Scrape = { metrics: [], decisions: [] };
 
+/**
+ * What of a worker's last scrape outlives it: what adds up over time, not its gauges.
+ * (prom-client's typings declare `type` a numeric enum; its JSON carries the type's name.)
+ */
+const lasting = (metrics: MetricsJson): MetricsJson =>
+  metrics.filter((m) => {
+    const kind: unknown = m.type;
+    return kind === 'counter' || kind === 'histogram';
+  });
+
 /** What the admin listener serves on a primary. */
 export class WorkerScrapes implements Exposition {
   private lastId = 0;
   /** scrapes asked of a worker and not answered yet, by id */
   private readonly pending = new Map<number, (s: Scrape) => void>();
+  /** each live worker's last answer, by worker id */
+  private readonly last = new Map<number, Scrape>();
+  /** what the workers that exited had counted, at their last scrape */
+  private retired: Scrape = NOTHING;
 
   constructor(private readonly o: { own: Registry; workers: () => Iterable<Worker> }) {}
 
@@ -40,11 +57,20 @@ export class WorkerScrapes implements Exposition {
   }
 
   async metrics(): Promise<string> {
-    const fromWorkers = await Promise.all([...this.o.workers()].map((w) => this.ask(w)));
+    const fromWorkers = [...(await Promise.all([...this.o.workers()].map((w) => this.ask(w)))), this.retired];
     const own = await this.o.own.getMetricsAsJSON();
     const parts = [own, ...fromWorkers.map((s) => s.metrics.filter((metric) => !PRIMARY_ONLY.test(metric.name)))];
     // The primary forwards nothing, so the decisions are the workers' alone.
     return withDecisions(AggregatorRegistry.aggregate(parts), addCounts(fromWorkers.map((s) => s.decisions)));
+  }
+
+  /** Worker `id` exited: what it had counted at its last scrape stays in the totals. */
+  async retire(id: number): Promise<void> {
+    const last = this.last.get(id);
+    this.last.delete(id);
+    if (!last) return;
+    const metrics = await AggregatorRegistry.aggregate([this.retired.metrics, lasting(last.metrics)]).getMetricsAsJSON();
+    this.retired = { metrics: metrics as MetricsJson, decisions: addCounts([this.retired.decisions, last.decisions]) };
   }
 
   /** A worker's answer to scrape `id`. */
@@ -52,8 +78,14 @@ export class WorkerScrapes implements Exposition {
     this.pending.get(id)?.(scrape);
   }
 
-  /** One worker's metrics; none when it cannot be asked or does not answer in time. */
-  private ask(w: Worker): Promise<Scrape> {
+  /** One worker's metrics (kept as its last); none when it cannot be asked or does not answer in time. */
+  private async ask(w: Worker): Promise<Scrape> {
+    const scrape = await this.askOnce(w);
+    if (scrape !== NOTHING) this.last.set(w.id, scrape);
+    return scrape;
+  }
+
+  private askOnce(w: Worker): Promise<Scrape> {
     const id = ++this.lastId;
     return new Promise((resolve) => {
       const timer = setTimeout(() => {

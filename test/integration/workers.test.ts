@@ -159,9 +159,11 @@ describe('serve --workers 2', () => {
     while ((await metric('keyward_replica_version')) !== 2) assert.ok(Date.now() < deadline + 5_000, 'the primary did not see the import');
   });
 
-  test('a worker that dies is replaced, and the other one serves meanwhile', async () => {
+  test('a worker that dies is replaced, the other one serves meanwhile, and the totals keep what it counted', async () => {
     const listening = kw.lines.map((l) => JSON.parse(l) as { msg?: string; pids?: number[] }).find((l) => l.msg === 'keyward listening')!;
     assert.equal(listening.pids?.length, 2);
+    // both workers have served requests by now (the first test saw both); this scrape is the dead one's last
+    const before200 = await metric(served200);
     process.kill(listening.pids![0]!, 'SIGKILL');
     const deadline = Date.now() + 15_000;
     while ((await metric('keyward_worker_restarts_total')) < 1) assert.ok(Date.now() < deadline, 'the death was not noticed');
@@ -171,6 +173,8 @@ describe('serve --workers 2', () => {
     while ((await metric('keyward_workers')) < 2) assert.ok(Date.now() < deadline, 'no replacement worker within 15 s');
     while ((await send(`http://127.0.0.1:${kw.adminPort}`, { path: '/readyz' })).status !== 200) assert.ok(Date.now() < deadline, 'not ready again');
     assert.equal(await metric('keyward_worker_restarts_total'), 1);
+    // a total that fell would read as a counter reset, and rate() would count requests twice
+    assert.equal(await metric(served200), before200 + 4);
   });
 
   test('SIGTERM to the primary drains both workers: streams in flight finish, then exit 0', async () => {
