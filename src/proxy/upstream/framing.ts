@@ -13,7 +13,7 @@ import { deny, renderError, type Denial, type ErrorStyle } from '../../errors.js
  * the other codings and read a body no one checked, so only plain `chunked` passes.
  */
 export function framingProblem(req: IncomingMessage): string | null {
-  return unforwardableCoding(req.headers['transfer-encoding']) ? 'Only "Transfer-Encoding: chunked" is accepted as a request transfer coding.' : null;
+  return unforwardableCoding(req.headers['transfer-encoding']) ? deny('invalid_request', { variant: 'transfer_coding' }).message : null;
 }
 
 /** Whether a request's Transfer-Encoding value is one keyward does not forward (see framingProblem). */
