@@ -47,8 +47,8 @@ export class WorkerScrapes implements Exposition {
   private readonly pending = new Map<number, (s: Scrape) => void>();
   /** each live worker's last answer, by worker id */
   private readonly last = new Map<number, Scrape>();
-  /** what the workers that exited had counted, at their last scrape */
-  private retired: Scrape = NOTHING;
+  /** what the workers that exited had counted, at their last scrape (one entry each) */
+  private readonly retired: Scrape[] = [];
 
   constructor(private readonly o: { own: Registry; workers: () => Iterable<Worker> }) {}
 
@@ -57,20 +57,18 @@ export class WorkerScrapes implements Exposition {
   }
 
   async metrics(): Promise<string> {
-    const fromWorkers = [...(await Promise.all([...this.o.workers()].map((w) => this.ask(w)))), this.retired];
+    const fromWorkers = [...(await Promise.all([...this.o.workers()].map((w) => this.ask(w)))), ...this.retired];
     const own = await this.o.own.getMetricsAsJSON();
     const parts = [own, ...fromWorkers.map((s) => s.metrics.filter((metric) => !PRIMARY_ONLY.test(metric.name)))];
     // The primary forwards nothing, so the decisions are the workers' alone.
     return withDecisions(AggregatorRegistry.aggregate(parts), addCounts(fromWorkers.map((s) => s.decisions)));
   }
 
-  /** Worker `id` exited: what it had counted at its last scrape stays in the totals. */
-  async retire(id: number): Promise<void> {
+  /** Worker `id` exited: what it had counted at its last scrape stays in the totals (a worker replaced now and then: a short list). */
+  retire(id: number): void {
     const last = this.last.get(id);
     this.last.delete(id);
-    if (!last) return;
-    const metrics = await AggregatorRegistry.aggregate([this.retired.metrics, lasting(last.metrics)]).getMetricsAsJSON();
-    this.retired = { metrics: metrics as MetricsJson, decisions: addCounts([this.retired.decisions, last.decisions]) };
+    if (last) this.retired.push({ metrics: lasting(last.metrics), decisions: last.decisions });
   }
 
   /** A worker's answer to scrape `id`. */

@@ -176,7 +176,7 @@ class Workers {
 
   private exited(w: Worker, code: number, signal: string | null): void {
     this.live.delete(w.id);
-    void this.scrapes.retire(w.id);
+    this.scrapes.retire(w.id);
     this.listening.delete(w.id);
     this.ready.delete(w.id);
     this.configs.gone(w);
