@@ -29,6 +29,8 @@ interface Scrape {
 }
 
 const NOTHING: Scrape = { metrics: [], decisions: [] };
+/** Retired workers' scrapes kept apart before they are added up into one. */
+const RETIRED_KEPT = 8;
 
 /**
  * What of a worker's last scrape outlives it: what adds up over time, not its gauges.
@@ -57,6 +59,7 @@ export class WorkerScrapes implements Exposition {
   }
 
   async metrics(): Promise<string> {
+    if (this.retired.length > RETIRED_KEPT) await this.compact();
     const fromWorkers = [...(await Promise.all([...this.o.workers()].map((w) => this.ask(w)))), ...this.retired];
     const own = await this.o.own.getMetricsAsJSON();
     const parts = [own, ...fromWorkers.map((s) => s.metrics.filter((metric) => !PRIMARY_ONLY.test(metric.name)))];
@@ -69,6 +72,15 @@ export class WorkerScrapes implements Exposition {
     const last = this.last.get(id);
     this.last.delete(id);
     if (last) this.retired.push({ metrics: lasting(last.metrics), decisions: last.decisions });
+  }
+
+  /** Adds the retired entries up into one, so a worker that keeps failing does not grow the list. */
+  private async compact(): Promise<void> {
+    const n = this.retired.length;
+    const some = this.retired.slice(0, n);
+    const metrics = (await AggregatorRegistry.aggregate(some.map((s) => s.metrics)).getMetricsAsJSON()) as MetricsJson;
+    // entries retired meanwhile stay behind the sum
+    this.retired.splice(0, n, { metrics, decisions: addCounts(some.map((s) => s.decisions)) });
   }
 
   /** A worker's answer to scrape `id`. */

@@ -1,0 +1,44 @@
+/**
+ * A `serve --workers` primary's /metrics (src/app/worker-scrapes.ts) with workers that
+ * answer scrapes in process: totals add up the live workers and every worker that exited,
+ * as last scraped, also after many exits have been added up into one entry.
+ */
+import { test } from 'node:test';
+import assert from 'node:assert/strict';
+import type { Worker } from 'node:cluster';
+import { Counter, Registry } from 'prom-client';
+import { WorkerScrapes } from '../../src/app/worker-scrapes.js';
+
+/** A worker whose registry counts `n` requests; it answers each scrape at once. */
+function fakeWorker(id: number, n: number, scrapes: () => WorkerScrapes): Worker {
+  const registry = new Registry();
+  new Counter({ name: 'keyward_requests_total', help: 'h', registers: [registry] }).inc(n);
+  return {
+    id,
+    isConnected: () => true,
+    send(msg: { id: number }, cb: (err: Error | null) => void) {
+      void registry.getMetricsAsJSON().then((metrics) => scrapes().answered(msg.id, { metrics: metrics as never, decisions: [] }));
+      cb(null);
+      return true;
+    },
+  } as unknown as Worker;
+}
+
+const total = (text: string): number => Number(/^keyward_requests_total (\d+)/m.exec(text)?.[1] ?? 0);
+
+test('workers that exited stay in the totals as last scraped, also once added up into one', async () => {
+  const live = new Map<number, Worker>();
+  const scrapes: WorkerScrapes = new WorkerScrapes({ own: new Registry(), workers: () => live.values() });
+  let counted = 0;
+  for (let id = 1; id <= 20; id++) {
+    live.set(id, fakeWorker(id, id, () => scrapes));
+    counted += id;
+    assert.equal(total(await scrapes.metrics()), counted, `after worker ${id} started`);
+    live.delete(id);
+    scrapes.retire(id);
+    assert.equal(total(await scrapes.metrics()), counted, `after worker ${id} exited`);
+  }
+  // a worker never scraped before it exited leaves nothing, and takes nothing away
+  scrapes.retire(99);
+  assert.equal(total(await scrapes.metrics()), counted);
+});
