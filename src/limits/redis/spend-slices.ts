@@ -14,7 +14,7 @@
  *    budget or balance has left. A hold taken from a slice is within that amount.
  *  - Settlement keeps the slice's record at least what is in flight on it: a cost comes off
  *    the slice, as far as the slice has room; a cost past that (the usage came to more than
- *    the slice could absorb) is added to the live figure in Redis at once, and ends this
+ *    the slice could absorb) is sent to Redis at once (not at the next tick), and ends this
  *    instance's slices of the holder, so its next hold is exact; other instances end theirs
  *    on the news settle.lua publishes when that over-commits the ledger (ledger-news.ts).
  *  - A slice is used only by requests that carry the holder's figures (epoch, base, limit)
@@ -155,9 +155,7 @@ export class SpendSliceTable extends DemandTable<Entry> {
     }
     if (!excess) return;
     for (const s of slices) this.endLive(s.keys[0]);
-    // What the slices could not absorb may spend the budget: other instances learn it from
-    // Redis (ledger-news.ts), so it leaves now rather than at the next tick.
-    this.opts.batch.flush();
+    this.opts.batch.flush(); // the header's "at once": other instances hear of it from Redis
   }
 
   /** The slice per holder worth asking for with a hold of `amount`, or null. */
