@@ -25,8 +25,10 @@ COPY --chown=node:node config ./config
 RUN mkdir -p /app/data && chown node:node /app/data
 USER node
 EXPOSE 8080 9090
-# The admin port is configured under admin.port (default 9090); keep them in step.
+# Healthy when the sidecar's admin /healthz (admin.port, default 9090) or the console's
+# (default 7000) answers: the image runs both verbs. Other ports: KEYWARD_ADMIN_PORT,
+# KEYWARD_CONSOLE_PORT, or the whole URL in KEYWARD_HEALTH_URL.
 HEALTHCHECK --interval=10s --timeout=3s --start-period=10s --retries=3 \
-  CMD node -e "require('http').get('http://127.0.0.1:'+(process.env.KEYWARD_ADMIN_PORT||9090)+'/healthz',r=>process.exit(r.statusCode===200?0:1)).on('error',()=>process.exit(1))"
+  CMD ["node", "bin/healthcheck.mjs"]
 ENTRYPOINT ["node", "bin/keyward.mjs"]
 CMD ["serve", "--config", "/app/config/keyward.example.yaml"]

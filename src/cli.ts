@@ -12,6 +12,7 @@ import { parseWorkers } from './app/workers.js';
 import { importSnapshotFile, ImportError } from './app/import.js';
 import { runDemo } from './app/demo.js';
 import { registerConsoleCommands } from './app/console-cli.js';
+import { loadConsoleConfig } from './console/config.js';
 
 /** Runs `fn` until SIGTERM/SIGINT, then `stop` once, then exits 0. */
 function untilSignal(stop: () => Promise<void>): void {
@@ -66,9 +67,11 @@ export function buildProgram(): Command {
     .command('check-config')
     .description('validate a config file; exit 0 when valid, 1 with every problem otherwise')
     .requiredOption('-c, --config <file>', 'YAML config file')
-    .action((o: { config: string }) => {
-      // The same validation a reload applies (src/app/reload.ts).
-      loadConfig(o.config);
+    .option('--console', "validate it as the reference console's config (keyward console --config FILE)")
+    .action((o: { config: string; console?: boolean }) => {
+      // The same validation a reload (src/app/reload.ts), or the console at its start, applies.
+      if (o.console) loadConsoleConfig({ file: o.config });
+      else loadConfig(o.config);
       process.stdout.write(`${o.config}: ok\n`);
     });
 

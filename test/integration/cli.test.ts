@@ -3,6 +3,7 @@ import { after, before, describe, test } from 'node:test';
 import assert from 'node:assert/strict';
 import { spawn, spawnSync } from 'node:child_process';
 import { existsSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { fileURLToPath } from 'node:url';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { createInterface } from 'node:readline';
@@ -52,6 +53,20 @@ describe('keyward CLI', () => {
     assert.match(r.stderr, /server\.colour: unknown key/);
     assert.match(r.stderr, /upstreams/);
     assert.match(r.stderr, /redis\.onError/);
+  });
+
+  test('check-config --console validates a console config by the console\'s schema', () => {
+    const example = fileURLToPath(new URL('../../config/console.example.yaml', import.meta.url));
+    const env = { ...process.env, KEYWARD_SYNC_TOKEN: 'sync-token-0123456789', KEYWARD_ADMIN_TOKEN: 'admin-token-0123456789' };
+    const ok = spawnSync(process.execPath, [...KEYWARD_ARGS, 'check-config', '--console', '--config', example], { encoding: 'utf8', timeout: 30_000, env });
+    assert.equal(ok.status, 0, ok.stderr);
+    // a sidecar's file is not a console's, and the other way round
+    const sidecar = join(dir, 'sidecar.yaml');
+    writeFileSync(sidecar, `upstreams:\n  default: { url: ${up.url} }\n`);
+    const r = run(['check-config', '--console', '--config', sidecar]);
+    assert.equal(r.status, 1);
+    assert.match(r.stderr, /upstreams: unknown key/);
+    assert.equal(spawnSync(process.execPath, [...KEYWARD_ARGS, 'check-config', '--config', example], { encoding: 'utf8', timeout: 30_000, env }).status, 1);
   });
 
   test('check-config refuses what serve would refuse at start, all at once, and serve refuses the same file', () => {
