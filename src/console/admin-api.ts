@@ -8,9 +8,9 @@ import { z } from 'zod';
 import { budgetPeriod, cidr } from '../protocol/records.js';
 import { SHADOW_CHECKS } from '../protocol/shadow-checks.js';
 import { resetSpent } from './budgets.js';
-import { idPattern } from './config.js';
-import { ApiError, invalid } from './errors.js';
-import { forbidden, match, readJson, sendJson, type Principal } from './http.js';
+import { idPattern, modelGlob } from './config.js';
+import { ApiError, MethodNotAllowed, invalid } from './errors.js';
+import { forbidden, intParam, match, readJson, sendJson, type Principal } from './http.js';
 import type { LogSink } from '../log.js';
 import type { WalletView } from './db.js';
 import type { ConsoleStore } from './store.js';
@@ -27,7 +27,7 @@ const amount = () => z.number().finite().min(-MAX_AMOUNT).max(MAX_AMOUNT);
 const budget = amount().nonnegative().nullable().optional();
 const settings = {
   name: z.string().max(200).nullable().optional(),
-  models: z.array(z.string().min(1).max(256)).max(1000).nullable().optional(),
+  models: z.array(modelGlob).max(1000).nullable().optional(),
   routing: z.string().min(1).max(64).nullable().optional(),
   rpm: count,
   tpm: count,
@@ -38,7 +38,7 @@ const settings = {
   allowBrowser: z.boolean().optional(),
   /** per-model limits in addition to the key's own; the first matching entry applies */
   modelLimits: z
-    .array(z.strictObject({ models: z.string().min(1).max(256), rpm: count.transform((v) => v ?? null), tpm: count.transform((v) => v ?? null) }))
+    .array(z.strictObject({ models: modelGlob, rpm: count.transform((v) => v ?? null), tpm: count.transform((v) => v ?? null) }))
     .min(1).max(1000).nullable().optional(),
   period: budgetPeriod.optional(),
   /** checks evaluated but not enforced for this key (DESIGN section 12); [] for none */
@@ -158,9 +158,7 @@ const routes: Route[] = [
     // The key's latest usage events (newest first), for whoever may see the key.
     method: 'GET', pattern: '/admin/v1/keys/:id/usage', adminOnly: false,
     handle: (c) => {
-      const raw = c.query.get('limit');
-      const limit = raw === null ? 20 : Number(raw);
-      if (!Number.isInteger(limit) || limit < 1 || limit > 500) throw invalid('limit: expected an integer from 1 to 500');
+      const limit = intParam(c.query, 'limit', { min: 1, max: 500, def: 20 });
       sendJson(c.res, 200, { usage: recentUsage({ store: c.store, keyId: visibleKey(c).id, limit }) });
     },
   },
@@ -252,16 +250,16 @@ const routes: Route[] = [
 
 /** Handles an /admin/v1 request for an authenticated principal (the caller answered 401 already). */
 export async function handleAdmin(opts: Omit<Ctx, 'params'> & { path: string }): Promise<void> {
-  let methodMismatch = false;
+  const allow: string[] = [];
   for (const r of routes) {
     const params = match(r.pattern, opts.path);
     if (!params) continue;
     if (r.method !== opts.req.method) {
-      methodMismatch = true;
+      allow.push(r.method);
       continue;
     }
     if (r.adminOnly && opts.who.role !== 'admin') throw forbidden('this needs an admin token');
     return r.handle({ ...opts, params });
   }
-  throw methodMismatch ? new ApiError(405, 'method_not_allowed', 'method not allowed on this path') : new ApiError(404, 'not_found', 'no such endpoint');
+  throw allow.length > 0 ? new MethodNotAllowed(allow) : new ApiError(404, 'not_found', 'no such endpoint');
 }

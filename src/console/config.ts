@@ -15,12 +15,22 @@ const port = num().pipe(z.number().min(0).max(65535));
 /** Long enough that a guessed or truncated token is not plausible. */
 const token = z.string().min(16, 'tokens must be at least 16 characters');
 export const idPattern = /^[A-Za-z0-9][A-Za-z0-9._@-]{0,127}$/;
+/**
+ * A model glob (key scopes, per-model limits, prices). The sidecar refuses model names with
+ * a comma, whitespace or a control character (gateways read them as lists), so a glob with
+ * one would match nothing it is ever asked about.
+ */
+export const modelGlob = z
+  .string()
+  .min(1)
+  .max(256)
+  .regex(/^[^\s,\x00-\x1f\x7f-\x9f]+$/, 'expected a model glob without commas, whitespace or control characters'); // eslint-disable-line no-control-regex
 const principalId = z.string().regex(idPattern, 'expected an id of letters, digits, and . _ @ -');
 const price = fraction.pipe(z.number().finite().nonnegative());
 
 const priceEntry = z.strictObject({
   /** anchored glob over the model name; `*` matches any run of characters */
-  match: z.string().min(1).max(256),
+  match: modelGlob,
   inputPerMillion: price,
   outputPerMillion: price,
 });

@@ -13,6 +13,13 @@ export class ApiError extends Error {
   }
 }
 
+/** 405 with the `Allow` header RFC 9110 asks for: the methods the path answers. */
+export class MethodNotAllowed extends ApiError {
+  constructor(readonly allow: readonly string[]) {
+    super(405, 'method_not_allowed', `method not allowed on this path; allowed: ${allow.join(', ')}`);
+  }
+}
+
 export const notFound = (what: string, id: string) => new ApiError(404, 'not_found', `${what} ${id} does not exist`);
 export const invalid = (message: string) => new ApiError(400, 'invalid_request', message);
 export const conflict = (message: string) => new ApiError(409, 'conflict', message);

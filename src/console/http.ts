@@ -6,7 +6,7 @@ import { createHash } from 'node:crypto';
 import type { IncomingMessage, ServerResponse } from 'node:http';
 import type { z } from 'zod';
 import type { ConsoleConfig } from './config.js';
-import { ApiError, invalid } from './errors.js';
+import { ApiError, MethodNotAllowed, invalid } from './errors.js';
 
 export type Principal = { role: 'admin' } | { role: 'user'; user: string } | { role: 'sync' };
 
@@ -47,7 +47,7 @@ export function sendJson(res: ServerResponse, status: number, body: unknown, ext
 }
 
 export function sendError(res: ServerResponse, err: ApiError): void {
-  const extra: Record<string, string> = err.status === 401 ? { 'www-authenticate': 'Bearer' } : {};
+  const extra: Record<string, string> = err.status === 401 ? { 'www-authenticate': 'Bearer' } : err instanceof MethodNotAllowed ? { allow: err.allow.join(', ') } : {};
   sendJson(res, err.status, { error: { code: err.code, message: err.message } }, extra);
 }
 
@@ -106,4 +106,17 @@ export function match(pattern: string, path: string): Record<string, string> | n
     }
   }
   return params;
+}
+
+/** An integer query parameter in plain digits (not `1e3`, `0x10` or ` 5`, which Number() would take), within bounds. */
+export function intParam(q: URLSearchParams, name: string, opts: { min: number; max: number; def?: number }): number {
+  const raw = q.get(name);
+  if (raw === null) {
+    if (opts.def !== undefined) return opts.def;
+    throw invalid(`${name} is required`);
+  }
+  if (!/^\d+$/.test(raw)) throw invalid(`${name} must be a non-negative integer`);
+  const n = Number(raw);
+  if (n < opts.min || n > opts.max) throw invalid(`${name} must be between ${opts.min} and ${opts.max}`);
+  return n;
 }

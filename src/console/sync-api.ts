@@ -6,8 +6,8 @@
 import type { IncomingMessage, ServerResponse } from 'node:http';
 import { CHANGES_PATH, SNAPSHOT_PATH, USAGE_PATH } from '../protocol/records.js';
 import { parseUsageLines } from '../protocol/usage.js';
-import { ApiError, invalid } from './errors.js';
-import { readBody, sendJson } from './http.js';
+import { ApiError, MethodNotAllowed } from './errors.js';
+import { intParam, readBody, sendJson } from './http.js';
 import type { LogSink } from '../log.js';
 import type { Pricer } from './pricing.js';
 import { streamSnapshot } from './snapshot.js';
@@ -25,18 +25,6 @@ export interface SyncContext {
   pricer: Pricer;
   maxUsageBytes: number;
   log: LogSink;
-}
-
-function intParam(q: URLSearchParams, name: string, opts: { min: number; max: number; def?: number }): number {
-  const raw = q.get(name);
-  if (raw === null) {
-    if (opts.def !== undefined) return opts.def;
-    throw invalid(`${name} is required`);
-  }
-  if (!/^\d+$/.test(raw)) throw invalid(`${name} must be a non-negative integer`);
-  const n = Number(raw);
-  if (n < opts.min || n > opts.max) throw invalid(`${name} must be between ${opts.min} and ${opts.max}`);
-  return n;
 }
 
 async function changes(c: SyncContext): Promise<void> {
@@ -81,7 +69,7 @@ export async function handleSync(c: SyncContext): Promise<void> {
   if (c.path === CHANGES_PATH && method === 'GET') return changes(c);
   if (c.path === USAGE_PATH && method === 'POST') return usage(c);
   if (c.path === SNAPSHOT_PATH || c.path === CHANGES_PATH || c.path === USAGE_PATH) {
-    throw new ApiError(405, 'method_not_allowed', 'method not allowed on this path');
+    throw new MethodNotAllowed([c.path === USAGE_PATH ? 'POST' : 'GET']);
   }
   throw new ApiError(404, 'not_found', 'no such endpoint');
 }

@@ -138,6 +138,20 @@ test('keys: update, delete tombstones and wipes the secret, rotate copies settin
   assert.equal((await fx.api('POST', '/admin/v1/keys', { body: { kind: 'team', project: 'nope' } })).status, 404);
   assert.equal((await fx.api('POST', '/admin/v1/keys', { body: { kind: 'team', project: 'p_rot', extra: 1 } })).status, 400);
   assert.equal((await fx.api('GET', '/admin/v1/keys/k_missing')).status, 404);
+  // A glob the sidecar could never be asked about (it refuses such model names) is refused here too.
+  for (const models of [['gpt 4o'], ['a,b'], ['\u0001x']]) {
+    assert.equal((await fx.api('POST', '/admin/v1/keys', { body: { kind: 'team', project: 'p_rot', models } })).status, 400, JSON.stringify(models));
+  }
+  assert.equal((await fx.api('POST', '/admin/v1/keys', { body: { kind: 'team', project: 'p_rot', modelLimits: [{ models: 'a b*', rpm: 1 }] } })).status, 400);
+  // Number() would take these; the query's integers are plain digits, as the sync API's are
+  for (const limit of ['1e2', '0x10', '%205']) assert.equal((await fx.api('GET', `/admin/v1/keys/${rot.body.key.id}/usage?limit=${limit}`)).status, 400, limit);
+  // 405 names what the path answers (RFC 9110)
+  const wrong = await fetch(`${fx.url}/admin/v1/keys`, { method: 'PUT', headers: { authorization: `Bearer ${fx.tokens.admin}` } });
+  assert.equal(wrong.status, 405);
+  assert.equal(wrong.headers.get('allow'), 'GET, POST');
+  const wrongSync = await fetch(`${fx.url}/sync/v1/usage`, { method: 'PUT', headers: { authorization: `Bearer ${fx.tokens.sync}` } });
+  assert.equal(wrongSync.status, 405);
+  assert.equal(wrongSync.headers.get('allow'), 'POST');
   // An amount the store would round to Infinity would reach every sidecar as null (a feed they refuse).
   assert.equal((await fx.api('PUT', '/admin/v1/wallets/rot', { body: { balance: 1e300 } })).status, 400);
   assert.equal((await fx.api('POST', '/admin/v1/wallets/rot/credit', { body: { amount: 1e300 } })).status, 400);
