@@ -60,7 +60,9 @@ export class WorkerScrapes implements Exposition {
 
   async metrics(): Promise<string> {
     if (this.retired.length > RETIRED_KEPT) await this.compact();
-    const fromWorkers = [...(await Promise.all([...this.o.workers()].map((w) => this.ask(w)))), ...this.retired];
+    // taken before the workers answer: a worker that answers and then exits is in this scrape once, live
+    const retired = [...this.retired];
+    const fromWorkers = [...(await Promise.all([...this.o.workers()].map((w) => this.ask(w)))), ...retired];
     const own = await this.o.own.getMetricsAsJSON();
     const parts = [own, ...fromWorkers.map((s) => s.metrics.filter((metric) => !PRIMARY_ONLY.test(metric.name)))];
     // The primary forwards nothing, so the decisions are the workers' alone.

@@ -22,7 +22,7 @@ export function configHash(bytes: Buffer | string): string {
 /** Values DESIGN section 2 gives as environment references, taken when a block leaves them out. */
 export const SIDECAR_ENV_DEFAULTS: readonly EnvDefault[] = [
   { block: 'console', key: 'token', variable: 'KEYWARD_SYNC_TOKEN' },
-  { block: 'keys', key: 'pepper', variable: 'KEYWARD_KEY_PEPPER' },
+  { block: 'keys', key: 'pepper', variable: 'KEYWARD_KEY_PEPPER', when: (keys) => keys.hash === 'hmac-sha256' },
 ];
 
 /** Reads and validates the file; throws ConfigError naming every problem. */

@@ -102,6 +102,8 @@ export interface EnvDefault {
   block: string;
   key: string;
   variable: string;
+  /** only for a block like this (e.g. a pepper only where the hash uses one) */
+  when?: (block: Record<string, unknown>) => boolean;
 }
 
 function applyEnvDefaults(doc: unknown, defaults: readonly EnvDefault[], env: NodeJS.ProcessEnv): void {
@@ -110,7 +112,8 @@ function applyEnvDefaults(doc: unknown, defaults: readonly EnvDefault[], env: No
     const block = (doc as Record<string, unknown>)[d.block];
     const value = env[d.variable];
     if (typeof block !== 'object' || block === null || Array.isArray(block) || value === undefined || value === '') continue;
-    if (!Object.hasOwn(block, d.key)) (block as Record<string, unknown>)[d.key] = value;
+    if (Object.hasOwn(block, d.key) || (d.when && !d.when(block as Record<string, unknown>))) continue;
+    (block as Record<string, unknown>)[d.key] = value;
   }
 }
 

@@ -132,6 +132,21 @@ describe('framing is preserved or refused', () => {
     assert.equal(JSON.parse(refused!.body.toString()).error.code, 'invalid_request');
   });
 
+  test('a parser refusal of a pipelined HEAD whose start line came with the request before has no body', async () => {
+    const socket = net.connect(h.sidecar.port, '127.0.0.1');
+    await once(socket, 'connect');
+    const chunks: Buffer[] = [];
+    socket.on('data', (c: Buffer) => chunks.push(c));
+    socket.write(`GET /v1/models HTTP/1.1\r\nHost: kw\r\nAuthorization: Bearer ${h.keys.k_ok}\r\n\r\nHEAD /v1/models HTTP/1.1\r\nHost: kw\r\n`);
+    while (parseResponses(Buffer.concat(chunks)).responses.length < 1) await once(socket, 'data');
+    const firstEnd = Buffer.concat(chunks).length;
+    socket.write('Bad Header Line\r\n\r\n');
+    await once(socket, 'close');
+    const second = Buffer.concat(chunks).toString('latin1', firstEnd);
+    assert.match(second, /^HTTP\/1\.1 400 /);
+    assert.equal(second.slice(second.indexOf('\r\n\r\n') + 4), '', 'nothing a HEAD client would read as the next response');
+  });
+
   test('a parser refusal of a HEAD request has no body', async () => {
     const ex = await rawExchange(h.sidecar.port, ['HEAD /v1/models HTTP/1.1\r\nHost: kw\r\nBad Header Line\r\n\r\n']);
     const text = ex.bytes.toString('latin1');

@@ -19,6 +19,11 @@ test('console.token and keys.pepper left out of their blocks come from the envir
   assert.equal(parse(MINIMAL, { KEYWARD_SYNC_TOKEN: 'tok-1' }).console, undefined);
 });
 
+test('KEYWARD_KEY_PEPPER is taken only where the hash uses a pepper', () => {
+  const c = parse(`${MINIMAL}keys: { hash: sha256, format: any }\n`, { KEYWARD_KEY_PEPPER: 'short' });
+  assert.equal(c.keys.pepper, undefined);
+});
+
 test('without the file\'s value or the variable, the problem says what is required', () => {
   const list = problems(`${MINIMAL}console: { url: http://127.0.0.1:7000 }\nkeys: { hash: hmac-sha256 }\n`);
   hasProblem(list, 'console.token', /required.*KEYWARD_SYNC_TOKEN/);

@@ -93,6 +93,7 @@ const ROWS: [name: string, body: string, want: Want][] = [
   ['a model name with whitespace', '{"model":"gpt-4o o1"}', { error: /whitespace/ }],
   ['a fallbacks entry with a control character', '{"model":"a","fallbacks":["b\\u0000c"]}', { error: /control/ }],
   ['object fallbacks: a model key stands for its value', '{"model":"a","fallbacks":[{"model":"b"},{"models":["c"]}]}', { model: 'a', models: ['b', 'c'] }],
+  ['a fallback override: its messages are no model names', '{"model":"a","fallbacks":[{"model":"b","messages":[{"role":"user","content":"Hey, how is it going?"}]}]}', { model: 'a', models: ['b'] }],
   ['fallbacks nested past 32 deep', `{"model":"a","fallbacks":${'['.repeat(40)}"b"${']'.repeat(40)}}`, { error: /nested/ }],
   ['fallbacks nested 5000 deep are refused, not a crash', `{"model":"a","fallbacks":${'['.repeat(5000)}${']'.repeat(5000)}}`, { error: /nested/ }],
   ['more than 1000 further models', `{"model":"a","models":${JSON.stringify(Array(1001).fill('a'))}}`, { error: /too many/ }],

@@ -9,15 +9,17 @@ import type { Worker } from 'node:cluster';
 import { Counter, Registry } from 'prom-client';
 import { WorkerScrapes } from '../../src/app/worker-scrapes.js';
 
-/** A worker whose registry counts `n` requests; it answers each scrape at once. */
-function fakeWorker(id: number, n: number, scrapes: () => WorkerScrapes): Worker {
+/** A worker whose registry counts `n` requests; it answers each scrape once `gate` (if any) opens. */
+function fakeWorker(id: number, n: number, scrapes: () => WorkerScrapes, gate: () => Promise<void> = () => Promise.resolve()): Worker {
   const registry = new Registry();
   new Counter({ name: 'keyward_requests_total', help: 'h', registers: [registry] }).inc(n);
   return {
     id,
     isConnected: () => true,
     send(msg: { id: number }, cb: (err: Error | null) => void) {
-      void registry.getMetricsAsJSON().then((metrics) => scrapes().answered(msg.id, { metrics: metrics as never, decisions: [] }));
+      void gate()
+        .then(() => registry.getMetricsAsJSON())
+        .then((metrics) => scrapes().answered(msg.id, { metrics: metrics as never, decisions: [] }));
       cb(null);
       return true;
     },
@@ -41,4 +43,23 @@ test('workers that exited stay in the totals as last scraped, also once added up
   // a worker never scraped before it exited leaves nothing, and takes nothing away
   scrapes.retire(99);
   assert.equal(total(await scrapes.metrics()), counted);
+});
+
+test('a worker that answers a scrape and exits before the others answer is counted once in it', async () => {
+  const live = new Map<number, Worker>();
+  const scrapes: WorkerScrapes = new WorkerScrapes({ own: new Registry(), workers: () => live.values() });
+  let open: () => void = () => {};
+  let slow = false;
+  live.set(1, fakeWorker(1, 10, () => scrapes));
+  live.set(2, fakeWorker(2, 100, () => scrapes, () => (slow ? new Promise<void>((r) => (open = r)) : Promise.resolve())));
+  assert.equal(total(await scrapes.metrics()), 110);
+  slow = true;
+  const during = scrapes.metrics();
+  await new Promise((r) => setImmediate(r)); // worker 1 has answered, worker 2 not yet
+  live.delete(1);
+  scrapes.retire(1);
+  open();
+  assert.equal(total(await during), 110);
+  slow = false;
+  assert.equal(total(await scrapes.metrics()), 110);
 });

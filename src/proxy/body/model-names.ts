@@ -17,14 +17,29 @@ const MAX_DEPTH = 32;
  */
 const NOT_A_NAME = /[\s,\x00-\x1f\x7f-\x9f]/; // eslint-disable-line no-control-regex
 
-/** Keys inside a `fallbacks` entry whose values are models, not models themselves. */
-const isModelKey = (k: string): boolean => k === 'model' || k === 'models';
+/**
+ * What of an object inside a `models`/`fallbacks` value names models. An object with a
+ * `model` or `models` key is a whole request's override (LiteLLM's per-fallback `model` and
+ * `messages`): only those values are models, and its prose is not. Any other object maps
+ * models to models (`{"gpt-4o": ["o1"]}`): its keys and values all are.
+ */
+function modelEntries(x: object): [string | null, unknown][] {
+  if (Array.isArray(x)) return x.map((e): [string | null, unknown] => [null, e]);
+  const o = x as Record<string, unknown>;
+  if (Object.hasOwn(o, 'model') || Object.hasOwn(o, 'models')) {
+    const out: [string | null, unknown][] = [];
+    if (Object.hasOwn(o, 'model')) out.push([null, o.model]);
+    if (Object.hasOwn(o, 'models')) out.push([null, o.models]);
+    return out;
+  }
+  return Object.entries(o);
+}
 
 /**
- * Every string and object key inside `v` (a `models`/`fallbacks` value), depth first; a
- * `model`/`models` key stands for its value only. Walks with its own stack: a value nested
- * past MAX_DEPTH is refused (false), and no input can exhaust the call stack. Stops
- * collecting past MAX_EXTRA_MODELS (the caller refuses that many).
+ * Every model name inside `v` (a `models`/`fallbacks` value), depth first (see
+ * modelEntries). Walks with its own stack: a value nested past MAX_DEPTH is refused
+ * (false), and no input can exhaust the call stack. Stops collecting past
+ * MAX_EXTRA_MODELS (the caller refuses that many).
  */
 export function collectModels(v: unknown, out: string[]): boolean {
   const stack: [unknown, number][] = [[v, 0]];
@@ -34,11 +49,11 @@ export function collectModels(v: unknown, out: string[]): boolean {
     else if (typeof x === 'object' && x !== null) {
       if (depth >= MAX_DEPTH) return false;
       // pushed in reverse, so they are taken in their order
-      const entries = Array.isArray(x) ? x.map((e): [string | null, unknown] => [null, e]) : Object.entries(x);
+      const entries = modelEntries(x);
       for (let i = entries.length - 1; i >= 0; i--) {
         const [k, e] = entries[i]!;
         stack.push([e, depth + 1]);
-        if (k !== null && !isModelKey(k)) stack.push([k, depth + 1]);
+        if (k !== null) stack.push([k, depth + 1]);
       }
     }
   }

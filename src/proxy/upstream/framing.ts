@@ -27,18 +27,23 @@ export function unforwardableCoding(te: string | undefined): boolean {
  * The method is only known for sure when the failing packet is everything the connection
  * sent after its last answered request (`answeredAt`: the socket's bytesRead when that
  * answer closed; 0 on a new connection); otherwise the start line may lie in an earlier
- * packet, so: maybe HEAD. Within the packet, only a line that starts `HEAD ` can be a
- * HEAD's start line (a header named `X-HEAD-Fold` is not one).
+ * packet, so: maybe HEAD. On a reused connection the packet must also begin with a start
+ * line: a client that pipelined may have sent part of the next request with the last one,
+ * before that answer. Within the packet, only a line that starts `HEAD ` can be a HEAD's
+ * start line (a header named `X-HEAD-Fold` is not one).
  */
 export function parserRefusalMayBeHead(err: NodeJS.ErrnoException & { rawPacket?: unknown }, socket: Duplex, answeredAt = 0): boolean {
   const raw = err.rawPacket;
   if (!Buffer.isBuffer(raw)) return true;
   const bytesRead = (socket as Duplex & { bytesRead?: number }).bytesRead;
   if (bytesRead !== answeredAt + raw.length) return true;
-  return HEAD_LINE.test(raw.toString('latin1'));
+  const text = raw.toString('latin1');
+  if (answeredAt > 0 && !START_LINE.test(text)) return true;
+  return HEAD_LINE.test(text);
 }
 
 const HEAD_LINE = /(?:^|\n)HEAD /;
+const START_LINE = /^[!#$%&'*+.^_`|~0-9A-Za-z-]+ \S+ HTTP\/1\.[01]\r?\n/;
 
 /**
  * Answers a request the HTTP parser refused. `current` is the last request seen on the
