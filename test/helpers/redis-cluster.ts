@@ -16,8 +16,11 @@ export interface LocalCluster {
   url: string;
   /** `redis-cli -p port ...`, stdout. */
   cli(port: number, ...args: string[]): Promise<string>;
-  /** Port of the master serving `slot`, as the live nodes see it (null while none does). */
-  masterOf(slot: number): Promise<number | null>;
+  /**
+   * Port of the master serving `slot`, as the live nodes see it (null while none does);
+   * with `via`, as that node alone sees it (a node that hangs would stall each ask 5 s).
+   */
+  masterOf(slot: number, via?: number): Promise<number | null>;
   /** Slot of a key, computed by the cluster itself. */
   keySlot(key: string): Promise<number>;
   /** True when every live node reports cluster_state:ok and all 16384 slots served. */
@@ -49,9 +52,9 @@ export async function startRedisCluster(arg: number | ClusterOptions = {}): Prom
     (await execFileP(REDIS_CLI, ['-p', String(port), ...args], { timeout: 5_000 })).stdout;
   const alive = (): ClusterNode[] => nodes.filter((n) => n.server.proc.exitCode === null && n.server.proc.signalCode === null);
 
-  const masterOf = async (slot: number): Promise<number | null> => {
-    for (const n of alive()) {
-      const nodesOut = await cli(n.port, 'cluster', 'nodes').catch(() => '');
+  const masterOf = async (slot: number, via?: number): Promise<number | null> => {
+    for (const port of via === undefined ? alive().map((n) => n.port) : [via]) {
+      const nodesOut = await cli(port, 'cluster', 'nodes').catch(() => '');
       if (!nodesOut) continue;
       for (const line of nodesOut.split('\n')) {
         const f = line.split(' ');

@@ -172,21 +172,27 @@ test('a console answering changes with an older version at once is not polled in
   assert.equal(replica.status().ready, true, 'the snapshot still serves');
 });
 
-test('console.waitMs 0 polls twice a second, not in a loop, and a deleted key still applies within a second', async () => {
-  let changeCalls = 0;
+/** A sync client into a new replica named `name`, counting its change polls; it is stopped and closed after the file. */
+async function countingClient(name: string, opts: { waitMs: number; now?: () => number }) {
+  let polls = 0;
   const counted: typeof fetch = async (input, init) => {
-    if (String(input).includes('/sync/v1/changes')) changeCalls++;
+    if (String(input).includes('/sync/v1/changes')) polls++;
     return fetch(input, init);
   };
-  const replica = new ReplicaStore({ path: join(dir, 'short-poll.sqlite') });
+  const replica = new ReplicaStore({ path: join(dir, `${name}.sqlite`) });
   replicas.push(replica);
-  const client = createSyncClient({ url: fx.url, token: fx.tokens.sync, waitMs: 0, target: replicaWriter(replica), fetch: counted });
+  const client = createSyncClient({ url: fx.url, token: fx.tokens.sync, target: replicaWriter(replica), fetch: counted, ...opts });
   clients.push(client);
   await client.start();
-  assert.ok(await until(() => changeCalls > 0), 'the client polls after its snapshot');
-  const from = changeCalls;
+  return { replica, client, polls: () => polls };
+}
+
+test('console.waitMs 0 polls twice a second, not in a loop, and a deleted key still applies within a second', async () => {
+  const { replica, polls } = await countingClient('short-poll', { waitMs: 0 });
+  assert.ok(await until(() => polls() > 0), 'the client polls after its snapshot');
+  const from = polls();
   await new Promise((r) => setTimeout(r, 1000)); // a rate: calls per second of wall time
-  assert.ok(changeCalls - from <= 3, `${changeCalls - from} change polls in a second`);
+  assert.ok(polls() - from <= 3, `${polls() - from} change polls in a second`);
   const v0 = replica.status().version ?? 0;
   const created = (await fx.api('POST', '/admin/v1/keys', { body: { kind: 'personal', user: 'short-poll' } })).body;
   assert.ok(await until(() => (replica.status().version ?? 0) > v0, 2_000), 'the new key applied');
@@ -197,17 +203,8 @@ test('console.waitMs 0 polls twice a second, not in a loop, and a deleted key st
 
 test('a long poll held open keeps the replica current: its lag does not climb toward waitMs', async () => {
   let clock = 1_000_000;
-  let changeCalls = 0;
-  const counted: typeof fetch = async (input, init) => {
-    if (String(input).includes('/sync/v1/changes')) changeCalls++;
-    return fetch(input, init);
-  };
-  const replica = new ReplicaStore({ path: join(dir, 'held-poll.sqlite') });
-  replicas.push(replica);
-  const client = createSyncClient({ url: fx.url, token: fx.tokens.sync, waitMs: 20_000, target: replicaWriter(replica), fetch: counted, now: () => clock });
-  clients.push(client);
-  await client.start();
-  assert.ok(await until(() => changeCalls > 0), 'a long poll is sent');
+  const { client, polls } = await countingClient('held-poll', { waitMs: 20_000, now: () => clock });
+  assert.ok(await until(() => polls() > 0), 'a long poll is sent');
   const synced = client.status().lastSyncAt!;
   clock += 15_000; // well into the poll, which the console holds: nothing new
   assert.equal(client.status().currentAsOf, clock);

@@ -80,22 +80,28 @@ describe('upstream failures', () => {
   });
 });
 
+/** An upstream whose stream sends one event, then waits for `release` and ends with `last`; a sidecar in front, and a stream through it open. */
+async function openStream(last: string) {
+  let release!: () => void;
+  const gate = new Promise<void>((r) => (release = r));
+  const up = await startFakeUpstream(async (_req, res) => {
+    res.writeHead(200, { 'content-type': 'text/event-stream' });
+    res.write('data: 1\n\n');
+    await gate;
+    res.end(last);
+  });
+  const h = await startHarness({ upstream: up.url, keys: { k: {} } });
+  const u = new URL(h.url);
+  const req = http.request({ host: u.hostname, port: u.port, method: 'POST', path: '/v1/chat/completions', headers: { ...bearer(h.keys.k!), 'content-type': 'application/json' } });
+  req.end('{"model":"m","stream":true}');
+  const [res] = (await once(req, 'response')) as [http.IncomingMessage];
+  await once(res, 'data');
+  return { up, h, req, res, release };
+}
+
 describe('shutdown', () => {
   test('close() lets an in-flight stream finish, then stops accepting', async () => {
-    let release!: () => void;
-    const gate = new Promise<void>((r) => (release = r));
-    const up = await startFakeUpstream(async (_req, res) => {
-      res.writeHead(200, { 'content-type': 'text/event-stream' });
-      res.write('data: 1\n\n');
-      await gate;
-      res.end('data: [DONE]\n\n');
-    });
-    const h = await startHarness({ upstream: up.url, keys: { k: {} } });
-    const u = new URL(h.url);
-    const req = http.request({ host: u.hostname, port: u.port, method: 'POST', path: '/v1/chat/completions', headers: { ...bearer(h.keys.k!), 'content-type': 'application/json' } });
-    req.end('{"model":"m","stream":true}');
-    const [res] = (await once(req, 'response')) as [http.IncomingMessage];
-    await once(res, 'data');
+    const { up, h, res, release } = await openStream('data: [DONE]\n\n');
     const admin = `http://127.0.0.1:${h.sidecar.adminPort}`;
     const closing = h.sidecar.close({ graceMs: 5000 });
     assert.equal((await send(admin, { path: '/readyz' })).status, 503, 'draining is not ready');
@@ -111,21 +117,8 @@ describe('shutdown', () => {
   });
 
   test('a stream still in flight when the grace ends is cut by the sidecar: one shutdown line, no upstream failure', async () => {
-    let release!: () => void;
-    const gate = new Promise<void>((r) => (release = r));
-    const up = await startFakeUpstream(async (_req, res) => {
-      res.writeHead(200, { 'content-type': 'text/event-stream' });
-      res.write('data: 1\n\n');
-      await gate;
-      res.end();
-    });
-    const h = await startHarness({ upstream: up.url, keys: { k: {} } });
+    const { up, h, req, res, release } = await openStream('');
     try {
-      const u = new URL(h.url);
-      const req = http.request({ host: u.hostname, port: u.port, method: 'POST', path: '/v1/chat/completions', headers: { ...bearer(h.keys.k!), 'content-type': 'application/json' } });
-      req.end('{"model":"m","stream":true}');
-      const [res] = (await once(req, 'response')) as [http.IncomingMessage];
-      await once(res, 'data');
       // the sidecar cuts it: both ends of the client's call see the reset
       res.on('error', () => {});
       req.on('error', () => {});

@@ -12,11 +12,10 @@ import { randomBytes } from 'node:crypto';
 import { after, before, test } from 'node:test';
 import { hashSlot } from '../../src/limits/redis/hash-slot.js';
 import { type Sample, chatRequest, percentile, printFigures, startLoad, trackLastChange } from '../helpers/load.js';
-import { type LocalCluster, startRedisCluster } from '../helpers/redis-cluster.js';
+import { type ClusterPair, startClusterPair } from '../helpers/cluster-pair.js';
+import type { LocalCluster } from '../helpers/redis-cluster.js';
 import { waitFor } from '../helpers/redis-server.js';
-import { type Harness, type KeySpec, startHarness } from '../helpers/sidecar.js';
-import { type FakeUpstream, startFakeUpstream } from '../helpers/upstream.js';
-import { generateKey } from '../../src/auth/keyformat.js';
+import type { Harness } from '../helpers/sidecar.js';
 
 const TIMEOUT_MS = 100;
 const NODE_TIMEOUT_MS = 2_000;
@@ -24,54 +23,32 @@ const NODE_TIMEOUT_MS = 2_000;
 const KEYS_PER_MASTER = 18;
 const prefix = `kws${randomBytes(3).toString('hex')}`;
 
+let pair: ClusterPair;
 let cluster: LocalCluster;
-let up: FakeUpstream;
 let a: Harness;
 let b: Harness;
-const agent = new http.Agent({ keepAlive: true, maxSockets: Infinity });
-
+let agent: http.Agent;
 /** Key ids by the port of the master that serves them. */
-const byMaster = new Map<number, string[]>();
-const specs: Record<string, KeySpec> = {};
+let byMaster: Map<number, string[]>;
 
 before(async () => {
-  cluster = await startRedisCluster({ masters: 3, replicas: 1, fullCoverage: false, nodeTimeoutMs: NODE_TIMEOUT_MS });
-  up = await startFakeUpstream((_q, res) => {
-    res.writeHead(200, { 'content-type': 'application/json' });
-    res.end(JSON.stringify({ id: 'x', usage: { prompt_tokens: 5, completion_tokens: 5, total_tokens: 10 } }));
+  // Per master: 8 keys for the load, then one for each burst below (the rest are the
+  // candidates spendThreeInRedis may pass over).
+  pair = await startClusterPair({
+    prefix,
+    nodeTimeoutMs: NODE_TIMEOUT_MS,
+    timeoutMs: TIMEOUT_MS,
+    keysPerMaster: KEYS_PER_MASTER,
+    spec: (i) => (i < 8 ? { rpm: 1_000_000, concurrency: 50 } : { rpm: 5 }),
   });
-  for (let i = 0; byMaster.size < 3 || [...byMaster.values()].some((ks) => ks.length < KEYS_PER_MASTER); i++) {
-    const id = `k${i}`;
-    const port = await cluster.masterOf(hashSlot(`{${prefix}:k:${id}}`));
-    assert.ok(port, 'every slot has a master');
-    const list = byMaster.get(port) ?? [];
-    byMaster.set(port, list);
-    if (list.length < KEYS_PER_MASTER) list.push(id);
-  }
-  for (const ids of byMaster.values()) {
-    // Per master: 8 keys for the load, then one for each burst below (the rest are the
-    // candidates spendThreeInRedis may pass over).
-    ids.forEach((id, i) => (specs[id] = { secret: generateKey(), ...(i < 8 ? { rpm: 1_000_000, concurrency: 50 } : { rpm: 5 }) }));
-  }
-  const config = { redis: { url: cluster.url, prefix, timeoutMs: TIMEOUT_MS, onError: 'open' }, logging: { level: 'warn' } };
-  a = await startHarness({ upstream: up.url, keys: specs, config });
-  b = await startHarness({ upstream: up.url, keys: specs, config });
+  ({ cluster, a, b, agent, byMaster } = pair);
 });
 after(async () => {
-  agent.destroy();
-  await Promise.all([a?.close(), b?.close()]);
-  await up?.close();
-  await cluster?.stop();
+  await pair?.close();
 });
 
-/** Sends `n` requests at once, alternating between the two sidecars; returns how many were admitted. */
-async function burst(id: string, n: number): Promise<number> {
-  const rs = await Promise.all(Array.from({ length: n }, (_, i) => chatRequest((i % 2 ? a : b).url, a.keys[id]!, agent)));
-  for (const r of rs) assert.ok(r.status === 200 || r.headers['x-keyward-error'] === 'rpm_exceeded', `unexpected ${r.status}`);
-  return rs.filter((r) => r.status === 200).length;
-}
-
-const failOpen = (): number => a.sidecar.limiter.stats().failOpenAdmissions + b.sidecar.limiter.stats().failOpenAdmissions;
+const burst = (id: string, n: number): Promise<number> => pair.burst(id, n);
+const failOpen = (): number => pair.failOpen();
 
 test('a master killed under load: answers stay fast, healthy shards stay exact, the promoted replica is used at once', { timeout: 60_000 }, async (t) => {
   const [dead, ...healthy] = [...byMaster.keys()];

@@ -13,7 +13,6 @@ import type { Readable, Stream, Writable } from 'node:stream';
 import type { BodySource } from '../body/read.js';
 import { createProxyServer } from 'http-proxy-3';
 import { noteKeepAlive } from './agent.js';
-import { framingProblem } from './framing.js';
 import { outgoingHeaders } from './header-lines.js';
 import { needsLines, sendLineByLine } from './line-by-line.js';
 import { relay, ResponseHead, responseDrops, type BodyWatcher } from './relay.js';
@@ -167,11 +166,6 @@ export function createForwarder(opts: ForwarderOptions): Forwarder {
     },
     forward(req, res, { targets, upstream, body, hooks, traceparent }) {
       const target = targets.get(upstream);
-      const framing = framingProblem(req);
-      if (framing) {
-        hooks.onFailure(res, 'rejected', Object.assign(new Error(framing), { code: 'KW_BODY_REJECTED' }));
-        return { abort() {} };
-      }
       (res as HookedResponse)[HOOKS] = hooks;
       if (traceparent) (res as HookedResponse)[TRACEPARENT] = traceparent;
       const tracked = new TrackedSource(req, body);

@@ -8,15 +8,11 @@ import type { Duplex } from 'node:stream';
 import { deny, renderError, type Denial, type ErrorStyle } from '../../errors.js';
 
 /**
- * Why the request's framing cannot be forwarded as received, or null. Node accepts a
- * transfer-coding list that ends in chunked (`gzip, chunked`); the upstream would decode
- * the other codings and read a body no one checked, so only plain `chunked` passes.
+ * Whether a request's Transfer-Encoding value is one keyward does not forward. Node accepts
+ * a transfer-coding list that ends in chunked (`gzip, chunked`); the upstream would decode
+ * the other codings and read a body no one checked, so only plain `chunked` passes. Checked
+ * before the decision (preflight.ts), so such a request takes from no limit.
  */
-export function framingProblem(req: IncomingMessage): string | null {
-  return unforwardableCoding(req.headers['transfer-encoding']) ? deny('invalid_request', { variant: 'transfer_coding' }).message : null;
-}
-
-/** Whether a request's Transfer-Encoding value is one keyward does not forward (see framingProblem). */
 export function unforwardableCoding(te: string | undefined): boolean {
   return te !== undefined && te.trim().toLowerCase() !== 'chunked';
 }
