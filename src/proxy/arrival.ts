@@ -7,6 +7,7 @@ import type { Socket } from 'node:net';
 import { clientAddress, type Cidr } from '../policy/network.js';
 import { readModelBody, type BodyResult, type ReadOptions } from './body/read.js';
 import { openUpload, type UploadResult } from './body/upload.js';
+import type { KeyMemo } from '../auth/hash.js';
 import type { RequestInput } from './pipeline.js';
 
 /** Every X-Forwarded-For line, in order (Node joins them, but only for headers it knows to join). */
@@ -57,6 +58,7 @@ export class Arrival implements RequestInput {
   readonly url: string;
   readonly rawHeaders: readonly string[];
   readonly clientIp: string | null;
+  readonly keyMemo: KeyMemo;
   readonly expectContinue: boolean;
   private readonly req: IncomingMessage;
   private readonly res: ServerResponse;
@@ -69,11 +71,12 @@ export class Arrival implements RequestInput {
   /** pauses the connection again while reading is held */
   private repause: (() => void) | null = null;
 
-  constructor(o: { req: IncomingMessage; res: ServerResponse; expectContinue: boolean; clientIp: string | null; method: string }) {
+  constructor(o: { req: IncomingMessage; res: ServerResponse; expectContinue: boolean; clientIp: string | null; method: string; keyMemo: KeyMemo }) {
     this.req = o.req;
     this.res = o.res;
     this.expectContinue = o.expectContinue;
     this.clientIp = o.clientIp;
+    this.keyMemo = o.keyMemo;
     this.method = o.method;
     this.url = o.req.url ?? '/';
     this.rawHeaders = o.req.rawHeaders;

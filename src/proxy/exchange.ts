@@ -8,6 +8,7 @@ import type { IncomingMessage, ServerResponse } from 'node:http';
 import type { Duplex } from 'node:stream';
 import { Socket } from 'node:net';
 import { performance } from 'node:perf_hooks';
+import { newKeyMemo, type KeyMemo } from '../auth/hash.js';
 import { deny } from '../errors.js';
 import { watchBodyIdle } from './body/idle.js';
 import { Arrival, clientIpOf } from './arrival.js';
@@ -32,7 +33,9 @@ export type { ExchangeDeps, Exchanges, Expectation };
 const CURRENT = Symbol('keyward.currentRequest');
 /** The socket's bytesRead when its last complete request's response closed. */
 const ANSWERED_AT = Symbol('keyward.answeredAt');
-type TrackedSocket = Duplex & { [CURRENT]?: ServerResponse; [ANSWERED_AT]?: number; bytesRead?: number };
+/** The connection's last key and its hash (auth/hash.ts). */
+const KEY_MEMO = Symbol('keyward.keyMemo');
+type TrackedSocket = Duplex & { [CURRENT]?: ServerResponse; [ANSWERED_AT]?: number; [KEY_MEMO]?: KeyMemo; bytesRead?: number };
 
 /** The request's context on its response, for the shared 'close' listener. */
 const CONTEXT = Symbol('keyward.context');
@@ -85,7 +88,8 @@ class ExchangeTable implements Exchanges, ForwardHooks {
     res.on('close', this.onResponseClose);
     // Not a header: headers set ahead would make the forwarder's one-shot head merge into them.
     if (this.draining) res.shouldKeepAlive = false;
-    const arrival = new Arrival({ req, res, expectContinue: expect === 'continue', clientIp, method: ctx.method });
+    const keyMemo = ((req.socket as TrackedSocket)[KEY_MEMO] ??= newKeyMemo());
+    const arrival = new Arrival({ req, res, expectContinue: expect === 'continue', clientIp, method: ctx.method, keyMemo });
     ctx.arrival = arrival;
     arrival.holdIfStillPending();
     // The client may be holding its body back, or sending it anyway: the connection closes after the 417.

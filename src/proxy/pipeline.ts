@@ -7,7 +7,7 @@
  */
 import { extractCredential, unknownKeyDenial } from '../auth/credentials.js';
 import { isWellFormedKey } from '../auth/keyformat.js';
-import type { KeyHasher } from '../auth/hash.js';
+import { hashRemembered, type KeyHasher, type KeyMemo } from '../auth/hash.js';
 import { deny, type Denial, type ErrorStyle } from '../errors.js';
 import { hasAnyLimit, isLimited, NO_QUOTA, type AdmitInput, type Hold, type Lease, type Limiter, type Quota } from '../limits/limiter.js';
 import { admitShadowed, holdShadowed } from '../limits/shadow.js';
@@ -47,6 +47,8 @@ export interface RequestInput {
   rawHeaders: readonly string[];
   /** the client's address (DESIGN section 4), null when it cannot be told */
   clientIp: string | null;
+  /** the connection's last key and its hash (none: the key is hashed) */
+  keyMemo?: KeyMemo;
   /** step 6: reads the model body (called at most once, only on model routes) */
   readBody: (opts: ReadOptions) => Promise<BodyResult>;
   /** files routes: checks the body's declared size and wraps it to be counted as it streams */
@@ -124,7 +126,7 @@ function authenticate(input: RequestInput, deps: PipelineDeps, snap: Snapshot, s
   const cred = extractCredential(input.rawHeaders, route.credentials);
   if (!cred.ok) return cred.denial;
   const key = cred.key;
-  const facts = deps.keyFormat === 'keyward' && !isWellFormedKey(key) ? null : deps.lookup(deps.hashKey(key));
+  const facts = deps.keyFormat === 'keyward' && !isWellFormedKey(key) ? null : deps.lookup(hashRemembered(deps.hashKey, key, input.keyMemo));
   seen.facts = facts;
   return (
     checkKey(facts, () => unknownKeyDenial(key)) ??

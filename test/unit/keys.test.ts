@@ -2,7 +2,7 @@ import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { createHash, createHmac, randomBytes } from 'node:crypto';
 import { crc32, generateKey, isWellFormedKey, KEY_PREFIX } from '../../src/auth/keyformat.js';
-import { makeKeyHasher } from '../../src/auth/hash.js';
+import { hashRemembered, makeKeyHasher, newKeyMemo } from '../../src/auth/hash.js';
 
 const SHAPE = /^kw_[0-9A-Za-z]{43}_[0-9A-Za-z]{6}$/;
 const ALNUM = '0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz';
@@ -140,4 +140,23 @@ test('hmac-sha256 needs a pepper', () => {
   assert.throws(() => makeKeyHasher({ hash: 'hmac-sha256' }), /pepper/);
   assert.throws(() => makeKeyHasher({ hash: 'hmac-sha256', pepper: undefined }), /pepper/);
   assert.throws(() => makeKeyHasher({ hash: 'hmac-sha256', pepper: '' }), /pepper/);
+});
+
+test('a connection memo hashes a key once while it repeats, and again for any other key', () => {
+  const plain = makeKeyHasher({ hash: 'sha256' });
+  const hashed: string[] = [];
+  const counting = (key: string) => {
+    hashed.push(key);
+    return plain(key);
+  };
+  const memo = newKeyMemo();
+  const keys = ['sk-a', 'sk-a', 'sk-a', 'sk-b', 'sk-a', 'sk-a', 'sk-a\u0000', 'sk-a'];
+  const hashes = keys.map((k) => hashRemembered(counting, k, memo));
+  assert.deepEqual(hashes, keys.map(plain));
+  assert.deepEqual(hashed, ['sk-a', 'sk-b', 'sk-a', 'sk-a\u0000', 'sk-a']);
+  // Without a memo (a caller with no connection) every key is hashed.
+  hashed.length = 0;
+  hashRemembered(counting, 'sk-a', undefined);
+  hashRemembered(counting, 'sk-a', undefined);
+  assert.equal(hashed.length, 2);
 });
