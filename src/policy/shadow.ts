@@ -37,6 +37,13 @@ const BUDGET_CODES: ReadonlySet<string> = new Set(['key_budget_exhausted', 'proj
 /** Whether shadowed checks of steps 6 to 8 (not budgets) have recorded codes. */
 export const hasLaterStepCodes = (codes: readonly string[]): boolean => codes.some((c) => !BUDGET_CODES.has(c));
 
+/** Leaves only step 5's codes: the request was refused at step 5, before the others' steps. */
+export function dropLaterStepCodes(codes: string[]): void {
+  let kept = 0;
+  for (const c of codes) if (BUDGET_CODES.has(c)) codes[kept++] = c;
+  codes.length = kept;
+}
+
 /**
  * Adds the code of a budget found exhausted by its live ledger after later steps have
  * recorded theirs: step 5 comes before them, so it goes before the first code that is not

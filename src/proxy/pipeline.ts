@@ -17,7 +17,7 @@ import { costOf, priceName, type Price } from '../policy/pricing.js';
 import { checkNetwork, looksLikeBrowser } from '../policy/network.js';
 import { promptTokens, type Estimate } from '../policy/estimate.js';
 import type { KeyFacts } from '../policy/facts.js';
-import { hasLaterStepCodes, isShadowed, shadowSet, type ShadowSet } from '../policy/shadow.js';
+import { dropLaterStepCodes, hasLaterStepCodes, isShadowed, shadowSet, type ShadowSet } from '../policy/shadow.js';
 import { classify, type Route } from '../routes.js';
 import type { BodyResult, BodySource, ReadOptions } from './body/read.js';
 import type { UploadResult } from './body/upload.js';
@@ -226,6 +226,20 @@ function liveBudget(deps: PipelineDeps, o: { snap: Snapshot; admitted: Allow['se
   return liveBudgetDenial(deps.limiter, { facts, requestId: o.requestId, shadowed, codes: o.admitted.shadow });
 }
 
+/**
+ * Step 9 refused the hold while shadowed checks of steps 6 to 8 recorded codes: when the
+ * live ledger shows a budget spent before this request's cost, step 5 refused it, which
+ * those steps come after, so their codes go (enforcing them would have changed nothing).
+ * Null: the request's own cost is what did not fit, and the codes stand.
+ */
+async function spentBeforeLaterSteps(deps: PipelineDeps, o: { snap: Snapshot; admitted: Allow['seen']; requestId: string }): Promise<Denial | null> {
+  const codes = o.admitted.shadow;
+  if (!hasLaterStepCodes(codes)) return null;
+  const spent = await liveBudget(deps, o);
+  if (spent !== null) dropLaterStepCodes(codes);
+  return spent;
+}
+
 /** Decides `input` under the settings of `snap`, the snapshot the request arrived under. */
 export const newSeen = (): Seen => ({ route: null, facts: null, upstream: null, model: null, shadow: [] });
 
@@ -284,7 +298,8 @@ export async function decide(input: RequestInput, deps: PipelineDeps, snap: Snap
   const held = await holdShadowed(deps.limiter, { requestId, tag, holders, amount: metered ? costOf(price, { input: estimate.prompt, output: estimate.output }) : 0 }, shadow);
   if (!held.ok) {
     lease?.cancel(); // refused before forwarding: the admission took nothing
-    return denied(seen, held.code === 'limits_unavailable' ? deny(held.code, { retryAfterMs: held.retryAfterMs }) : deny(held.code));
+    if (held.code === 'limits_unavailable') return denied(seen, deny(held.code, { retryAfterMs: held.retryAfterMs }));
+    return denied(seen, (await spentBeforeLaterSteps(deps, { snap, admitted, requestId })) ?? deny(held.code));
   }
   if (metered) return allowed(admitted, { body, bodyRead, lease, quota, hold: held.hold, price, tokens, estimate, metered });
   held.hold.settle(0);

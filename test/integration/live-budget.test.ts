@@ -47,6 +47,8 @@ for (const variant of VARIANTS) {
         keys: { k_team: { kind: 'team', project: 'p_1', budget: 1000, spent: 0 }, k_rpm: { kind: 'team', project: 'p_1', budget: 1, spent: 0, rpm: 2 }, k_order: { kind: 'team', project: 'p_1', budget: 1000, spent: 0, rpm: 1 },
           k_sh_both: { kind: 'team', project: 'p_1', budget: 1000, spent: 0, rpm: 1, shadow: ['budget', 'rpm'] },
           k_sh_budget: { kind: 'team', project: 'p_1', budget: 1000, spent: 0, rpm: 1, shadow: ['budget'] },
+          k_sh_rpm: { kind: 'team', project: 'p_1', budget: 1000, spent: 0, rpm: 1, shadow: ['rpm'] },
+          k_sh_rpm_small: { kind: 'team', project: 'p_1', budget: 1, spent: 0, rpm: 1, shadow: ['rpm'] },
         },
         records: [{ type: 'project', id: 'p_1', status: 'enabled', budget: null, spent: 0 }, { type: 'price', model: 'priced-*', input: 1, output: 1, per: 1 }],
         config: variant.config,
@@ -112,6 +114,34 @@ for (const variant of VARIANTS) {
       const rpm = await post(h.keys.k_sh_budget!);
       assert.deepEqual([rpm.status, rpm.headers['x-keyward-error']], [429, 'rpm_exceeded']);
       assert.equal(rpm.headers['x-keyward-shadow'], 'key_budget_exhausted');
+    });
+
+    test('only RPM shadowed, budget spent live: the 402 names no shadowed RPM, which step 5 comes before', async () => {
+      const post = () =>
+        send(h.url, { method: 'POST', path: '/v1/chat/completions', headers: { authorization: `Bearer ${h.keys.k_sh_rpm}`, 'content-type': 'application/json' }, body: JSON.stringify({ model: 'priced-model', max_tokens: 1, messages: [] }) });
+      const settled = waitForLine(h, (l) => l.msg === 'request' && l.key_id === 'k_sh_rpm');
+      assert.equal((await post()).status, 200, 'the one request of the minute');
+      assert.equal((await settled).input_tokens, 5000, 'its usage spends the budget of 1,000');
+      const shadowRpm = async () => {
+        const text = (await send(`http://127.0.0.1:${h.sidecar.adminPort}`, { path: '/metrics' })).body.toString();
+        return Number(/^keyward_shadow_denials_total\{code="rpm_exceeded"\} (\d+)$/m.exec(text)?.[1] ?? 0);
+      };
+      const counted = await shadowRpm();
+      const logged = waitForLine(h, (l) => l.msg === 'request' && l.key_id === 'k_sh_rpm' && l.status === 402);
+      const late = await post();
+      assert.deepEqual([late.status, late.headers['x-keyward-error']], [402, 'key_budget_exhausted']);
+      assert.equal(late.headers['x-keyward-shadow'], undefined, 'enforcing RPM would have changed nothing');
+      assert.equal((await logged).shadow, undefined);
+      assert.equal(await shadowRpm(), counted, 'nor does the shadow count');
+    });
+
+    test('only RPM shadowed, a hold that does not fit an unspent budget: the 402 still names the shadowed RPM', async () => {
+      const post = (model: string) =>
+        send(h.url, { method: 'POST', path: '/v1/chat/completions', headers: { authorization: `Bearer ${h.keys.k_sh_rpm_small}`, 'content-type': 'application/json' }, body: JSON.stringify({ model, max_tokens: 1, messages: [] }) });
+      assert.equal((await post('free-model')).status, 200, 'the one request of the minute, holding 0');
+      // About 15 tokens at 1 each do not fit a budget of 1 that nothing has spent: step 9's refusal, after step 8.
+      const priced = await post('priced-model');
+      assert.deepEqual([priced.status, priced.headers['x-keyward-error'], priced.headers['x-keyward-shadow']], [402, 'key_budget_exhausted', 'rpm_exceeded']);
     });
 
     test('a request refused 402 at its spend hold takes no request from the key\'s RPM', async () => {
