@@ -18,11 +18,16 @@ export type ReloadTrigger = 'SIGHUP' | 'file';
 
 /**
  * SIGHUP's default action ends the process. `serve` answers it from its first moment, so a
- * SIGHUP while it starts, or while it drains after SIGTERM, never cuts a stream.
+ * SIGHUP while it starts, or while it drains after SIGTERM, never cuts a stream. One that
+ * comes before reloading starts (the file read, the listeners not yet up) is remembered,
+ * and answered by a read as soon as reloading starts.
  */
-function ignoreSighup(): void {}
+let heldSighup = false;
+function noteSighup(): void {
+  heldSighup = true;
+}
 export function holdSighup(): void {
-  if (!process.listeners('SIGHUP').includes(ignoreSighup)) process.on('SIGHUP', ignoreSighup);
+  if (!process.listeners('SIGHUP').includes(noteSighup)) process.on('SIGHUP', noteSighup);
 }
 
 export interface ReloaderOptions {
@@ -44,7 +49,10 @@ export class ConfigReloader {
   private busy: Promise<void> | null = null;
   private queued: Promise<void> | null = null;
   private watch: ConfigWatch | null = null;
-  private readonly onSighup = () => void this.reload('SIGHUP');
+  private readonly onSighup = () => {
+    heldSighup = false;
+    void this.reload('SIGHUP');
+  };
   private readonly now: () => number;
 
   constructor(private readonly o: ReloaderOptions) {
@@ -59,6 +67,7 @@ export class ConfigReloader {
     holdSighup();
     process.on('SIGHUP', this.onSighup);
     this.watch = new ConfigWatch({ file: this.o.file, hash: this.hash, log: this.o.log, onChange: () => void this.reload('file') });
+    if (heldSighup) this.onSighup();
   }
 
   close(): void {

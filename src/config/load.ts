@@ -18,25 +18,35 @@ export class ConfigError extends Error {
 }
 
 const VAR = /\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}/g;
-const PLACEHOLDER = /__KWENV(\d+)__/g;
 
 interface Reference {
   name: string;
   fallback: string | undefined;
 }
 
+/** The references of one text, and the mark their placeholders start with (`__<mark><index>__`). */
+interface Hidden {
+  text: string;
+  refs: Reference[];
+  mark: string;
+  placeholder: RegExp;
+}
+
 /**
  * Swaps each `${...}` for a YAML-safe placeholder before parsing, so a reference may
  * stand anywhere, even inside a flow mapping (`{ token: ${TOKEN} }`), and a value with
- * YAML syntax in it (`#`, `:`, `{`) cannot change the document's structure.
+ * YAML syntax in it (`#`, `:`, `{`) cannot change the document's structure. The mark is
+ * one the text does not contain, so text written literally is never taken for one.
  */
-function hideReferences(text: string): { text: string; refs: Reference[] } {
+function hideReferences(text: string): Hidden {
+  let mark = 'KWENV';
+  while (text.includes(`__${mark}`)) mark += 'X';
   const refs: Reference[] = [];
   const out = text.replace(VAR, (_m, name: string, fallback: string | undefined) => {
     refs.push({ name, fallback });
-    return `__KWENV${refs.length - 1}__`;
+    return `__${mark}${refs.length - 1}__`;
   });
-  return { text: out, refs };
+  return { text: out, refs, mark, placeholder: new RegExp(`__${mark}(\\d+)__`, 'g') };
 }
 
 /**
@@ -44,7 +54,7 @@ function hideReferences(text: string): { text: string; refs: Reference[] } {
  * numeric keys of the schema accept numeric strings, so `port: ${PORT:-8080}` works
  * while an all-digit token stays a string.
  */
-function expand(value: unknown, ctx: { path: string[]; refs: Reference[]; env: NodeJS.ProcessEnv; problems: string[] }): unknown {
+function expand(value: unknown, ctx: { path: string[]; hidden: Hidden; env: NodeJS.ProcessEnv; problems: string[] }): unknown {
   if (typeof value === 'string') {
     // Any other form (`${VAR:?msg}`, `${VAR-x}`, `${ VAR }`) would stay as literal text, a token or URL no one meant.
     if (value.includes('${')) {
@@ -52,8 +62,8 @@ function expand(value: unknown, ctx: { path: string[]; refs: Reference[]; env: N
       return undefined;
     }
     let missing = false;
-    const out = value.replace(PLACEHOLDER, (_m, i: string) => {
-      const ref = ctx.refs[Number(i)]!;
+    const out = value.replace(ctx.hidden.placeholder, (_m, i: string) => {
+      const ref = ctx.hidden.refs[Number(i)]!;
       const v = ctx.env[ref.name];
       if (v !== undefined && v !== '') return v;
       if (ref.fallback !== undefined) return ref.fallback;
@@ -68,7 +78,7 @@ function expand(value: unknown, ctx: { path: string[]; refs: Reference[]; env: N
     const out: Record<string, unknown> = {};
     for (const [k, v] of Object.entries(value)) {
       // A reference may name a key too (`${MODE}: { url: ... }`); one that is not set drops the entry, reported.
-      const name = k.includes('__KWENV') ? (expand(k, ctx) as string | undefined) : k;
+      const name = k.includes(`__${ctx.hidden.mark}`) ? (expand(k, ctx) as string | undefined) : k;
       if (name !== undefined) out[name] = expand(v, { ...ctx, path: [...ctx.path, name] });
     }
     return out;
@@ -126,7 +136,7 @@ export function parseConfigText<T>(opts: { text: string; file: string; schema: z
   }
   const problems: string[] = [];
   const env = opts.env ?? process.env;
-  const expanded = expand(doc.toJS() ?? {}, { path: [], refs: hidden.refs, env, problems });
+  const expanded = expand(doc.toJS() ?? {}, { path: [], hidden, env, problems });
   applyEnvDefaults(expanded, opts.envDefaults ?? [], env);
   const result = opts.schema.safeParse(expanded);
   if (!result.success) {

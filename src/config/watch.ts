@@ -4,15 +4,15 @@
  * volume makes (`keyward.yaml -> ..data/keyward.yaml`, where `..data` is a symlink swapped
  * for one to a new `..<timestamp>` directory). A watch on the file itself would follow the
  * old inode and miss the last two, so the directories are watched: the file's own, the one
- * its symlinks resolve to when that is elsewhere, and the parent of every directory on its
- * path that is a symlink (`conf/current/keyward.yaml` with `current` swapped for a link to
- * a new release: the swap changes only `conf`). Events come in bursts and name
- * whatever entry changed (`..data`, a temporary file), so each burst ends in one read of
- * the file through its symlinks, and only a content hash that differs from the last one
- * seen is reported.
+ * its symlinks resolve to when that is elsewhere, and the directory of every symlink met on
+ * the way there (`conf/current/keyward.yaml` with `current` swapped for a link to a new
+ * release: the swap changes only `conf`; a link a link points to, likewise). Events come
+ * in bursts and name whatever entry changed (`..data`, a temporary file), so each burst
+ * ends in one read of the file through its symlinks, and only a content hash that differs
+ * from the last one seen is reported.
  */
-import { lstatSync, watch, readFileSync, realpathSync, type FSWatcher } from 'node:fs';
-import { dirname, resolve } from 'node:path';
+import { lstatSync, watch, readFileSync, readlinkSync, realpathSync, type FSWatcher } from 'node:fs';
+import { dirname, isAbsolute, join, resolve } from 'node:path';
 import type { LogSink } from '../log.js';
 import { configHash } from './file.js';
 
@@ -30,14 +30,38 @@ export interface ConfigWatchOptions {
   log: LogSink;
 }
 
-/** The parent of each directory on `file`'s path that is a symlink: where swapping that link shows. */
-function symlinkParents(file: string): string[] {
+/** Most symlinks followed in one resolution, as the kernel's own limit (ELOOP). */
+const MAX_LINKS = 40;
+
+/**
+ * The directory of every symlink met while resolving `file` (an absolute path), one link
+ * at a time: swapping any of them, a directory on the path or a link a link points to,
+ * shows only there.
+ */
+function linkParents(file: string): string[] {
   const out: string[] = [];
-  for (let dir = dirname(file); dir !== dirname(dir); dir = dirname(dir)) {
+  let pending = file.split('/');
+  let current = '/';
+  for (let links = 0; pending.length > 0; ) {
+    const part = pending.shift()!;
+    if (part === '' || part === '.') continue;
+    if (part === '..') {
+      current = dirname(current);
+      continue;
+    }
+    const next = join(current, part);
     try {
-      if (lstatSync(dir).isSymbolicLink()) out.push(dirname(dir));
+      if (!lstatSync(next).isSymbolicLink()) {
+        current = next;
+        continue;
+      }
+      if (++links > MAX_LINKS) return out;
+      out.push(current);
+      const target = readlinkSync(next);
+      if (isAbsolute(target)) current = '/';
+      pending = [...target.split('/'), ...pending];
     } catch {
-      // gone for now: the next burst looks again
+      return out; // gone for now: the next burst looks again
     }
   }
   return out;
@@ -55,11 +79,13 @@ export class ConfigWatch {
     this.file = resolve(o.file);
     this.lastSeen = o.hash;
     this.arm();
+    // Changed since it was read (while the process started): read once more, as after a burst.
+    if (this.currentHash() !== this.lastSeen) this.event();
   }
 
   /** Watches the directories the file lives in now; a symlink swap can move the second. */
   private arm(): void {
-    const wanted = new Set([dirname(this.file), ...symlinkParents(this.file)]);
+    const wanted = new Set([dirname(this.file), ...linkParents(this.file)]);
     try {
       wanted.add(dirname(realpathSync(this.file)));
     } catch {

@@ -1,7 +1,8 @@
 /**
  * What makes a real `keyward serve` reload, and what a reload leaves alone: a write in
- * place, a file renamed over the config and a Kubernetes ConfigMap volume's `..data`
- * symlink swap are each taken up within a second (read off the reload metric), and a
+ * place, a file renamed over the config, a Kubernetes ConfigMap volume's `..data`
+ * symlink swap and a swap of a link that a link on the path points to are each taken up
+ * within a second (read off the reload metric), and a
  * stream of several seconds in flight across a SIGHUP and a ConfigMap swap arrives whole
  * while the next request already goes where the new config says.
  */
@@ -92,6 +93,29 @@ describe('triggers', () => {
       assert.equal(await answer(released), 'B');
     } finally {
       await released.stop('SIGKILL');
+    }
+  });
+
+  test('a link a link on the path points to, swapped for a new release, is taken up within a second', async () => {
+    // etc/keyward -> ../deploy/current -> releases/r1: the deploy swaps only deploy/current.
+    const root = join(dir, 'chain');
+    mkdirSync(join(root, 'etc'), { recursive: true });
+    mkdirSync(join(root, 'deploy', 'releases', 'r1'), { recursive: true });
+    writeFileSync(join(root, 'deploy', 'releases', 'r1', 'keyward.yaml'), yaml(upA.url, 'info'));
+    symlinkSync('releases/r1', join(root, 'deploy', 'current'));
+    symlinkSync('../deploy/current', join(root, 'etc', 'keyward'));
+    const chained = await spawnSidecar({ dir, name: 'chained', file: join(root, 'etc', 'keyward', 'keyward.yaml') });
+    try {
+      const next = yaml(upB.url, 'warn');
+      await reloadsWithinASecond(chained, next, () => {
+        mkdirSync(join(root, 'deploy', 'releases', 'r2'));
+        writeFileSync(join(root, 'deploy', 'releases', 'r2', 'keyward.yaml'), next);
+        symlinkSync('releases/r2', join(root, 'deploy', 'current.next'));
+        renameSync(join(root, 'deploy', 'current.next'), join(root, 'deploy', 'current'));
+      });
+      assert.equal(await answer(chained), 'B');
+    } finally {
+      await chained.stop('SIGKILL');
     }
   });
 

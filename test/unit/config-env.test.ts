@@ -42,3 +42,13 @@ test('an unknown key is reported even when its value names a variable that is no
   hasProblem(list, 'console.tokne', /environment variable NOT_SET_ANYWHERE/);
   hasProblem(list, 'console.tokne', /unknown key/);
 });
+
+test('text that looks like a reference\'s internal placeholder stays as written', () => {
+  const c = parse(
+    `server: { port: 0 }\nupstreams: { default: { url: "http://h/__KWENV0__" }, __KWENVX1__: { url: "http://h/b" } }\nmessages: { vendor: \${V:-keyward} }\n`,
+    { V: 'x-vendor' },
+  );
+  assert.equal(c.upstreams.default!.url, 'http://h/__KWENV0__');
+  assert.ok('__KWENVX1__' in c.upstreams);
+  assert.equal(c.messages.vendor, 'x-vendor');
+});

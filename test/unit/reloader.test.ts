@@ -9,7 +9,7 @@ import assert from 'node:assert/strict';
 import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { ConfigReloader } from '../../src/app/reload.js';
+import { ConfigReloader, holdSighup } from '../../src/app/reload.js';
 import { configHash, loadConfig } from '../../src/config/file.js';
 import type { Config } from '../../src/config/schema.js';
 
@@ -86,4 +86,48 @@ test('restart-only settings reach apply at their running values; a failed apply 
   await reloader.reload('SIGHUP');
   assert.deepEqual(reloader.status(), { reloads: { ok: 1, error: 1 }, lastSuccessAt: 42_000, hash });
   assert.deepEqual(lines.filter((l) => l.level === 'error').map((l) => l.fields.problems), [['the tracer could not be loaded']]);
+});
+
+/** A reloader whose `apply` hands each config it puts in force to `next()`'s promise. */
+function watchedReloader(file: string) {
+  const applied: Config[] = [];
+  let wake: (() => void) | null = null;
+  const { log } = recordingLog();
+  const reloader = new ConfigReloader({
+    file, loaded: loadConfig(file), log,
+    apply: async (c) => {
+      applied.push(c);
+      wake?.();
+    },
+  });
+  const next = () => new Promise<void>((r) => (wake = r));
+  return { reloader, applied, next };
+}
+
+test('a SIGHUP that comes while serve starts (before reloading starts) is answered once reloading starts', async () => {
+  const file = join(dir, 'c.yaml');
+  writeFileSync(file, yaml());
+  holdSighup();
+  const { reloader, applied, next } = watchedReloader(file);
+  writeFileSync(file, yaml({ level: 'warn' }));
+  process.emit('SIGHUP', 'SIGHUP');
+  assert.equal(applied.length, 0, 'nothing reloads before reloading starts');
+  const applying = next();
+  reloader.start();
+  await applying;
+  reloader.close();
+  assert.deepEqual(applied.map((c) => c.logging.level), ['warn']);
+  assert.deepEqual(reloader.status().reloads, { ok: 1, error: 0 });
+});
+
+test('a file changed after it was read and before reloading starts is read again once it starts', async () => {
+  const file = join(dir, 'd.yaml');
+  writeFileSync(file, yaml());
+  const { reloader, applied, next } = watchedReloader(file);
+  writeFileSync(file, yaml({ level: 'debug' }));
+  const applying = next();
+  reloader.start();
+  await applying;
+  reloader.close();
+  assert.deepEqual(applied.map((c) => c.logging.level), ['debug']);
 });
