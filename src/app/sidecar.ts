@@ -162,6 +162,8 @@ interface Running {
   limiter: Limiter;
   traces: Traces;
   alerts: Alerts;
+  /** stops telling the alerts of replica changes */
+  stopRechecks: () => void;
   /** null when the caller handed the replica in (and closes it) */
   ownReplica: ReplicaStore | null;
 }
@@ -183,6 +185,7 @@ async function shutdown(r: Running, graceMs: number): Promise<void> {
   // Every request has finished, so every span has ended: the last batch goes out.
   await r.traces.close(TRACE_FLUSH_MS);
   // Every hold has settled: what the last requests crossed is found and gets its last attempt.
+  r.stopRechecks();
   await r.alerts.close(ALERT_FLUSH_MS);
   // Last: the responses above may still have produced usage to push.
   await r.usage?.stop();
@@ -229,8 +232,9 @@ export async function startSidecar(opts: SidecarOptions): Promise<Sidecar> {
   const forwarder = createForwarder({ replacedResponseHeaders: [...QUOTA_HEADER_NAMES, SHADOW_HEADER, ERROR_HEADER] });
   const traces = new Traces({ log: logger, tuning: opts.traceTuning ?? traceTuningFromEnv(process.env) });
   await traces.configure(config.tracing);
-  const alerts = new Alerts({ store: limiter, log: logger, ...(opts.alertTuning ? { tuning: opts.alertTuning } : {}) });
+  const alerts = new Alerts({ store: limiter, log: logger, current: (id) => replica.holder(id), ...(opts.alertTuning ? { tuning: opts.alertTuning } : {}) });
   alerts.configure(config.alerts);
+  const stopRechecks = replica.onChange(() => alerts.replicaChanged());
   const metrics = createMetrics({
     replica: () => replica.status(),
     limiter: () => limiter.stats(),
@@ -252,7 +256,7 @@ export async function startSidecar(opts: SidecarOptions): Promise<Sidecar> {
   // Not awaited: the replica serves what it has (a previous run's data) while the first sync runs.
   void sync?.start();
 
-  const running: Running = { server, exchanges, logger, forwarder, admin, usage, sync, limiter, traces, alerts, ownReplica: opts.replica ? null : replica };
+  const running: Running = { server, exchanges, logger, forwarder, admin, usage, sync, limiter, traces, alerts, stopRechecks, ownReplica: opts.replica ? null : replica };
   return {
     port,
     adminPort: admin?.port ?? 0,

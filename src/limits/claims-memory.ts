@@ -24,6 +24,11 @@ export class MemoryClaims {
   ) {}
 
   claim(input: ClaimInput): ClaimResult {
+    return this.claimedBy(input) === input.token ? 'claimed' : 'taken';
+  }
+
+  /** The token that holds the claim (this one or the first claimer's), null for an older epoch. */
+  claimedBy(input: ClaimInput): string | null {
     const t = this.now();
     const key = `${input.tag}\u0000${input.holder}`;
     let e = this.entries.get(key);
@@ -31,17 +36,17 @@ export class MemoryClaims {
       this.entries.delete(key);
       e = undefined;
     }
-    if (e && input.epoch < e.epoch) return 'taken';
+    if (e && input.epoch < e.epoch) return null;
     if (!e || input.epoch > e.epoch) {
       if (!e) this.makeRoom(t);
       e = { epoch: input.epoch, names: new Map(), expires: 0 };
       this.entries.set(key, e);
     }
     const holder = e.names.get(input.name);
-    if (holder !== undefined && holder !== input.token) return 'taken';
+    if (holder !== undefined && holder !== input.token) return holder;
     e.names.set(input.name, input.token);
     e.expires = t + input.ttlMs;
-    return 'claimed';
+    return input.token;
   }
 
   size(): number {

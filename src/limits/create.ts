@@ -9,7 +9,7 @@
  */
 import { admitWithFailover, type Failover, HashTags, type LimitsLog, type OnError, Shards } from './failover.js';
 import { RedisGuard } from './failover-guard.js';
-import { claimWithFailover, holdWithFailover, ledgerWithFailover, peekWithFailover } from './failover-money.js';
+import { claimWithFailover, claimedByWithFailover, holdWithFailover, ledgerWithFailover, peekWithFailover } from './failover-money.js';
 import type { Limiter } from './limiter.js';
 import { createMemoryLimiter } from './memory.js';
 import { closeRedisClient, createRedisClient } from './redis/client.js';
@@ -82,6 +82,7 @@ function failoverLimiter(cfg: RedisLimitsConfig, local: Limiter, opts: CreateLim
     hold: (input) => holdWithFailover(failover, input),
     ledger: (input) => ledgerWithFailover(failover, input),
     claimOnce: (input) => claimWithFailover(failover, input),
+    claimedBy: (input) => claimedByWithFailover(failover, input),
     setLeaseMs(ms) {
       shared.setLeaseMs(ms);
       local.setLeaseMs(ms);

@@ -9,6 +9,8 @@
  *  - peek, ledger: `onError: open` reads the in-process figures, the ones admissions are
  *    held to meanwhile; `closed` rejects with LimitsUnavailableError, as no figure of this
  *    process alone stands for the shared one (GET /v1/key answers 503 limits_unavailable).
+ *    A `sharedOnly` ledger read (budget alerts) rejects in either mode.
+ *  - claimedBy rejects in either mode, like a `sharedOnly` ledger read.
  *  - claimOnce: `unavailable` in either mode, never a claim in the in-process store: a claim
  *    made by one instance alone could be made again by another, and an alert sent twice is
  *    worse than one sent late (the caller asks again). A grant Redis gives after the guard
@@ -36,11 +38,15 @@ export function peekWithFailover(failover: Failover, input: { keyId: string; lim
 
 export function ledgerWithFailover(failover: Failover, input: LedgerInput): Promise<LedgerFigure[]> {
   if (input.holders.length === 0) return Promise.resolve([]);
-  return guarded(failover, new ReadCall(failover, failover.tags.ledger(input.tag), (from) => from.ledger(input)));
+  return guarded(failover, new ReadCall(failover, failover.tags.ledger(input.tag), (from) => from.ledger(input), input.sharedOnly === true));
 }
 
 export function claimWithFailover(failover: Failover, input: ClaimInput): Promise<ClaimResult> {
   return guarded(failover, new ClaimCall(failover, failover.tags.ledger(input.tag), input));
+}
+
+export function claimedByWithFailover(failover: Failover, input: ClaimInput): Promise<string | null> {
+  return guarded(failover, new ReadCall(failover, failover.tags.ledger(input.tag), (from) => from.claimedBy(input), true));
 }
 
 const guarded = <T>(failover: Failover, call: OneTagCall<T>, request?: { id: string; last: boolean }): Promise<T> =>
@@ -90,7 +96,13 @@ class HoldCall extends OneTagCall<HoldResult> {
 
 /** A read: Redis' figures in time, else the in-process ones (`open`) or a rejection (`closed`). */
 class ReadCall<T> extends OneTagCall<T> {
-  constructor(failover: Failover, tag: string, private readonly read: (from: Pick<Limiter, 'peek' | 'ledger'>) => Promise<T>) {
+  constructor(
+    failover: Failover,
+    tag: string,
+    private readonly read: (from: Pick<Limiter, 'peek' | 'ledger' | 'claimedBy'>) => Promise<T>,
+    /** no in-process figures in `open` mode either */
+    private readonly sharedOnly = false,
+  ) {
     super(failover, tag);
   }
 
@@ -99,7 +111,7 @@ class ReadCall<T> extends OneTagCall<T> {
   }
 
   fallback(): Promise<T> {
-    if (this.failover.onError === 'closed') return Promise.reject(new LimitsUnavailableError(unavailable().retryAfterMs));
+    if (this.failover.onError === 'closed' || this.sharedOnly) return Promise.reject(new LimitsUnavailableError(unavailable().retryAfterMs));
     return this.read(this.failover.local);
   }
 }

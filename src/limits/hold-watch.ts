@@ -23,6 +23,7 @@ export function watchHolds(limiter: Limiter, watcher: HoldWatcher): Limiter {
     peek: (input) => limiter.peek(input),
     ledger: (input) => limiter.ledger(input),
     claimOnce: (input) => limiter.claimOnce(input),
+    claimedBy: (input) => limiter.claimedBy(input),
     setLeaseMs: (ms) => limiter.setLeaseMs(ms),
     stats: () => limiter.stats(),
     close: () => limiter.close(),

@@ -144,6 +144,12 @@ export interface Hold {
 export interface LedgerInput {
   tag: string;
   holders: Holder[];
+  /**
+   * Only the shared store's figures: when it cannot answer, reject with
+   * LimitsUnavailableError in either `onError` mode, never this process's own figures
+   * (budget alerts: a crossing judged on one instance's figures alone could be missed).
+   */
+  sharedOnly?: boolean;
 }
 
 /** Live spend (budget) or live balance (wallet), holds included. */
@@ -211,6 +217,14 @@ export interface Limiter {
    * when the store fails the answer is `unavailable`, never a second grant.
    */
   claimOnce(input: ClaimInput): Promise<ClaimResult>;
+  /**
+   * claimOnce that says who holds the claim: `input.token` when this call holds it, the
+   * first claimer's token when another does, null when the epoch is older than the one the
+   * store has. Rejects with LimitsUnavailableError when the store cannot answer (in either
+   * `onError` mode). Budget alerts record a wallet's balance at its epoch this way: the
+   * token is the figure, and the first one recorded stands for the epoch.
+   */
+  claimedBy(input: ClaimInput): Promise<string | null>;
   /**
    * Puts a new `limits.leaseMs` in force (a reload, DESIGN section 12): every slot, hold
    * and slice granted or refreshed from now on lives that long without a refresh. Those

@@ -82,6 +82,10 @@ class InProcessLimiter implements MemoryLimiter {
     return this.claims.claim(input);
   }
 
+  async claimedBy(input: ClaimInput): Promise<string | null> {
+    return this.claims.claimedBy(input);
+  }
+
   setLeaseMs(ms: number): void {
     this.term.set(ms);
   }

@@ -36,20 +36,41 @@ export function holdersOf(facts: KeyFacts): Holders {
   return h;
 }
 
+/** What a key's or a project's record says of its budget. */
+export interface BudgetRecord {
+  id: string;
+  budget: number | null;
+  spent: number;
+  epoch: number;
+  period?: BudgetPeriod | null;
+}
+
+/** The key's own budget holder; null without a budget. */
+export const keyHolder = (k: BudgetRecord): Holder | null =>
+  k.budget === null ? null : { id: `key:${k.id}`, kind: 'budget', base: k.spent, limit: k.budget, epoch: k.epoch, code: 'key_budget_exhausted', period: k.period ?? null };
+
+/** A project's budget holder; null without a budget. */
+export const projectHolder = (p: BudgetRecord): Holder | null =>
+  p.budget === null ? null : { id: `project:${p.id}`, kind: 'budget', base: p.spent, limit: p.budget, epoch: p.epoch, code: 'project_budget_exhausted', period: p.period ?? null };
+
+/** A user's wallet holder (no wallet record: a balance of 0 at epoch 0). */
+export const walletHolder = (userId: string, wallet: { balance: number; epoch: number } | null): Holder => ({
+  id: `wallet:${userId}`, kind: 'wallet', base: wallet?.balance ?? 0, limit: null, epoch: wallet?.epoch ?? 0, code: 'insufficient_balance',
+});
+
 function build(facts: KeyFacts): Holders {
   const { key, project } = facts;
   const holders: Holder[] = [];
-  if (key.budget !== null) {
-    holders.push({ id: `key:${key.id}`, kind: 'budget', base: key.spent, limit: key.budget, epoch: key.epoch, code: 'key_budget_exhausted', period: key.period });
-  }
+  const own = keyHolder(key);
+  if (own) holders.push(own);
   if (key.kind === 'team') {
-    if (project && project.budget !== null) {
-      holders.push({ id: `project:${project.id}`, kind: 'budget', base: project.spent, limit: project.budget, epoch: project.epoch, code: 'project_budget_exhausted', period: project.period ?? null });
-    }
+    const shared = project ? projectHolder(project) : null;
+    if (shared) holders.push(shared);
     return { tag: `p:${key.projectId ?? key.id}`, holders };
   }
   if (key.userId !== null) {
-    holders.push({ id: `wallet:${key.userId}`, kind: 'wallet', base: facts.walletBalance ?? 0, limit: null, epoch: facts.walletEpoch ?? 0, code: 'insufficient_balance' });
+    const balance = facts.walletBalance;
+    holders.push(walletHolder(key.userId, balance === null ? null : { balance, epoch: facts.walletEpoch ?? 0 }));
   }
   return { tag: `u:${key.userId ?? key.id}`, holders };
 }

@@ -6,9 +6,11 @@
 import type Database from 'better-sqlite3';
 import { applyChanges, applySnapshot, type SnapshotSource } from './apply.js';
 import { prepareDatabase } from './schema.js';
+import { holderLookup } from './holders.js';
 import { openPrivateDatabase } from '../sqlite-file.js';
 import type { ChangeBatch } from '../protocol/records.js';
 import type { KeyFacts, ModelLimit } from '../policy/facts.js';
+import type { Holder } from '../policy/holders.js';
 import { pickPrice, type Price, type PriceEntry } from '../policy/pricing.js';
 import { knownShadowChecks, type ShadowCheck } from '../protocol/shadow-checks.js';
 
@@ -75,6 +77,8 @@ export class ReplicaStore {
   /** entries the young generation takes before it becomes the old one: half of cacheSize */
   private readonly youngMax: number;
   private readonly byHash: Database.Statement;
+  /** a budget holder by id, as the replica has it now (replica/holders.ts) */
+  readonly holder: (id: string) => Holder | null;
   private readonly metaStmt: Database.Statement;
   private readonly dataVersion: Database.Statement;
   private lastDataVersion: number;
@@ -89,6 +93,7 @@ export class ReplicaStore {
         p.epoch AS p_epoch, p.period AS p_period, w.balance AS w_balance, w.epoch AS w_epoch
       FROM keys k LEFT JOIN projects p ON p.id = k.project_id LEFT JOIN wallets w ON w.user_id = k.user_id
       WHERE k.hash = ?`);
+    this.holder = holderLookup(this.db);
     this.allPrices = this.db.prepare('SELECT model, input, output, per FROM prices');
     this.metaStmt = this.db.prepare('SELECT version, applied_at, source FROM meta WHERE id = 1');
     this.dataVersion = this.db.prepare('PRAGMA data_version').pluck();

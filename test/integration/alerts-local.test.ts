@@ -10,7 +10,9 @@ import assert from 'node:assert/strict';
 import { createMemoryLimiter } from '../../src/limits/memory.js';
 import type { SyncRecord } from '../../src/protocol/records.js';
 import { PRICE, alertsIdle, eventsOf, spend, usageByMaxTokens } from '../helpers/alerts.js';
-import { startHarness, type Harness, type HarnessOptions, type KeySpec } from '../helpers/sidecar.js';
+import { keyRecord, startHarness, type Harness, type HarnessOptions, type KeySpec } from '../helpers/sidecar.js';
+import { makeKeyHasher } from '../../src/auth/hash.js';
+import { parseChangeBatch } from '../../src/protocol/records.js';
 import { startFakeUpstream, type FakeUpstream } from '../helpers/upstream.js';
 import { startWebhookReceiver, type WebhookReceiver } from '../helpers/webhook-receiver.js';
 
@@ -54,6 +56,28 @@ describe('in process, no Redis', { timeout: 30_000 }, () => {
       assert.equal(delivery.headers['content-type'], 'application/json');
     } finally {
       await Promise.all([a?.close(), b?.close()]);
+    }
+  });
+});
+
+describe('spend the console bills later', { timeout: 30_000 }, () => {
+  test('a replica change that brings a recent holder past a threshold sends it, with no request of the holder\'s', async () => {
+    const secret = 'sk-alerts-billed-0123456789';
+    const h = await start({ keys: { k_billed: { ...budgetKey(7.7), secret } }, config: { alerts: { webhookUrl: hook.url } }, alertTuning: { checkDelayMs: 5, recheckMs: 5 } });
+    try {
+      const mine = () => eventsOf(hook.accepted(), 'key:k_billed');
+      assert.equal(await spend(h, 'k_billed', 200), 200);
+      await alertsIdle(h);
+      assert.deepEqual(mine().map((e) => e.threshold), [0.8]);
+      // The console bills usage this sidecar never held (served elsewhere, or while Redis was down): spent 10 of 10.
+      const hash = makeKeyHasher({ hash: 'sha256' })(secret);
+      const batch = parseChangeBatch({ version: 2, changes: [{ op: 'upsert', ...keyRecord('k_billed', { ...budgetKey(10) }, hash) }] });
+      assert.ok(batch.ok);
+      assert.ok(h.replica.applyChanges(batch.value, 'test'));
+      await hook.until(() => mine().length === 3, 'the 95 % and 100 % alerts');
+      assert.deepEqual(mine().slice(1).map((e) => [e.threshold, e.spent]), [[0.95, 10], [1, 10]]);
+    } finally {
+      await h.close();
     }
   });
 });

@@ -185,6 +185,32 @@ describe('claims when Redis fails', { timeout: 30_000 }, () => {
   }
 });
 
+describe('reads for budget alerts when Redis fails', { timeout: 30_000 }, () => {
+  for (const onError of ['open', 'closed'] as const) {
+    test(`onError ${onError}: who holds a claim, and the shared figures alone, reject; answered by Redis once it is back`, async (t) => {
+      const lim = make(onError);
+      t.after(() => lim.close());
+      await waitFor(() => redisHolds(lim), RECOVERY_MS, 'Redis holds');
+      const at = { tag: uid('tag'), holder: `wallet:${uid('u')}`, epoch: 1, name: 'start', ttlMs: 60_000 };
+      const first = uid('tok');
+      assert.equal(await lim.claimedBy({ ...at, token: first }), first);
+      const holder = keyBudget(uid('k'), { base: 0.5, limit: 1 });
+      server.proc.kill('SIGSTOP');
+      try {
+        await assert.rejects(timed(lim.claimedBy({ ...at, token: uid('tok') })), LimitsUnavailableError);
+        await assert.rejects(timed(lim.ledger({ tag: at.tag, holders: [holder], sharedOnly: true })), LimitsUnavailableError);
+        if (onError === 'open') assert.equal((await timed(lim.ledger({ tag: at.tag, holders: [holder] })))[0]!.live, 0.5, 'a plain read falls back');
+      } finally {
+        server.proc.kill('SIGCONT');
+      }
+      await waitFor(() => redisHolds(lim), RECOVERY_MS, 'Redis holds after SIGCONT');
+      assert.equal(await lim.claimedBy({ ...at, token: uid('tok') }), first, 'the first claimer\'s token');
+      assert.equal(await lim.claimedBy({ ...at, epoch: 0, token: uid('tok') }), null, 'an older epoch');
+      assert.equal((await lim.ledger({ tag: at.tag, holders: [holder], sharedOnly: true }))[0]!.live, 0.5);
+    });
+  }
+});
+
 describe('round trips', () => {
   test('admission with a per-model limit, a hold on three holders, a settlement, peek and ledger are one script call each; no holders, none', async () => {
     const redis = new Redis({ path: sock });

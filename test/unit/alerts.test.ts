@@ -145,6 +145,7 @@ test('watch: a claim the store cannot answer is asked again later with the same 
       asked.push(input);
       return down ? ('unavailable' as const) : limiter.claimOnce(input);
     },
+    claimedBy: (input: ClaimInput) => limiter.claimedBy(input),
   };
   const found: Crossing[] = [];
   let retried!: () => void;

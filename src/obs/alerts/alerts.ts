@@ -17,6 +17,8 @@ export interface AlertTuning extends DeliveryTuning {
   checkDelayMs?: number;
   /** when a claim the store could not answer is asked again */
   claimRetryMs?: number;
+  /** how long replica changes gather before the recent holders are looked at again */
+  recheckMs?: number;
 }
 
 export interface AlertsOptions {
@@ -25,7 +27,12 @@ export interface AlertsOptions {
   tuning?: AlertTuning;
   /** wall clock of the events' `at` */
   now?: () => number;
+  /** a holder as the replica has it now (the replica's `holder`), null when gone */
+  current?: (id: string) => Holder | null;
 }
+
+/** Replica changes gather this long before recent holders are looked at again (each look is a replica read per holder). */
+const RECHECK_MS = 1_000;
 
 /** At shutdown, how long the last events may take to reach the webhook. */
 export const ALERT_FLUSH_MS = 2_000;
@@ -36,6 +43,7 @@ export class Alerts {
   private readonly delivery: Delivery;
   /** crossings claimed after the block was removed: never sent */
   private dropped = 0;
+  private recheck: NodeJS.Timeout | null = null;
 
   constructor(private readonly o: AlertsOptions) {
     const t = o.tuning ?? {};
@@ -48,7 +56,18 @@ export class Alerts {
       ...(o.now ? { now: o.now } : {}),
       ...(t.checkDelayMs !== undefined ? { checkDelayMs: t.checkDelayMs } : {}),
       ...(t.claimRetryMs !== undefined ? { claimRetryMs: t.claimRetryMs } : {}),
+      ...(o.current ? { current: (h: Holder) => o.current!(h.id) } : {}),
     });
+  }
+
+  /** The replica changed: recent holders whose figures moved are checked again (once per RECHECK_MS at most). */
+  replicaChanged(): void {
+    if (!this.config || this.recheck) return;
+    this.recheck = setTimeout(() => {
+      this.recheck = null;
+      if (this.config) this.watch.replicaChanged();
+    }, this.o.tuning?.recheckMs ?? RECHECK_MS);
+    this.recheck.unref();
   }
 
   /** Puts `config` in force (alerts off when undefined). */
@@ -79,6 +98,8 @@ export class Alerts {
 
   /** Checks what the last requests touched, stops finding; events found get a last attempt within `timeoutMs`. */
   async close(timeoutMs = ALERT_FLUSH_MS): Promise<void> {
+    if (this.recheck) clearTimeout(this.recheck);
+    this.recheck = null;
     await this.watch.idle();
     await this.watch.close();
     await this.delivery.close(timeoutMs);

@@ -20,8 +20,11 @@ import { type AlertFigure, type Crossing, standing } from './event.js';
  * (src/limits/limiter.ts), handed in by the composition root.
  */
 export interface AlertStore {
-  ledger(input: { tag: string; holders: Holder[] }): Promise<AlertFigure[]>;
+  /** `sharedOnly`: rejects when the shared store cannot answer, never this process's own figures */
+  ledger(input: { tag: string; holders: Holder[]; sharedOnly: true }): Promise<AlertFigure[]>;
   claimOnce(input: { tag: string; holder: string; epoch: number; name: string; token: string; ttlMs: number }): Promise<'claimed' | 'taken' | 'unavailable'>;
+  /** the Limiter's claimedBy: who holds a claim (rejects when the store cannot answer) */
+  claimedBy(input: { tag: string; holder: string; epoch: number; name: string; token: string; ttlMs: number }): Promise<string | null>;
 }
 
 export interface WatchOptions {
@@ -37,6 +40,8 @@ export interface WatchOptions {
   checkDelayMs?: number;
   /** when a claim the store could not answer is asked again */
   claimRetryMs?: number;
+  /** the holder as the replica has it now (null: gone); without it, as it was touched */
+  current?: (holder: Holder) => Holder | null;
 }
 
 /**
@@ -52,6 +57,8 @@ const CHECK_DELAY_MS = 100;
 const CLAIM_RETRY_MS = 5_000;
 /** Holders waiting for a check; past this a touch is dropped (the holder's next hold or settlement queues it again). */
 const MAX_QUEUED = 10_000;
+/** The holders touched last, checked again when the replica changes their figures. */
+const MAX_RECENT = 1_000;
 /** Tags read at once in one check. */
 const READS_AT_ONCE = 64;
 /** Bounds on what this instance remembers; each is cleared when full, which only costs a store call. */
@@ -65,10 +72,20 @@ interface Watched {
 
 const entryKey = (tag: string, id: string): string => `${tag}\u0000${id}`;
 
+/**
+ * The claim that records a wallet's balance at its epoch (its token is the figure in
+ * nano-units): the ledger that holds it expires a day after its last use, the claims of an
+ * epoch are kept CLAIM_TTL_MS, so an idle day does not move what 80 % of it is.
+ */
+const WALLET_START = 'start';
+const NANO = 1e9;
+
 export class AlertWatch {
   private queued = new Map<string, Watched>();
   /** holders whose claim the store could not answer, checked again after claimRetryMs */
   private retry = new Map<string, Watched>();
+  /** the holders touched last, oldest first, as last touched or checked */
+  private readonly recent = new Map<string, Watched>();
   /** `tag, holder, epoch` -> thresholds claimed by someone: nothing more to ask */
   private readonly settled = new Map<string, Set<number>>();
   /** `tag, holder, epoch, threshold` -> the token of a claim the store could not answer */
@@ -77,6 +94,8 @@ export class AlertWatch {
   private retryTimer: NodeJS.Timeout | null = null;
   private running: Promise<void> | null = null;
   private closed = false;
+  /** the last check's read failed: one warning for a run of failures, not one a retry */
+  private storeFailing = false;
 
   constructor(private readonly o: WatchOptions) {}
 
@@ -85,10 +104,34 @@ export class AlertWatch {
     if (this.closed) return;
     for (const holder of holders) {
       const key = entryKey(tag, holder.id);
+      this.recent.delete(key);
+      this.recent.set(key, { tag, holder });
+      if (this.recent.size > MAX_RECENT) this.recent.delete(this.recent.keys().next().value!);
       if (this.queued.size >= MAX_QUEUED && !this.queued.has(key)) return;
       this.queued.set(key, { tag, holder });
     }
     this.schedule();
+  }
+
+  /**
+   * The replica changed: each recent holder whose figures (its base, budget or epoch) are
+   * not what it was checked with is checked again with the new ones. Spend the console
+   * bills (usage served while Redis was down, or that this instance never saw) can reach a
+   * threshold when no request of the holder's comes any more.
+   */
+  replicaChanged(): void {
+    const current = this.o.current;
+    if (this.closed || current === undefined) return;
+    for (const [key, { tag, holder }] of [...this.recent]) {
+      const now = current(holder);
+      if (now === null) this.recent.delete(key);
+      else if (now.base !== holder.base || now.limit !== holder.limit || now.epoch !== holder.epoch) this.touched(tag, [now]);
+    }
+  }
+
+  /** Whether holders wait to be asked again (tests). */
+  pendingRetries(): boolean {
+    return this.retry.size > 0 || this.retryTimer !== null;
   }
 
   /** Resolves once the queue is empty and no check runs (tests, shutdown). */
@@ -147,17 +190,36 @@ export class AlertWatch {
     if (pending.length === 0) return;
     let figures: AlertFigure[];
     try {
-      figures = await this.o.store.ledger({ tag, holders: pending });
+      figures = await this.o.store.ledger({ tag, holders: pending, sharedOnly: true });
     } catch (err) {
-      this.o.log.warn({ err: err instanceof Error ? err.message : String(err) }, 'budget alert check failed');
+      if (!this.storeFailing) this.o.log.warn({ err: err instanceof Error ? err.message : String(err), retry_ms: this.o.claimRetryMs ?? CLAIM_RETRY_MS }, 'budget alert check failed; checking again until the limits store answers');
+      this.storeFailing = true;
+      for (const holder of pending) this.retryLater(tag, holder);
       return;
     }
+    if (this.storeFailing) this.o.log.info({}, 'budget alert checks resumed');
+    this.storeFailing = false;
     const claims: Promise<void>[] = [];
     for (const holder of pending) {
       const figure = figures.find((f) => f.id === holder.id);
-      if (figure) claims.push(this.claimReached(tag, holder, figure, thresholds));
+      if (figure) claims.push(this.judge(tag, holder, figure, thresholds));
     }
     await Promise.all(claims);
+  }
+
+  /** Claims what the figure reached; a wallet's is judged against its balance at the epoch as first recorded. */
+  private async judge(tag: string, holder: Holder, figure: AlertFigure, thresholds: readonly number[]): Promise<void> {
+    // The store has an epoch this replica has not: its budget is not yet known here.
+    if (figure.epoch > holder.epoch) return this.retryLater(tag, holder);
+    if (holder.kind !== 'wallet') return this.claimReached(tag, holder, figure, thresholds);
+    let start: string | null;
+    try {
+      start = await this.o.store.claimedBy({ tag, holder: holder.id, epoch: figure.epoch, name: WALLET_START, token: String(Math.round(figure.start * NANO)), ttlMs: CLAIM_TTL_MS });
+    } catch {
+      return this.retryLater(tag, holder);
+    }
+    if (start === null) return; // an older epoch than the store's: the figures are stale
+    return this.claimReached(tag, holder, { ...figure, start: Number(start) / NANO }, thresholds);
   }
 
   private allSettled(tag: string, holder: Holder, thresholds: readonly number[]): boolean {
@@ -210,7 +272,11 @@ export class AlertWatch {
       this.retryTimer = null;
       const again = this.retry;
       this.retry = new Map();
-      for (const { tag: t, holder: h } of again.values()) this.touched(t, [h]);
+      for (const { tag: t, holder: h } of again.values()) {
+        // Asked again with the replica's figures now: its base may have caught up meanwhile.
+        const now = this.o.current ? this.o.current(h) : h;
+        if (now !== null) this.touched(t, [now]);
+      }
     }, this.o.claimRetryMs ?? CLAIM_RETRY_MS);
     this.retryTimer.unref();
   }

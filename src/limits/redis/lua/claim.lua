@@ -10,19 +10,20 @@
 -- A newer epoch forgets the older one's claims (a new epoch arms the alerts again); an older
 -- epoch than the one recorded is refused, since its figures are stale. The same token
 -- asking again is granted again: a retry after an answer lost to a timeout.
--- Returns 1 when the token holds the claim, 0 when another does or the epoch is older.
+-- Returns the token that holds the claim (this one, or the first claimer's), false when the
+-- epoch is older than the one recorded.
 
 local K = KEYS[1]
 local epoch = tonumber(ARGV[1])
 local field = 'n:' .. ARGV[2]
 local recorded = tonumber(redis.call('HGET', K, 'e') or '-1')
-if epoch < recorded then return 0 end
+if epoch < recorded then return false end
 if epoch > recorded then
   redis.call('DEL', K)
   redis.call('HSET', K, 'e', ARGV[1])
 end
 local holder = redis.call('HGET', K, field)
-if holder and holder ~= ARGV[3] then return 0 end
+if holder and holder ~= ARGV[3] then return holder end
 if not holder then redis.call('HSET', K, field, ARGV[3]) end
 redis.call('PEXPIRE', K, tonumber(ARGV[4]))
-return 1
+return ARGV[3]
