@@ -12,7 +12,7 @@ import { addCounts, type DecisionCounts } from '../obs/decision-histogram.js';
 import { withDecisions, type Exposition } from '../obs/metrics.js';
 import { sendTo } from './worker-messages.js';
 
-/** A worker that does not answer a scrape within this is left out of that scrape. */
+/** A worker that does not answer a scrape within this counts as its last scrape's counters and histograms. */
 const SCRAPE_TIMEOUT_MS = 2_000;
 /**
  * Metrics the primary owns: the workers read the same replica file, so theirs would only
@@ -90,11 +90,20 @@ export class WorkerScrapes implements Exposition {
     this.pending.get(id)?.(scrape);
   }
 
-  /** One worker's metrics (kept as its last); none when it cannot be asked or does not answer in time. */
+  /**
+   * One worker's metrics (kept as its last). A worker that cannot be asked, does not answer
+   * in time (a long pause, a busy IPC channel) or could not read its registry counts as what
+   * adds up of its last answer: its totals would fall for one scrape and come back at the
+   * next, two counter resets to Prometheus.
+   */
   private async ask(w: Worker): Promise<Scrape> {
     const scrape = await this.askOnce(w);
-    if (scrape !== NOTHING) this.last.set(w.id, scrape);
-    return scrape;
+    if (scrape.metrics.length > 0) {
+      this.last.set(w.id, scrape);
+      return scrape;
+    }
+    const last = this.last.get(w.id);
+    return last ? { metrics: lasting(last.metrics), decisions: last.decisions } : NOTHING;
   }
 
   private askOnce(w: Worker): Promise<Scrape> {

@@ -14,6 +14,7 @@ import type { ErrorStyle } from '../errors.js';
 import type { KeyFacts } from '../policy/facts.js';
 import type { Estimate, Settled } from '../policy/estimate.js';
 import type { Arrival } from './arrival.js';
+import { keyless, keyPrefixes, withoutUserInfo } from './key-in-fields.js';
 import type { BodyWatch } from './body/idle.js';
 import type { Forwarding } from './upstream/forward.js';
 import type { Seen } from './pipeline.js';
@@ -77,6 +78,8 @@ export interface RequestContext {
   seen: Seen | null;
   /** the status written straight on the socket when the parser refused its body (null: none) */
   answeredOnSocket: number | null;
+  /** the leading parts of the keys the request carries, kept out of the fields it chose (key-in-fields.ts) */
+  keyPrefixes: readonly string[];
 }
 
 /**
@@ -154,7 +157,10 @@ export function requestPath(url: string): string {
 export function newContext(req: IncomingMessage, opts: { snapshot: Snapshot; now: number; clientIp: string | null }): RequestContext {
   const url = req.url ?? '/';
   const version = req.headers[opts.snapshot.versionHeader];
-  const clientReqId = saneRequestId(req.headers['x-request-id']);
+  const keys = keyPrefixes(req.rawHeaders);
+  // An id that holds a key is not logged, nor sent back: one is made instead.
+  const sent = saneRequestId(req.headers['x-request-id']);
+  const clientReqId = sent !== null && keyless(sent, keys) === sent ? sent : null;
   return {
     snapshot: opts.snapshot,
     reqId: clientReqId ?? randomUUID(),
@@ -169,7 +175,7 @@ export function newContext(req: IncomingMessage, opts: { snapshot: Snapshot; now
     upstream: null,
     apiVersion: cleanAttribution(version),
     appName: cleanAttribution(req.headers['x-app-name']),
-    appUrl: cleanAttribution(req.headers['x-app-url']),
+    appUrl: withoutUserInfo(cleanAttribution(req.headers['x-app-url'])),
     upstreamStart: null,
     upstreamMs: null,
     clientIp: opts.clientIp,
@@ -192,6 +198,7 @@ export function newContext(req: IncomingMessage, opts: { snapshot: Snapshot; now
     span: null,
     seen: null,
     answeredOnSocket: null,
+    keyPrefixes: keys,
   };
 }
 
@@ -200,10 +207,11 @@ const loggedPath = (path: string): string => (path.length > 512 ? path.slice(0, 
 
 export function accessLine(ctx: RequestContext, status: number, now: number): AccessLine {
   const key = ctx.facts?.key;
+  const keys = ctx.keyPrefixes;
   return {
     req_id: ctx.reqId,
     method: ctx.method,
-    path: loggedPath(ctx.path),
+    path: keyless(loggedPath(ctx.path), keys),
     route: ctx.route?.name ?? null,
     status,
     code: ctx.code,
@@ -211,15 +219,15 @@ export function accessLine(ctx: RequestContext, status: number, now: number): Ac
     key_kind: key?.kind ?? null,
     project_id: key?.projectId ?? null,
     user_id: key?.userId ?? null,
-    model: ctx.model,
+    model: keyless(ctx.model, keys),
     routing: ctx.upstream,
-    app_name: ctx.appName,
-    app_url: ctx.appUrl,
+    app_name: keyless(ctx.appName, keys),
+    app_url: keyless(ctx.appUrl, keys),
     input_tokens: ctx.settled?.input_tokens ?? null,
     output_tokens: ctx.settled?.output_tokens ?? null,
     usage_estimated: ctx.settled ? ctx.settled.estimated : null,
     client_ip: ctx.clientIp === null ? null : ctx.clientIp.slice(0, 64),
-    api_version: ctx.apiVersion,
+    api_version: keyless(ctx.apiVersion, keys),
     duration_ms: Math.round((now - ctx.start) * 1000) / 1000,
     upstream_ms: ctx.upstreamMs === null ? null : Math.round(ctx.upstreamMs * 1000) / 1000,
     shadow: ctx.shadow,
@@ -240,16 +248,17 @@ export function unparsedLine(o: { status: number; code: string; clientIp: string
 /** What the request's span records when it ends: the access line's facts that DESIGN section 13 names. */
 export function spanFacts(ctx: RequestContext, status: number): SpanFacts {
   const key = ctx.facts?.key;
+  const keys = ctx.keyPrefixes;
   return {
     routeClass: ctx.route?.class ?? null,
     method: ctx.method,
-    path: loggedPath(ctx.path),
+    path: keyless(loggedPath(ctx.path), keys),
     status,
     route: ctx.route?.name ?? null,
     code: ctx.code,
     keyId: key?.id ?? null,
     projectId: key?.projectId ?? null,
-    model: ctx.model,
+    model: keyless(ctx.model, keys),
     shadow: ctx.shadow,
     decisionMs: ctx.decisionMs,
     inputTokens: ctx.settled?.input_tokens ?? null,

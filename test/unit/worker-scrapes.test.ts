@@ -63,3 +63,32 @@ test('a worker that answers a scrape and exits before the others answer is count
   slow = false;
   assert.equal(total(await scrapes.metrics()), 110);
 });
+
+test('a worker that cannot answer a scrape counts as its last answer: the totals never fall and come back', async () => {
+  const live = new Map<number, Worker>();
+  const scrapes: WorkerScrapes = new WorkerScrapes({ own: new Registry(), workers: () => live.values() });
+  let mode: 'ok' | 'empty' | 'unreachable' = 'ok';
+  const registry = new Registry();
+  const counter = new Counter({ name: 'keyward_requests_total', help: 'h', registers: [registry] });
+  counter.inc(7);
+  live.set(1, fakeWorker(1, 3, () => scrapes));
+  live.set(2, {
+    id: 2,
+    isConnected: () => true,
+    send(msg: { id: number }, cb: (err: Error | null) => void) {
+      if (mode === 'unreachable') return void cb(new Error('channel closed'));
+      // A worker whose registry could not be read answers with no metrics; an answer crosses IPC as a copy.
+      void registry.getMetricsAsJSON().then((metrics) => scrapes.answered(msg.id, { metrics: (mode === 'ok' ? structuredClone(metrics) : []) as never, decisions: [] }));
+      cb(null);
+      return true;
+    },
+  } as unknown as Worker);
+  assert.equal(total(await scrapes.metrics()), 10);
+  counter.inc(5);
+  mode = 'empty';
+  assert.equal(total(await scrapes.metrics()), 10, 'worker 2 as last answered, not 3 alone');
+  mode = 'unreachable';
+  assert.equal(total(await scrapes.metrics()), 10);
+  mode = 'ok';
+  assert.equal(total(await scrapes.metrics()), 15);
+});

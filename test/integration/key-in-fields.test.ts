@@ -1,0 +1,70 @@
+/**
+ * DESIGN section 4: no key and no prefix of a key reaches a log line. A client that puts
+ * its own key (or another it carries) into a field it chooses (its request id, the path,
+ * the model, attribution headers) gets that field written as `[redacted]`; an attribution
+ * URL loses its user-info; a request id holding the key is replaced by one the sidecar makes.
+ */
+import { after, before, test } from 'node:test';
+import assert from 'node:assert/strict';
+import { startFakeUpstream, type FakeUpstream } from '../helpers/upstream.js';
+import { startHarness, waitForLine, type Harness } from '../helpers/sidecar.js';
+import { send } from '../helpers/http.js';
+import { keyless, keyPrefixes, withoutUserInfo } from '../../src/proxy/key-in-fields.js';
+
+let up: FakeUpstream;
+let h: Harness;
+const SECRET = 'sk-kwtest-TEAMSECRET0123456789';
+
+before(async () => {
+  up = await startFakeUpstream();
+  h = await startHarness({ upstream: up.url, keys: { k_team: { secret: SECRET } } });
+});
+after(async () => {
+  await h.close();
+  await up.close();
+});
+
+test('the presented key in the request id, model, path and attribution is not logged', async () => {
+  const line = waitForLine(h, (l) => l.key_id === 'k_team' && l.route === 'chat.completions');
+  const res = await send(h.url, {
+    method: 'POST',
+    path: `/v1/chat/completions`,
+    headers: {
+      authorization: `Bearer ${SECRET}`, 'content-type': 'application/json',
+      'x-request-id': SECRET, 'x-app-name': `tool ${SECRET.slice(0, 12)}`, 'x-app-url': `https://u:${SECRET}@apps.example/x`,
+    },
+    body: JSON.stringify({ model: SECRET, messages: [] }),
+  });
+  assert.equal(res.status, 200, 'forwarded: the model name is the client\'s business');
+  assert.match(String(res.headers['x-request-id']), /^[0-9a-f-]{36}$/, 'a request id of the sidecar\'s own');
+  const l = await line;
+  assert.deepEqual([l.model, l.app_name, l.app_url], ['[redacted]', '[redacted]', 'https://apps.example/x'], 'the URL lost its user-info, and the key with it');
+  assert.equal(l.req_id, res.headers['x-request-id']);
+  const listed = waitForLine(h, (x) => x.route === 'models' && x.path !== '/v1/models');
+  await send(h.url, { path: `/v1/models/${SECRET}`, headers: { authorization: `Bearer ${SECRET}` } });
+  assert.equal((await listed).path, '[redacted]');
+  const notFound = waitForLine(h, (x) => x.status === 404 && x.code === 'not_found');
+  assert.equal((await send(h.url, { path: `/v2/${SECRET}`, headers: { authorization: `Bearer ${SECRET}` } })).status, 404);
+  assert.equal((await notFound).path, '[redacted]');
+  const all = h.logs.join('\n');
+  assert.ok(!all.includes(SECRET.slice(0, 8)), 'no prefix of the key in any log line');
+});
+
+test('attribution without the key is logged as sent, its URL without user-info', async () => {
+  const line = waitForLine(h, (l) => l.app_name === 'my tool');
+  const res = await send(h.url, { path: '/v1/models', headers: { authorization: `Bearer ${SECRET}`, 'x-request-id': 'trace-42', 'x-app-name': 'my tool', 'x-app-url': 'https://ops:hunter2@apps.example/x?q=1' } });
+  assert.equal(res.status, 200);
+  const l = await line;
+  assert.deepEqual([l.req_id, l.app_url, l.path], ['trace-42', 'https://apps.example/x?q=1', '/v1/models']);
+});
+
+test('the parts: the keys of both credential headers, their first 8 characters; user-info', () => {
+  const keys = keyPrefixes(['Authorization', 'Bearer sk-abcdefghij', 'X-Api-Key', ' sk-ant-api03-zz ', 'Cookie', 'api_key=x']);
+  assert.deepEqual(keys, ['sk-abcde', 'sk-ant-a']);
+  assert.equal(keyless('gpt-4o', keys), 'gpt-4o');
+  assert.equal(keyless('x sk-ant-a y', keys), '[redacted]');
+  assert.equal(keyless(null, keys), null);
+  assert.deepEqual(keyPrefixes(['authorization', 'Basic dXNlcg==', 'host', 'h']), []);
+  assert.equal(withoutUserInfo('http://a:b@h:8080/p@q'), 'http://h:8080/p@q');
+  assert.equal(withoutUserInfo('mailto:ops@example.com'), 'mailto:ops@example.com');
+});
