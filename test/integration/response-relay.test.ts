@@ -16,10 +16,18 @@ import { rawExchange } from '../helpers/raw.js';
 
 let up: FakeUpstream;
 let h: Harness;
+let release!: () => void;
+const releaseBody = new Promise<void>((r) => (release = r));
 const BIG = randomBytes(8 << 20);
 
 before(async () => {
   up = await startFakeUpstream((req, res) => {
+    if (req.url === '/v1/models/thinking') {
+      // The head at once, the body only when the test has seen the head reach the client.
+      res.writeHead(200, { 'content-type': 'text/event-stream' });
+      res.flushHeaders();
+      return void releaseBody.then(() => res.end('data: {"ok":true}\n\n'));
+    }
     if (req.url === '/v1/models/big') {
       res.writeHead(200, { 'content-type': 'application/octet-stream', 'content-length': BIG.length });
       return void res.end(BIG);
@@ -53,6 +61,21 @@ const request = (key: string, path: string, version = '1.1') => `GET ${path} HTT
 const headLines = (bytes: Buffer) => bytes.toString('latin1', 0, bytes.indexOf('\r\n\r\n')).split('\r\n');
 
 describe('response relay', () => {
+  test('a head the upstream sends before its body reaches the client before the body does', async () => {
+    const socket = net.connect(Number(new URL(h.url).port), '127.0.0.1');
+    const got: Buffer[] = [];
+    socket.on('data', (b: Buffer) => got.push(b));
+    socket.write(request(h.keys.k_ok!, '/v1/models/thinking'));
+    // The upstream holds its body until the head has arrived: a head held back for the body never would.
+    while (!Buffer.concat(got).includes('\r\n\r\n')) await once(socket, 'data');
+    const head = Buffer.concat(got).toString('latin1');
+    assert.match(head, /^HTTP\/1\.1 200 OK\r\n/);
+    assert.ok(!head.includes('data:'), 'the body has not been sent yet');
+    release();
+    while (!Buffer.concat(got).includes('data: {"ok":true}')) await once(socket, 'data');
+    socket.destroy();
+  });
+
   test('status line, reason and every header line as the upstream sent them, less its own connection', async () => {
     const ex = await rawExchange(h.sidecar.port, [request(h.keys.k_limited!, '/v1/models')], { expect: 1 });
     const lines = headLines(ex.bytes);

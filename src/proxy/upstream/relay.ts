@@ -145,4 +145,20 @@ export function relay(proxyRes: IncomingMessage, res: ServerResponse, opts: { he
   if (res.writableEnded) return;
   proxyRes.on('data', relayChunk);
   proxyRes.on('end', relayEnd);
+  sendHeadIfBodyWaits(res);
+}
+
+/**
+ * Node writes a response's head with its first body bytes. Those that came in the packet
+ * with the upstream's head have been relayed once the parser's turn is over (its data
+ * events and their ticks run first); a body still to come (a model that thinks before its
+ * first token, a long poll) must not hold the head back from the client meanwhile.
+ */
+function sendHeadIfBodyWaits(res: ServerResponse): void {
+  const socket = res.socket;
+  if (socket === null) return;
+  const written = socket.bytesWritten;
+  queueMicrotask(() => {
+    if (socket.bytesWritten === written && !res.writableEnded && !res.destroyed) res.flushHeaders();
+  });
 }
