@@ -81,6 +81,8 @@ const TRACE_FLUSH_MS = 2_000;
 const ALERT_FLUSH_MS = 2_000;
 /** How long the responses cut at the end of the grace get to close (they do within a few turns). */
 const CUT_CLOSE_MS = 1_000;
+/** How long a decision still waiting on Redis at shutdown gets to land (each of its calls answers within redis.timeoutMs). */
+const DECISION_WAIT_MS = 5_000;
 
 /** Warns once per distinct value (at most 100 of them): a misrouted key must not flood the log. */
 function onceEach(warn: (value: string) => void): (value: string) => void {
@@ -184,6 +186,8 @@ async function shutdown(r: Running, graceMs: number): Promise<void> {
   await r.admin?.close();
   // Every request has finished, so every span has ended: the last batch goes out.
   await r.traces.close(TRACE_FLUSH_MS);
+  // A decision still waiting on Redis settles what it took before the limiter closes.
+  await r.exchanges.decided(DECISION_WAIT_MS);
   // Every hold has settled: what the last requests crossed is found and gets its last attempt.
   r.stopRechecks();
   await r.alerts.close(ALERT_FLUSH_MS);

@@ -117,6 +117,22 @@ export class Arrival implements RequestInput {
     socket.pause();
   }
 
+  /** Whether reading is held for this request now (its decision waited on a round trip). */
+  get heldReading(): boolean {
+    return this.holding;
+  }
+
+  /**
+   * Lets go of held reading, then calls `next` once what came meanwhile has been read (the
+   * loop's next read turn has run): whether the client left while the decision waited (a
+   * FIN, a reset), seen before anything is forwarded.
+   */
+  letGoThen(next: (gone: boolean) => void): void {
+    this.letGo();
+    const socket = this.req.socket;
+    setImmediate(() => setImmediate(() => next(socket.destroyed || socket.readableEnded)));
+  }
+
   /** Forwarded, or answered: nothing more is held for this request. */
   letGo(): void {
     this.pending = false;

@@ -50,6 +50,8 @@ export interface RequestContext {
   tap: UsageTap | null;
   /** the upstream's status, once its response started */
   upstreamStatus: number | null;
+  /** the upstream's response, once it started (whether any body byte came) */
+  upstreamBody: IncomingMessage | null;
   /** the upstream failed before any output (unreachable, timeout) */
   upstreamFailed: boolean;
   /** what the request was settled and billed at (null: nothing) */
@@ -183,6 +185,7 @@ export function newContext(req: IncomingMessage, opts: { snapshot: Snapshot; now
     estimate: NO_ESTIMATE,
     tap: null,
     upstreamStatus: null,
+    upstreamBody: null,
     upstreamFailed: false,
     settled: null,
     lease: null,

@@ -56,4 +56,9 @@ export interface Exchanges {
    * many requests that is. From now on a response cut short logs no upstream failure.
    */
   cutAtShutdown(): number;
+  /**
+   * Resolves when no decision is under way (one waiting on Redis when its response was cut
+   * still settles what it took), or after `timeoutMs`.
+   */
+  decided(timeoutMs: number): Promise<void>;
 }

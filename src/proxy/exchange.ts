@@ -24,6 +24,7 @@ import { answerSelf } from './self.js';
 import { decide, newSeen, type Allow, type Decision } from './pipeline.js';
 import { createUsageTap } from './usage/tap.js';
 import { DenseSet } from '../dense-set.js';
+import { UnderWay } from './under-way.js';
 
 import type { ExchangeDeps, Exchanges, Expectation } from './exchange-api.js';
 
@@ -56,6 +57,8 @@ class ExchangeTable implements Exchanges, ForwardHooks {
   private cutting = false;
   private closeIdle: (() => void) | null = null;
   private onIdle: (() => void) | null = null;
+  /** requests whose decision is under way */
+  private readonly deciding = new UnderWay();
   /** responses not yet closed: what is in flight (not a Set: src/dense-set.ts says why) */
   private readonly open = new DenseSet<ServerResponse>();
   /** the 'close' listener of every response; `this` is the response */
@@ -155,6 +158,7 @@ class ExchangeTable implements Exchanges, ForwardHooks {
   }
 
   private async run(req: IncomingMessage, res: ServerResponse, ctx: RequestContext, input: Arrival, unmetExpectation: boolean): Promise<void> {
+    this.deciding.start();
     try {
       const http10 = req.httpVersionMajor === 1 && req.httpVersionMinor === 0;
       const refused = refusedBeforeDecision({ method: ctx.method, url: input.url, rawHeaders: input.rawHeaders, http10, unmetExpectation, transferEncoding: req.headers['transfer-encoding'] }, ctx.snapshot.rules);
@@ -169,7 +173,13 @@ class ExchangeTable implements Exchanges, ForwardHooks {
       // A client gone mid-body is no failure of keyward's: its access line says 499.
       if (!req.destroyed) this.deps.log.error({ req_id: ctx.reqId, err: (err as Error).message }, 'request failed');
       sendDenial(req, res, ctx, deny('internal_error'), ctx.route?.style ?? 'openai');
+    } finally {
+      this.deciding.end();
     }
+  }
+
+  decided(timeoutMs: number): Promise<void> {
+    return this.deciding.none(timeoutMs);
   }
 
   private apply(req: IncomingMessage, res: ServerResponse, ctx: RequestContext, decision: Decision, expectContinue: boolean): void {
@@ -187,6 +197,8 @@ class ExchangeTable implements Exchanges, ForwardHooks {
     // The client went away while the checks ran: its response has closed already.
     if (res.destroyed) return settle(ctx);
     if (decision.seen.route.class === 'self') return answerSelf(res, ctx, { facts: decision.seen.facts, describeKey: this.deps.describeKey, log: this.deps.log });
+    // Held while a round trip decided: a client that left meanwhile is not forwarded (its response closes: 499, nothing billed).
+    if (ctx.arrival?.heldReading) return ctx.arrival.letGoThen((gone) => (gone || res.destroyed ? void res.destroy() : this.forward(req, res, ctx, decision, expectContinue)));
     this.forward(req, res, ctx, decision, expectContinue);
   }
 
@@ -203,6 +215,7 @@ class ExchangeTable implements Exchanges, ForwardHooks {
     const ctx = contextOf(res);
     ctx.upstreamMs = performance.now() - ctx.upstreamStart!;
     ctx.upstreamStatus = proxyRes.statusCode ?? null;
+    ctx.upstreamBody = proxyRes;
     // The client can quote the id its access-log line carries, unless the upstream names its own.
     if (head.get('x-request-id') === undefined) head.add('x-request-id', ctx.reqId);
     if (ctx.quota) addQuotaHeaders(head, ctx.quota);
@@ -215,7 +228,8 @@ class ExchangeTable implements Exchanges, ForwardHooks {
   /** Forwarding hook: the call failed (see ForwardFailure). */
   onFailure(res: ServerResponse, kind: ForwardFailure, err: Error): void {
     const ctx = contextOf(res);
-    if (ctx.upstreamStatus === null) ctx.upstreamFailed = true;
+    // No output: a head without a body byte is no more a response than no head at all (DESIGN section 6).
+    if (ctx.upstreamStatus === null || ctx.upstreamBody?.readableDidRead === false) ctx.upstreamFailed = true;
     // mid-response: the client must see a broken response, not a truncated "success"
     if (res.headersSent) {
       markCutByUpstream(res);

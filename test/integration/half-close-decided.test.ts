@@ -3,7 +3,8 @@
  * answer when that answer is decided after a round trip to Redis (DESIGN section 5, error
  * bodies): the connection's reading is held while the request is decided, so Node reads
  * the FIN only after the answer is out. Once a request is forwarded, a FIN means the
- * client has gone, as before: the forwarded request is cut and logged 499.
+ * client has gone, as before: the forwarded request is cut and logged 499; one admitted
+ * after a round trip is not forwarded when the FIN came while it was decided.
  */
 import { after, before, describe, test } from 'node:test';
 import assert from 'node:assert/strict';
@@ -32,6 +33,8 @@ before(async () => {
       // a team key with an RPM of 1: its files uploads are admitted in Redis
       k_files: { kind: 'team', project: 'p_1', rpm: 1 },
       k_ok: {},
+      // every admission a Redis call, and plenty of room: admitted after a round trip
+      k_admitted_late: { modelLimits: [{ models: 'gpt-4o', rpm: 100 }] },
     },
     records: [{ type: 'project', id: 'p_1', status: 'enabled', budget: null, spent: 0 }, { type: 'price', model: 'priced-*', input: 1, output: 1, per: 1 }],
     config: { redis: { url: TEST_REDIS_URL, prefix, timeoutMs: 1000 } },
@@ -123,6 +126,17 @@ describe('a client that half-closes after its request', () => {
     const res = onlyAnswer(await halfClosed(`GET /v1/key HTTP/1.1\r\nHost: kw\r\nAuthorization: Bearer ${h.keys.k_view}\r\nContent-Length: 2\r\n\r\n{}`));
     assert.equal(res.status, 200);
     assert.equal((res.json.limits as { rpm: number }).rpm, 10);
+  });
+
+  test('admitted after a round trip, a client whose FIN came meanwhile has gone: nothing is forwarded or billed', async () => {
+    const before = up.received.length;
+    const line = waitForLine(h, (l) => l.msg === 'request' && l.key_id === 'k_admitted_late');
+    const bytes = await halfClosed(chat(h.keys.k_admitted_late!));
+    assert.equal(bytes.length, 0, `no answer on a connection the client has left: ${JSON.stringify(bytes.toString('latin1').slice(0, 300))}`);
+    const logged = await line;
+    assert.deepEqual([logged.status, logged.input_tokens], [499, null], 'logged 499, nothing settled');
+    assert.equal(up.received.length, before, 'nothing reached the upstream');
+    assert.equal(h.usage.filter((e) => e.key_id === 'k_admitted_late').length, 0, 'no usage event');
   });
 
   test('once forwarded, a FIN means the client has gone: the request is cut and logged 499', async () => {
