@@ -9,7 +9,8 @@ export type CredentialRule = 'bearer' | 'messages';
 
 export type Extracted = { ok: true; key: string; header: 'authorization' | 'x-api-key' } | { ok: false; denial: Denial };
 
-const BEARER = /^bearer[ \t]+(.*)$/i;
+/** `Bearer <key>`, the scheme in any letter case: the key is the first group. */
+export const BEARER = /^bearer[ \t]+(.*)$/i;
 
 interface Found {
   authorization: string[];

@@ -6,11 +6,11 @@
  * KEY_PREFIX_CHARS characters, is written as REDACTED; and an attribution URL loses its
  * user-info, as a request target does. Pure.
  */
+import { BEARER } from '../auth/credentials.js';
 
 export const REDACTED = '[redacted]';
 /** The shortest leading part of a key looked for: shorter ones (`sk-`) name a vendor, not a key. */
 const KEY_PREFIX_CHARS = 8;
-const BEARER = /^bearer[ \t]+(.*)$/i;
 
 /**
  * What a field is looked for: the leading parts of the keys in the raw header lines, empty

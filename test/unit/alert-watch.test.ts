@@ -16,6 +16,20 @@ import type { Holder } from '../../src/policy/holders.js';
 const T = [0.8, 0.95, 1];
 const keyHolder = (o: { base: number; limit: number; epoch?: number }): Holder => ({ id: 'key:k_1', kind: 'budget', base: o.base, limit: o.limit, epoch: o.epoch ?? 0, code: 'key_budget_exhausted', period: null });
 
+/** A store that reads its figures from `ledger` and claims in `limiter`. */
+const storeOn = (limiter: ReturnType<typeof createMemoryLimiter>, ledger: AlertStore['ledger']): AlertStore => ({
+  ledger,
+  claimOnce: (input) => limiter.claimOnce(input),
+  claimedBy: (input) => limiter.claimedBy(input),
+});
+
+/** Holds and settles `amount` on `holder`, as a request that spent it. */
+async function spent(limiter: ReturnType<typeof createMemoryLimiter>, holder: Holder, amount: number): Promise<void> {
+  const held = await limiter.hold({ requestId: `r-${amount}`, tag: 'p:p_1', holders: [holder], amount });
+  assert.ok(held.ok);
+  held.hold.settle(amount);
+}
+
 /** A watch on `store`, with what it found, and a wait for its next retry (the retry timer is unref'd: the wait keeps the loop alive). */
 function watchOn(store: AlertStore, extra: Partial<WatchOptions> = {}) {
   const found: Crossing[] = [];
@@ -46,15 +60,11 @@ test('a check the store cannot answer is made again later, and finds what was re
   const limiter = createMemoryLimiter({ leaseMs: 30_000 });
   let failures = 1;
   const asked = signalled();
-  const store: AlertStore = {
-    ledger: (input) => {
-      if (failures-- > 0) return Promise.reject(new Error('the limits store is unavailable'));
-      asked.signal();
-      return limiter.ledger(input);
-    },
-    claimOnce: (input) => limiter.claimOnce(input),
-    claimedBy: (input) => limiter.claimedBy(input),
-  };
+  const store = storeOn(limiter, (input) => {
+    if (failures-- > 0) return Promise.reject(new Error('the limits store is unavailable'));
+    asked.signal();
+    return limiter.ledger(input);
+  });
   const { watch, shown } = watchOn(store);
   const again = asked.next();
   watch.touched('p:p_1', [keyHolder({ base: 8.2, limit: 10 })]);
@@ -71,9 +81,7 @@ test('figures of an epoch the replica does not have yet wait for it: judged agai
   const limiter = createMemoryLimiter({ leaseMs: 30_000 });
   // Another instance's replica has epoch 1 (budget 20) and spent 8.6 in it.
   const fresh = keyHolder({ base: 0, limit: 20, epoch: 1 });
-  const held = await limiter.hold({ requestId: 'r1', tag: 'p:p_1', holders: [fresh], amount: 8.6 });
-  assert.ok(held.ok);
-  held.hold.settle(8.6);
+  await spent(limiter, fresh, 8.6);
   let replica = keyHolder({ base: 0, limit: 10, epoch: 0 });
   const looked = signalled();
   const { watch, shown } = watchOn(limiter, {
@@ -91,9 +99,7 @@ test('figures of an epoch the replica does not have yet wait for it: judged agai
   await watch.idle();
   assert.equal(watch.pendingRetries(), false);
   assert.deepEqual(shown(), [], '8.6 of 20');
-  const more = await limiter.hold({ requestId: 'r2', tag: 'p:p_1', holders: [fresh], amount: 8 });
-  assert.ok(more.ok);
-  more.hold.settle(8);
+  await spent(limiter, fresh, 8);
   watch.touched('p:p_1', [fresh]);
   await watch.idle();
   assert.deepEqual(shown(), [['key:k_1', 0.8, 20, 16.6, 1]]);
@@ -105,11 +111,7 @@ test('a wallet is judged against its balance at its epoch as first recorded, aft
   const limiter = createMemoryLimiter({ leaseMs: 30_000 });
   const wallet: Holder = { id: 'wallet:u_1', kind: 'wallet', base: 100, limit: null, epoch: 1, code: 'insufficient_balance' };
   let figure: LedgerFigure = { id: wallet.id, live: 50, epoch: 1, start: 100 };
-  const store: AlertStore = {
-    ledger: async (_input: LedgerInput) => [figure],
-    claimOnce: (input) => limiter.claimOnce(input),
-    claimedBy: (input) => limiter.claimedBy(input),
-  };
+  const store = storeOn(limiter, async (_input: LedgerInput) => [figure]);
   const { watch, shown } = watchOn(store);
   watch.touched('u:u_1', [wallet]);
   await watch.idle();
