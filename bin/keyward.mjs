@@ -3,6 +3,16 @@
 // tooling: `npm ci --omit=dev` plus dist/ is the whole runtime.
 import { existsSync } from 'node:fs';
 
+// `serve` answers SIGHUP from its first moment (DESIGN section 12), also while its modules
+// load, before any of its code runs: SIGHUP's default action would end the process. What
+// comes meanwhile is handed to the reloader (holdSighup in src/app/reload.ts).
+const verb = process.argv.slice(2).find((arg) => !arg.startsWith('-'));
+if (verb === 'serve') {
+  const early = { held: false, listener: () => (early.held = true) };
+  globalThis[Symbol.for('keyward.earlySighup')] = early;
+  process.on('SIGHUP', early.listener);
+}
+
 const entry = new URL('../dist/cli.js', import.meta.url);
 if (!existsSync(entry)) {
   process.stderr.write('keyward: dist/ is missing; run `npm run build` first (`npm start` builds by itself)\n');

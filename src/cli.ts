@@ -3,7 +3,7 @@
  * module) console, keys, projects, wallets.
  */
 import cluster from 'node:cluster';
-import { Command, Option } from 'commander';
+import { Command, InvalidArgumentError, Option } from 'commander';
 import { ConfigError } from './config/load.js';
 import { loadConfig } from './config/file.js';
 import { DEFAULT_REPLICA_PATH } from './config/schema.js';
@@ -40,6 +40,12 @@ function fail(err: unknown): never {
     process.stderr.write(`keyward: ${err instanceof Error ? err.message : String(err)}\n`);
   }
   process.exit(1);
+}
+
+function portNumber(value: string): number {
+  const n = Number(value);
+  if (value.trim() === '' || !Number.isInteger(n) || n < 0 || n > 65535) throw new InvalidArgumentError('expected a port number from 0 to 65535.');
+  return n;
 }
 
 /** `keyward serve`: one sidecar, or a cluster primary and its workers, until a signal. */
@@ -93,7 +99,7 @@ export function buildProgram(): Command {
   program
     .command('demo')
     .description('run console, sidecar and a sample upstream on loopback with demo keys (no other services needed)')
-    .option('--port <n>', 'proxy port (falls back to any free port when taken)', (v) => Number(v), 8080)
+    .option('--port <n>', 'proxy port (falls back to any free port when taken)', portNumber, 8080)
     .action(async (o: { port: number }) => {
       const demo = await runDemo({ port: o.port });
       untilSignal(() => demo.close());

@@ -96,25 +96,28 @@ export async function runDemo(opts: { port?: number; adminPort?: number; console
   const say = opts.log ?? ((line: string) => process.stdout.write(`${line}\n`));
   const dir = mkdtempSync(join(tmpdir(), 'keyward-demo-'));
   const secrets: DemoSecrets = { master: randomBytes(32).toString('hex'), sync: token(), admin: token() };
-  const upstream = await startDemoUpstream();
-  const console = await demoConsole({ dir, secrets, port: opts.consolePort ?? 7000 });
-  const keys = await seed(adminClient({ url: console.url, token: secrets.admin }));
-  const sidecar = await demoSidecar({
-    dir, upstreamUrl: upstream.url, consoleUrl: console.url, syncToken: secrets.sync, port: opts.port ?? 8080, adminPort: opts.adminPort ?? 9090,
-  });
-  await sidecar.sync?.start(); // the first sync: the demo keys are in the replica from here on
-  introduce(say, { sidecar, consoleUrl: console.url, upstreamUrl: upstream.url, keys, adminToken: secrets.admin });
-  return {
-    sidecar,
-    upstream,
-    console,
-    keys,
-    adminToken: secrets.admin,
-    async close() {
-      await sidecar.close({ graceMs: 1000 });
-      await console.close();
-      await upstream.close();
-      rmSync(dir, { recursive: true, force: true });
-    },
+  const port = opts.port ?? 8080;
+  // the proxy asked for on the admin listener's usual port: the admin listener takes any other
+  const adminPort = opts.adminPort ?? (port === 9090 ? 0 : 9090);
+  // what has started, stopped in reverse when a later piece cannot start, or at close()
+  const started: { close(): Promise<void> }[] = [];
+  const close = async () => {
+    for (const piece of started.reverse()) await piece.close();
+    rmSync(dir, { recursive: true, force: true });
   };
+  try {
+    const upstream = await startDemoUpstream();
+    started.push(upstream);
+    const console = await demoConsole({ dir, secrets, port: opts.consolePort ?? 7000 });
+    started.push(console);
+    const keys = await seed(adminClient({ url: console.url, token: secrets.admin }));
+    const sidecar = await demoSidecar({ dir, upstreamUrl: upstream.url, consoleUrl: console.url, syncToken: secrets.sync, port, adminPort });
+    started.push({ close: () => sidecar.close({ graceMs: 1000 }) });
+    await sidecar.sync?.start(); // the first sync: the demo keys are in the replica from here on
+    introduce(say, { sidecar, consoleUrl: console.url, upstreamUrl: upstream.url, keys, adminToken: secrets.admin });
+    return { sidecar, upstream, console, keys, adminToken: secrets.admin, close };
+  } catch (err) {
+    await close();
+    throw err;
+  }
 }

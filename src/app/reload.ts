@@ -26,8 +26,20 @@ let heldSighup = false;
 function noteSighup(): void {
   heldSighup = true;
 }
+/** What bin/keyward.mjs holds while the modules load: whether a SIGHUP came, and its listener. */
+const EARLY = Symbol.for('keyward.earlySighup');
+interface EarlySighup {
+  held: boolean;
+  listener: () => void;
+}
 export function holdSighup(): void {
   if (!process.listeners('SIGHUP').includes(noteSighup)) process.on('SIGHUP', noteSighup);
+  const scope = globalThis as Record<symbol, EarlySighup | undefined>;
+  const early = scope[EARLY];
+  if (!early) return;
+  process.off('SIGHUP', early.listener);
+  if (early.held) heldSighup = true;
+  delete scope[EARLY];
 }
 
 export interface ReloaderOptions {

@@ -54,7 +54,16 @@ function hideReferences(text: string): Hidden {
  * numeric keys of the schema accept numeric strings, so `port: ${PORT:-8080}` works
  * while an all-digit token stays a string.
  */
-function expand(value: unknown, ctx: { path: string[]; hidden: Hidden; env: NodeJS.ProcessEnv; problems: string[] }): unknown {
+interface ExpandContext {
+  path: string[];
+  hidden: Hidden;
+  env: NodeJS.ProcessEnv;
+  problems: string[];
+  /** paths whose value a missing variable left out: the schema's complaints there are noise */
+  missingAt?: Set<string>;
+}
+
+function expand(value: unknown, ctx: ExpandContext): unknown {
   if (typeof value === 'string') {
     // Any other form (`${VAR:?msg}`, `${VAR-x}`, `${ VAR }`) would stay as literal text, a token or URL no one meant.
     if (value.includes('${')) {
@@ -64,6 +73,12 @@ function expand(value: unknown, ctx: { path: string[]; hidden: Hidden; env: Node
     let missing = false;
     const out = value.replace(ctx.hidden.placeholder, (_m, i: string) => {
       const ref = ctx.hidden.refs[Number(i)]!;
+      // `${A:-${B}}` would give the literal text `${B}` (the default ends at the first `}`).
+      if (ref.fallback?.includes('${')) {
+        ctx.problems.push(`${ctx.path.join('.') || '(root)'}: the default of \${${ref.name}:-...} holds another reference; nested references are not expanded`);
+        missing = true;
+        return '';
+      }
       const v = ctx.env[ref.name];
       if (v !== undefined && v !== '') return v;
       if (ref.fallback !== undefined) return ref.fallback;
@@ -71,15 +86,26 @@ function expand(value: unknown, ctx: { path: string[]; hidden: Hidden; env: Node
       missing = true;
       return '';
     });
+    if (missing) ctx.missingAt?.add(ctx.path.join('.') || '(root)');
     return missing ? undefined : out;
   }
   if (Array.isArray(value)) return value.map((v, i) => expand(v, { ...ctx, path: [...ctx.path, String(i)] }));
   if (value && typeof value === 'object') {
     const out: Record<string, unknown> = {};
     for (const [k, v] of Object.entries(value)) {
-      // A reference may name a key too (`${MODE}: { url: ... }`); one that is not set drops the entry, reported.
-      const name = k.includes(`__${ctx.hidden.mark}`) ? (expand(k, ctx) as string | undefined) : k;
-      if (name !== undefined) out[name] = expand(v, { ...ctx, path: [...ctx.path, name] });
+      // A reference may name a key too (`${MODE}: { url: ... }`); one that is not set drops
+      // the entry, reported, after its value's own references are checked.
+      const referenced = k.includes(`__${ctx.hidden.mark}`);
+      const name = referenced ? (expand(k, { ...ctx, missingAt: undefined }) as string | undefined) : k;
+      if (name === undefined) {
+        expand(v, { ...ctx, path: [...ctx.path, k.replace(ctx.hidden.placeholder, (_m, i: string) => `\${${ctx.hidden.refs[Number(i)]!.name}}`)] });
+        continue;
+      }
+      if (referenced && Object.hasOwn(out, name)) {
+        ctx.problems.push(`${[...ctx.path, name].join('.')}: named twice once references are expanded`);
+        continue;
+      }
+      out[name] = expand(v, { ...ctx, path: [...ctx.path, name] });
     }
     return out;
   }
@@ -131,19 +157,29 @@ function applyEnvDefaults(doc: unknown, defaults: readonly EnvDefault[], env: No
 export function parseConfigText<T>(opts: { text: string; file: string; schema: z.ZodType<T>; env?: NodeJS.ProcessEnv; envDefaults?: readonly EnvDefault[] }): T {
   const hidden = hideReferences(opts.text);
   const doc = parseDocument(hidden.text, { uniqueKeys: true });
-  if (doc.errors.length > 0) {
-    throw new ConfigError(opts.file, doc.errors.map((e) => `YAML: ${e.message.split('\n')[0]}`));
+  // Warnings count: an unknown tag (`!env X`) would otherwise be read as the text after it.
+  const yamlProblems = [...doc.errors, ...doc.warnings];
+  if (yamlProblems.length > 0) {
+    throw new ConfigError(opts.file, yamlProblems.map((e) => `YAML: ${e.message.split('\n')[0]}`));
   }
   const problems: string[] = [];
   const env = opts.env ?? process.env;
-  const expanded = expand(doc.toJS() ?? {}, { path: [], hidden, env, problems });
+  let tree: unknown;
+  try {
+    tree = doc.toJS();
+  } catch (err) {
+    // an alias to no anchor, or one that expands past the parser's limit
+    throw new ConfigError(opts.file, [`YAML: ${(err as Error).message.split('\n')[0]}`]);
+  }
+  const missingAt = new Set<string>();
+  const expanded = expand(tree ?? {}, { path: [], hidden, env, problems, missingAt });
   applyEnvDefaults(expanded, opts.envDefaults ?? [], env);
   const result = opts.schema.safeParse(expanded);
   if (!result.success) {
-    // A missing variable is already reported; zod's "received undefined" for that key would
-    // be noise. A key that is unknown is a problem of its own, whatever its value.
-    const reported = new Set(problems.map((p) => p.slice(0, p.indexOf(':'))));
-    problems.push(...zodProblems(result.error).filter((p) => p.endsWith(UNKNOWN_KEY) || !reported.has(p.slice(0, p.indexOf(':')))));
+    // A missing variable is already reported; the schema's "required" for the value it left
+    // out would be noise. A key that is unknown is a problem of its own, whatever its value.
+    const noise = (p: string) => !p.endsWith(UNKNOWN_KEY) && missingAt.has(p.slice(0, p.indexOf(':')));
+    problems.push(...zodProblems(result.error).filter((p) => !noise(p)));
   }
   if (problems.length > 0 || !result.success) throw new ConfigError(opts.file, problems);
   return result.data;

@@ -7,7 +7,7 @@ import { after, before, test } from 'node:test';
 import assert from 'node:assert/strict';
 import { spawn, spawnSync } from 'node:child_process';
 import { once } from 'node:events';
-import { cpSync, existsSync, mkdirSync, mkdtempSync, readdirSync, rmSync } from 'node:fs';
+import { cpSync, existsSync, mkdirSync, mkdtempSync, readdirSync, rmSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { createInterface } from 'node:readline';
 
@@ -33,6 +33,34 @@ test('without a build, bin/keyward.mjs says how to make one', () => {
   const r = node([bin, '--help']);
   assert.equal(r.status, 1);
   assert.match(r.stderr, /dist\/ is missing; run `npm run build`/);
+});
+
+test('bin/keyward.mjs holds a SIGHUP that comes while serve\'s modules load, and hands it on', async () => {
+  // An entry standing in for serve's modules while they load: none of serve's code runs; it
+  // says whether the SIGHUP was held.
+  const early = mkdtempSync(join(ROOT, '.scratch', 'early-'));
+  try {
+    mkdirSync(join(early, 'bin'));
+    mkdirSync(join(early, 'dist'));
+    cpSync(join(ROOT, 'bin/keyward.mjs'), join(early, 'bin/keyward.mjs'));
+    writeFileSync(join(early, 'dist/cli.js'), [
+      "const early = globalThis[Symbol.for('keyward.earlySighup')];",
+      "process.stdout.write('loading\\n');",
+      'const tick = () => (early?.held ? process.stdout.write(\'held\\n\') : setTimeout(tick, 1));',
+      'tick();',
+    ].join('\n'));
+    const child = spawn(process.execPath, [join(early, 'bin/keyward.mjs'), 'serve', '--config', 'x.yaml'], { env, stdio: ['ignore', 'pipe', 'inherit'] });
+    const lines = createInterface({ input: child.stdout! });
+    const exited = once(child, 'exit');
+    const [first] = (await once(lines, 'line')) as [string];
+    assert.equal(first, 'loading');
+    child.kill('SIGHUP');
+    const [next] = (await Promise.race([once(lines, 'line'), exited.then(([code, signal]) => [`exited ${code} ${signal}`])])) as [string];
+    assert.equal(next, 'held', 'the SIGHUP was held, not the end of the process');
+    assert.deepEqual(await exited, [0, null]);
+  } finally {
+    rmSync(early, { recursive: true, force: true });
+  }
 });
 
 test('npm run build emits JavaScript, the Lua scripts and the web page', () => {

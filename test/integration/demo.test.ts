@@ -1,6 +1,11 @@
-/** `npm start`: the demo's printed curl lines answer what they promise. */
+/**
+ * `npm start`: the demo's printed curl lines answer what they promise; a demo that cannot
+ * start cleans up after itself.
+ */
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
+import { readdirSync } from 'node:fs';
+import { tmpdir } from 'node:os';
 import { runDemo } from '../../src/app/demo.js';
 import { send } from '../helpers/http.js';
 
@@ -20,6 +25,24 @@ test('the demo shows a 200, a 401, a 402 and a 403, with keys made through the c
     assert.equal((await chat(demo.keys.scoped, 'gpt-4o')).status, 403);
     for (const status of ['200', '401', '402', '403']) assert.ok(lines.some((l) => l.trimStart().startsWith(`${status}  curl`)), status);
     assert.ok(lines.some((l) => l.includes(demo.keys.ok)), 'the demo prints its keys');
+  } finally {
+    await demo.close();
+  }
+});
+
+const demoDirs = () => readdirSync(tmpdir()).filter((f) => f.startsWith('keyward-demo-')).sort();
+
+test('a demo that cannot start stops what it started and leaves no directory behind', async () => {
+  const before = demoDirs();
+  await assert.rejects(runDemo({ port: 70_000, adminPort: 0, consolePort: 0, log: () => undefined }));
+  assert.deepEqual(demoDirs(), before);
+});
+
+test('the demo asked for the admin listener\'s usual port gives the admin listener another', async () => {
+  const demo = await runDemo({ port: 9090, consolePort: 0, log: () => undefined });
+  try {
+    assert.notEqual(demo.sidecar.adminPort, Number(new URL(demo.sidecar.url).port));
+    assert.equal((await send(demo.sidecar.url, { path: '/v1/models', headers: { authorization: 'Bearer not-a-real-key' } })).status, 401);
   } finally {
     await demo.close();
   }

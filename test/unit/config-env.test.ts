@@ -52,3 +52,27 @@ test('text that looks like a reference\'s internal placeholder stays as written'
   assert.ok('__KWENVX1__' in c.upstreams);
   assert.equal(c.messages.vendor, 'x-vendor');
 });
+
+test('a default holding another reference is a problem, not the literal text `${B}`', () => {
+  const list = problems(`${MINIMAL}console: { url: http://127.0.0.1:7000, token: "\${KW_A:-\${KW_B}}" }\n`, { KW_B: 'from-b' });
+  hasProblem(list, 'console.token', /nested references/);
+});
+
+test('an unknown YAML tag is a problem, not the text after it', () => {
+  const list = problems(`${MINIMAL}console: { url: http://127.0.0.1:7000, token: !env KEYWARD_SYNC_TOKEN }\n`);
+  assert.ok(list.some((p) => /^YAML: .*tag/i.test(p)), list.join('\n'));
+});
+
+test('an alias to no anchor is a ConfigError naming the file', () => {
+  const list = problems(`${MINIMAL}console: { url: http://127.0.0.1:7000, token: *nope }\n`);
+  assert.ok(list.some((p) => /^YAML: .*alias/i.test(p)), list.join('\n'));
+});
+
+test('a key named by a reference: a clash with a written key is a problem; an unset one hides nothing', () => {
+  const clash = problems(`upstreams:\n  default: { url: http://127.0.0.1:4000 }\n  \${KW_MODE}: { url: http://10.9.9.9:1 }\n`, { KW_MODE: 'default' });
+  hasProblem(clash, 'upstreams.default', /named twice/);
+  const unset = problems(`upstreams:\n  \${KW_MODE}: { url: http://127.0.0.1:4000, timeoutMs: \${KW_T} }\n`);
+  hasProblem(unset, 'upstreams', /KW_MODE/);
+  hasProblem(unset, 'upstreams.${KW_MODE}.timeoutMs', /KW_T/);
+  assert.ok(unset.some((p) => /default/.test(p) && !/KW_MODE/.test(p)), `the missing default upstream is reported too:\n${unset.join('\n')}`);
+});

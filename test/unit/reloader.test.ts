@@ -120,6 +120,25 @@ test('a SIGHUP that comes while serve starts (before reloading starts) is answer
   assert.deepEqual(reloader.status().reloads, { ok: 1, error: 0 });
 });
 
+test('a SIGHUP the entry script held while the modules loaded is answered once reloading starts', async () => {
+  const file = join(dir, 'e.yaml');
+  writeFileSync(file, yaml());
+  // what bin/keyward.mjs leaves for `serve`: its listener, which saw one SIGHUP
+  const early = { held: true, listener: () => undefined };
+  (globalThis as Record<symbol, unknown>)[Symbol.for('keyward.earlySighup')] = early;
+  process.on('SIGHUP', early.listener);
+  holdSighup();
+  assert.ok(!process.listeners('SIGHUP').includes(early.listener), 'the entry script\'s listener is taken over');
+  const { reloader, applied, next } = watchedReloader(file);
+  // the file as it was read: only the held SIGHUP makes a reload
+  const applying = next();
+  reloader.start();
+  await applying;
+  reloader.close();
+  assert.equal(applied.length, 1);
+  assert.deepEqual(reloader.status().reloads, { ok: 1, error: 0 });
+});
+
 test('a file changed after it was read and before reloading starts is read again once it starts', async () => {
   const file = join(dir, 'd.yaml');
   writeFileSync(file, yaml());
