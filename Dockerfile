@@ -15,7 +15,9 @@ RUN npm run build \
 # compiler), a non-root user, health from the admin listener. Runs with a read-only root
 # filesystem given a writable volume for the replica (/app/data by default).
 FROM node:24-bookworm-slim
-ENV NODE_ENV=production KEYWARD_HOST=0.0.0.0
+# Both listeners on every interface, so the published ports answer (the example config
+# keeps them on loopback outside the image).
+ENV NODE_ENV=production KEYWARD_HOST=0.0.0.0 KEYWARD_ADMIN_HOST=0.0.0.0
 WORKDIR /app
 COPY --from=build --chown=node:node /app/package.json ./
 COPY --from=build --chown=node:node /app/node_modules ./node_modules

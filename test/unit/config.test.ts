@@ -1,6 +1,6 @@
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { existsSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { existsSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
@@ -305,4 +305,11 @@ test('config/keyward.example.yaml is valid', { skip: !existsSync(EXAMPLE) && 'no
   const env = { KEYWARD_SYNC_TOKEN: 'sync-token-0123456789', KEYWARD_KEY_PEPPER: 'pepper-0123456789abcdef0123' };
   const c = loadConfigFile({ file: EXAMPLE, schema: configSchema, env });
   assert.ok(c.upstreams.default);
+  assert.deepEqual([c.server.host, c.admin.host], ['127.0.0.1', '127.0.0.1']);
+  // the image's environment (the Dockerfile's last ENV) puts both listeners on every
+  // interface, so the ports it publishes answer
+  const dockerfile = readFileSync(fileURLToPath(new URL('../../Dockerfile', import.meta.url)), 'utf8');
+  const imageEnv = Object.fromEntries([...dockerfile.matchAll(/^ENV (.+)$/gm)].at(-1)![1]!.split(/\s+/).map((pair) => pair.split('=') as [string, string]));
+  const image = loadConfigFile({ file: EXAMPLE, schema: configSchema, env: { ...env, ...imageEnv } });
+  assert.deepEqual([image.server.host, image.admin.host], ['0.0.0.0', '0.0.0.0']);
 });
