@@ -11,6 +11,7 @@ import { hasBody } from './body/read.js';
 import { adoptSeen, type RequestContext } from './context.js';
 import { addQuotaHeaders } from './quota-headers.js';
 import { settle } from './settle.js';
+import { closesAfter } from './last-response.js';
 import type { ForwardFailure } from './upstream/forward.js';
 
 /**
@@ -38,7 +39,11 @@ export function sendDenial(req: IncomingMessage, res: ServerResponse, ctx: Reque
   headers['x-request-id'] = ctx.reqId;
   if (quota) addQuotaHeaders({ add: (name, value) => void (headers[name] = value) }, quota);
   if (ctx.shadow.length > 0) headers[SHADOW_HEADER] = ctx.shadow.join(',');
-  if (leavesLargeBodyUnread(req)) headers.connection = 'close';
+  // an HTTP/1.0 client is answered `close`, as a forwarded answer to it is
+  if (leavesLargeBodyUnread(req) || req.httpVersion === '1.0') {
+    headers.connection = 'close';
+    closesAfter(res);
+  }
   res.writeHead(out.status, headers);
   res.end(out.body);
 }
@@ -65,6 +70,7 @@ export function cutStalledBody(req: IncomingMessage, res: ServerResponse, ctx: R
   // Read nothing more: a body completed after the 408 must not go on to admission.
   req.socket.pause();
   res.shouldKeepAlive = false;
+  closesAfter(res);
   if (res.headersSent) return void res.destroy();
   sendDenial(req, res, ctx, deny('invalid_request', { variant: 'stalled', params: { ms: ctx.snapshot.config.server.bodyIdleTimeoutMs }, status: 408 }), ctx.route?.style ?? 'openai');
   // Half-close so the client reads the answer, then let go of the socket.

@@ -25,6 +25,7 @@ import { decide, newSeen, type Allow, type Decision } from './pipeline.js';
 import { createUsageTap } from './usage/tap.js';
 import { DenseSet } from '../dense-set.js';
 import { UnderWay } from './under-way.js';
+import { closedBefore, placeOnSocket } from './last-response.js';
 
 import type { ExchangeDeps, Exchanges, Expectation } from './exchange-api.js';
 
@@ -67,12 +68,9 @@ class ExchangeTable implements Exchanges, ForwardHooks {
   private readonly cutStalledResponse = (res: ServerResponse): void => cutStalledBody(res.req, res, contextOf(res));
 
   constructor(private readonly deps: ExchangeDeps) {
-    this.onResponseClose = ExchangeTable.closeListener(this);
-  }
-
-  /** Node calls a 'close' listener with the response as `this`; the table comes with it. */
-  private static closeListener(table: ExchangeTable): (this: ServerResponse) => void {
-    return function (this: ServerResponse) {
+    // Node calls a 'close' listener with the response as `this`; the table comes with it.
+    const table = this; // eslint-disable-line @typescript-eslint/no-this-alias
+    this.onResponseClose = function (this: ServerResponse) {
       table.closed(this);
     };
   }
@@ -89,6 +87,8 @@ class ExchangeTable implements Exchanges, ForwardHooks {
     (res as ContextResponse)[CONTEXT] = ctx;
     // 'close' comes once: a plain listener, without `once`'s wrapper and removal.
     res.on('close', this.onResponseClose);
+    // An HTTP/1.0 client's answer closes its connection, as one while draining or after an unmet expectation does.
+    placeOnSocket(res, { last: this.draining || expect === 'unmet' || req.httpVersion === '1.0' });
     // Not a header: headers set ahead would make the forwarder's one-shot head merge into them.
     if (this.draining) res.shouldKeepAlive = false;
     const keyMemo = ((req.socket as TrackedSocket)[KEY_MEMO] ??= newKeyMemo());
@@ -128,9 +128,7 @@ class ExchangeTable implements Exchanges, ForwardHooks {
     this.deps.access(unparsedLine({ status: answer.status, code: answer.code, clientIp: socket instanceof Socket ? (socket.remoteAddress ?? null) : null }));
   }
 
-  inFlight(): number {
-    return this.open.size;
-  }
+  inFlight = (): number => this.open.size;
 
   startDraining(opts: { closeIdle?: () => void } = {}): void {
     this.draining = true;
@@ -196,6 +194,8 @@ class ExchangeTable implements Exchanges, ForwardHooks {
     ctx.price = decision.price;
     // The client went away while the checks ran: its response has closed already.
     if (res.destroyed) return settle(ctx);
+    // Pipelined behind an answer that closes the connection: never to be delivered, so not forwarded or billed.
+    if (closedBefore(res)) return void res.destroy();
     if (decision.seen.route.class === 'self') return answerSelf(res, ctx, { facts: decision.seen.facts, describeKey: this.deps.describeKey, log: this.deps.log });
     // Held while a round trip decided: a client that left meanwhile is not forwarded (its response closes: 499, nothing billed).
     if (ctx.arrival?.heldReading) return ctx.arrival.letGoThen((gone) => (gone || res.destroyed ? void res.destroy() : this.forward(req, res, ctx, decision, expectContinue)));

@@ -124,6 +124,22 @@ describe('header lines', () => {
     assert.deepEqual(named(raw, 'x-kept').map(([, v]) => v), ['yes', 'again']);
   });
 
+  test('a Connection line naming the credential keyward checked does not take it away from the upstream', async () => {
+    // else the upstream would get no credential, or only one keyward never read (x-api-key on a Bearer route)
+    assert.equal(await exchange(`GET /v1/models HTTP/1.1\r\nHost: a\r\nConnection: Authorization, x-one\r\nAuthorization: Bearer ${h.keys.k_ok}\r\nX-One: 1\r\n\r\n`), 200);
+    let raw = up.received.at(-1)!.rawHeaders;
+    assert.deepEqual(named(raw, 'authorization').map(([, v]) => v), [`Bearer ${h.keys.k_ok}`]);
+    assert.deepEqual(named(raw, 'x-one'), []);
+    const body = '{"model":"claude-x","max_tokens":5,"messages":[]}';
+    const status = await exchange(
+      `POST /v1/messages HTTP/1.1\r\nHost: a\r\nConnection: x-api-key\r\nx-api-key: ${h.keys.k_ok}\r\nContent-Type: application/json\r\nContent-Length: ${body.length}\r\n\r\n`,
+      body,
+    );
+    assert.equal(status, 200);
+    raw = up.received.at(-1)!.rawHeaders;
+    assert.deepEqual(named(raw, 'x-api-key').map(([, v]) => v), [h.keys.k_ok]);
+  });
+
   test('a header named like an object property is an ordinary header', async () => {
     assert.equal(await exchange(`GET /v1/models HTTP/1.1\r\nHost: a\r\nAuthorization: Bearer ${h.keys.k_ok}\r\n__proto__: x\r\nconstructor: y\r\n__proto__: w\r\nconstructor: z\r\ntoString: t\r\n\r\n`), 200);
     const raw = up.received.at(-1)!.rawHeaders;

@@ -34,9 +34,13 @@ export class NameSet {
 export const HOP_BY_HOP_NAMES = ['connection', 'keep-alive', 'te', 'trailer', 'upgrade', 'proxy-authorization', 'proxy-connection'];
 const HOP_BY_HOP = new NameSet(HOP_BY_HOP_NAMES);
 
+const KEPT_WHEN_NAMED = new Set(['content-length', 'transfer-encoding', 'host', 'authorization', 'x-api-key']);
+
 /**
  * The header names a Connection value lists (lower case), for removal; never the message's
- * framing or Host. A name that is hop-by-hop anyway may be left out.
+ * framing, Host, or the credential lines keyward reads (`authorization`, `x-api-key`): the
+ * upstream gets the key that was checked, not none or only another it might fall back to.
+ * A name that is hop-by-hop anyway may be left out.
  */
 export function connectionTokens(value: string): string[] {
   // The values nearly every message carries name no header that is not dropped anyway.
@@ -47,7 +51,7 @@ export function connectionTokens(value: string): string[] {
   const out: string[] = [];
   for (const token of value.split(',')) {
     const name = token.trim().toLowerCase();
-    if (name && name !== 'content-length' && name !== 'transfer-encoding' && name !== 'host') out.push(name);
+    if (name && !KEPT_WHEN_NAMED.has(name)) out.push(name);
   }
   return out;
 }

@@ -1,0 +1,63 @@
+/**
+ * A request pipelined behind an answer that closes the connection (an HTTP/1.0 client's,
+ * a denial that leaves an unsized body unread) can never be answered: it is not forwarded
+ * and not billed, and its access line says 499.
+ */
+import { after, before, test } from 'node:test';
+import assert from 'node:assert/strict';
+import { once } from 'node:events';
+import { startFakeUpstream, type FakeUpstream } from '../helpers/upstream.js';
+import { accessLines, startHarness, type Harness } from '../helpers/sidecar.js';
+import { rawExchange } from '../helpers/raw.js';
+
+let up: FakeUpstream;
+let h: Harness;
+let port: number;
+
+before(async () => {
+  up = await startFakeUpstream();
+  h = await startHarness({ upstream: up.url, keys: { k_ok: {} } });
+  port = Number(new URL(h.url).port);
+});
+after(async () => {
+  await h.close();
+  await up.close();
+});
+
+const BODY = '{"model":"gpt-4o","messages":[]}';
+const chat = (version: string, extra = '') =>
+  `POST /v1/chat/completions HTTP/${version}\r\nHost: x\r\n${extra}Authorization: Bearer ${h.keys.k_ok}\r\nContent-Type: application/json\r\nContent-Length: ${BODY.length}\r\n\r\n${BODY}`;
+
+const firsts: { name: string; head: () => string; status: number; forwarded: number }[] = [
+  { name: 'an HTTP/1.0 keep-alive request, answered close', head: () => chat('1.0', 'Connection: keep-alive\r\n'), status: 200, forwarded: 1 },
+  { name: 'a 404 leaving a chunked body unread', head: () => 'POST /nope HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n', status: 404, forwarded: 0 },
+  { name: 'a 400 invalid_path leaving a chunked body unread', head: () => 'POST /v1/../x HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n', status: 400, forwarded: 0 },
+];
+
+/** The access lines from index `from` on, once there are `n` of them. */
+async function accessLinesFrom(from: number, n: number): Promise<Record<string, unknown>[]> {
+  while (accessLines(h).length < from + n) await once(h.logEvents, 'line');
+  return accessLines(h).slice(from, from + n);
+}
+
+for (const first of firsts) {
+  test(`behind ${first.name}: not forwarded, not billed, logged 499`, async () => {
+    for (let round = 0; round < 3; round++) {
+      const received = up.received.length;
+      const lines = accessLines(h).length;
+      const usage = h.usage.length;
+      const ex = await rawExchange(port, [first.head() + chat('1.1')]);
+      assert.deepEqual(ex.responses.map((r) => r.status), [first.status]);
+      assert.ok(ex.closed);
+      const logged = await accessLinesFrom(lines, 2);
+      assert.deepEqual(logged.map((l) => [l.path, l.status]).sort(), [[first.head().split(' ')[1], first.status], ['/v1/chat/completions', 499]].sort());
+      // a whole round trip after: anything forwarded by mistake has reached the upstream by then
+      const check = await rawExchange(port, [chat('1.1', 'Connection: close\r\n')]);
+      assert.deepEqual(check.responses.map((r) => r.status), [200]);
+      await accessLinesFrom(lines, 3); // the check's own, with its usage event
+      assert.equal(up.received.length - received, first.forwarded + 1, `round ${round}: forwarded`);
+      const events = h.usage.slice(usage);
+      assert.deepEqual(events.map((e) => e.status), [...Array(first.forwarded).fill(200), 200], `round ${round}: billed`);
+    }
+  });
+}
