@@ -72,6 +72,7 @@ export const CATALOGUE = {
       expectation: 'Only "Expect: 100-continue" is understood; send the request without another expectation.',
       two_host: 'More than one Host header was sent; send exactly one.',
       no_host: 'No Host header was sent; an HTTP/1.1 request carries exactly one.',
+      bad_host: 'The Host header must be a host name or address, with an optional port.',
       transfer_coding: 'Only "Transfer-Encoding: chunked" is accepted as a request transfer coding.',
       cut_short: 'The request body was cut short.',
       stalled: 'The request body stalled: no byte arrived for {ms} ms.',

@@ -67,6 +67,24 @@ describe('Host lines', () => {
     });
   }
 
+  test('a Host that is not a host (a path, a fragment, user-info, a space, empty) is 400 before the decision; nothing forwarded', async () => {
+    // an upstream that rebuilds its URL from Host would read another path than the one classified
+    for (const value of ['x/v1/models?', 'x#', 'a@b', 'a b', '']) {
+      const forwarded = up.received.length;
+      const ex = await rawExchange(h.sidecar.port, [`POST /v1/chat/completions HTTP/1.1\r\nHost: ${value}\r\nAuthorization: Bearer ${h.keys.k_ok}\r\nContent-Type: application/json\r\nContent-Length: ${CHAT.length}\r\n\r\n${CHAT}`], { expect: 1 });
+      assert.equal(ex.responses[0]!.status, 400, value);
+      const err = errorOf(ex.responses[0]!);
+      assert.equal(err.code, 'invalid_request');
+      assert.match(err.message, /Host header must be a host name/);
+      assert.equal(up.received.length, forwarded, value);
+    }
+    for (const value of ['api.example:8443', '[::1]:80', 'my_host']) {
+      const ex = await rawExchange(h.sidecar.port, [`GET /v1/models HTTP/1.1\r\nHost: ${value}\r\nAuthorization: Bearer ${h.keys.k_ok}\r\n\r\n`], { expect: 1 });
+      assert.equal(ex.responses[0]!.status, 200, value);
+      assert.equal(up.received.at(-1)!.headers.host, value, 'forwarded as received');
+    }
+  });
+
   test('an HTTP/1.1 request without Host gets 400 with keyward\'s JSON body, in the route\'s style', async () => {
     const forwarded = up.received.length;
     const ex = await rawExchange(h.sidecar.port, [`POST /v1/messages HTTP/1.1\r\nx-api-key: ${h.keys.k_ok}\r\nContent-Type: application/json\r\nContent-Length: ${CHAT.length}\r\n\r\n${CHAT}`], { expect: 1 });
