@@ -6,7 +6,7 @@
  * throws SnapshotError naming it, so a caller that validates before it commits rejects
  * a bad snapshot whole.
  */
-import { parseMeta, parseRecord, type ParsedRecord } from './records.js';
+import { isOtherRecordType, parseMeta, parseRecord, type ParsedRecord } from './records.js';
 
 export class SnapshotError extends Error {
   constructor(
@@ -70,7 +70,7 @@ function decode(text: string, line: number): unknown {
 
 /**
  * Reads numbered lines as a snapshot: yields the meta record first, then every record.
- * Blank lines are skipped. Throws SnapshotError at the first bad line, and at the end
+ * Blank lines, and records of a type this version does not know, are skipped. Throws SnapshotError at the first bad line, and at the end
  * when there was no meta record at all.
  */
 export function* readSnapshot(lines: Iterable<NumberedLine>): Generator<SnapshotItem> {
@@ -87,6 +87,7 @@ export function* readSnapshot(lines: Iterable<NumberedLine>): Generator<Snapshot
       yield { type: 'meta', version: meta.value.version };
       continue;
     }
+    if (isOtherRecordType(value)) continue;
     const rec = parseRecord(value);
     if (!rec.ok) throw new SnapshotError(rec.error, line);
     yield { type: 'record', line, record: rec.value };

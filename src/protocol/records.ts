@@ -173,6 +173,19 @@ export function parseChange(value: unknown): Parsed<Change> {
   return rec.ok ? { ok: true, value: { op: 'upsert', ...rec.value } } : rec;
 }
 
+const RECORD_TYPES = new Set(['project', 'wallet', 'key', 'price']);
+
+/**
+ * A record, or a change, of a type this version does not know (one a newer console adds,
+ * as v1 added `price`): skipped, as a field it does not know is ignored, so a console
+ * upgraded first does not stop every sidecar's sync.
+ */
+export function isOtherRecordType(value: unknown): boolean {
+  if (typeof value !== 'object' || value === null) return false;
+  const type = (value as Record<string, unknown>).type;
+  return typeof type === 'string' && type !== 'meta' && !RECORD_TYPES.has(type);
+}
+
 export function parseChangeBatch(value: unknown): Parsed<ChangeBatch> {
   if (typeof value !== 'object' || value === null) return { ok: false, error: 'batch must be an object' };
   const { version, changes } = value as Record<string, unknown>;
@@ -182,6 +195,7 @@ export function parseChangeBatch(value: unknown): Parsed<ChangeBatch> {
   if (!Array.isArray(changes)) return { ok: false, error: 'changes must be an array' };
   const out: Change[] = [];
   for (let i = 0; i < changes.length; i++) {
+    if (isOtherRecordType(changes[i])) continue;
     const c = parseChange(changes[i]);
     if (!c.ok) return { ok: false, error: `changes[${i}]: ${c.error}` };
     out.push(c.value);

@@ -34,10 +34,13 @@ export interface ReplicaWriter {
 }
 
 /**
- * A change batch that can never be applied as sent (bad JSON, a bad record, a broken
- * constraint): retrying it cannot help, so the client takes a snapshot instead.
+ * What the console sent cannot be applied as sent (bad JSON, a bad record, a broken
+ * constraint): asking again at once would get the same, so the client waits longer.
  */
-export class InvalidBatchError extends Error {
+export class UnusableDataError extends Error {}
+
+/** A change batch that can never be applied as sent: the client takes a snapshot instead. */
+export class InvalidBatchError extends UnusableDataError {
   constructor(message: string) {
     super(message);
     this.name = 'InvalidBatchError';

@@ -6,7 +6,7 @@
  * old replica stays. In-memory replicas (tests, demos) are applied on this thread.
  */
 import { MessageChannel, Worker, type MessagePort } from 'node:worker_threads';
-import { InvalidBatchError, type SnapshotApplied } from '../protocol/writer.js';
+import { InvalidBatchError, UnusableDataError, type SnapshotApplied } from '../protocol/writer.js';
 import { collectSnapshot, LineSplitter, readSnapshot, type NumberedLine } from '../protocol/ndjson.js';
 import type { ReplicaStore } from './store.js';
 import type { ChangesResult, ChunkMessage, WorkerMessage } from './worker.js';
@@ -17,7 +17,7 @@ async function* prepend(head: Uint8Array[], body: AsyncIterable<Uint8Array>): As
   yield* body;
 }
 
-export class SnapshotApplyError extends Error {
+export class SnapshotApplyError extends UnusableDataError {
   constructor(
     message: string,
     readonly line?: number,

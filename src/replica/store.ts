@@ -62,6 +62,15 @@ function toFacts(r: Row): KeyFacts {
 }
 
 /** Opens (or creates) a replica file, readable by its owner only, at the current schema. */
+/**
+ * An error naming the file and what to do: the replica only caches the console's data, so
+ * a file that is not one (another program's, damaged, of an unknown schema) can go.
+ */
+function unusableReplica(path: string, err: unknown): Error {
+  const why = err instanceof Error ? err.message : String(err);
+  return new Error(`replica.path ${path} cannot be used as the replica (${why}); it only caches the console's data: fix its permissions, or move it away and the next sync or import rebuilds it`);
+}
+
 export function openDatabase(path: string): Database.Database {
   return openPrivateDatabase(path, prepareDatabase);
 }
@@ -87,18 +96,27 @@ export class ReplicaStore {
   private readonly listeners = new Set<(s: ReplicaStatus) => void>();
 
   constructor(opts: ReplicaOptions) {
-    this.db = openDatabase(opts.path);
     this.youngMax = Math.max(1, Math.floor((opts.cacheSize ?? 50_000) / 2));
-    this.byHash = this.db.prepare(`SELECT k.*, p.id AS p_id, p.status AS p_status, p.budget AS p_budget, p.spent AS p_spent,
+    try {
+      this.db = openDatabase(opts.path);
+    } catch (err) {
+      throw unusableReplica(opts.path, err);
+    }
+    try {
+      this.byHash = this.db.prepare(`SELECT k.*, p.id AS p_id, p.status AS p_status, p.budget AS p_budget, p.spent AS p_spent,
         p.epoch AS p_epoch, p.period AS p_period, w.balance AS w_balance, w.epoch AS w_epoch
       FROM keys k LEFT JOIN projects p ON p.id = k.project_id LEFT JOIN wallets w ON w.user_id = k.user_id
       WHERE k.hash = ?`);
-    this.holder = holderLookup(this.db);
-    this.allPrices = this.db.prepare('SELECT model, input, output, per FROM prices');
-    this.metaStmt = this.db.prepare('SELECT version, applied_at, source FROM meta WHERE id = 1');
-    this.dataVersion = this.db.prepare('PRAGMA data_version').pluck();
-    this.lastDataVersion = this.dataVersion.get() as number;
-    this.statusCache = this.readStatus();
+      this.holder = holderLookup(this.db);
+      this.allPrices = this.db.prepare('SELECT model, input, output, per FROM prices');
+      this.metaStmt = this.db.prepare('SELECT version, applied_at, source FROM meta WHERE id = 1');
+      this.dataVersion = this.db.prepare('PRAGMA data_version').pluck();
+      this.lastDataVersion = this.dataVersion.get() as number;
+      this.statusCache = this.readStatus();
+    } catch (err) {
+      this.db.close();
+      throw unusableReplica(opts.path, err);
+    }
     this.timer = setInterval(() => this.checkExternalWrites(), opts.watchMs ?? 200);
     this.timer.unref();
   }

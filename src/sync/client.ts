@@ -6,8 +6,9 @@
  */
 import { backoffDelay, sleep, type BackoffOptions } from './backoff.js';
 import { CHANGES_PATH, SNAPSHOT_PATH } from '../protocol/records.js';
-import { InvalidBatchError, type ChangesApplied, type ReplicaWriter } from '../protocol/writer.js';
+import { InvalidBatchError, UnusableDataError, type ChangesApplied, type ReplicaWriter } from '../protocol/writer.js';
 import { quiet, type LogSink } from '../log.js';
+import { MAX_CHANGES_BYTES, textUpTo, watched } from './bodies.js';
 
 export { createUsagePusher, type UsagePusher, type UsagePusherOptions, type UsageStats } from './usage-pusher.js';
 
@@ -67,6 +68,13 @@ const RETRY_MAX_MS = 2_000;
  * console in a loop.
  */
 const SHORT_POLL_MS = 500;
+/**
+ * Retries after data the console sent could not be applied (a record this version cannot
+ * read, during a console-first upgrade): 2 s doubling to a minute, so a fleet does not
+ * download whole snapshots every 2 s from a console that will send the same again.
+ */
+const UNUSABLE_BACKOFF: BackoffOptions = { baseMs: 2_000, maxMs: 60_000 };
+type PollResult = 'ok' | 'gone' | 'older' | 'large';
 
 class HttpError extends Error {
   constructor(readonly status: number, what: string) {
@@ -81,14 +89,6 @@ function reason(err: unknown): string {
   return cause?.code ?? cause?.message ? `${err.message}: ${cause.code ?? cause.message}` : err.message;
 }
 
-/** Passes a snapshot body through, refreshing the stall timer on every chunk. */
-async function* watched(stream: ReadableStream<Uint8Array>, idle: NodeJS.Timeout): AsyncGenerator<Uint8Array> {
-  for await (const chunk of stream) {
-    idle.refresh();
-    yield chunk;
-  }
-}
-
 type Counters = Omit<SyncStatus, 'version' | 'currentAsOf'>;
 
 class SyncLoop implements SyncClient {
@@ -101,6 +101,11 @@ class SyncLoop implements SyncClient {
   private readonly backoff: BackoffOptions;
   private readonly stopper = new AbortController();
   private readonly st: Counters = { lastSyncAt: null, lastError: null, connected: false, failures: 0, snapshots: 0, lastSnapshot: null };
+  /** failures in a row whose cause was data that could not be applied */
+  private unusable = 0;
+  /** a snapshot is due for an older answer; the version it brought, while nothing applied since */
+  private olderAsked = false;
+  private afterOlder: number | null = null;
   private loop: Promise<void> | null = null;
   /** when the long poll in flight was sent, while the exchange before it succeeded */
   private pollSentAt: number | null = null;
@@ -145,9 +150,13 @@ class SyncLoop implements SyncClient {
         if (needSnapshot || version === null) {
           await this.snapshot();
           needSnapshot = false;
-        } else if ((await this.pollAt(version)) === 'gone') {
-          this.log.info({ version }, 'console no longer holds changes after our version; taking a snapshot');
-          needSnapshot = true;
+          this.afterOlder = this.olderAsked ? this.opts.target.version() : null;
+          this.olderAsked = false;
+        } else {
+          const result = await this.pollAt(version);
+          needSnapshot = this.snapshotDue(result, version);
+          // a console whose changes contradict the snapshot it just sent: no snapshot loop
+          if (result === 'older' && !needSnapshot) await sleep(backoffDelay(1, this.backoff), this.stopper.signal);
         }
         this.succeeded();
       } catch (err) {
@@ -159,8 +168,23 @@ class SyncLoop implements SyncClient {
     }
   }
 
+  /** Whether a poll's answer calls for a snapshot, said in the log. */
+  private snapshotDue(result: PollResult, version: number): boolean {
+    if (result === 'gone') this.log.info({ version }, 'console no longer holds changes after our version; taking a snapshot');
+    // A console restored from a backup, or another history: its changes after ours would be
+    // skipped. Once: again right after that snapshot, the console contradicts itself.
+    else if (result === 'older') {
+      if (this.afterOlder === version) return false;
+      this.log.warn({ version }, 'console answered a version older than the replica\'s (restored, or another history); taking a snapshot');
+      this.olderAsked = true;
+    }
+    else if (result === 'large') this.log.info({ version, maxBytes: MAX_CHANGES_BYTES }, 'change page too large to read on the event loop; taking a snapshot');
+    return result !== 'ok';
+  }
+
   private succeeded(): void {
     const st = this.st;
+    this.unusable = 0;
     const returned = st.failures > 0 || !st.connected;
     if (returned) this.log.info({ version: this.opts.target.version() }, 'console sync connected');
     st.lastSyncAt = this.now();
@@ -177,9 +201,12 @@ class SyncLoop implements SyncClient {
     st.failures++;
     st.connected = false;
     st.lastError = reason(err);
-    const delay = backoffDelay(st.failures, this.backoff);
-    // The first failure is worth a warning; a console that stays away is reported less loudly.
-    const level = st.failures === 1 || st.failures % 20 === 0 ? 'warn' : 'debug';
+    const unusable = err instanceof UnusableDataError;
+    this.unusable = unusable ? this.unusable + 1 : 0;
+    const delay = unusable ? backoffDelay(this.unusable, { ...UNUSABLE_BACKOFF, ...(this.backoff.random ? { random: this.backoff.random } : {}) }) : backoffDelay(st.failures, this.backoff);
+    // The first failure is worth a warning; a console that stays away is reported less
+    // loudly. Data that cannot be applied is an error each time (a minute apart at most).
+    const level = unusable ? 'error' : st.failures === 1 || st.failures % 20 === 0 ? 'warn' : 'debug';
     const version = this.opts.target.version();
     this.log[level]({ err: st.lastError, failures: st.failures, retryInMs: delay, version }, version === null ? 'console sync failed; no replica yet, not ready' : 'console sync failed; serving from the replica');
     return delay;
@@ -204,7 +231,7 @@ class SyncLoop implements SyncClient {
     }
   }
 
-  private async pollAt(version: number): Promise<'ok' | 'gone'> {
+  private async pollAt(version: number): Promise<PollResult> {
     this.pollSentAt = this.now();
     try {
       return await this.poll(version);
@@ -213,8 +240,11 @@ class SyncLoop implements SyncClient {
     }
   }
 
-  /** One long poll. Returns 'gone' on 410 (a snapshot is due). */
-  private async poll(after: number): Promise<'ok' | 'gone'> {
+  /**
+   * One long poll. Returns 'gone' on 410, 'older' for a version below `after`, 'large' for a
+   * page past MAX_CHANGES_BYTES: each calls for a snapshot.
+   */
+  private async poll(after: number): Promise<PollResult> {
     const started = this.now();
     // After a failure, ask without waiting: an answer at once tells the console is back
     // (and the usage pusher can deliver) instead of after a whole long poll.
@@ -226,15 +256,17 @@ class SyncLoop implements SyncClient {
       if (res.status === 410) return 'gone';
       throw new HttpError(res.status, 'changes');
     }
-    const text = await res.text();
+    const text = await textUpTo(res, MAX_CHANGES_BYTES);
+    if (text === null) return 'large';
     const t = performance.now();
     const r: ChangesApplied = await this.opts.target.applyChangeText(text, 'console');
     if (r.applied || r.changes > 0) {
       this.log.debug({ version: r.version, changes: r.changes, ms: Math.round(performance.now() - t), offThread: r.offThread }, 'changes applied');
     }
-    if (!r.applied && r.version <= after) {
-      // An answer that moves nothing forward long before waitMs (a console shutting down, one
-      // that ignores waitMs, or one answering with an older version): do not spin.
+    if (!r.applied && r.version < after) return 'older';
+    if (!r.applied && r.version === after) {
+      // An answer that moves nothing forward long before waitMs (a console shutting down, or
+      // one that ignores waitMs): do not spin.
       if (waitMs > 0 && this.now() - started < waitMs / 10) await sleep(backoffDelay(1, this.backoff), this.stopper.signal);
       else if (this.opts.waitMs === 0) await sleep(SHORT_POLL_MS, this.stopper.signal);
     }

@@ -1,7 +1,7 @@
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import Database from 'better-sqlite3';
-import { mkdtempSync, rmSync } from 'node:fs';
+import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { ReplicaStore } from '../../src/replica/store.js';
@@ -193,4 +193,17 @@ test('lookup cache: a key in use stays cached, a cold one is read again, at most
   assert.equal(rpm('k_hot'), 1, 'a key in use is answered from the cache');
   assert.equal(rpm('k_a'), 2, 'a key that went cold is read from the replica again');
   replica.close();
+});
+
+test('a file that cannot be the replica is refused with its path and what to do', () => {
+  const garbage = join(dir, 'garbage.sqlite');
+  writeFileSync(garbage, 'not a database, just text '.repeat(200));
+  const other = join(dir, 'other.sqlite');
+  // another program's database with tables of the same names
+  const db = new Database(other);
+  db.exec('CREATE TABLE keys (id TEXT); CREATE TABLE meta (id INTEGER)');
+  db.close();
+  for (const path of [garbage, other]) {
+    assert.throws(() => new ReplicaStore({ path }), (err: Error) => err.message.startsWith(`replica.path ${path} cannot be used as the replica (`) && /move it away/.test(err.message));
+  }
 });

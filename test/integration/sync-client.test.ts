@@ -153,7 +153,7 @@ test('a wrong sync token is reported without the token and retried', async () =>
   await client.stop();
 });
 
-test('a console answering changes with an older version at once is not polled in a tight loop', async () => {
+test('a console answering changes with an older version at once is not polled, or asked for snapshots, in a tight loop', async () => {
   let changeCalls = 0;
   const stale: typeof fetch = async (input, init) => {
     if (!String(input).includes('/sync/v1/changes')) return fetch(input, init);
@@ -169,6 +169,8 @@ test('a console answering changes with an older version at once is not polled in
   const from = changeCalls;
   await new Promise((r) => setTimeout(r, 1000)); // a rate: calls per second of wall time
   assert.ok(changeCalls - from <= 10, `${changeCalls - from} change polls in a second`);
+  // one snapshot for the older answer; the same answer right after it takes none
+  assert.equal(client.status().snapshots, 2);
   assert.equal(replica.status().ready, true, 'the snapshot still serves');
 });
 

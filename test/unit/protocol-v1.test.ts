@@ -82,6 +82,17 @@ test('a reader ignores fields it does not know, in records, changes, meta and us
   assert.equal(u.events.length, 1);
 });
 
+test('records and changes of a type this version does not know are skipped; a known record with a bad value is not', () => {
+  const snap = parseSnapshotText(`{"type":"meta","version":7}\n{"type":"team_member","id":"m_1","user":"u_1"}\n${JSON.stringify(oldKey)}\n`);
+  assert.deepEqual(snap.records.map((r) => r.record.type), ['key']);
+  const batch = parseChangeBatch({ version: 8, changes: [{ op: 'upsert', type: 'team_member', id: 'm_1' }, { op: 'delete', type: 'team_member', id: 'm_1' }, { op: 'delete', type: 'key', id: 'k_1' }] });
+  assert.ok(batch.ok);
+  assert.deepEqual(batch.value.changes, [{ op: 'delete', type: 'key', id: 'k_1' }]);
+  // a record without a type, or a key whose period this version cannot read, is still refused
+  assert.equal(parseChangeBatch({ version: 9, changes: [{ op: 'upsert', id: 'x' }] }).ok, false);
+  assert.equal(parseChangeBatch({ version: 9, changes: [{ op: 'upsert', ...oldKey, period: 'quarter' }] }).ok, false);
+});
+
 test('price records: upsert and delete by model', () => {
   const p = parseRecord({ type: 'price', model: 'gpt-4o*', input: 2.5, output: 10, per: 1000000 });
   assert.deepEqual(p, { ok: true, value: { type: 'price', model: 'gpt-4o*', input: 2.5, output: 10, per: 1000000 } });

@@ -1,0 +1,105 @@
+/**
+ * Console answers the sync client must not take at their word (DESIGN section 7): a changes
+ * answer older than the replica (a console restored from a backup) is followed by a
+ * snapshot; a change page too large to read on the event loop is replaced by a snapshot;
+ * data that cannot be applied is retried slowly, logged as an error.
+ */
+import { after, before, test } from 'node:test';
+import assert from 'node:assert/strict';
+import { mkdtempSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { ReplicaStore } from '../../src/replica/store.js';
+import { createSyncClient, type SyncClient } from '../../src/sync/client.js';
+import { MAX_CHANGES_BYTES } from '../../src/sync/bodies.js';
+import { replicaWriter } from '../../src/replica/writer.js';
+import type { LogSink } from '../../src/log.js';
+import { startConsoleFixture, type ConsoleFixture } from '../helpers/console-fixture.js';
+import { lookupSecret, until } from '../helpers/console-replica.js';
+
+let fx: ConsoleFixture;
+let dir: string;
+const clients: SyncClient[] = [];
+const replicas: ReplicaStore[] = [];
+
+before(async () => {
+  fx = await startConsoleFixture();
+  dir = mkdtempSync(join(tmpdir(), 'kw-sync-answers-'));
+  await fx.api('PUT', '/admin/v1/wallets/ann', { body: { balance: 5 } });
+});
+after(async () => {
+  await Promise.all(clients.map((c) => c.stop()));
+  for (const r of replicas) r.close();
+  await fx.close();
+  rmSync(dir, { recursive: true, force: true });
+});
+
+type Line = { level: keyof LogSink; fields: Record<string, unknown>; msg: string };
+
+/** A client into a new replica, fetching through `through`, logging into `lines`. */
+function client(name: string, through: typeof fetch) {
+  const lines: Line[] = [];
+  const at = (level: keyof LogSink) => (fields: object, msg = '') => void lines.push({ level, fields: fields as Record<string, unknown>, msg });
+  const log: LogSink = { debug: at('debug'), info: at('info'), warn: at('warn'), error: at('error') };
+  const replica = new ReplicaStore({ path: join(dir, `${name}.sqlite`) });
+  const c = createSyncClient({ url: fx.url, token: fx.tokens.sync, waitMs: 500, target: replicaWriter(replica), backoff: { baseMs: 20, maxMs: 100 }, fetch: through, log });
+  replicas.push(replica);
+  clients.push(c);
+  return { replica, client: c, lines };
+}
+
+/** Answers the next changes call with `answer(after)` instead of the console's, once. */
+function replacingNextChanges(answer: (after: number) => Response) {
+  let armed = false;
+  const through: typeof fetch = (input, init) => {
+    const url = String(input);
+    if (!armed || !url.includes('/sync/v1/changes')) return fetch(input, init);
+    armed = false;
+    return Promise.resolve(answer(Number(new URL(url).searchParams.get('after'))));
+  };
+  return { through, arm: () => (armed = true) };
+}
+
+test('a changes answer older than the replica (a restored console) is followed by a snapshot', async () => {
+  const swap = replacingNextChanges((after) => Response.json({ version: after - 1, changes: [] }));
+  const { client: c, lines } = client('older', swap.through);
+  await c.start();
+  const snapshots = c.status().snapshots;
+  swap.arm();
+  // a change the console makes meanwhile, so the next long poll answers at once
+  await fx.api('PUT', '/admin/v1/wallets/ann', { body: { balance: 6 } });
+  assert.ok(await until(() => c.status().snapshots === snapshots + 1), 'a snapshot follows the older answer');
+  assert.ok(lines.some((l) => l.level === 'warn' && /older than the replica/.test(l.msg)));
+  assert.equal(c.status().failures, 0);
+});
+
+test('a change page larger than the sidecar reads on its event loop is replaced by a snapshot', async () => {
+  const swap = replacingNextChanges((after) => Response.json({ version: after + 1, changes: [], padding: 'x'.repeat(MAX_CHANGES_BYTES) }));
+  const { replica, client: c, lines } = client('large', swap.through);
+  await c.start();
+  const snapshots = c.status().snapshots;
+  swap.arm();
+  const k = (await fx.api('POST', '/admin/v1/keys', { body: { kind: 'personal', user: 'ann' } })).body as { secret: string };
+  assert.ok(await until(() => c.status().snapshots === snapshots + 1), 'a snapshot replaces the page');
+  assert.ok(await until(() => lookupSecret(replica, k.secret) !== null), 'what the page held arrives');
+  assert.ok(lines.some((l) => l.level === 'info' && /too large/.test(l.msg)));
+  assert.equal(c.status().failures, 0);
+});
+
+test('a snapshot that cannot be applied is an error, retried after seconds rather than the console-away backoff', async () => {
+  let corrupt = true;
+  const tamper: typeof fetch = async (input, init) => {
+    const res = await fetch(input, init);
+    if (!corrupt || !String(input).includes('/snapshot')) return res;
+    return new Response((await res.text()).replace(/"balance":[0-9.]+/, '"balance":"lots"'), { status: 200 });
+  };
+  const { client: c, lines } = client('unusable', tamper);
+  void c.start();
+  assert.ok(await until(() => lines.some((l) => /console sync failed/.test(l.msg))));
+  const failure = lines.find((l) => /console sync failed/.test(l.msg))!;
+  assert.equal(failure.level, 'error');
+  // 2 s doubling, with equal jitter: the first retry 1 to 2 s away (the console-away backoff here is at most 100 ms)
+  assert.ok((failure.fields.retryInMs as number) >= 1000, String(failure.fields.retryInMs));
+  corrupt = false;
+  assert.ok(await until(() => c.status().connected, 5000), 'recovers once the console sends a good snapshot');
+});
