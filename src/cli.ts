@@ -5,14 +5,13 @@
 import cluster from 'node:cluster';
 import { Command, InvalidArgumentError, Option } from 'commander';
 import { ConfigError } from './config/load.js';
-import { loadConfig } from './config/file.js';
 import { DEFAULT_REPLICA_PATH } from './config/schema.js';
 import { serve, serveWorker } from './app/serve.js';
 import { parseWorkers } from './app/workers.js';
 import { importSnapshotFile, ImportError } from './app/import.js';
 import { runDemo } from './app/demo.js';
 import { registerConsoleCommands } from './app/console-cli.js';
-import { loadConsoleConfig } from './console/config.js';
+import { checkConfig, replicaPathFor } from './app/config-files.js';
 
 /** Runs `fn` until SIGTERM/SIGINT, then `stop` once, then exits 0. */
 function untilSignal(stop: () => Promise<void>): void {
@@ -75,9 +74,7 @@ export function buildProgram(): Command {
     .requiredOption('-c, --config <file>', 'YAML config file')
     .option('--console', "validate it as the reference console's config (keyward console --config FILE)")
     .action((o: { config: string; console?: boolean }) => {
-      // The same validation a reload (src/app/reload.ts), or the console at its start, applies.
-      if (o.console) loadConsoleConfig({ file: o.config });
-      else loadConfig(o.config);
+      checkConfig({ file: o.config, ...(o.console ? { console: true } : {}) });
       process.stdout.write(`${o.config}: ok\n`);
     });
 
@@ -88,7 +85,7 @@ export function buildProgram(): Command {
     .addOption(new Option('-c, --config <file>', 'config file naming replica.path').conflicts('replica'))
     .option('--replica <path>', `replica file (instead of --config; neither: ${DEFAULT_REPLICA_PATH}, the config's default)`)
     .action(async (file: string, o: { config?: string; replica?: string }) => {
-      const path = o.replica ?? (o.config ? loadConfig(o.config).config.replica.path : DEFAULT_REPLICA_PATH);
+      const path = replicaPathFor(o);
       // Every line is validated inside the one transaction: a bad file changes nothing.
       const counts = await importSnapshotFile({ replicaPath: path, file });
       process.stdout.write(`imported version ${counts.version}: ${counts.keys} keys, ${counts.projects} projects, ${counts.wallets} wallets into ${path}\n`);

@@ -12,7 +12,7 @@ import {
   adminClient, budgetPeriodArg, CliError, DEFAULT_CONSOLE_URL, ipList, modelLimits, modelList, numberOrNone, shadowList, TOKEN_ENV, URL_ENV, type AdminCall,
 } from '../console/cli-client.js';
 import { keyDetails, keysTable, lastUsed, projectsTable, walletsTable } from '../console/cli-format.js';
-import { loadConsoleConfig } from '../console/config.js';
+import { loadConsoleConfig } from './config-files.js';
 import { MasterKeyError } from '../console/crypto.js';
 import type { KeyView } from '../console/db.js';
 import { SHADOW_CHECKS } from '../protocol/shadow-checks.js';
@@ -281,21 +281,4 @@ async function runConsole(opts: { file: string; io: CliIO }): Promise<void> {
   };
   process.once('SIGTERM', () => stop('SIGTERM'));
   process.once('SIGINT', () => stop('SIGINT'));
-}
-
-/** Runs one CLI invocation in-process (argv without `node script`); returns what it printed and its exit code. */
-export async function runConsoleCli(argv: string[], io: Partial<Omit<CliIO, 'stdout' | 'stderr' | 'setExitCode'>> = {}): Promise<{ code: number; stdout: string; stderr: string }> {
-  let stdout = '';
-  let stderr = '';
-  let code = 0;
-  const program = new Command('keyward').exitOverride().configureOutput({ writeOut: (t) => void (stdout += t), writeErr: (t) => void (stderr += t) });
-  registerConsoleCommands(program, { ...io, stdout: (t) => void (stdout += t), stderr: (t) => void (stderr += t), setExitCode: (c) => void (code = c) });
-  try {
-    await program.parseAsync(argv, { from: 'user' });
-  } catch (err) {
-    const exit = (err as { exitCode?: number }).exitCode;
-    if (exit === undefined) throw err;
-    code = exit;
-  }
-  return { code, stdout, stderr };
 }

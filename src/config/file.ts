@@ -1,11 +1,14 @@
 /**
- * The sidecar's config file as `serve`, `check-config` and a reload read it: one read, the
+ * Config files read (the sidecar's and the console's). The sidecar's as `serve`,
+ * `check-config` and a reload read it: one read, the
  * strict validation of load.ts against the sidecar's schema, and the hash of the very bytes
  * that were validated (keyward_config_info shows it, so an operator can tell which file
  * is in force).
  */
 import { createHash } from 'node:crypto';
-import { parseConfigText, readConfigFile, type EnvDefault } from './load.js';
+import { readFileSync } from 'node:fs';
+import type { z } from 'zod';
+import { ConfigError, parseConfigText, type EnvDefault } from './load.js';
 import { configSchema, type Config } from './schema.js';
 
 export interface LoadedConfig {
@@ -24,6 +27,20 @@ export const SIDECAR_ENV_DEFAULTS: readonly EnvDefault[] = [
   { block: 'console', key: 'token', variable: 'KEYWARD_SYNC_TOKEN' },
   { block: 'keys', key: 'pepper', variable: 'KEYWARD_KEY_PEPPER', when: (keys) => keys.hash === 'hmac-sha256' },
 ];
+
+/** The file's bytes (through any symlinks); throws ConfigError when it cannot be read. */
+export function readConfigFile(file: string): Buffer {
+  try {
+    return readFileSync(file);
+  } catch (err) {
+    throw new ConfigError(file, [`cannot read file: ${(err as NodeJS.ErrnoException).code ?? String(err)}`]);
+  }
+}
+
+export function loadConfigFile<T>(opts: { file: string; schema: z.ZodType<T>; env?: NodeJS.ProcessEnv }): T {
+  const text = readConfigFile(opts.file).toString('utf8');
+  return parseConfigText({ text, file: opts.file, schema: opts.schema, ...(opts.env ? { env: opts.env } : {}) });
+}
 
 /** Reads and validates the file; throws ConfigError naming every problem. */
 export function loadConfig(file: string, env: NodeJS.ProcessEnv = process.env): LoadedConfig {

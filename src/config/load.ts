@@ -1,9 +1,9 @@
 /**
  * YAML config loading (DESIGN section 2): `${VAR}` and `${VAR:-default}` expansion from
  * the environment, then strict validation. Every problem is collected and reported
- * together, each naming the file, the key path and what was expected.
+ * together, each naming the file, the key path and what was expected. Text in, value out:
+ * file.ts reads the files.
  */
-import { readFileSync } from 'node:fs';
 import { parseDocument } from 'yaml';
 import type { z } from 'zod';
 
@@ -183,18 +183,4 @@ export function parseConfigText<T>(opts: { text: string; file: string; schema: z
   }
   if (problems.length > 0 || !result.success) throw new ConfigError(opts.file, problems);
   return result.data;
-}
-
-/** The file's bytes (through any symlinks); throws ConfigError when it cannot be read. */
-export function readConfigFile(file: string): Buffer {
-  try {
-    return readFileSync(file);
-  } catch (err) {
-    throw new ConfigError(file, [`cannot read file: ${(err as NodeJS.ErrnoException).code ?? String(err)}`]);
-  }
-}
-
-export function loadConfigFile<T>(opts: { file: string; schema: z.ZodType<T>; env?: NodeJS.ProcessEnv }): T {
-  const text = readConfigFile(opts.file).toString('utf8');
-  return parseConfigText({ text, file: opts.file, schema: opts.schema, ...(opts.env ? { env: opts.env } : {}) });
 }

@@ -7,7 +7,6 @@
  * file can be shared or printed without exposing the key that decrypts every stored secret.
  */
 import { z } from 'zod';
-import { loadConfigFile } from '../config/load.js';
 import { always, fraction, isRecord, num } from '../config/schema.js';
 
 // Numbers also from `${VAR}` expansion, which yields strings (as in the sidecar's config).
@@ -114,7 +113,3 @@ export const consoleConfigSchema = z
 
 export type ConsoleConfig = z.infer<typeof consoleConfigSchema>;
 export type ConsoleConfigInput = z.input<typeof consoleConfigSchema>;
-
-export function loadConsoleConfig(opts: { file: string; env?: NodeJS.ProcessEnv }): ConsoleConfig {
-  return loadConfigFile({ file: opts.file, schema: consoleConfigSchema, ...(opts.env ? { env: opts.env } : {}) });
-}

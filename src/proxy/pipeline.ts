@@ -8,8 +8,8 @@
 import { extractCredential, unknownKeyDenial } from '../auth/credentials.js';
 import { isWellFormedKey } from '../auth/keyformat.js';
 import { hashRemembered, type KeyHasher, type KeyMemo } from '../auth/hash.js';
-import { deny, type Denial, type ErrorStyle } from '../errors.js';
-import { hasAnyLimit, isLimited, NO_QUOTA, type AdmitInput, type Hold, type Lease, type Limiter, type Quota } from '../limits/limiter.js';
+import { deny, type Denial } from '../errors.js';
+import { hasAnyLimit, isLimited, NO_QUOTA, type AdmitInput, type Lease, type Limiter, type Quota } from '../limits/limiter.js';
 import { admitShadowed, holdShadowed } from '../limits/shadow.js';
 import { checkKey, checkModel, checkModels, checkStanding, modelLimitFor } from '../policy/decide.js';
 import { holdersOf } from '../policy/holders.js';
@@ -18,7 +18,7 @@ import { checkNetwork, looksLikeBrowser } from '../policy/network.js';
 import { promptTokens, type Estimate } from '../policy/estimate.js';
 import type { KeyFacts } from '../policy/facts.js';
 import { dropLaterStepCodes, hasLaterStepCodes, isShadowed, shadowSet, type ShadowSet } from '../policy/shadow.js';
-import { classify, type Route } from '../routes.js';
+import { classify } from '../routes.js';
 import type { BodyResult, BodySource, ReadOptions } from './body/read.js';
 import type { UploadResult } from './body/upload.js';
 import type { Snapshot } from './snapshot.js';
@@ -55,54 +55,10 @@ export interface RequestInput {
   openUpload: (opts: { limit: number }) => UploadResult;
 }
 
-/** What was learnt before the decision, for the access line either way. */
-export interface Seen {
-  route: Route | null;
-  facts: KeyFacts | null;
-  upstream: string | null;
-  model: string | null;
-  /** codes of shadowed checks that would have refused, each once, in decision order (DESIGN section 12) */
-  shadow: string[];
-}
+import { denied, type Allow, type Decision, type Seen } from './decision.js';
 
-export interface Allow {
-  allow: true;
-  seen: Seen & { route: Route; facts: KeyFacts; upstream: string };
-  /** what to forward instead of the request stream; null when nothing was consumed */
-  body: BodySource | null;
-  /** the body was read here, so an `Expect: 100-continue` has been answered already */
-  bodyRead: boolean;
-  /** held limits (null when nothing is limited); the exchange settles it */
-  lease: Lease | null;
-  /** the key's own RPM/TPM figures after this admission, for the x-ratelimit-* headers */
-  quota: Quota;
-  /** the spend hold on every budget the key draws on (null: none); the exchange settles it */
-  hold: Hold | null;
-  /** the price the hold was computed at, and the settlement will be */
-  price: Price | null;
-  /** the TPM reservation: prompt estimate plus the output reserved */
-  tokens: number;
-  estimate: Estimate;
-  /**
-   * A model request that generates: its usage is settled and billed. Not count_tokens,
-   * and not a bodiless call on a stored response (a retrieval or a cancel generates nothing).
-   */
-  metered: boolean;
-}
-
-export interface Deny {
-  allow: false;
-  seen: Seen;
-  denial: Denial;
-  style: ErrorStyle;
-  /** a 429 for the key's own RPM or TPM: the key's figures, sent as x-ratelimit-* headers (DESIGN section 11) */
-  quota: Quota | null;
-}
-
-export type Decision = Allow | Deny;
-
-/** Every Deny is built here: the route's error style, or openai before a route is known. */
-export const denied = (seen: Seen, denial: Denial, quota: Quota | null = null): Deny => ({ allow: false, seen, denial, style: seen.route?.style ?? 'openai', quota });
+export type { Allow, Decision, Deny, Seen } from './decision.js';
+export { denied };
 
 /** The checks shadowed for this key: the config's `limits.shadow` and the key record's own. */
 const shadowOf = (snap: Snapshot, facts: KeyFacts): ShadowSet => snap.shadow | shadowSet(facts.key.shadow);

@@ -13,8 +13,8 @@ export async function* watched(stream: ReadableStream<Uint8Array>, idle: NodeJS.
 
 /**
  * A change page larger than this is not read: a snapshot, streamed to a worker, replaces
- * it. Reading and handing over a page takes the event loop about 2 ms a MB (DESIGN section
- * 7: never more than 50 ms).
+ * it. A page is read and handed over on the event loop, which DESIGN section 7 lets a
+ * sync stall for no more than 50 ms.
  */
 export const MAX_CHANGES_BYTES = 8 * 1024 * 1024;
 

@@ -6,7 +6,7 @@ import { writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { randomBytes } from 'node:crypto';
 import { isWellFormedKey } from '../../src/auth/keyformat.js';
-import { runConsoleCli } from '../../src/app/console-cli.js';
+import { runConsoleCli } from '../helpers/console-cli.js';
 import { startConsoleFixture, tok, type ConsoleFixture } from '../helpers/console-fixture.js';
 
 let fx: ConsoleFixture;

@@ -6,7 +6,7 @@ import { join } from 'node:path';
 import { ReplicaStore } from '../../src/replica/store.js';
 import { replicaWriter } from '../../src/replica/writer.js';
 import { createSyncClient, type SyncClient } from '../../src/sync/client.js';
-import { runConsoleCli } from '../../src/app/console-cli.js';
+import { runConsoleCli } from '../helpers/console-cli.js';
 import { startConsole } from '../../src/app/console.js';
 import { parseSnapshotText } from '../../src/protocol/ndjson.js';
 import { startConsoleFixture, syncGet, type ConsoleFixture } from '../helpers/console-fixture.js';

@@ -15,7 +15,7 @@ import { parse, parseAllDocuments } from 'yaml';
 import { Deployment } from 'kubernetes-models/apps/v1';
 import { ConfigMap, PersistentVolumeClaim, Service } from 'kubernetes-models/v1';
 import { PodDisruptionBudget } from 'kubernetes-models/policy/v1';
-import { loadConfigFile } from '../../src/config/load.js';
+import { loadConfigFile } from '../../src/config/file.js';
 import { configSchema, type Config } from '../../src/config/schema.js';
 import { consoleConfigSchema, type ConsoleConfig } from '../../src/console/config.js';
 

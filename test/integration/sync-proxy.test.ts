@@ -10,7 +10,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { Writable } from 'node:stream';
 import { configSchema } from '../../src/config/schema.js';
-import { runConsoleCli } from '../../src/app/console-cli.js';
+import { runConsoleCli } from '../helpers/console-cli.js';
 import { createLogger } from '../../src/obs/logger.js';
 import { startSidecar, type Sidecar } from '../../src/app/sidecar.js';
 import { ReplicaStore } from '../../src/replica/store.js';

@@ -6,7 +6,8 @@ import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { createServer } from 'node:http';
 import { listen } from '../../src/app/listen.js';
-import { ConfigError, loadConfigFile } from '../../src/config/load.js';
+import { ConfigError } from '../../src/config/load.js';
+import { loadConfigFile } from '../../src/config/file.js';
 import { configSchema, type Config } from '../../src/config/schema.js';
 import { MINIMAL, hasProblem, parse, problems } from '../helpers/config-text.js';
 

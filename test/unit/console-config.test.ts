@@ -1,6 +1,7 @@
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { consoleConfigSchema, loadConsoleConfig } from '../../src/console/config.js';
+import { consoleConfigSchema } from '../../src/console/config.js';
+import { loadConsoleConfig } from '../../src/app/config-files.js';
 import { parseConfigText, ConfigError } from '../../src/config/load.js';
 
 test('the example console config is valid', () => {

@@ -15,9 +15,10 @@
 --       this much after the request and the slice, so that near the limit every instance
 --       goes back to one call per request and admissions stay exact.
 --       14 concurrency limit C (0 = none), 15 this request's lease id, 16 lease ms,
---       17 the instance's block id ('' = none), 18 block weight wanted (0 = none asked): the
---       block is set to that many slots only when, after the request, slots in use (this
---       block's current weight included) - current weight + wanted <= ARGV[19].
+--       17 the instance's block id ('' = none), 18 block weight wanted (0 = none asked),
+--       19 most slots in use with the block granted (a share of C): the block is set to
+--       that many slots only when, after the request, slots in use (this block's current
+--       weight included) - current weight + wanted <= ARGV[19].
 --
 -- The request is checked as admit.lua checks it, by the same bucket.lua admit_wait (RPM
 -- holds 1; TPM holds the estimate or is full; the same retry wait), in admit.lua's order
