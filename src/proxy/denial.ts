@@ -26,14 +26,19 @@ function leavesLargeBodyUnread(req: IncomingMessage): boolean {
 /** The header naming the codes shadowed checks would have answered with (DESIGN section 12). */
 export const SHADOW_HEADER = 'x-keyward-shadow';
 
-/** `quota`: a 429 for the key's own RPM or TPM sends the key's figures too (DESIGN section 11). */
-export function sendDenial(req: IncomingMessage, res: ServerResponse, ctx: RequestContext, denial: Denial, style: ErrorStyle, quota: Quota | null = null): void {
+/**
+ * `style`: the body's (default: the route's, openai before a route is known); `quota`: a
+ * 429 for the key's own RPM or TPM sends the key's figures too (DESIGN section 11).
+ */
+export function sendDenial(res: ServerResponse, ctx: RequestContext, denial: Denial, opts: { style?: ErrorStyle; quota?: Quota | null } = {}): void {
+  const req = res.req;
+  const quota = opts.quota ?? null;
   ctx.code = denial.code;
   if (res.headersSent) {
     res.destroy();
     return;
   }
-  const out = renderError(denial, style);
+  const out = renderError(denial, opts.style ?? ctx.route?.style ?? 'openai');
   // Copied, then added to: a spread followed by a new property would build a hidden class per call.
   const headers: Record<string, string> = Object.assign({}, out.headers);
   headers['x-request-id'] = ctx.reqId;
@@ -72,7 +77,7 @@ export function cutStalledBody(req: IncomingMessage, res: ServerResponse, ctx: R
   res.shouldKeepAlive = false;
   closesAfter(res);
   if (res.headersSent) return void res.destroy();
-  sendDenial(req, res, ctx, deny('invalid_request', { variant: 'stalled', params: { ms: ctx.snapshot.config.server.bodyIdleTimeoutMs }, status: 408 }), ctx.route?.style ?? 'openai');
+  sendDenial(res, ctx, deny('invalid_request', { variant: 'stalled', params: { ms: ctx.snapshot.config.server.bodyIdleTimeoutMs }, status: 408 }));
   // Half-close so the client reads the answer, then let go of the socket.
   res.once('finish', () => setTimeout(() => req.socket.destroy(), 1000).unref());
 }

@@ -97,7 +97,7 @@ class ExchangeTable implements Exchanges, ForwardHooks {
     arrival.holdIfStillPending();
     // The client may be holding its body back, or sending it anyway: the connection closes after the 417.
     if (expect === 'unmet') res.shouldKeepAlive = false;
-    void this.run(req, res, ctx, arrival, expect === 'unmet');
+    void this.run(res, ctx, expect);
   }
 
   refuseConnect(req: IncomingMessage, socket: Duplex): void {
@@ -155,37 +155,37 @@ class ExchangeTable implements Exchanges, ForwardHooks {
     return this.open.size;
   }
 
-  private async run(req: IncomingMessage, res: ServerResponse, ctx: RequestContext, input: Arrival, unmetExpectation: boolean): Promise<void> {
+  private async run(res: ServerResponse, ctx: RequestContext, expect: Expectation): Promise<void> {
+    const req = res.req;
+    const input = ctx.arrival!;
     this.deciding.start();
     try {
-      const http10 = req.httpVersionMajor === 1 && req.httpVersionMinor === 0;
-      const refused = refusedBeforeDecision({ method: ctx.method, url: input.url, rawHeaders: input.rawHeaders, http10, unmetExpectation, transferEncoding: req.headers['transfer-encoding'] }, ctx.snapshot.rules);
+      const head = { method: ctx.method, url: input.url, rawHeaders: input.rawHeaders, http10: req.httpVersion === '1.0', unmetExpectation: expect === 'unmet', transferEncoding: req.headers['transfer-encoding'] };
+      const refused = refusedBeforeDecision(head, ctx.snapshot.rules);
       const seen = newSeen();
       ctx.seen = seen;
       const decision = refused ?? (await decide(input, this.deps.pipeline, ctx.snapshot, { requestId: ctx.reqId, seen }));
-      this.apply(req, res, ctx, decision, input.expectContinue);
+      this.apply(res, ctx, decision);
     } catch (err) {
       // Whatever was held is given back, and nothing is billed for a call that never got an answer.
       if (ctx.upstreamStatus === null) ctx.upstreamFailed = true;
       adoptSeen(ctx);
       // A client gone mid-body is no failure of keyward's: its access line says 499.
       if (!req.destroyed) this.deps.log.error({ req_id: ctx.reqId, err: (err as Error).message }, 'request failed');
-      sendDenial(req, res, ctx, deny('internal_error'), ctx.route?.style ?? 'openai');
+      sendDenial(res, ctx, deny('internal_error'));
     } finally {
       this.deciding.end();
     }
   }
 
-  decided(timeoutMs: number): Promise<void> {
-    return this.deciding.none(timeoutMs);
-  }
+  decided = (timeoutMs: number): Promise<void> => this.deciding.none(timeoutMs);
 
-  private apply(req: IncomingMessage, res: ServerResponse, ctx: RequestContext, decision: Decision, expectContinue: boolean): void {
+  private apply(res: ServerResponse, ctx: RequestContext, decision: Decision): void {
     ctx.seen = decision.seen;
     adoptSeen(ctx);
     ctx.decisionMs = performance.now() - ctx.start;
     this.deps.metrics.decision(decision.allow ? 'allow' : 'deny', ctx.decisionMs / 1000);
-    if (!decision.allow) return sendDenial(req, res, ctx, decision.denial, decision.style, decision.quota);
+    if (!decision.allow) return sendDenial(res, ctx, decision.denial, { style: decision.style, quota: decision.quota });
     ctx.lease = decision.lease;
     ctx.metered = decision.metered;
     ctx.estimate = decision.estimate;
@@ -198,16 +198,16 @@ class ExchangeTable implements Exchanges, ForwardHooks {
     if (closedBefore(res)) return void res.destroy();
     if (decision.seen.route.class === 'self') return answerSelf(res, ctx, { facts: decision.seen.facts, describeKey: this.deps.describeKey, log: this.deps.log });
     // Held while a round trip decided: a client that left meanwhile is not forwarded (its response closes: 499, nothing billed).
-    if (ctx.arrival?.heldReading) return ctx.arrival.letGoThen((gone) => (gone || res.destroyed ? void res.destroy() : this.forward(req, res, ctx, decision, expectContinue)));
-    this.forward(req, res, ctx, decision, expectContinue);
+    if (ctx.arrival?.heldReading) return ctx.arrival.letGoThen((gone) => (gone || res.destroyed ? void res.destroy() : this.forward(res, ctx, decision)));
+    this.forward(res, ctx, decision);
   }
 
-  private forward(req: IncomingMessage, res: ServerResponse, ctx: RequestContext, allow: Allow, expectContinue: boolean): void {
+  private forward(res: ServerResponse, ctx: RequestContext, allow: Allow): void {
     // From here a FIN means the client has gone: its forwarded request is cut, as before.
     ctx.arrival?.letGo();
-    if (expectContinue && !allow.bodyRead) res.writeContinue();
+    if (ctx.arrival?.expectContinue && !allow.bodyRead) res.writeContinue();
     ctx.upstreamStart = performance.now();
-    ctx.forwarding = this.deps.forwarder.forward(req, res, { targets: ctx.snapshot.targets, upstream: allow.seen.upstream, body: allow.body, hooks: this, traceparent: ctx.span?.traceparent ?? null });
+    ctx.forwarding = this.deps.forwarder.forward(res.req, res, { targets: ctx.snapshot.targets, upstream: allow.seen.upstream, body: allow.body, hooks: this, traceparent: ctx.span?.traceparent ?? null });
   }
 
   /** Forwarding hook: the upstream's head is in, the client's is not written yet. */
@@ -236,7 +236,7 @@ class ExchangeTable implements Exchanges, ForwardHooks {
       return void res.destroy();
     }
     if (kind !== 'rejected' && !this.cutting) this.deps.log.warn({ req_id: ctx.reqId, upstream: ctx.upstream, err: err.message }, 'upstream failure');
-    sendDenial(res.req, res, ctx, failureDenial(kind, err), ctx.route?.style ?? 'openai');
+    sendDenial(res, ctx, failureDenial(kind, err));
   }
 
   /** A response closed: the request ends (finish), then its body watch stops. */

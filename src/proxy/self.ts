@@ -38,9 +38,9 @@ export function answerSelf(res: ServerResponse, ctx: RequestContext, o: { facts:
       res.end(body);
     },
     (err: Error) => {
-      if (err instanceof LimitsUnavailableError) return sendDenial(res.req, res, ctx, deny('limits_unavailable', { retryAfterMs: err.retryAfterMs }), 'openai');
+      if (err instanceof LimitsUnavailableError) return sendDenial(res, ctx, deny('limits_unavailable', { retryAfterMs: err.retryAfterMs }), { style: 'openai' });
       o.log.error({ req_id: ctx.reqId, err: err.message }, 'key view failed');
-      sendDenial(res.req, res, ctx, deny('internal_error'), 'openai');
+      sendDenial(res, ctx, deny('internal_error'), { style: 'openai' });
     },
   );
 }

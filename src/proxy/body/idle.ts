@@ -50,18 +50,24 @@ class IdleWatch<T> implements BodyWatch {
   /** its slot in the sweep (-1: stopped) */
   private index: number;
 
-  constructor(
-    readonly req: IncomingMessage,
-    readonly idleMs: number,
-    readonly onIdle: (subject: T) => void,
-    readonly subject: T,
-    readonly now: () => number,
-    private readonly sweep: Sweep,
-  ) {
-    this.socket = req.socket;
+  readonly req: IncomingMessage;
+  readonly idleMs: number;
+  readonly onIdle: (subject: T) => void;
+  readonly subject: T;
+  readonly now: () => number;
+  private readonly sweep: Sweep;
+
+  constructor(o: { req: IncomingMessage; idleMs: number; onIdle: (subject: T) => void; subject: T; now: () => number; sweep: Sweep }) {
+    this.req = o.req;
+    this.idleMs = o.idleMs;
+    this.onIdle = o.onIdle;
+    this.subject = o.subject;
+    this.now = o.now;
+    this.sweep = o.sweep;
+    this.socket = o.req.socket;
     this.lastBytes = this.socket.bytesRead;
-    this.lastChange = now();
-    this.index = sweep.add(this as IdleWatch<unknown>);
+    this.lastChange = o.now();
+    this.index = o.sweep.add(this as IdleWatch<unknown>);
   }
 
   stop(): void {
@@ -112,7 +118,7 @@ export function watchBodyIdle<T>(req: IncomingMessage, opts: { idleMs: number; o
   const everyMs = Math.max(10, Math.floor(opts.idleMs / 4));
   let s = sweeps.get(everyMs);
   if (s === undefined) sweeps.set(everyMs, (s = new Sweep(everyMs)));
-  const watch = new IdleWatch(req, opts.idleMs, opts.onIdle, opts.subject, opts.now ?? Date.now, s);
+  const watch = new IdleWatch({ req, idleMs: opts.idleMs, onIdle: opts.onIdle, subject: opts.subject, now: opts.now ?? Date.now, sweep: s });
   (req as WatchedRequest)[WATCH] = watch;
   // 'end' comes once: a plain listener does what `once` would, without its wrapper.
   req.on('end', stopOnEnd);
