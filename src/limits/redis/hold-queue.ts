@@ -9,11 +9,16 @@ import type { RedisClock } from './clock.js';
 import { callsByHashSlot } from './hash-slot.js';
 import type { RunScript } from './scripts.js';
 import { SPEND_SLICE_SHARE } from './spend-slices.js';
+import { LEDGER_NEWS_CHANNEL } from './ledger-news.js';
 
 /** Holds per call: a bound on the script's run time (Redis serves nothing else meanwhile). */
 const MAX_HOLDS = 128;
 
-/** hold.lua's answer for one hold: 1 held, 0 refused by holder `refusedBy` (1-based), -1 past its deadline; the slice granted on each holder. */
+/**
+ * hold.lua's answer for one hold: 1 held, 0 refused by holder `refusedBy` (1-based), 2 refused
+ * there only for other instances' slices (told to give them back), -1 past its deadline; the
+ * slice granted on each holder.
+ */
 export interface HoldReply {
   outcome: number;
   refusedBy: number;
@@ -68,6 +73,7 @@ export class HoldQueue {
       keys.push(...p.keys);
       args.push(...p.args);
     }
+    args.push(LEDGER_NEWS_CHANNEL);
     const failed = (err: unknown): void => {
       for (const p of group) p.reject(err);
     };

@@ -21,6 +21,7 @@
  * back after one term.
  * Time is Redis TIME in every script.
  */
+import { setTimeout as sleep } from 'node:timers/promises';
 import type { LeaseTerm } from '../lease-term.js';
 import { type KeptHolds, type LeaseKeeper, createLeaseKeeper, newLeaseId } from '../leases.js';
 import { LEDGER_TTL_MS, epochArg, fromNano, holdNano, toNano } from '../ledger.js';
@@ -70,7 +71,10 @@ export interface RedisLedger {
   holdsInFlight(): number;
   /** Spend slices held now. */
   slicesHeld(): number;
-  /** Another instance's settlement over-committed this ledger hash: this instance's slice of it ends (ledger-news.ts). */
+  /**
+   * Another instance over-committed this ledger hash, or found this instance's slice in the
+   * way of its hold: the slice ends, and what is left of it goes back at once (ledger-news.ts).
+   */
   overCommitted(ledgerKey: string): void;
   /** Gives every spend slice back (queued in the batch) and stops the keeper and the sweep. */
   close(): void;
@@ -82,7 +86,16 @@ const NOOP_HOLD: Hold = { settle: () => undefined };
 
 /** Held, or refused by one of the hold's `holders` holders: anything else is an answer this build does not know. */
 const knownHoldReply = (r: HoldReply, holders: number): boolean =>
-  r.outcome === 1 || (r.outcome === 0 && Number.isInteger(r.refusedBy) && r.refusedBy >= 1 && r.refusedBy <= holders);
+  r.outcome === 1 || ((r.outcome === 0 || r.outcome === SLICES_IN_THE_WAY) && Number.isInteger(r.refusedBy) && r.refusedBy >= 1 && r.refusedBy <= holders);
+
+/** hold.lua's answer for a hold refused only for other instances' spend slices, which it told to give them back. */
+const SLICES_IN_THE_WAY = 2;
+/**
+ * Waits before asking again after that answer: the news reaches the other instances in
+ * about a millisecond, and their give-back leaves at once. A hold still refused after the
+ * last is refused.
+ */
+const SLICE_RETRY_MS = [5, 15, 40];
 
 /** The Cluster hash tag all ledgers of one request share. */
 export const ledgerHashTag = (prefix: string, tag: string): string => `{${prefix}:t:${encodeURIComponent(tag)}}`;
@@ -191,7 +204,7 @@ class SharedLedger implements RedisLedger {
   }
 
   overCommitted(ledgerKey: string): void {
-    this.slices?.endLive(ledgerKey);
+    this.slices?.giveBack(ledgerKey);
   }
 
   close(): void {
@@ -212,7 +225,8 @@ class SharedLedger implements RedisLedger {
   private async exact(input: HoldInput, m: Keys, amount: number): Promise<HoldResult> {
     const want = this.slices?.want(m.keys, amount) ?? null;
     const id = newLeaseId();
-    const sliceId = want ? newLeaseId() : '';
+    // hold.lua tells slices from holds by this mark
+    const sliceId = want ? `~${newLeaseId()}` : '';
     const args: (string | number)[] = [id, amount, this.opts.clock?.deadline() ?? 0, input.holders.length, sliceId, want?.least ?? 0];
     input.holders.forEach((h, j) => args.push(h.kind, toNano(h.base), h.limit === null ? '' : toNano(h.limit), epochArg(h.epoch), want?.wants[j] ?? 0));
     const sentAt = performance.now();
@@ -221,6 +235,11 @@ class SharedLedger implements RedisLedger {
       const call = this.queue.add(m.hashTag, m.keys, args);
       if (want) this.slices!.trackAll(m.keys, call);
       reply = await call;
+      for (let i = 0; reply.outcome === SLICES_IN_THE_WAY && i < SLICE_RETRY_MS.length; i++) {
+        await sleep(SLICE_RETRY_MS[i]!);
+        args[2] = this.opts.clock?.deadline() ?? 0;
+        reply = await this.queue.add(m.hashTag, m.keys, args);
+      }
       if (reply.outcome === -1) throw new StaleHoldError('hold reached Redis after its deadline');
       if (!knownHoldReply(reply, input.holders.length)) throw new UnknownScriptReplyError('hold.lua', reply);
     } catch (err) {

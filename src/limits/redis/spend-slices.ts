@@ -170,6 +170,13 @@ export class SpendSliceTable extends DemandTable<Entry> {
     if (e?.slice) this.end(e, e.slice);
   }
 
+  /** Ends the holder's live slice, and sends what is left of it back now rather than at the next tick. */
+  giveBack(key: string): void {
+    if (!this.entries.get(key)?.slice?.live) return;
+    this.endLive(key);
+    this.opts.batch.flush();
+  }
+
   /** Installs the slices Redis granted (`sizes`, one per holder); sentAt: when their call was sent (this clock). */
   install(o: { keys: string[]; tag: string; holders: readonly Holder[]; id: string; sizes: number[]; sentAt: number }): void {
     const t = this.now();

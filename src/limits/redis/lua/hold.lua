@@ -14,7 +14,8 @@
 --       that runs later, so it must change nothing), number of holders n,
 --       slice id ('' = no slice asked), least slice worth having,
 --       then five per holder: kind ('budget' | 'wallet'), base (the replica's figure),
---       limit ('' = none; budgets only), epoch, slice wanted
+--       limit ('' = none; budgets only), epoch, slice wanted;
+--       after the last hold, the news channel ('' = none; src/limits/redis/ledger-news.ts)
 -- Money is integer nano-units throughout (see src/limits/ledger.ts); numbers go back to Redis as
 -- '%.0f' strings so that large values are never written in exponent form.
 --
@@ -27,9 +28,14 @@
 -- min(wanted, floor(left / share)), where left is what the budget or balance still has
 -- after the hold, and only when that is at least the least slice on every holder. It is
 -- recorded like a hold of that amount (so it counts in full), under the slice id.
+-- Slice ids start with '~' (hold ids never do). A hold refused on holder j that would fit
+-- without the slices recorded there (other instances': the caller gave its own back first)
+-- publishes j's ledger key on the news channel, so that those instances give theirs back,
+-- and answers r = 2: the caller asks again a moment later (DESIGN section 6: live spend
+-- counts the holds of requests in flight, not what an idle instance kept for later).
 -- Returns {now, then per hold: r, j, g1 .. gn}: r = 1 when held on every holder, 0 with j
--- the first holder it does not fit (nothing held), -1 past its deadline; g = the slice
--- granted on each holder (all 0: none).
+-- the first holder it does not fit (nothing held), 2 with j as just said (nothing held),
+-- -1 past its deadline; g = the slice granted on each holder (all 0: none).
 
 if redis.replicate_commands then pcall(redis.replicate_commands) end
 
@@ -43,6 +49,16 @@ local share = tonumber(ARGV[3])
 local count = tonumber(ARGV[4])
 
 local function int(x) return string.format('%.0f', x) end
+
+-- The news channel, after the last hold's arguments.
+local function news_channel()
+  local o = 4
+  for _ = 1, count do o = o + 6 + 5 * tonumber(ARGV[o + 4]) end
+  return ARGV[o + 1] or ''
+end
+local channel = news_channel()
+-- Hold sets past this many members are not searched for slices (a refusal stays a refusal).
+local SLICE_SCAN_MAX = 256
 
 -- Drops the expired holds and slices of one holder; true when there were any.
 local function purge(L, Z)
@@ -145,6 +161,26 @@ local function slice_sizes(holders, least)
   return sizes
 end
 
+-- What the slices recorded on one holder add up to.
+local function slices_on(h)
+  if redis.call('ZCARD', h.Z) > SLICE_SCAN_MAX then return 0 end
+  local sum = 0
+  for _, id in ipairs(redis.call('ZRANGE', h.Z, 0, -1)) do
+    if string.sub(id, 1, 1) == '~' then sum = sum + (tonumber(redis.call('HGET', h.L, 'a:' .. id)) or 0) end
+  end
+  return sum
+end
+
+-- A refusal on holder h that slices alone cause: their instances are told, and 2 answered.
+local function refusal(h, amount)
+  if channel == '' then return 0 end
+  local others = slices_on(h)
+  if others <= 0 or not hold_fits(h.kind, live_of(h.kind, h.base, h.f.b0, h.f.s, h.f.h - others), amount, h.limit) then return 0 end
+  -- pcall: a user whose ACL allows no channels still gets its answer
+  redis.pcall('PUBLISH', channel, h.L)
+  return 2
+end
+
 -- One request's hold: its holders' keys from KEYS[k + 1], its arguments from ARGV[o + 1].
 -- Returns r, j and the slice granted on each holder.
 local function hold(k, o)
@@ -165,7 +201,7 @@ local function hold(k, o)
     holders[j] = h
     if refused == 0 and not hold_fits(h.kind, live_of(h.kind, h.base, h.f.b0, h.f.s, h.f.h), amount, h.limit) then refused = j end
   end
-  if refused ~= 0 then return 0, refused, nil end
+  if refused ~= 0 then return refusal(holders[refused], amount), refused, nil end
   -- A zero hold (an unpriced model) adds nothing to h: it is not recorded, so nothing has to
   -- refresh, expire or settle it (a settlement that still comes to a cost only adds to s).
   if amount > 0 then
