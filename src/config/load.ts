@@ -92,6 +92,8 @@ function expand(value: unknown, ctx: ExpandContext): unknown {
   if (Array.isArray(value)) return value.map((v, i) => expand(v, { ...ctx, path: [...ctx.path, String(i)] }));
   if (value && typeof value === 'object') {
     const out: Record<string, unknown> = {};
+    // names a reference gave: a written key of the same name, before or after, is a clash
+    const referencedNames = new Set<string>();
     for (const [k, v] of Object.entries(value)) {
       // A reference may name a key too (`${MODE}: { url: ... }`); one that is not set drops
       // the entry, reported, after its value's own references are checked.
@@ -101,10 +103,11 @@ function expand(value: unknown, ctx: ExpandContext): unknown {
         expand(v, { ...ctx, path: [...ctx.path, k.replace(ctx.hidden.placeholder, (_m, i: string) => `\${${ctx.hidden.refs[Number(i)]!.name}}`)] });
         continue;
       }
-      if (referenced && Object.hasOwn(out, name)) {
+      if (Object.hasOwn(out, name) && (referenced || referencedNames.has(name))) {
         ctx.problems.push(`${[...ctx.path, name].join('.')}: named twice once references are expanded`);
         continue;
       }
+      if (referenced) referencedNames.add(name);
       out[name] = expand(v, { ...ctx, path: [...ctx.path, name] });
     }
     return out;

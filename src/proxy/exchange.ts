@@ -25,7 +25,7 @@ import { decide, newSeen, type Allow, type Decision } from './pipeline.js';
 import { createUsageTap } from './usage/tap.js';
 import { DenseSet } from '../dense-set.js';
 import { UnderWay } from './under-way.js';
-import { closedBefore, placeOnSocket } from './last-response.js';
+import { closedBefore, closesAfter, placeOnSocket } from './last-response.js';
 
 import type { ExchangeDeps, Exchanges, Expectation } from './exchange-api.js';
 
@@ -85,18 +85,16 @@ class ExchangeTable implements Exchanges, ForwardHooks {
     // Only a body still to come can stall; watchBodyIdle watches nothing otherwise.
     ctx.bodyWatch = watchBodyIdle(req, { idleMs: snapshot.config.server.bodyIdleTimeoutMs, onIdle: this.cutStalledResponse, subject: res });
     (res as ContextResponse)[CONTEXT] = ctx;
-    // 'close' comes once: a plain listener, without `once`'s wrapper and removal.
-    res.on('close', this.onResponseClose);
-    // An HTTP/1.0 client's answer closes its connection, as one while draining or after an unmet expectation does.
-    placeOnSocket(res, { last: this.draining || expect === 'unmet' || req.httpVersion === '1.0' });
+    res.on('close', this.onResponseClose); // once: a plain listener, without `once`'s wrapper
+    // The answer closes the connection: to an HTTP/1.0 client, while draining, and after an
+    // unmet expectation (the client may be holding its body back, or sending it anyway).
+    const last = this.draining || expect === 'unmet' || req.httpVersion === '1.0';
+    placeOnSocket(res, { last });
     // Not a header: headers set ahead would make the forwarder's one-shot head merge into them.
-    if (this.draining) res.shouldKeepAlive = false;
+    if (last) res.shouldKeepAlive = false;
     const keyMemo = ((req.socket as TrackedSocket)[KEY_MEMO] ??= newKeyMemo());
-    const arrival = new Arrival({ req, res, expectContinue: expect === 'continue', clientIp, method: ctx.method, keyMemo });
-    ctx.arrival = arrival;
-    arrival.holdIfStillPending();
-    // The client may be holding its body back, or sending it anyway: the connection closes after the 417.
-    if (expect === 'unmet') res.shouldKeepAlive = false;
+    ctx.arrival = new Arrival({ req, res, expectContinue: expect === 'continue', clientIp, method: ctx.method, keyMemo });
+    ctx.arrival.holdIfStillPending();
     void this.run(res, ctx, expect);
   }
 
@@ -135,7 +133,9 @@ class ExchangeTable implements Exchanges, ForwardHooks {
     this.closeIdle = opts.closeIdle ?? null;
     // Node answers `Connection: close` and closes after the response; the forwarder follows it too.
     this.open.forEach((res) => {
-      if (!res.headersSent) res.shouldKeepAlive = false;
+      if (res.headersSent) return;
+      res.shouldKeepAlive = false;
+      closesAfter(res);
     });
   }
 

@@ -38,11 +38,11 @@ function hostLines(raw: readonly string[]): { n: number; value: string } {
 
 /**
  * `uri-host [":" port]` (RFC 9112 section 3.2, RFC 3986 section 3.2.2): a bracketed IP
- * literal or a reg-name. A value with `/`, `?`, `#`, `@` or a space in it would let an
+ * literal (with an RFC 6874 zone id) or a reg-name. A value with `/`, `?`, `#`, `@` or a space in it would let an
  * upstream that rebuilds the URL from Host read another path than the one classified.
  * Empty is refused too: Node's client would send its own Host in its place.
  */
-const HOST_VALUE = /^(?:\[[0-9A-Fa-f:.]+\]|\[v[0-9A-Fa-f]+\.[\w.~!$&'()*+,;=:-]+\]|[\w.~!$&'()*+,;=%-]+)(?::\d*)?$/;
+const HOST_VALUE = /^(?:\[[0-9A-Fa-f:.]+(?:%25[\w.~-]+)?\]|\[v[0-9A-Fa-f]+\.[\w.~!$&'()*+,;=:-]+\]|[\w.~!$&'()*+,;=%-]+)(?::\d*)?$/;
 
 /** The refusal, or null when the request goes to the pipeline. */
 export function refusedBeforeDecision(req: Preflight, rules: readonly RouteRule[]): Deny | null {

@@ -155,8 +155,9 @@ class SyncLoop implements SyncClient {
         } else {
           const result = await this.pollAt(version);
           needSnapshot = this.snapshotDue(result, version);
-          // a console whose changes contradict the snapshot it just sent: no snapshot loop
-          if (result === 'older' && !needSnapshot) await sleep(backoffDelay(1, this.backoff), this.stopper.signal);
+          // A console whose changes contradict the snapshot it just sent: no snapshot loop, and
+          // not current either (the replica is frozen until the console makes sense again).
+          if (result === 'older' && !needSnapshot) throw new Error(`console answered changes older than its own snapshot's version ${version}`);
         }
         this.succeeded();
       } catch (err) {

@@ -1,12 +1,15 @@
 /**
  * A request pipelined behind an answer that closes the connection (an HTTP/1.0 client's,
- * a denial that leaves an unsized body unread) can never be answered: it is not forwarded
- * and not billed, and its access line says 499.
+ * a denial that leaves an unsized body unread, one in flight when a drain starts) can never
+ * be answered: it is not forwarded and not billed, and its access line says 499. Every
+ * answer to an HTTP/1.0 client says so, keyward's own `/v1/key` answer included.
  */
 import { after, before, test } from 'node:test';
 import assert from 'node:assert/strict';
 import { once } from 'node:events';
-import { startFakeUpstream, type FakeUpstream } from '../helpers/upstream.js';
+import { rmSync } from 'node:fs';
+import { echoJson, startFakeUpstream, type FakeUpstream } from '../helpers/upstream.js';
+import { connect } from 'node:net';
 import { accessLines, startHarness, type Harness } from '../helpers/sidecar.js';
 import { rawExchange } from '../helpers/raw.js';
 
@@ -61,3 +64,45 @@ for (const first of firsts) {
     }
   });
 }
+
+test('every answer to an HTTP/1.0 client closes the connection, keyward\'s own /v1/key answer included', async () => {
+  const ex = await rawExchange(port, [`GET /v1/key HTTP/1.0\r\nConnection: keep-alive\r\nAuthorization: Bearer ${h.keys.k_ok}\r\n\r\n`]);
+  assert.deepEqual(ex.responses.map((r) => [r.status, r.headers.connection]), [[200, 'close']]);
+  assert.ok(ex.closed);
+});
+
+test('behind a request in flight when the drain starts: not forwarded, not billed, logged 499', async () => {
+  let release!: () => void;
+  const held = new Promise<void>((r) => (release = r));
+  const slow = await startFakeUpstream(async (req, res, rec) => {
+    await held;
+    void echoJson(req, res, rec);
+  });
+  const drained = await startHarness({ upstream: slow.url, keys: { k_ok: {} } });
+  try {
+    const socket = connect(Number(new URL(drained.url).port), '127.0.0.1');
+    const bytes: Buffer[] = [];
+    socket.on('data', (c: Buffer) => bytes.push(c));
+    const ended = once(socket, 'close');
+    const request = (id: string) => `POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nx-request-id: ${id}\r\nAuthorization: Bearer ${drained.keys.k_ok}\r\nContent-Type: application/json\r\nContent-Length: ${BODY.length}\r\n\r\n${BODY}`;
+    const arrived = once(slow.arrivals, 'head');
+    socket.write(request('first'));
+    await arrived;
+    const closing = drained.sidecar.close({ graceMs: 5_000 });
+    const lines = accessLines(drained).length;
+    socket.write(request('second'));
+    while (!accessLines(drained).slice(lines).some((l) => l.req_id === 'second')) await once(drained.logEvents, 'line');
+    release();
+    await closing;
+    await ended;
+    assert.deepEqual(accessLines(drained).map((l) => [l.req_id, l.status]), [['second', 499], ['first', 200]]);
+    assert.equal(slow.received.length, 1, 'only the first reached the upstream');
+    assert.deepEqual(drained.usage.map((e) => [e.request_id, e.status]), [['first', 200]]);
+    assert.match(Buffer.concat(bytes).toString('latin1'), /^HTTP\/1\.1 200 [^]*connection: close/i);
+  } finally {
+    release();
+    await slow.close();
+    drained.replica.close();
+    rmSync(drained.dir, { recursive: true, force: true });
+  }
+});

@@ -78,7 +78,7 @@ describe('Host lines', () => {
       assert.match(err.message, /Host header must be a host name/);
       assert.equal(up.received.length, forwarded, value);
     }
-    for (const value of ['api.example:8443', '[::1]:80', 'my_host']) {
+    for (const value of ['api.example:8443', '[::1]:80', 'my_host', '[fe80::1%25eth0]:8080']) {
       const ex = await rawExchange(h.sidecar.port, [`GET /v1/models HTTP/1.1\r\nHost: ${value}\r\nAuthorization: Bearer ${h.keys.k_ok}\r\n\r\n`], { expect: 1 });
       assert.equal(ex.responses[0]!.status, 200, value);
       assert.equal(up.received.at(-1)!.headers.host, value, 'forwarded as received');

@@ -169,8 +169,10 @@ test('a console answering changes with an older version at once is not polled, o
   const from = changeCalls;
   await new Promise((r) => setTimeout(r, 1000)); // a rate: calls per second of wall time
   assert.ok(changeCalls - from <= 10, `${changeCalls - from} change polls in a second`);
-  // one snapshot for the older answer; the same answer right after it takes none
+  // one snapshot for the older answer; the same answer right after it takes none, and is a failure
   assert.equal(client.status().snapshots, 2);
+  assert.equal(client.status().connected, false);
+  assert.match(client.status().lastError ?? '', /older than its own snapshot/);
   assert.equal(replica.status().ready, true, 'the snapshot still serves');
 });
 

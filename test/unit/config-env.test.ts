@@ -71,6 +71,9 @@ test('an alias to no anchor is a ConfigError naming the file', () => {
 test('a key named by a reference: a clash with a written key is a problem; an unset one hides nothing', () => {
   const clash = problems(`upstreams:\n  default: { url: http://127.0.0.1:4000 }\n  \${KW_MODE}: { url: http://10.9.9.9:1 }\n`, { KW_MODE: 'default' });
   hasProblem(clash, 'upstreams.default', /named twice/);
+  // the written key after the reference's, too
+  const after = problems(`upstreams:\n  default: { url: http://127.0.0.1:4000 }\n  \${KW_MODE}: { url: http://10.9.9.9:1 }\n  batch: { url: http://127.0.0.1:4001 }\n`, { KW_MODE: 'batch' });
+  hasProblem(after, 'upstreams.batch', /named twice/);
   const unset = problems(`upstreams:\n  \${KW_MODE}: { url: http://127.0.0.1:4000, timeoutMs: \${KW_T} }\n`);
   hasProblem(unset, 'upstreams', /KW_MODE/);
   hasProblem(unset, 'upstreams.${KW_MODE}.timeoutMs', /KW_T/);

@@ -39,6 +39,8 @@ export interface SpendSliceWrite {
   cost: number;
   take: number;
   end: boolean;
+  /** given back, with holds still in flight on it: Redis marks it so (settle.lua) */
+  givenBack: boolean;
   ttlMs: number;
   holderKind: 'budget' | 'wallet';
   /** set when the batch has written the operation into a call: from then on it is read-only */
@@ -120,7 +122,7 @@ function settleCall(ops: SettleOp[]): { keys: string[]; args: (string | number)[
       keys.push(op.set);
     } else if (op.kind === 'spendSlice') {
       op.sent = true;
-      args.push('m', op.sliceId, op.cost, op.take, op.end ? 1 : 0, op.ttlMs, op.holderKind);
+      args.push('m', op.sliceId, op.cost, op.take, op.end ? 1 : op.givenBack ? 2 : 0, op.ttlMs, op.holderKind);
       keys.push(...op.keys);
     } else {
       args.push('h', op.holdId, op.cost, op.ttlMs, op.keys.length / 2, ...op.kinds);

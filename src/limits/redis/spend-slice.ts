@@ -34,6 +34,8 @@ export interface SpendSlice {
   until: number;
   /** false once given back: it only settles the holds still in flight on it */
   live: boolean;
+  /** a settlement that tells Redis it was given back has been written */
+  toldGivenBack: boolean;
   /** this clock: when its grant or its last settlement left for Redis */
   asked: number;
   kept: LeaseTicket;

@@ -189,7 +189,7 @@ export class SpendSliceTable extends DemandTable<Entry> {
       // Spelled out, every field set: one object shape for every slice.
       e.slice = {
         id: o.id, keys, tag: o.tag, kind: h.kind, epoch: h.epoch, base: h.base, limit: h.limit,
-        record: o.sizes[j]!, inFlight: 0, holds: 0, until: o.sentAt + this.opts.windowMs, live: true, asked: o.sentAt,
+        record: o.sizes[j]!, inFlight: 0, holds: 0, until: o.sentAt + this.opts.windowMs, live: true, toldGivenBack: false, asked: o.sentAt,
         kept: this.opts.keeper.add(o.id, [keys[1]]), write: null,
       };
     }
@@ -255,14 +255,17 @@ export class SpendSliceTable extends DemandTable<Entry> {
       w.cost += cost;
       w.take += take;
       w.end = end;
+      w.givenBack = s.toldGivenBack = !s.live;
       return;
     }
     const t = this.now();
-    // Nothing to settle: Redis would change nothing, and only a live slice's answer (void?) is worth a call.
-    if (cost === 0 && take === 0 && !end && (!s.live || t - s.asked < SPEND_SLICE_CHECK_MS)) return;
+    // Nothing to settle: Redis would change nothing, and only a live slice's answer (void?),
+    // or the news that it was given back, is worth a call.
+    if (cost === 0 && take === 0 && !end && (s.live ? t - s.asked < SPEND_SLICE_CHECK_MS : s.toldGivenBack)) return;
+    s.toldGivenBack = !s.live;
     s.asked = t;
     s.write = {
-      kind: 'spendSlice', tag: s.tag, sliceId: s.id, keys: s.keys, cost, take, end, ttlMs: this.opts.ledgerTtlMs, holderKind: s.kind, sent: false,
+      kind: 'spendSlice', tag: s.tag, sliceId: s.id, keys: s.keys, cost, take, end, givenBack: !s.live, ttlMs: this.opts.ledgerTtlMs, holderKind: s.kind, sent: false,
       owner: this.opts.owner, onVoid: () => this.voided(s),
     };
     this.opts.batch.add(s.write);

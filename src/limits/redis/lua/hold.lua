@@ -69,7 +69,7 @@ local function purge(L, Z)
     local a = redis.call('HGET', L, 'a:' .. id)
     if a then
       sum = sum + tonumber(a)
-      redis.call('HDEL', L, 'a:' .. id)
+      redis.call('HDEL', L, 'a:' .. id, 'r:' .. id)
     end
   end
   redis.call('ZREMRANGEBYSCORE', Z, '-inf', now)
@@ -161,13 +161,20 @@ local function slice_sizes(holders, least)
   return sizes
 end
 
--- What the slices recorded on one holder add up to.
+-- What the live slices recorded on one holder add up to (a slice given back, `r:<id>`,
+-- holds only what is in flight on it: holds of requests).
 local function slices_on(h)
+  if h.f.k then return h.f.k end
   if redis.call('ZCARD', h.Z) > SLICE_SCAN_MAX then return 0 end
   local sum = 0
   for _, id in ipairs(redis.call('ZRANGE', h.Z, 0, -1)) do
-    if string.sub(id, 1, 1) == '~' then sum = sum + (tonumber(redis.call('HGET', h.L, 'a:' .. id)) or 0) end
+    if string.sub(id, 1, 1) == '~' then
+      local v = redis.call('HMGET', h.L, 'a:' .. id, 'r:' .. id)
+      if not v[2] then sum = sum + (tonumber(v[1]) or 0) end
+    end
   end
+  -- kept with the ledger's figures for the call's other holds (slices it grants add to it)
+  h.f.k = sum
   return sum
 end
 
@@ -210,7 +217,10 @@ local function hold(k, o)
   local sizes = nil
   if slice_id ~= '' then sizes = slice_sizes(holders, least) end
   if sizes then
-    for j, h in ipairs(holders) do record(h.L, h.Z, h.f, slice_id, sizes[j]) end
+    for j, h in ipairs(holders) do
+      record(h.L, h.Z, h.f, slice_id, sizes[j])
+      if h.f.k then h.f.k = h.f.k + sizes[j] end
+    end
   end
   return 1, 0, sizes
 end
