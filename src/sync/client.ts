@@ -178,8 +178,7 @@ class SyncLoop implements SyncClient {
       if (this.afterOlder === version) return false;
       this.log.warn({ version }, 'console answered a version older than the replica\'s (restored, or another history); taking a snapshot');
       this.olderAsked = true;
-    }
-    else if (result === 'large') this.log.info({ version, maxBytes: MAX_CHANGES_BYTES }, 'change page too large to read on the event loop; taking a snapshot');
+    } else if (result === 'large') this.log.info({ version, maxBytes: MAX_CHANGES_BYTES }, 'change page too large to read on the event loop; taking a snapshot');
     return result !== 'ok';
   }
 
