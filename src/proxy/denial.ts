@@ -44,8 +44,8 @@ export function sendDenial(res: ServerResponse, ctx: RequestContext, denial: Den
   headers['x-request-id'] = ctx.reqId;
   if (quota) addQuotaHeaders({ add: (name, value) => void (headers[name] = value) }, quota);
   if (ctx.shadow.length > 0) headers[SHADOW_HEADER] = ctx.shadow.join(',');
-  // an HTTP/1.0 client is answered `close`, as a forwarded answer to it is
-  if (leavesLargeBodyUnread(req) || req.httpVersion === '1.0') {
+  // (an HTTP/1.0 client's answer closes already: the exchange marked it as it arrived)
+  if (leavesLargeBodyUnread(req)) {
     headers.connection = 'close';
     closesAfter(res);
   }
@@ -74,7 +74,6 @@ export function cutStalledBody(req: IncomingMessage, res: ServerResponse, ctx: R
   settle(ctx);
   // Read nothing more: a body completed after the 408 must not go on to admission.
   req.socket.pause();
-  res.shouldKeepAlive = false;
   closesAfter(res);
   if (res.headersSent) return void res.destroy();
   sendDenial(res, ctx, deny('invalid_request', { variant: 'stalled', params: { ms: ctx.snapshot.config.server.bodyIdleTimeoutMs }, status: 408 }));

@@ -87,8 +87,6 @@ class ExchangeTable implements Exchanges, ForwardHooks {
     // unmet expectation (the client may be holding its body back, or sending it anyway).
     const last = this.draining || expect === 'unmet' || req.httpVersion === '1.0';
     placeOnSocket(res, { last });
-    // Not a header: headers set ahead would make the forwarder's one-shot head merge into them.
-    if (last) res.shouldKeepAlive = false;
     const keyMemo = ((req.socket as TrackedSocket)[KEY_MEMO] ??= newKeyMemo());
     ctx.arrival = new Arrival({ req, res, expectContinue: expect === 'continue', clientIp, method: ctx.method, keyMemo });
     ctx.arrival.holdIfStillPending();
@@ -129,11 +127,7 @@ class ExchangeTable implements Exchanges, ForwardHooks {
     this.draining = true;
     this.closeIdle = opts.closeIdle ?? null;
     // Node answers `Connection: close` and closes after the response; the forwarder follows it too.
-    this.open.forEach((res) => {
-      if (res.headersSent) return;
-      res.shouldKeepAlive = false;
-      closesAfter(res);
-    });
+    this.open.forEach((res) => !res.headersSent && closesAfter(res));
   }
 
   async drained(graceMs: number): Promise<void> {

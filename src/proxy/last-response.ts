@@ -21,8 +21,12 @@ export function placeOnSocket(res: ServerResponse, o: { last: boolean }): void {
   if (o.last) closesAfter(res);
 }
 
-/** Notes that the connection closes after `res`. */
+/**
+ * The connection closes after `res`: Node answers `Connection: close` and closes it (not a
+ * header: headers set ahead would make the forwarder's one-shot head merge into them).
+ */
 export function closesAfter(res: ServerResponse): void {
+  res.shouldKeepAlive = false;
   const socket = res.req.socket as Counted | null;
   const place = (res as Placed)[PLACE];
   if (!socket || place === undefined) return;

@@ -69,6 +69,9 @@ test('every answer to an HTTP/1.0 client closes the connection, keyward\'s own /
   const ex = await rawExchange(port, [`GET /v1/key HTTP/1.0\r\nConnection: keep-alive\r\nAuthorization: Bearer ${h.keys.k_ok}\r\n\r\n`]);
   assert.deepEqual(ex.responses.map((r) => [r.status, r.headers.connection]), [[200, 'close']]);
   assert.ok(ex.closed);
+  const denied = await rawExchange(port, ['GET /v1/models HTTP/1.0\r\nConnection: keep-alive\r\nAuthorization: Bearer not-a-key\r\n\r\n']);
+  assert.deepEqual(denied.responses.map((r) => [r.status, r.headers.connection]), [[401, 'close']]);
+  assert.ok(denied.closed);
 });
 
 test('behind a request in flight when the drain starts: not forwarded, not billed, logged 499', async () => {
