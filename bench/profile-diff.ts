@@ -4,6 +4,7 @@
  * both servers get the same), and the report lists self time per request by function,
  * keyward minus bare, largest first, then the functions where bare spends more.
  *   npx tsx bench/profile-diff.ts [N (60000)] [memory|redis|redis-budgets (redis)] [rows (45)]
+ *   PROFILE_BASE=memory npx tsx bench/profile-diff.ts 60000 redis   (keyward against itself in process)
  * Main-thread time only (what the sampler sees); GC on V8's helper threads and the kernel's
  * work outside a syscall are not in it.
  */
@@ -39,7 +40,9 @@ const selfPerFn = async (name: string, args: string[]): Promise<Map<string, numb
   for (const [k, v] of m) m.set(k, v / (N + 20000));
   return m;
 };
-const bare = await selfPerFn('bare', [url]);
+// PROFILE_BASE=memory compares keyward in a Redis mode against keyward in process instead of bare.
+const baseMode = process.env.PROFILE_BASE;
+const bare = baseMode ? await selfPerFn('keyward', [url, baseMode, REDIS_URL]) : await selfPerFn('bare', [url]);
 const kw = await selfPerFn('keyward', [url, mode, REDIS_URL]);
 const sum = (m: Map<string, number>) => [...m.values()].reduce((a, b) => a + b, 0);
 console.log(`busy µs/request: bare ${sum(bare).toFixed(1)}, keyward ${sum(kw).toFixed(1)}`);

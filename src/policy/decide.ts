@@ -76,20 +76,24 @@ export function modelInScope(scope: readonly string[] | null, model: string): bo
  * optional upstream) passes an empty scope but not a restricted one, since the
  * upstream would pick a default model the key may not be allowed to use.
  */
-export function checkModel(key: PolicyKey, model: string | null): Denial | null {
+export function checkModel(key: PolicyKey, model: string | null, shown: ShownAs = asSent): Denial | null {
   if (model === null) {
     if (key.models === null || key.models.length === 0) return null;
     return deny('model_not_allowed', { variant: 'unnamed' });
   }
   if (modelInScope(key.models, model)) return null;
-  return deny('model_not_allowed', { params: { model: truncate(model) } });
+  return deny('model_not_allowed', { params: { model: shown(truncate(model)) } });
 }
 
 /** Step 7 for the further models a body selects (`models`, `fallbacks`). */
-export function checkModels(key: PolicyKey, models: readonly string[]): Denial | null {
-  for (const m of models) if (!modelInScope(key.models, m)) return deny('model_not_allowed', { params: { model: truncate(m) } });
+export function checkModels(key: PolicyKey, models: readonly string[], shown: ShownAs = asSent): Denial | null {
+  for (const m of models) if (!modelInScope(key.models, m)) return deny('model_not_allowed', { params: { model: shown(truncate(m)) } });
   return null;
 }
+
+/** How a refused model's name is repeated in the answer: the caller hides one that holds a key. */
+export type ShownAs = (model: string) => string;
+const asSent: ShownAs = (model) => model;
 
 function truncate(s: string): string {
   // eslint-disable-next-line no-control-regex

@@ -1,12 +1,16 @@
 /**
  * Fields the client chooses (its request id, path, model, attribution headers) are logged
  * and traced as sent. DESIGN section 4: no key and no prefix of a key ever reaches a log
- * line. So a field that holds a key the request carries (an `authorization` Bearer value or
- * an `x-api-key` value, whether or not the route reads it), or the key's first
- * KEY_PREFIX_CHARS characters, is written as REDACTED; and an attribution URL loses its
+ * line or an error body. So a field that holds a key the request carries, or the key's
+ * first KEY_PREFIX_CHARS characters, is written as REDACTED. "Carries" is read widely,
+ * since a client that sends its key the wrong way still sent it: any Authorization or
+ * Proxy-Authorization value (Bearer, Basic decoded, another scheme, or none), and the
+ * api-key headers of other vendors beside x-api-key. Text shaped like a console key
+ * (`kw_` and what follows) is REDACTED too, carried or not. An attribution URL loses its
  * user-info, as a request target does. Pure.
  */
 import { BEARER } from '../auth/credentials.js';
+import { KEY_PREFIX } from '../auth/keyformat.js';
 
 export const REDACTED = '[redacted]';
 /** The shortest leading part of a key looked for: shorter ones (`sk-`) name a vendor, not a key. */
@@ -20,19 +24,53 @@ export function keyPrefixes(raw: readonly string[]): string[] {
   let out: string[] | null = null;
   for (let i = 0; i < raw.length; i += 2) {
     const name = raw[i]!;
-    let key: string | null = null;
-    if (name.length === 13 && name.toLowerCase() === 'authorization') key = BEARER.exec(raw[i + 1]!)?.[1]?.trim() ?? null;
-    else if (name.length === 9 && name.toLowerCase() === 'x-api-key') key = raw[i + 1]!.trim();
-    if (key) (out ??= []).push(key.slice(0, KEY_PREFIX_CHARS));
+    const n = name.length;
+    if (n !== 13 && n !== 19 && n !== 9 && n !== 7 && n !== 14) continue;
+    const lower = name.toLowerCase();
+    const value = raw[i + 1]!;
+    if (lower === 'authorization' || lower === 'proxy-authorization') out = credentialParts(value, out ?? []);
+    else if (lower === 'x-api-key' || lower === 'api-key' || lower === 'x-goog-api-key') out = withPrefix(value.trim(), out ?? []);
   }
   return out ?? NONE;
 }
 
 const NONE: string[] = [];
+const SCHEME = /^([A-Za-z][A-Za-z0-9!#$%&'*+.^_`|~-]*)[ \t]+(.*)$/;
 
-/** `value`, or REDACTED when it holds one of `prefixes`. */
+/** The key in an Authorization value, whatever its scheme: Bearer's token, Basic's user and password, another scheme's rest, or the value itself. */
+function credentialParts(value: string, out: string[]): string[] {
+  const bearer = BEARER.exec(value)?.[1]?.trim();
+  if (bearer !== undefined) return withPrefix(bearer, out);
+  // Outside the two credential forms, a part shorter than a prefix (a Basic user name) is
+  // not taken for a key: it would hide every field that happens to contain it.
+  const m = SCHEME.exec(value.trim());
+  if (m === null) return withPrefix(value.trim(), out, KEY_PREFIX_CHARS);
+  const rest = m[2]!.trim();
+  withPrefix(rest, out, KEY_PREFIX_CHARS);
+  if (m[1]!.toLowerCase() === 'basic') {
+    const decoded = Buffer.from(rest, 'base64').toString('latin1');
+    const colon = decoded.indexOf(':');
+    if (colon >= 0) {
+      withPrefix(decoded.slice(0, colon), out, KEY_PREFIX_CHARS);
+      withPrefix(decoded.slice(colon + 1), out, KEY_PREFIX_CHARS);
+    }
+  }
+  return out;
+}
+
+/** Adds the key's leading part when the key has at least `min` characters. */
+function withPrefix(key: string, out: string[], min = 1): string[] {
+  if (key.length >= min) out.push(key.slice(0, KEY_PREFIX_CHARS));
+  return out;
+}
+
+/** A console key's prefix and enough of its body to be one, not a word that starts alike. */
+const CONSOLE_KEY = /kw_[0-9A-Za-z]{5}/;
+
+/** `value`, or REDACTED when it holds one of `prefixes` or text shaped like a console key. */
 export function keyless<T extends string | null>(value: T, prefixes: readonly string[]): T | typeof REDACTED {
-  if (value === null || prefixes.length === 0) return value;
+  if (value === null) return value;
+  if (value.includes(KEY_PREFIX) && CONSOLE_KEY.test(value)) return REDACTED;
   for (const p of prefixes) if (value.includes(p)) return REDACTED;
   return value;
 }

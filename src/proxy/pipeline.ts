@@ -22,6 +22,7 @@ import { classify } from '../routes.js';
 import type { BodyResult, BodySource, ReadOptions } from './body/read.js';
 import type { UploadResult } from './body/upload.js';
 import type { Snapshot } from './snapshot.js';
+import { keyless, keyPrefixes } from './key-in-fields.js';
 import { liveBudgetDenial } from './live-budget.js';
 
 /**
@@ -152,7 +153,9 @@ async function bodyStep(input: RequestInput, o: { snap: Snapshot; admitted: Allo
   // selects no model, so scope does not apply; any other request without a model passes
   // only a key with an empty scope.
   const key = o.admitted.facts.key;
-  const scope = body === null && route.storedCall ? null : (checkModel(key, read.body.model) ?? checkModels(key, read.body.models));
+  // Only on a refusal: the model's name goes back in the answer, unless it holds a key.
+  const shown = (model: string): string => keyless(model, keyPrefixes(input.rawHeaders));
+  const scope = body === null && route.storedCall ? null : (checkModel(key, read.body.model, shown) ?? checkModels(key, read.body.models, shown));
   if (scope) return { denial: scope };
   const metered = body !== null && !route.countTokens;
   const estimate: Estimate = metered ? { prompt: promptTokens(read.body.estimateBytes), output: outputCap(read.body.maxOutputTokens, limits.defaultOutputTokens) } : NONE;

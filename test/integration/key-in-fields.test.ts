@@ -10,14 +10,16 @@ import { startFakeUpstream, type FakeUpstream } from '../helpers/upstream.js';
 import { startHarness, waitForLine, type Harness } from '../helpers/sidecar.js';
 import { send } from '../helpers/http.js';
 import { keyless, keyPrefixes, withoutUserInfo } from '../../src/proxy/key-in-fields.js';
+import { generateKey } from '../../src/auth/keyformat.js';
 
 let up: FakeUpstream;
 let h: Harness;
 const SECRET = 'sk-kwtest-TEAMSECRET0123456789';
+const SCOPED = 'sk-kwtest-SCOPEDKEY987654321';
 
 before(async () => {
   up = await startFakeUpstream();
-  h = await startHarness({ upstream: up.url, keys: { k_team: { secret: SECRET } } });
+  h = await startHarness({ upstream: up.url, keys: { k_team: { secret: SECRET }, k_scoped: { secret: SCOPED, models: ['gpt-4o*'] } } });
 });
 after(async () => {
   await h.close();
@@ -64,7 +66,51 @@ test('the parts: the keys of both credential headers, their first 8 characters; 
   assert.equal(keyless('gpt-4o', keys), 'gpt-4o');
   assert.equal(keyless('x sk-ant-a y', keys), '[redacted]');
   assert.equal(keyless(null, keys), null);
-  assert.deepEqual(keyPrefixes(['authorization', 'Basic dXNlcg==', 'host', 'h']), []);
+  assert.deepEqual(keyPrefixes(['authorization', 'Basic dXNlcg==', 'host', 'h']), ['dXNlcg=='], 'a Basic user name of 4 characters is not taken for a key');
   assert.equal(withoutUserInfo('http://a:b@h:8080/p@q'), 'http://h:8080/p@q');
   assert.equal(withoutUserInfo('mailto:ops@example.com'), 'mailto:ops@example.com');
+});
+
+test('a key sent the wrong way is still hidden: any Authorization scheme, Basic decoded, other vendors\' key headers', () => {
+  const key = 'sk-abcdefghijkl';
+  const basic = Buffer.from(`apikey:${key}`).toString('base64');
+  assert.deepEqual(keyPrefixes(['Authorization', key]), ['sk-abcde'], 'no scheme: the value is the key');
+  assert.deepEqual(keyPrefixes(['Authorization', `Basic ${key}`]), ['sk-abcde'], 'a key where Basic\'s base64 belongs');
+  assert.deepEqual(keyPrefixes(['Proxy-Authorization', `Basic ${basic}`]), [basic.slice(0, 8), 'sk-abcde'], 'Basic decoded: the password (the user name is too short)');
+  assert.deepEqual(keyPrefixes(['Authorization', `Token ${key}`, 'api-key', key, 'X-Goog-Api-Key', key]), ['sk-abcde', 'sk-abcde', 'sk-abcde']);
+  assert.deepEqual(keyPrefixes(['Content-Type', 'application/json', 'Accept', '*/*']), []);
+});
+
+test('text shaped like a console key is hidden whether or not the request carries it', () => {
+  const key = generateKey();
+  assert.equal(keyless(`/v1/models/${key}`, []), '[redacted]');
+  assert.equal(keyless(`x ${key.slice(0, 8)}`, []), '[redacted]', 'its first 8 characters');
+  assert.equal(keyless('kw_', []), 'kw_', 'the prefix alone is not a key');
+  assert.equal(keyless('gpt-4o', []), 'gpt-4o');
+});
+
+test('a model refused for scope is named in the answer, unless it holds a key', async () => {
+  const other = generateKey();
+  for (const [model, shown] of [[SCOPED, '[redacted]'], [`${SCOPED.slice(0, 10)}x`, '[redacted]'], [other, '[redacted]'], ['claude-3', 'claude-3']] as const) {
+    const res = await send(h.url, {
+      method: 'POST', path: '/v1/chat/completions',
+      headers: { authorization: `Bearer ${SCOPED}`, 'content-type': 'application/json' },
+      body: JSON.stringify({ model: 'gpt-4o', fallbacks: [model], messages: [] }),
+    });
+    assert.equal(res.status, 403);
+    assert.equal((JSON.parse(res.body.toString()) as { error: { code: string; message: string } }).error.message, `This key may not use the model "${shown}".`);
+    assert.ok(!res.body.includes(SCOPED.slice(0, 8)) && !res.body.includes(other.slice(0, 8)), 'no key and no prefix of one in the body');
+  }
+  const res = await send(h.url, { method: 'POST', path: '/v1/chat/completions', headers: { authorization: `Bearer ${SCOPED}`, 'content-type': 'application/json' }, body: JSON.stringify({ model: SCOPED, messages: [] }) });
+  assert.equal(res.status, 403);
+  assert.ok(!res.body.includes(SCOPED.slice(0, 8)), 'the model field itself');
+});
+
+test('a console-shaped key in a path sent with no credential is not logged', async () => {
+  const key = generateKey();
+  const line = waitForLine(h, (l) => l.status === 401 && l.path === '[redacted]');
+  const res = await send(h.url, { path: `/v1/models/${key}`, headers: { authorization: key } });
+  assert.equal(res.status, 401);
+  await line;
+  assert.ok(!h.logs.join('\n').includes(key.slice(0, 8)));
 });
