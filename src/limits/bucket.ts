@@ -4,8 +4,8 @@
  * redis/slices.ts; the conformance suite holds both to them.
  *
  * A bucket of capacity N refills continuously at N per WINDOW_MS. It is stored as
- * (tokens, ts): the level at time ts. An absent bucket is full, which is why a bucket
- * may be deleted (or expire) as soon as it would be full again.
+ * (tokens, ts): the level at time ts. An absent bucket is full; a stored one is kept
+ * for keepMs.
  */
 
 import type { LimitCheck, LimitCode, Quota } from './limiter.js';
@@ -36,9 +36,20 @@ export function refillWaitMs(level: number, need: number, capacity: number): num
   return Math.max(1, Math.ceil(((need - level) * WINDOW_MS) / capacity));
 }
 
-/** Milliseconds until a bucket at `level` is full again: its TTL. */
+/** Milliseconds until a bucket at `level` is full again. */
 export function fullAgainMs(level: number, capacity: number): number {
   return Math.max(1, Math.ceil(((capacity - level) * WINDOW_MS) / capacity));
+}
+
+/**
+ * How long a stored bucket is kept (its TTL): at least one window, and until it is full
+ * again. A bucket at 0 or more tokens untouched for a window is full at any capacity, so
+ * forgetting it then (absent = full) refills nothing, even after the capacity was raised
+ * (DESIGN section 12: a changed limit applies to the state it finds). One in debt is kept
+ * until it is full at the capacity read last (bucket.lua's store and bucket alike).
+ */
+export function keepMs(level: number, capacity: number): number {
+  return Math.max(WINDOW_MS, fullAgainMs(level, capacity));
 }
 
 /**

@@ -1,9 +1,9 @@
 /**
  * The in-process limiter's state, kept the way the Redis scripts keep theirs: token buckets
- * (bucket.ts) that vanish once they would be full again, and lease sets of concurrency slots
+ * (bucket.ts) kept for keepMs, and lease sets of concurrency slots
  * (lease id -> expiry) whose expired leases no longer count.
  */
-import { type BucketState, bucketLevel, bucketQuota, fullAgainMs } from './bucket.js';
+import { type BucketState, bucketLevel, bucketQuota, keepMs } from './bucket.js';
 import { type KeyLimits, type Quota, isLimited } from './limiter.js';
 
 /** Like a Redis key with a TTL: an entry past `expires` no longer exists. */
@@ -20,16 +20,18 @@ export class MemoryStore {
 
   constructor(readonly now: () => number) {}
 
-  /** The bucket's level at `t`; an absent or expired bucket is full. */
+  /** The bucket's level at `t`; an absent or expired bucket is full. One in debt is kept until full at `cap`. */
   level(key: string, cap: number, t: number): number {
     const b = this.buckets.get(key);
-    return bucketLevel(b && b.expires > t ? b : undefined, cap, t);
+    const live = b && b.expires > t ? b : undefined;
+    const level = bucketLevel(live, cap, t);
+    if (live && level < 0) live.expires = Math.max(live.expires, t + keepMs(level, cap));
+    return level;
   }
 
-  /** Stores the bucket's level at `t`; a full bucket is dropped. */
+  /** Stores the bucket's level at `t`, kept for keepMs. */
   store(key: string, cap: number, level: number, t: number): void {
-    if (level >= cap) this.buckets.delete(key);
-    else this.buckets.set(key, { tokens: level, ts: t, expires: t + fullAgainMs(level, cap) });
+    this.buckets.set(key, { tokens: level, ts: t, expires: t + keepMs(level, cap) });
   }
 
   /** Gives `delta` tokens back to the bucket now (negative takes more), never above its capacity. */

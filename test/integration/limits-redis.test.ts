@@ -24,7 +24,7 @@ describe('redis limiter: key layout and expiry', () => {
     redis.disconnect();
   });
 
-  test("one key's state shares a hash tag; every key has a TTL; full buckets go away", async () => {
+  test("one key's state shares a hash tag; every key has a TTL; a bucket is kept one window, then goes away", async () => {
     const lim = createRedisLimiter({ redis, prefix, leaseMs: 5_000 });
     const route = { name: 'route a', concurrency: 5, rpm: 100 };
     const lease = leaseOf(await lim.admit(input('k_1', { limits: { rpm: 10, tpm: 1000, concurrency: 2 }, tokens: 100, route })));
@@ -34,12 +34,15 @@ describe('redis limiter: key layout and expiry', () => {
       const ttl = await redis.pttl(k);
       assert.ok(ttl > 0, `${k} has a TTL (${ttl})`);
     }
-    // A bucket expires once it would be full again: 1 of 10 per minute is 6 s, 100 of 1000 is 6 s.
-    assert.ok((await redis.pttl(`${tag}:rpm`)) <= 6_000);
+    // A bucket is kept one window (it would be full again sooner: 1 of 10 per minute in 6 s),
+    // so that a limit raised meanwhile finds its level rather than a full bucket.
+    const rpmTtl = await redis.pttl(`${tag}:rpm`);
+    assert.ok(rpmTtl > 59_000 && rpmTtl <= 60_000, `rpm TTL ${rpmTtl}`);
     assert.ok((await redis.pttl(`${tag}:conc`)) <= 5_000);
     lease.finish({ tokens: 0 });
     await lim.close(); // waits for the settlement
-    assert.equal(await redis.exists(`${tag}:tpm`), 0, 'a full TPM bucket is deleted');
+    assert.equal(await redis.hget(`${tag}:tpm`, 't'), '1000', 'a full TPM bucket is kept, full');
+    assert.ok((await redis.pttl(`${tag}:tpm`)) <= 60_000, 'and goes away a window later');
     assert.equal(await redis.zcard(`${tag}:conc`), 0);
     assert.equal(await redis.zcard(`${rtag}:conc`), 0);
   });
@@ -96,7 +99,7 @@ describe('redis limiter: key layout and expiry', () => {
     }
   });
 
-  test('per-model buckets live under the key hash tag and expire once full again', async () => {
+  test('per-model buckets live under the key hash tag and expire a window after their last write', async () => {
     const lim = createRedisLimiter({ redis, prefix, leaseMs: 5_000 });
     const modelLimit = { pattern: 'gpt-4o*', rpm: 10, tpm: 1000 };
     const r = await lim.admit({ ...input('k_2', { tokens: 100 }), modelLimit });
@@ -104,9 +107,43 @@ describe('redis limiter: key layout and expiry', () => {
     const m = `{${prefix}:k:k_2}:m:gpt-4o*`;
     for (const k of [`${m}:rpm`, `${m}:tpm`]) {
       const ttl = await redis.pttl(k);
-      assert.ok(ttl > 0 && ttl <= 6_000, `${k} has a TTL until full (${ttl})`);
+      assert.ok(ttl > 59_000 && ttl <= 60_000, `${k} is kept one window (${ttl})`);
     }
     await lim.close();
+  });
+
+  test('a raised limit finds the level its bucket had, not a full bucket (DESIGN section 12)', async () => {
+    const lim = createRedisLimiter({ redis, prefix, leaseMs: 5_000 });
+    const key = uid('k_raise');
+    leaseOf(await lim.admit(input(key, { limits: { rpm: 600 } }))).finish({ tokens: null });
+    // 1 of 600 a minute is back in 100 ms: past that, a bucket that expired when full at 600
+    // would read full at the raised 6,000.
+    await new Promise((r) => setTimeout(r, 120));
+    let admitted = 0;
+    for (; admitted < 1_000; admitted++) {
+      const r = await lim.admit(input(key, { limits: { rpm: 6_000 } }));
+      if (!r.ok) break;
+      r.lease.finish({ tokens: null });
+    }
+    // 599 left, refilling at 100 a second from the raise (the loop's own time adds a few)
+    assert.ok(admitted >= 600 && admitted < 800, `admitted ${admitted} after the raise`);
+    await lim.close();
+  });
+
+  test('a bucket in debt is kept until full at the capacity it is read with: a lowered TPM keeps the debt', async () => {
+    const lim = createRedisLimiter({ redis, prefix, leaseMs: 5_000 });
+    const key = uid('k_debt');
+    const tpm = `{${prefix}:k:${key}}:tpm`;
+    leaseOf(await lim.admit(input(key, { limits: { tpm: 60_000 }, tokens: 100 }))).finish({ tokens: 61_000 });
+    await lim.close(); // the settlement: -1,000 at 60,000 a minute, full again in 61 s
+    const lim2 = createRedisLimiter({ redis, prefix, leaseMs: 5_000 });
+    assert.ok((await redis.pttl(tpm)) <= 61_000);
+    const r = await lim2.admit(input(key, { limits: { tpm: 600 }, tokens: 10 }));
+    assert.equal(r.ok, false, 'still in debt at the lowered limit');
+    // (600 + 1,000) at 600 a minute: 160 s
+    const kept = await redis.pttl(tpm);
+    assert.ok(kept > 159_000 && kept <= 160_000, `kept ${kept} ms`);
+    await lim2.close();
   });
 
   test("spend holds: a request's holders share its hash tag; ledgers expire a day after last use; money is integer nano-units", async () => {

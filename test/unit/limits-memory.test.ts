@@ -77,15 +77,15 @@ test('memory: the default lease refresh timer keeps slots and stops when none ar
   await lim.close();
 });
 
-test('memory: state for idle keys is dropped once their buckets are full again', async () => {
+test('memory: state for idle keys is dropped a window after their buckets were last written', async () => {
   const clock = fakeClock();
   const lim = createMemoryLimiter({ now: clock.now, leaseMs: 1_000, refreshEveryMs: 0 });
   for (let i = 0; i < 1100; i++) {
     const r = await lim.admit(input(`idle-${i}`, { limits: { rpm: 60, concurrency: 1 }, tokens: 1 }));
     leaseOf(r).finish({ tokens: null });
-    clock.advance(100);
+    clock.advance(1_000);
   }
-  // The sweep ran (every 1024 admissions): keys idle for more than a bucket refill are gone.
+  // The sweep ran (every 1024 admissions): keys idle for more than a window are gone.
   assert.ok(lim.entries() < 300, `entries after the sweep: ${lim.entries()}`);
   // Nothing observable breaks: an old key admits again with a full bucket.
   for (let i = 0; i < 60; i++) leaseOf(await lim.admit(input('idle-0', { limits: { rpm: 60 } })));
@@ -123,4 +123,25 @@ test('memory claims: bounded; past the bound the expired go first, then the hold
   assert.equal(claims.size(), 3);
   assert.equal(claims.claim(other('b')), 'claimed', 'b, claimed longest ago, was dropped to make room');
   assert.equal(claims.claim(other('d')), 'taken');
+});
+
+test('memory: a raised limit finds the level its bucket had; a lowered TPM keeps the debt (DESIGN section 12)', async () => {
+  const clock = fakeClock();
+  const lim = createMemoryLimiter({ now: clock.now, leaseMs: 30_000 });
+  const key = uid('k');
+  leaseOf(await lim.admit(input(key, { limits: { rpm: 60 } }))).finish({ tokens: null });
+  clock.advance(1_500); // the bucket (59 of 60) would have been full again at 60 after 1 s
+  let admitted = 0;
+  while ((await lim.admit(input(key, { limits: { rpm: 600 } }))).ok) admitted++;
+  assert.equal(admitted, 74, '59 left, and 1.5 s at 10 a second');
+
+  const debtor = uid('k');
+  leaseOf(await lim.admit(input(debtor, { limits: { tpm: 60_000 }, tokens: 100 }))).finish({ tokens: 61_000 });
+  clock.advance(20_000); // refilled at the lowered 600 a minute: -1,000 + 200
+  denied(await lim.admit(input(debtor, { limits: { tpm: 600 }, tokens: 10 })), 'tpm_exceeded');
+  clock.advance(58_000); // past the 61 s it would have taken at 60,000: at 600, -1,000 + 780 = -220
+  denied(await lim.admit(input(debtor, { limits: { tpm: 600 }, tokens: 10 })), 'tpm_exceeded');
+  clock.advance(24_000); // +240: 20
+  assert.equal((await lim.admit(input(debtor, { limits: { tpm: 600 }, tokens: 10 }))).ok, true);
+  await lim.close();
 });

@@ -2,7 +2,7 @@
 -- and peek.lua (scripts.ts pastes it where a script says `-- #include bucket.lua`). It names
 -- no KEYS or ARGV of its own: the including script passes bucket keys in.
 --
--- A bucket is a hash {t = tokens at ts, ts = ms}; an absent bucket is full. Capacity N
+-- A bucket is a hash {t = tokens at ts, ts = ms}; an absent bucket is full (see store). Capacity N
 -- refills at N per 60000 ms. Slices an instance leased from it (lease.lua) are recorded in
 -- the same hash so that the bucket and the slices never hold more than N together:
 --   l = sum of live slices, x = soonest slice expiry, X = latest slice expiry,
@@ -55,7 +55,14 @@ local function bucket(key, cap)
   local ceiling = cap - leased
   local elapsed = now - tonumber(v[2])
   if elapsed < 0 then elapsed = 0 end
-  return math.min(ceiling, tonumber(v[1]) + elapsed * cap / WINDOW), ceiling
+  local lvl = math.min(ceiling, tonumber(v[1]) + elapsed * cap / WINDOW)
+  -- In debt, the bucket is kept until it is full at the capacity in force now: a lowered
+  -- limit (a reload, a console change) takes longer to pay it back than the TTL set before.
+  if lvl < 0 then
+    local keep = math.ceil((cap - lvl) * WINDOW / cap)
+    if redis.call('PTTL', key) < keep then redis.call('PEXPIRE', key, keep) end
+  end
+  return lvl, ceiling
 end
 
 -- Milliseconds until a bucket at `lvl` has refilled to `need`: the one refill arithmetic,
@@ -64,19 +71,18 @@ local function refill_ms(lvl, need, cap)
   return math.ceil((need - lvl) * WINDOW / cap)
 end
 
--- Writes the level back. A bucket with no slice out is deleted once full (absent = full),
--- else it expires once it would be full again, and not before its last slice expires.
+-- Writes the level back. The bucket is kept at least one WINDOW, and until it would be full
+-- again, and not before its last slice expires: a bucket at 0 or more tokens untouched for
+-- a WINDOW is full at any capacity, so forgetting it (absent = full) refills nothing, even
+-- after the capacity was raised (DESIGN section 12: a changed limit applies to the state
+-- it finds).
 local function store(key, cap, lvl)
   local last = tonumber(redis.call('HGET', key, 'X') or '0') or 0
-  if lvl >= cap and last <= now then
-    redis.call('DEL', key)
-    return
-  end
   redis.call('HSET', key, 't', tostring(lvl), 'ts', tostring(now))
-  local ttl = 1
-  if lvl < cap then ttl = refill_ms(lvl, cap, cap) end
+  local ttl = WINDOW
+  if lvl < cap and refill_ms(lvl, cap, cap) > ttl then ttl = refill_ms(lvl, cap, cap) end
   if last - now > ttl then ttl = last - now end
-  redis.call('PEXPIRE', key, math.max(1, ttl))
+  redis.call('PEXPIRE', key, ttl)
 end
 
 -- Records a slice of `amount` taken from the bucket (the caller lowers the level itself).
