@@ -61,6 +61,9 @@ const upstreamUrl = httpUrl.refine((u) => !USER_INFO.test(u) && !u.includes('#')
   message: 'expected no user-info (user:password@) and no #fragment: keyward forwards the client\'s own credentials',
 });
 
+/** A base URL a path is appended to (`<otlpUrl>/v1/traces`): a query or a fragment would end up before that path. */
+const baseUrl = httpUrl.refine((u) => !/[?#]/.test(u), { message: 'expected a base URL without ?query or #fragment: the path /v1/traces is appended to it' });
+
 const upstream = z.strictObject({
   url: upstreamUrl,
   timeoutMs: ms(600_000),
@@ -187,7 +190,7 @@ export const configSchema = z
     tracing: z
       .strictObject({
         /** the collector's OTLP/HTTP base URL: spans go to `<otlpUrl>/v1/traces` */
-        otlpUrl: httpUrl.default('http://127.0.0.1:4318'),
+        otlpUrl: baseUrl.default('http://127.0.0.1:4318'),
         /** share of new traces sampled; a request with a traceparent follows its sampled flag */
         sampleRatio: z.preprocess((v) => (typeof v === 'string' && v.trim() !== '' && !Number.isNaN(Number(v)) ? Number(v) : v), z.number().min(0).max(1)).default(1),
         /** the forwarded traceparent names keyward's span as parent */

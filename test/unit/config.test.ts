@@ -196,6 +196,12 @@ test('tracing: an empty block sends to a collector beside keyward (DESIGN sectio
   assert.equal(parse('upstreams:\n  default: { url: "http://127.0.0.1:4000/base?tenant=1" }\n').upstreams.default?.url, 'http://127.0.0.1:4000/base?tenant=1');
 });
 
+test('tracing.otlpUrl is a base URL: a query or fragment would come before /v1/traces, and is refused', () => {
+  hasProblem(problems(`${MINIMAL}tracing: { otlpUrl: "http://127.0.0.1:4318/?tenant=a" }\n`), 'tracing.otlpUrl', /without \?query or #fragment/);
+  hasProblem(problems(`${MINIMAL}tracing: { otlpUrl: "http://127.0.0.1:4318/t#x" }\n`), 'tracing.otlpUrl', /without \?query or #fragment/);
+  assert.equal(parse(`${MINIMAL}tracing: { otlpUrl: "http://collector:4318/tenant-a" }\n`).tracing?.otlpUrl, 'http://collector:4318/tenant-a');
+});
+
 test('a bracketed IPv6 host is kept in the form a listener binds', async () => {
   const c = parse(`${MINIMAL}server: { host: "[::1]", port: 0 }\nadmin: { host: "[::1]" }\n`);
   assert.equal(c.server.host, '::1');
