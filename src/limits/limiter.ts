@@ -184,13 +184,31 @@ export interface ClaimInput {
   token: string;
   /** how long the holder's claims are kept after the last one */
   ttlMs: number;
+  /**
+   * > 0: the claim is pending this long, until its claimer says it is `done` (or `renew`s
+   * it); a claim left pending past that is another claimer's to take over. Absent: for good.
+   */
+  pendingMs?: number;
+  /**
+   * Absent: claims. Else what the token that holds the claim says of it: `renew` (pending
+   * pendingMs more), `done` (for good), `release` (any claimer takes it over now).
+   */
+  turn?: ClaimTurn;
 }
+
+export type ClaimTurn = 'renew' | 'done' | 'release';
 
 /**
  * `claimed`: this token holds the claim; `taken`: another one does, or the claim is for an
- * epoch older than one claimed already; `unavailable`: the store could not answer (ask again later).
+ * epoch older than one claimed already; `held`: another one holds it pending (ask again
+ * later: it is taken over if its claimer stops); `unavailable`: the store could not answer
+ * (ask again later).
  */
-export type ClaimResult = 'claimed' | 'taken' | 'unavailable';
+export type ClaimResult = 'claimed' | 'taken' | 'held' | 'unavailable';
+
+/** The answer to a claim from the token that holds it and whether it is pending. */
+export const claimResult = (token: string, holder: string | null, pending: boolean): ClaimResult =>
+  holder === token ? 'claimed' : holder && pending ? 'held' : 'taken';
 
 /**
  * What `peek` and `ledger` reject with when the store failed and `onError: closed`: no

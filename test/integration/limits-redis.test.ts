@@ -146,6 +146,29 @@ describe('redis limiter: key layout and expiry', () => {
     await lim2.close();
   });
 
+  test('claims: pending for their claimer, renewed, done for good, released or taken over once lapsed (claim.lua)', async () => {
+    const lim = createRedisLimiter({ redis, prefix, leaseMs: 5_000 });
+    const at = { tag: 'p:p_1', holder: uid('key:k'), epoch: 1, name: 'alert:0.8', ttlMs: 60_000, pendingMs: 80 };
+    assert.equal(await lim.claimOnce({ ...at, token: 'a' }), 'claimed');
+    assert.equal(await lim.claimOnce({ ...at, token: 'b' }), 'held');
+    assert.equal(await lim.claimOnce({ ...at, token: 'b', turn: 'release' }), 'held', 'a turn by another token changes nothing');
+    assert.equal(await lim.claimOnce({ ...at, token: 'a', turn: 'renew' }), 'claimed');
+    await new Promise((r) => setTimeout(r, 100)); // Redis keeps the time: past the 80 ms pending
+    assert.equal(await lim.claimOnce({ ...at, token: 'b' }), 'claimed', 'lapsed: taken over');
+    assert.equal(await lim.claimOnce({ ...at, token: 'a', turn: 'done' }), 'held', 'a no longer holds it: b does, pending');
+    assert.equal(await lim.claimOnce({ ...at, token: 'b', turn: 'release' }), 'claimed');
+    assert.equal(await lim.claimOnce({ ...at, token: 'c' }), 'claimed', 'released: taken over at once');
+    assert.equal(await lim.claimOnce({ ...at, token: 'c', turn: 'done' }), 'claimed');
+    await new Promise((r) => setTimeout(r, 100));
+    assert.equal(await lim.claimOnce({ ...at, token: 'd' }), 'taken', 'done: for good');
+    assert.equal(await lim.claimOnce({ ...at, token: 'c' }), 'claimed');
+    assert.equal(await lim.claimOnce({ ...at, token: 'd' }), 'taken', 'its claimer asking again does not make it pending');
+    assert.equal(await lim.claimOnce({ ...at, epoch: 2, token: 'e', turn: 'done' }), 'taken', 'a turn for an epoch not recorded');
+    assert.ok((await redis.pttl(`{${prefix}:t:${encodeURIComponent(at.tag)}}:c:${encodeURIComponent(at.holder)}`)) > 59_000, 'the turn wrote nothing: the hash keeps its TTL');
+    assert.equal(await lim.claimedBy({ ...at, pendingMs: undefined, name: 'start', token: '5' }), '5', 'a claim for good, as before');
+    await lim.close();
+  });
+
   test("spend holds: a request's holders share its hash tag; ledgers expire a day after last use; money is integer nano-units", async () => {
     const lim = createRedisLimiter({ redis, prefix, leaseMs: 5_000 });
     const holders = [keyBudget('k_1', { base: 0.1, limit: 1 }), projectBudget('p_1', { base: 2, limit: 10 }), wallet('u_1', { base: 3 })];

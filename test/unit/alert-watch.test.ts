@@ -33,7 +33,7 @@ async function spent(limiter: ReturnType<typeof createMemoryLimiter>, holder: Ho
 /** A watch on `store`, with what it found, and a wait for its next retry (the retry timer is unref'd: the wait keeps the loop alive). */
 function watchOn(store: AlertStore, extra: Partial<WatchOptions> = {}) {
   const found: Crossing[] = [];
-  const watch = new AlertWatch({ store, thresholds: () => T, found: (c) => found.push(c), log: quiet, checkDelayMs: 1, claimRetryMs: 20, now: () => 0, ...extra });
+  const watch = new AlertWatch({ store, thresholds: () => T, found: (c) => found.push(c), log: quiet, checkDelayMs: 1, claimRetryMs: 20, now: () => 0, pendingMs: 60_000, ...extra });
   const shown = () => found.map((c) => [c.holder, c.threshold, c.budget, c.spent, c.epoch]);
   return { watch, found, shown };
 }

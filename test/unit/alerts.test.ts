@@ -150,7 +150,7 @@ test('watch: a claim the store cannot answer is asked again later with the same 
   const found: Crossing[] = [];
   let retried!: () => void;
   const retriedOnce = new Promise<void>((r) => (retried = r));
-  const watch = new AlertWatch({ store, thresholds: () => T, found: (c) => found.push(c), log: quiet, checkDelayMs: 1, claimRetryMs: 20, now: () => 0 });
+  const watch = new AlertWatch({ store, thresholds: () => T, found: (c) => found.push(c), log: quiet, checkDelayMs: 1, claimRetryMs: 20, now: () => 0, pendingMs: 60_000 });
   const holder: Holder = { id: 'key:k_1', kind: 'budget', base: 9.6, limit: 10, epoch: 2, code: 'key_budget_exhausted', period: 'day' };
   watch.touched('p:p_1', [holder]);
   await watch.idle();

@@ -145,3 +145,30 @@ test('memory: a raised limit finds the level its bucket had; a lowered TPM keeps
   assert.equal((await lim.admit(input(debtor, { limits: { tpm: 600 }, tokens: 10 }))).ok, true);
   await lim.close();
 });
+
+test('memory claims: a pending claim is held for its claimer, renewed, done for good, released or taken over once lapsed (claim.lua\'s rules)', () => {
+  const clock = fakeClock();
+  const claims = new MemoryClaims(clock.now);
+  const at = { tag: 't', holder: 'key:k_1', epoch: 1, name: 'alert:0.8', ttlMs: 60_000, pendingMs: 100 };
+  assert.equal(claims.claim({ ...at, token: 'a' }), 'claimed');
+  assert.equal(claims.claim({ ...at, token: 'b' }), 'held');
+  clock.advance(80);
+  assert.equal(claims.claim({ ...at, token: 'b', turn: 'renew' }), 'held', 'a turn by another token changes nothing');
+  assert.equal(claims.claim({ ...at, token: 'a', turn: 'renew' }), 'claimed');
+  clock.advance(80);
+  assert.equal(claims.claim({ ...at, token: 'b' }), 'held', 'renewed at 80: still a\'s at 160');
+  clock.advance(30);
+  assert.equal(claims.claim({ ...at, token: 'b' }), 'claimed', 'lapsed: taken over');
+  assert.equal(claims.claim({ ...at, token: 'a', turn: 'done' }), 'held', 'a no longer holds it: b does, pending');
+  assert.equal(claims.claim({ ...at, token: 'b', turn: 'release' }), 'claimed');
+  assert.equal(claims.claim({ ...at, token: 'c' }), 'claimed', 'released: taken over at once');
+  assert.equal(claims.claim({ ...at, token: 'c', turn: 'done' }), 'claimed');
+  clock.advance(1_000);
+  assert.equal(claims.claim({ ...at, token: 'd' }), 'taken', 'done: for good');
+  assert.equal(claims.claim({ ...at, token: 'c' }), 'claimed', 'its claimer asking again');
+  assert.equal(claims.claim({ ...at, token: 'd' }), 'taken', 'and not pending again');
+  assert.equal(claims.claim({ ...at, epoch: 0, token: 'c', turn: 'done' }), 'taken', 'a turn for an older epoch');
+  assert.equal(claims.claimedBy({ tag: 't', holder: 'wallet:u', epoch: 1, name: 'start', token: '5', ttlMs: 60_000 }), '5');
+  clock.advance(50_000);
+  assert.equal(claims.claimedBy({ tag: 't', holder: 'wallet:u', epoch: 1, name: 'start', token: '6', ttlMs: 60_000 }), '5', 'a claim without pendingMs is for good');
+});

@@ -16,7 +16,7 @@ import { LeaseTerm } from '../lease-term.js';
 import { type LeaseKeeper, createLeaseKeeper } from '../leases.js';
 import { type AdmitInput, type AdmitResult, type ClaimInput, type ClaimResult, type HoldInput, type HoldResult, type KeyLimits, type LedgerFigure, type LedgerInput, type LimiterStats, NO_QUOTA, type Quota, capacityOf } from '../limiter.js';
 import { type RedisLease, type RedisLimiter, type RedisLimiterOptions, errorTags, hashTag } from './api.js';
-import { claimedByOnRedis } from './claims.js';
+import { claimOnRedis, claimedByOnRedis } from './claims.js';
 import { createRedisClock } from './clock.js';
 import { Deadlines } from './deadlines.js';
 import { type LeasePath, createLeasePath, leasable } from './lease-path.js';
@@ -158,7 +158,12 @@ class SharedLimiter implements RedisLimiter {
   }
 
   async claimOnce(input: ClaimInput): Promise<ClaimResult> {
-    return (await this.claimedBy(input)) === input.token ? 'claimed' : 'taken';
+    try {
+      return await claimOnRedis(this.send, this.prefix, input);
+    } catch (err) {
+      this.failed('claim', err);
+      throw err;
+    }
   }
 
   async claimedBy(input: ClaimInput): Promise<string | null> {

@@ -9,8 +9,8 @@ import type { AlertsConfig } from '../../config/schema.js';
 import type { LogSink } from '../../log.js';
 import type { Holder } from '../../policy/holders.js';
 import { type Crossing, eventBody, holderRef, signature } from './event.js';
-import { Delivery, type DeliveryTuning } from './delivery.js';
-import { AlertWatch, type AlertStore } from './watch.js';
+import { type ClaimTurn, DELIVERY_DEFAULTS, Delivery, type DeliveryTuning } from './delivery.js';
+import { AlertWatch, type AlertStore, CLAIM_TTL_MS, type ClaimRef } from './watch.js';
 
 export interface AlertTuning extends DeliveryTuning {
   /** how long touched holders gather before one check reads them all */
@@ -19,6 +19,8 @@ export interface AlertTuning extends DeliveryTuning {
   claimRetryMs?: number;
   /** how long replica changes gather before the recent holders are looked at again */
   recheckMs?: number;
+  /** how long a claim stays this instance's without a renewal (default: two of the longest retry waits and an attempt) */
+  claimPendingMs?: number;
 }
 
 export interface AlertsOptions {
@@ -45,13 +47,19 @@ export class Alerts {
   private dropped = 0;
   private recheck: NodeJS.Timeout | null = null;
 
+  private readonly pendingMs: number;
+
   constructor(private readonly o: AlertsOptions) {
     const t = o.tuning ?? {};
+    const d = { ...DELIVERY_DEFAULTS, ...t };
+    // Renewed at each attempt: longer than the longest wait between two attempts' starts.
+    this.pendingMs = t.claimPendingMs ?? 2 * d.maxRetryMs + d.attemptTimeoutMs;
     this.delivery = new Delivery(o.log, t);
     this.watch = new AlertWatch({
       store: o.store,
       thresholds: () => this.config?.thresholds ?? null,
-      found: (c) => this.send(c),
+      found: (c, claim) => this.send(c, claim),
+      pendingMs: this.pendingMs,
       log: o.log,
       ...(o.now ? { now: o.now } : {}),
       ...(t.checkDelayMs !== undefined ? { checkDelayMs: t.checkDelayMs } : {}),
@@ -105,18 +113,24 @@ export class Alerts {
     await this.delivery.close(timeoutMs);
   }
 
-  private send(c: Crossing): void {
+  private send(c: Crossing, ref: ClaimRef): void {
     const config = this.config;
     const about = { holder: holderRef(c.holder), threshold: c.threshold, epoch: c.epoch };
+    const claim = (turn: ClaimTurn): Promise<void> =>
+      this.o.store.claimOnce({ ...ref, ttlMs: CLAIM_TTL_MS, pendingMs: this.pendingMs, turn }).then(
+        () => undefined,
+        () => undefined, // a claim not told stays pending and is taken over when its time is up
+      );
     if (!config) {
       // Turned off between the claim and now: the claim is spent, so say what was not sent.
       this.dropped++;
       this.o.log.warn({ ...about, reason: 'alerts turned off' }, 'budget alert not delivered');
+      void claim('done');
       return;
     }
     const body = eventBody(c);
     const headers: Record<string, string> = { 'content-type': 'application/json', 'user-agent': 'keyward' };
     if (config.secret !== undefined) headers['x-keyward-signature'] = signature(body, config.secret);
-    this.delivery.add({ url: config.webhookUrl, body, headers, lane: c.holder, about });
+    this.delivery.add({ url: config.webhookUrl, body, headers, lane: c.holder, about, claim });
   }
 }

@@ -4,7 +4,8 @@
  * first attempt, then logged and counted as failed. Events of one holder go in the order
  * they were found (the next waits for the one before); holders do not wait for each other,
  * and a few attempts run at once. The queue is bounded: an event past it is dropped, logged
- * and counted as failed. No request ever waits on any of this.
+ * and counted as failed. No request ever waits on any of this. Each event tells its claim
+ * what became of it (watch.ts, ClaimRef): one given up early is another instance's to send.
  *
  * Logs name the holder, threshold and epoch, never the webhook URL (it may carry a token),
  * the secret or the body's signature.
@@ -45,7 +46,12 @@ export interface Outgoing {
   lane: string;
   /** what logs say of it */
   about: Record<string, unknown>;
+  /** tells the event's claim (watch.ts, ClaimRef) what became of it; never rejects */
+  claim?: (turn: ClaimTurn) => Promise<void>;
 }
+
+/** `renew`: still being delivered; `done`: delivered, or given up after its window; `release`: given up early (a shutdown, a full queue). */
+export type ClaimTurn = 'renew' | 'done' | 'release';
 
 interface Pending extends Outgoing {
   /**
@@ -77,6 +83,8 @@ export class Delivery {
   private failed = 0;
   /** told once nothing is queued or in flight */
   private readonly emptied = new Set<() => void>();
+  /** claims told what became of their events, awaited by close */
+  private readonly told = new Set<Promise<void>>();
 
   constructor(
     private readonly log: LogSink,
@@ -89,6 +97,7 @@ export class Delivery {
     if (this.queued >= this.t.maxQueued || this.closing) {
       this.failed++;
       this.log.warn({ ...event.about, reason: this.closing ? 'shutting down' : 'alert queue full' }, 'budget alert not delivered');
+      this.tell(event, 'release');
       return;
     }
     const now = performance.now();
@@ -132,6 +141,7 @@ export class Delivery {
     this.lanes.clear();
     this.queued = 0;
     this.wake();
+    await Promise.all(this.told);
   }
 
   /** Starts every attempt that is due and has room; arms a timer for the next one due. */
@@ -162,6 +172,7 @@ export class Delivery {
 
   private async attempt(name: string, p: Pending): Promise<void> {
     if (p.attempts === 0) p.firstAttemptAt = performance.now();
+    else this.tell(p, 'renew');
     p.attempts++;
     p.last = this.closing;
     const problem = await this.post(p);
@@ -171,6 +182,7 @@ export class Delivery {
     if (problem === null) {
       this.sent++;
       this.log.info({ ...p.about, attempts: p.attempts }, 'budget alert sent');
+      this.tell(p, 'done');
       this.done(name);
     } else if (p.last || (!this.closing && now - p.firstAttemptAt >= this.t.retryWindowMs)) {
       this.giveUp(p, problem);
@@ -218,9 +230,17 @@ export class Delivery {
     this.emptied.clear();
   }
 
+  /** Given up: after its retry window the claim is done; before it (closing) another instance may send it. */
   private giveUp(p: Pending, reason: string): void {
     this.failed++;
     this.log.warn({ ...p.about, attempts: p.attempts, reason }, 'budget alert not delivered');
+    this.tell(p, this.closing ? 'release' : 'done');
+  }
+
+  private tell(event: Outgoing, turn: ClaimTurn): void {
+    if (!event.claim) return;
+    const told: Promise<void> = event.claim(turn).finally(() => this.told.delete(told));
+    this.told.add(told);
   }
 }
 

@@ -22,17 +22,36 @@ import { type AlertFigure, type Crossing, standing } from './event.js';
 export interface AlertStore {
   /** `sharedOnly`: rejects when the shared store cannot answer, never this process's own figures */
   ledger(input: { tag: string; holders: Holder[]; sharedOnly: true }): Promise<AlertFigure[]>;
-  claimOnce(input: { tag: string; holder: string; epoch: number; name: string; token: string; ttlMs: number }): Promise<'claimed' | 'taken' | 'unavailable'>;
+  /** `held`: another instance claimed it and has not delivered it yet (see ClaimRef) */
+  claimOnce(input: ClaimRef & { ttlMs: number; pendingMs?: number; turn?: 'renew' | 'done' | 'release' }): Promise<'claimed' | 'taken' | 'held' | 'unavailable'>;
   /** the Limiter's claimedBy: who holds a claim (rejects when the store cannot answer) */
   claimedBy(input: { tag: string; holder: string; epoch: number; name: string; token: string; ttlMs: number }): Promise<string | null>;
+}
+
+/**
+ * A crossing's claim in the store. It stays pending while its event is being delivered: the
+ * claimer renews it with each attempt and says `done` once the event is delivered or given
+ * up after its retry window, and `release` when it stops before (a shutdown). A claim left
+ * pending past its time (its instance died) is taken over by the next instance that checks
+ * the holder, which sends the event itself: so a crossing is sent once, and still sent when
+ * the instance that claimed it goes away with it undelivered.
+ */
+export interface ClaimRef {
+  tag: string;
+  holder: string;
+  epoch: number;
+  name: string;
+  token: string;
 }
 
 export interface WatchOptions {
   store: AlertStore;
   /** the thresholds in force, ascending; null while alerts are off */
   thresholds: () => readonly number[] | null;
-  /** a crossing this instance claimed */
-  found: (c: Crossing) => void;
+  /** a crossing this instance claimed, and its claim (pending until the event's delivery says otherwise) */
+  found: (c: Crossing, claim: ClaimRef) => void;
+  /** how long a claim stays pending without a renewal */
+  pendingMs: number;
   log: LogSink;
   /** wall clock of the crossings' `at` */
   now?: () => number;
@@ -237,9 +256,13 @@ export class AlertWatch {
       if (done?.has(threshold)) continue;
       const tokenKey = `${epochKey}\u0000${threshold}`;
       const token = this.tokens.get(tokenKey) ?? randomUUID();
-      const answer = await this.o.store
-        .claimOnce({ tag, holder: holder.id, epoch: figure.epoch, name: `alert:${threshold}`, token, ttlMs: CLAIM_TTL_MS })
-        .catch(() => 'unavailable' as const);
+      const claim: ClaimRef = { tag, holder: holder.id, epoch: figure.epoch, name: `alert:${threshold}`, token };
+      const answer = await this.o.store.claimOnce({ ...claim, ttlMs: CLAIM_TTL_MS, pendingMs: this.o.pendingMs }).catch(() => 'unavailable' as const);
+      if (answer === 'held') {
+        // Another instance is delivering it: asked again later, taken over if it stops.
+        this.retryLater(tag, holder);
+        return;
+      }
       if (answer === 'unavailable') {
         if (this.tokens.size >= MAX_TOKENS) this.tokens.clear();
         this.tokens.set(tokenKey, token);
@@ -250,7 +273,7 @@ export class AlertWatch {
       this.markSettled(epochKey, threshold);
       if (answer === 'claimed') {
         const at = (this.o.now ?? Date.now)();
-        this.o.found({ holder: holder.id, threshold, budget: where.budget, spent: where.spent, period: holder.period ?? null, epoch: figure.epoch, at });
+        this.o.found({ holder: holder.id, threshold, budget: where.budget, spent: where.spent, period: holder.period ?? null, epoch: figure.epoch, at }, claim);
       }
     }
   }

@@ -1,0 +1,105 @@
+/**
+ * Budget alerts (DESIGN section 13: exactly once across instances, retried for at least ten
+ * minutes) when the instance that claimed a crossing goes away before delivering it. The
+ * claim stays pending while its event is delivered: an instance that shuts down releases
+ * it, one that stops answering lets it lapse, and the next instance that checks the holder
+ * takes it over and sends the event itself, once. Two sidecars on the real Redis, each with
+ * its own webhook receiver, so each delivery says which instance made it.
+ */
+import { after, before, test } from 'node:test';
+import assert from 'node:assert/strict';
+import { randomBytes } from 'node:crypto';
+import { Redis } from 'ioredis';
+import type { SyncRecord } from '../../src/protocol/records.js';
+import { PRICE, alertsIdle, eventsOf, spend, usageByMaxTokens } from '../helpers/alerts.js';
+import { startHarness, type Harness, type KeySpec } from '../helpers/sidecar.js';
+import { startFakeUpstream, type FakeUpstream } from '../helpers/upstream.js';
+import { startWebhookReceiver, type WebhookReceiver } from '../helpers/webhook-receiver.js';
+import { TEST_REDIS_URL } from '../helpers/redis-url.js';
+
+const prefix = `kwho${randomBytes(4).toString('hex')}`;
+/** Short retries and a short pending time: the operated ones are minutes. */
+const TUNING = { checkDelayMs: 5, claimRetryMs: 50, firstRetryMs: 20, maxRetryMs: 100, retryWindowMs: 10_000, claimPendingMs: 400 };
+const RECORDS: SyncRecord[] = [PRICE, { type: 'project', id: 'p_free', status: 'enabled', budget: null, spent: 0 }];
+const KEYS: Record<string, KeySpec> = {
+  k_shutdown: { project: 'p_free', budget: 10, spent: 7.9 },
+  k_lapse: { project: 'p_free', budget: 10, spent: 7.9 },
+};
+const secrets: Record<string, string> = Object.fromEntries(Object.keys(KEYS).map((id) => [id, `sk-handover-${id}-${randomBytes(8).toString('hex')}`]));
+
+let up: FakeUpstream;
+let redis: Redis;
+const hooks: WebhookReceiver[] = [];
+const sidecars: Harness[] = [];
+
+async function instance(tuning: Record<string, number> = {}): Promise<{ h: Harness; hook: WebhookReceiver }> {
+  const hook = await startWebhookReceiver();
+  hooks.push(hook);
+  const h = await startHarness({
+    upstream: up.url,
+    config: { redis: { url: TEST_REDIS_URL, prefix, timeoutMs: 1000 }, alerts: { webhookUrl: hook.url } },
+    keys: Object.fromEntries(Object.entries(KEYS).map(([id, spec]) => [id, { ...spec, secret: secrets[id] }])),
+    records: RECORDS,
+    alertTuning: { ...TUNING, ...tuning },
+  });
+  sidecars.push(h);
+  return { h, hook };
+}
+
+before(async () => {
+  redis = new Redis(TEST_REDIS_URL);
+  up = await startFakeUpstream(usageByMaxTokens);
+});
+
+after(async () => {
+  await Promise.all(sidecars.map((h) => h.close()));
+  await Promise.all(hooks.map((h) => h.close()));
+  await up?.close();
+  const keys = await redis.keys(`{${prefix}:*`);
+  if (keys.length) await redis.del(...keys);
+  redis.disconnect();
+});
+
+const attemptsFor = (hook: WebhookReceiver, keyId: string): number => hook.received.filter((d) => JSON.parse(d.body).holder.id === keyId).length;
+
+test('an instance that shuts down with a crossing undelivered releases it; the next instance to check the holder sends it, once', async () => {
+  const a = await instance();
+  const b = await instance();
+  a.hook.failNext(1_000_000);
+  assert.equal(await spend(a.h, 'k_shutdown', 200), 200); // 7.9 + 0.3: past 0.8
+  await a.hook.until(() => attemptsFor(a.hook, 'k_shutdown') >= 2, 'a retry from the claiming instance');
+  await a.h.close(); // its last attempt fails too: the event is given up, and its claim released
+  assert.equal(a.h.sidecar.alerts.stats().failed, 1);
+  assert.equal(await spend(b.h, 'k_shutdown', 10), 200);
+  await alertsIdle(b.h);
+  assert.deepEqual(eventsOf(b.hook.accepted(), 'key:k_shutdown').map((e) => e.threshold), [0.8], 'sent by the instance that checked next');
+  assert.equal(eventsOf(a.hook.accepted(), 'key:k_shutdown').length, 0);
+  // Claimed for good now: more spend on either side sends nothing more.
+  const c = await instance();
+  assert.equal(await spend(c.h, 'k_shutdown', 10), 200);
+  assert.equal(await spend(b.h, 'k_shutdown', 10), 200);
+  await alertsIdle(b.h, c.h);
+  assert.equal(eventsOf([...b.hook.accepted(), ...c.hook.accepted()], 'key:k_shutdown').length, 1);
+  assert.equal(attemptsFor(c.hook, 'k_shutdown'), 0);
+});
+
+test('an instance that stops renewing its claim (it hangs or died) loses it once its time is up; the other sends the event, once', async () => {
+  // a's receiver never answers, and its attempt waits far longer than the claim's time
+  const a = await instance({ attemptTimeoutMs: 60_000 });
+  const b = await instance();
+  a.hook.hang(true);
+  assert.equal(await spend(a.h, 'k_lapse', 200), 200);
+  await a.hook.until(() => attemptsFor(a.hook, 'k_lapse') === 1, 'the claiming instance\'s attempt');
+  const asked = Date.now();
+  // b checks at once: the claim is a's, pending; b asks again until it lapses, then sends.
+  assert.equal(await spend(b.h, 'k_lapse', 10), 200);
+  await b.hook.until(() => eventsOf(b.hook.accepted(), 'key:k_lapse').length === 1, 'the event from the other instance');
+  assert.ok(Date.now() - asked >= 300, 'not before the claim\'s time was up');
+  assert.deepEqual(eventsOf(b.hook.accepted(), 'key:k_lapse').map((e) => e.threshold), [0.8]);
+  a.hook.hang(false);
+  await a.h.close(); // its hanging attempt is cut: its release no longer names its claim
+  assert.equal(await spend(b.h, 'k_lapse', 10), 200);
+  await alertsIdle(b.h);
+  assert.equal(eventsOf(b.hook.accepted(), 'key:k_lapse').length, 1, 'b\'s claim stands');
+  assert.equal(eventsOf(a.hook.accepted(), 'key:k_lapse').length, 0);
+});
