@@ -14,13 +14,13 @@ import { registerConsoleCommands } from './app/console-cli.js';
 import { checkConfig, replicaPathFor } from './app/config-files.js';
 
 /** Runs `fn` until SIGTERM/SIGINT, then `stop` once, then exits 0. */
-function untilSignal(stop: () => Promise<void>): void {
+function untilSignal(stop: (signal: string) => Promise<void>): void {
   let stopping = false;
   const onSignal = (signal: string) => {
     if (stopping) return;
     stopping = true;
     process.stderr.write(`keyward: ${signal}: draining\n`);
-    stop().then(
+    stop(signal).then(
       () => process.exit(0),
       (err: Error) => {
         process.stderr.write(`keyward: shutdown failed: ${err.message}\n`);
@@ -52,7 +52,7 @@ async function serveCommand(o: { config: string; workers: string }): Promise<voi
   // A worker of the primary: the same command line, run again by node:cluster. Its config comes from the primary.
   if (cluster.isWorker) return serveWorker();
   const serving = await serve({ file: o.config, workers: parseWorkers(o.workers) });
-  untilSignal(() => serving.stop());
+  untilSignal((signal) => serving.stop(signal));
 }
 
 export function buildProgram(): Command {

@@ -5,15 +5,30 @@
  */
 import cluster from 'node:cluster';
 import { loadConfig } from '../config/file.js';
-import { createLogger, flushed } from '../obs/logger.js';
+import { createLogger, flushed, type Logger } from '../obs/logger.js';
 import { holdSighup, startReloading } from './reload.js';
 import { startSidecar } from './sidecar.js';
 import { runWorker } from './worker.js';
 import { startWorkers } from './workers.js';
 
 export interface Serving {
-  /** stops reloading, drains in-flight requests within server.shutdownGraceMs, flushes the log */
-  stop(): Promise<void>;
+  /** stops reloading, drains in-flight requests within server.shutdownGraceMs, flushes the log; `signal` is logged */
+  stop(signal?: string): Promise<void>;
+}
+
+/** The stop of a serving process: its start and any failure go to the JSON log too, where log shippers read. */
+function stopping(logger: Logger, close: () => Promise<void>): Serving['stop'] {
+  return async (signal) => {
+    logger.info({ signal: signal ?? null }, 'keyward draining');
+    try {
+      await close();
+    } catch (err) {
+      logger.error({ err: err instanceof Error ? err.message : String(err) }, 'keyward shutdown failed');
+      throw err;
+    } finally {
+      await flushed(logger);
+    }
+  };
 }
 
 /** A cluster worker: runs until the primary tells it to drain, or a signal does. */
@@ -31,11 +46,10 @@ export async function serve(o: { file: string; workers: number }): Promise<Servi
     const reloader = startReloading({ file: o.file, loaded, log: logger, metrics: pool.metrics, apply: (c) => pool.reconfigure(c) });
     logger.info({ listen: pool.url, admin_port: pool.adminPort, workers: o.workers, pids: pool.pids(), config_hash: loaded.hash }, 'keyward listening');
     return {
-      async stop() {
+      stop: stopping(logger, async () => {
         reloader.close();
         await pool.close();
-        await flushed(logger);
-      },
+      }),
     };
   }
   const logger = createLogger({ level: config.logging.level });
@@ -43,10 +57,9 @@ export async function serve(o: { file: string; workers: number }): Promise<Servi
   const reloader = startReloading({ file: o.file, loaded, log: logger, metrics: sidecar.metrics, apply: (c) => sidecar.reconfigure(c) });
   logger.info({ listen: sidecar.url, admin_port: sidecar.adminPort, config_hash: loaded.hash }, 'keyward listening');
   return {
-    async stop() {
+    stop: stopping(logger, async () => {
       reloader.close();
       await sidecar.close();
-      await flushed(logger);
-    },
+    }),
   };
 }

@@ -190,6 +190,9 @@ describe('keyward CLI', () => {
       assert.equal(access.length, sent, 'every request has its access line');
       assert.deepEqual([access[0]!.status, access[1]!.status, access.at(-1)!.status], [200, 401, 200]);
       assert.ok(access.every((l) => typeof l.req_id === 'string' && typeof l.duration_ms === 'number'));
+      // The drain is in the JSON log too, not only on stderr, where log shippers do not look.
+      const drain = out.findIndex((l) => l.msg === 'keyward draining');
+      assert.ok(drain >= 0 && out[drain]!.signal === 'SIGTERM' && out[drain]!.level === 'info', 'a draining line naming the signal');
     } finally {
       child.kill('SIGKILL');
     }
