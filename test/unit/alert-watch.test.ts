@@ -143,3 +143,27 @@ test('a replica change checks recent holders again with their new figures: usage
   await watch.close();
   await limiter.close();
 });
+
+test('a lower threshold another instance holds pending stops the higher ones: one crossing of two is not split between instances', async () => {
+  const limiter = createMemoryLimiter({ leaseMs: 30_000 });
+  const asked: string[] = [];
+  const store: AlertStore = {
+    ledger: (input) => limiter.ledger(input),
+    claimOnce: (input) => {
+      asked.push(`${input.name}${input.turn ? `:${input.turn}` : ''}`);
+      return limiter.claimOnce(input);
+    },
+    claimedBy: (input) => limiter.claimedBy(input),
+  };
+  // Another instance found 0.8 and 0.95 in one crossing and has claimed 0.8 so far.
+  const other = { tag: 'p:p_1', holder: 'key:k_1', epoch: 0, name: 'alert:0.8', token: 'other', ttlMs: 60_000, pendingMs: 60_000 };
+  assert.equal(await limiter.claimOnce(other), 'claimed');
+  const { watch, found } = watchOn(store);
+  watch.touched('p:p_1', [keyHolder({ base: 9.6, limit: 10 })]);
+  await watch.idle();
+  assert.deepEqual(asked, ['alert:0.8'], '0.95 is not asked for while 0.8 is held');
+  assert.equal(found.length, 0);
+  assert.equal(watch.pendingRetries(), true, 'asked again later');
+  await watch.close();
+  await limiter.close();
+});

@@ -5,7 +5,9 @@
  * reached that this instance has not seen settled yet it asks the store for the claim of that
  * holder, epoch and threshold. Only the claimer reports the crossing, so each is sent once
  * across every instance and worker. Thresholds are claimed in ascending order, one after the
- * other, so one request that crosses two reports both, in order.
+ * other, so one request that crosses two reports both, in order; a lower one another
+ * instance holds pending (it claimed it and is delivering it) stops the check there, so
+ * that instance claims the higher ones of the same crossing too and sends them in order.
  *
  * A claim the store cannot answer is asked again later with the same token (a grant whose
  * answer was lost is still this instance's), never granted here alone.
