@@ -158,6 +158,28 @@ describe('spend slices on one Redis', { timeout: 60_000 }, () => {
     assert.equal(l.s, 50 * 0.004 * NANO, 'every cost settled');
     assert.deepEqual(l.amounts, []);
   });
+
+  test('another instance reads live figures without this one\'s unused slice: spent is settled costs and holds in flight (GET /v1/key, alerts)', async () => {
+    const a = await fleet.instance({ sliceMs: 5_000 });
+    const b = await fleet.instance({ sliceMs: 5_000 });
+    const tag = uid('t');
+    const key = keyBudget(uid('k'), { base: 0, limit: 1_000 });
+    const w = wallet(uid('u'), { base: 100 });
+    for (let i = 0; i < 50; i++) held(await a.lim.hold(req(tag, [key, w], 0.01))).settle(0.004);
+    assert.equal(a.lim.spendSlicesHeld(), 2, 'a slice of each holder, most of it unused');
+    const inFlight = held(await a.lim.hold(req(tag, [key, w], 0.01)));
+    await a.lim.ledger({ tag, holders: [key, w] }); // a's settlements leave first, with what is in flight
+    const spent = 50 * 0.004 + 0.01;
+    for (const [who, lim] of [['this instance', a.lim], ['another instance', b.lim]] as const) {
+      const [k, u] = await lim.ledger({ tag, holders: [key, w] });
+      assert.ok(Math.abs(k!.live - spent) < 1e-9, `${who}: key spent ${k!.live}, not ${spent} plus the slice`);
+      assert.ok(Math.abs(u!.live - (100 - spent)) < 1e-9, `${who}: balance ${u!.live}`);
+    }
+    inFlight.settle(0.004);
+    await a.lim.ledger({ tag, holders: [key, w] });
+    const [k] = await b.lim.ledger({ tag, holders: [key, w] });
+    assert.ok(Math.abs(k!.live - 51 * 0.004) < 1e-9, `settled: ${k!.live}`);
+  });
 });
 
 roundTrips('one node', () => ({ url: TEST_REDIS_URL, ports: [Number(new URL(TEST_REDIS_URL).port || 6379)] }));

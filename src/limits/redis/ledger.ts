@@ -188,9 +188,10 @@ class SharedLedger implements RedisLedger {
     const v = (await this.opts.run('keywardLedger', keys, args)) as number[];
     // Three figures a holder (ledger.lua): live, the epoch they belong to, the figure at that epoch.
     return input.holders.map((h, i) => {
-      // What this instance has not used of its own slice is not spent (other instances' is counted as held).
-      const unused = this.slices?.unused(keys[2 * i]!, h) ?? 0;
-      const live = Number(v[3 * i] ?? 0) + (h.kind === 'wallet' ? unused : -unused);
+      // Redis counts each instance's slice as the holds in flight it last reported; this
+      // instance's own are known now.
+      const over = this.slices?.overCounted(keys[2 * i]!, h) ?? 0;
+      const live = Number(v[3 * i] ?? 0) + (h.kind === 'wallet' ? over : -over);
       return { id: h.id, live: fromNano(live), epoch: Number(v[3 * i + 1] ?? h.epoch), start: fromNano(Number(v[3 * i + 2] ?? 0)) };
     });
   }

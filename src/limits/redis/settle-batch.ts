@@ -45,6 +45,8 @@ export interface SpendSliceWrite {
   holderKind: 'budget' | 'wallet';
   /** set when the batch has written the operation into a call: from then on it is read-only */
   sent: boolean;
+  /** the holds in flight on the slice as the call leaves (nano-units), which it reports */
+  inFlightNow: () => number;
   owner?: (err: unknown) => void;
   /** Redis answered that the (live) slice is void: gone, or its ledger over-committed. */
   onVoid?: () => void;
@@ -122,7 +124,7 @@ function settleCall(ops: SettleOp[]): { keys: string[]; args: (string | number)[
       keys.push(op.set);
     } else if (op.kind === 'spendSlice') {
       op.sent = true;
-      args.push('m', op.sliceId, op.cost, op.take, op.end ? 1 : op.givenBack ? 2 : 0, op.ttlMs, op.holderKind);
+      args.push('m', op.sliceId, op.cost, op.take, op.end ? 1 : op.givenBack ? 2 : 0, op.ttlMs, op.holderKind, op.inFlightNow());
       keys.push(...op.keys);
     } else {
       args.push('h', op.holdId, op.cost, op.ttlMs, op.keys.length / 2, ...op.kinds);

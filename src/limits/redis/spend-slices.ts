@@ -189,16 +189,22 @@ export class SpendSliceTable extends DemandTable<Entry> {
       // Spelled out, every field set: one object shape for every slice.
       e.slice = {
         id: o.id, keys, tag: o.tag, kind: h.kind, epoch: h.epoch, base: h.base, limit: h.limit,
-        record: o.sizes[j]!, inFlight: 0, holds: 0, until: o.sentAt + this.opts.windowMs, live: true, toldGivenBack: false, asked: o.sentAt,
+        record: o.sizes[j]!, inFlight: 0, holds: 0, reported: null, until: o.sentAt + this.opts.windowMs, live: true, toldGivenBack: false, asked: o.sentAt,
         kept: this.opts.keeper.add(o.id, [keys[1]]), write: null,
       };
     }
   }
 
-  /** What is left unused of this instance's live slice of a holder (nano-units; 0 without one). */
-  unused(key: string, holder: Holder): number {
+  /**
+   * What ledger.lua counts of this instance's live slice of a holder beyond the holds in
+   * flight on it now (nano-units; 0 without one): all of what is unused before its first
+   * settlement, then the difference since the last one reported its holds in flight.
+   */
+  overCounted(key: string, holder: Holder): number {
     const s = this.entries.get(key)?.slice;
-    return s && s.epoch === holder.epoch ? s.record - s.inFlight : 0;
+    if (!s || s.epoch !== holder.epoch) return 0;
+    const counted = s.reported === null ? s.record : Math.min(s.reported, s.record);
+    return counted - s.inFlight;
   }
 
   /** Gives back every slice whose time is over (all of them with `all`), forgets idle holders. */
@@ -266,6 +272,7 @@ export class SpendSliceTable extends DemandTable<Entry> {
     s.asked = t;
     s.write = {
       kind: 'spendSlice', tag: s.tag, sliceId: s.id, keys: s.keys, cost, take, end, givenBack: !s.live, ttlMs: this.opts.ledgerTtlMs, holderKind: s.kind, sent: false,
+      inFlightNow: () => (s.reported = s.inFlight),
       owner: this.opts.owner, onVoid: () => this.voided(s),
     };
     this.opts.batch.add(s.write);

@@ -3,6 +3,8 @@
 --
 -- KEYS, two per holder (as hold.lua): ledger hash, hold set
 -- ARGV: three per holder j: kind ('budget' | 'wallet'), base (the replica's figure), epoch
+-- A spend slice counts as the holds in flight on it (settle.lua's `f:<id>`) once its
+-- instance has reported them, and in full before.
 -- Returns three integers per holder: the live figure (nano-units), the epoch it belongs to,
 -- and the figure when that epoch was first seen (nano-units; a wallet's balance at its
 -- epoch). Same rules as hold.lua: no ledger means the replica's figure alone, a higher
@@ -23,6 +25,15 @@ for j = 1, #KEYS / 2 do
     local b0, s, h = tonumber(v[2]), tonumber(v[3]) or 0, tonumber(v[4]) or 0
     for _, id in ipairs(redis.call('ZRANGEBYSCORE', Z, '-inf', now)) do
       h = h - (tonumber(redis.call('HGET', L, 'a:' .. id)) or 0)
+    end
+    -- A live slice counts as the holds in flight on it its instance last reported (`f:`),
+    -- not as its whole amount: what it has not used yet is neither spent nor held.
+    for _, id in ipairs(redis.call('ZRANGEBYSCORE', Z, '(' .. now, '+inf')) do
+      if string.sub(id, 1, 1) == '~' then
+        local rec = redis.call('HMGET', L, 'a:' .. id, 'f:' .. id, 'r:' .. id)
+        local amount, inflight = tonumber(rec[1]), tonumber(rec[2])
+        if amount and inflight and not rec[3] then h = h - amount + math.min(inflight, amount) end
+      end
     end
     if epoch > tonumber(v[1]) then
       -- What the next hold makes of it: a restart from base that keeps the holds in flight.

@@ -22,7 +22,9 @@
 --   'm' (spend slice, hold.lua): slice id, cost (integer nano-units), take, end (1 ends it;
 --       2: given back, what is left is holds in flight, marked `r:<id>` so that hold.lua
 --       counts it as holds, not as a slice; 0 neither), ledger
---       TTL ms, holder kind ('budget' | 'wallet'); KEYS: the holder's ledger hash and hold
+--       TTL ms, holder kind ('budget' | 'wallet'), in flight (nano-units of the holds in
+--       flight on the live slice now, recorded as `f:<id>`: ledger.lua counts that much of
+--       the slice, not its unused rest); KEYS: the holder's ledger hash and hold
 --       set. The cost is added to `s` as for 'h'; `take` comes off the slice's amount (never
 --       below 0), and `end` removes what is left of it. A slice that is gone (expired, or a
 --       new epoch restarted the ledger) is not recreated. Holds an instance took from its
@@ -121,7 +123,7 @@ local function settle_hold(hold_id, actual, ttl, ledgers)
 end
 
 -- Returns whether the slice is void (only asked of a live one).
-local function settle_slice(slice_id, cost, take, mode, ttl, kind, L, Z)
+local function settle_slice(slice_id, cost, take, mode, ttl, kind, inflight, L, Z)
   local done = mode == '1'
   local field = 'a:' .. slice_id
   local amount = tonumber(redis.call('HGET', L, field) or '')
@@ -130,12 +132,17 @@ local function settle_slice(slice_id, cost, take, mode, ttl, kind, L, Z)
     if done then back = amount end
     if back > 0 then redis.call('HINCRBY', L, 'h', string.format('%.0f', -back)) end
     if done then
-      redis.call('HDEL', L, field, 'r:' .. slice_id)
+      redis.call('HDEL', L, field, 'r:' .. slice_id, 'f:' .. slice_id)
       redis.call('ZREM', Z, slice_id)
     elseif back > 0 then
       redis.call('HSET', L, field, string.format('%.0f', amount - back))
     end
-    if mode == '2' then redis.call('HSET', L, 'r:' .. slice_id, '1') end
+    if mode == '2' then
+      redis.call('HSET', L, 'r:' .. slice_id, '1')
+      redis.call('HDEL', L, 'f:' .. slice_id)
+    elseif not done and inflight then
+      redis.call('HSET', L, 'f:' .. slice_id, string.format('%.0f', inflight))
+    end
   end
   if cost ~= 0 and ledger_exists(L, ttl) then
     redis.call('HINCRBY', L, 's', string.format('%.0f', cost))
@@ -163,10 +170,10 @@ for i = 1, ops do
     keys_left(1)
     ok = pcall(shrink_block, key(), id, w)
   elseif kind == 'm' then
-    local slice_id, cost, take, mode, ttl, holder = arg(), tonumber(arg()), tonumber(arg()), arg(), tonumber(arg()), arg()
+    local slice_id, cost, take, mode, ttl, holder, inflight = arg(), tonumber(arg()), tonumber(arg()), arg(), tonumber(arg()), arg(), tonumber(arg())
     keys_left(2)
     local gone
-    ok, gone = pcall(settle_slice, slice_id, cost, take, mode, ttl, holder, key(), key())
+    ok, gone = pcall(settle_slice, slice_id, cost, take, mode, ttl, holder, inflight, key(), key())
     if ok and gone then void[#void + 1] = i end
   elseif kind == 'b' then
     local lease_id, slice_id, nb, ns = arg(), arg(), tonumber(arg()), tonumber(arg())
