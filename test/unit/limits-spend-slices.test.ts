@@ -52,7 +52,7 @@ test('holds are taken on every holder or none, only with the figures the slice w
   grant(t, [30, 500]);
   assert.ok(t.take(KEYS, [key, project], 20));
   assert.equal(t.take(KEYS, [key, project], 20), null, 'the key has 10 left: no hold on either');
-  assert.equal(t.overCounted('L:p', project), 480, 'the project slice is untouched by the refusal');
+  assert.equal(t.unused('L:p', project), 480, 'the project slice is untouched by the refusal');
   assert.equal(t.take(KEYS, [{ ...key, epoch: 1 }, project], 1), null, 'another epoch');
   assert.equal(t.take(KEYS, [{ ...key, base: 5 }, project], 1), null, "the console's figure moved");
   assert.equal(t.take(KEYS, [{ ...key, limit: 50 }, project], 1), null, 'another limit');
@@ -74,9 +74,9 @@ test('settling keeps what a hold does not cost in a live slice; a cost past the 
   const a = t.take(k, [key], 40)!;
   const b = t.take(k, [key], 40)!;
   t.settle(a, 40, 10); // 30 come back to the slice
-  assert.equal(t.overCounted('L:k', key), 50);
+  assert.equal(t.unused('L:k', key), 50);
   t.settle(b, 40, 60); // 20 past its hold, absorbed by what the slice has left
-  assert.equal(t.overCounted('L:k', key), 30);
+  assert.equal(t.unused('L:k', key), 30);
   assert.deepEqual(send().map((w) => [w.cost, w.take, w.end]), [[70, 70, false]], 'one operation for both, sent once');
   const c = t.take(k, [key], 30)!;
   t.settle(c, 30, 50); // 20 past what the slice had: counted in Redis at once
@@ -164,5 +164,24 @@ test('a slice given back sends nothing for settlements that carry nothing, and e
   assert.deepEqual(send(), [], 'nothing to settle and no live slice to ask about');
   t.settle(b, 0, 0);
   assert.deepEqual(send().map((w) => [w.cost, w.take, w.end]), [[0, 0, true]], 'the last hold ends it in Redis');
+  t.stop();
+});
+
+test('holds in flight on a live slice are reported with its next settlement: a hold that raises them asks for one; the reading instance counts its own of now', () => {
+  const { t, send } = setup();
+  grant(t, [100], [key]);
+  const k = ['L:k', 'Z:k'];
+  assert.equal(t.overCounted('L:k', key), 0, 'granted with nothing in flight, as Redis records it');
+  const a = t.take(k, [key], 30)!;
+  assert.equal(t.overCounted('L:k', key), -30, 'Redis does not count it yet');
+  const [report] = send();
+  assert.deepEqual([report!.cost, report!.take, report!.end], [0, 0, false], 'the hold asks for a report');
+  assert.equal(report!.inFlightNow(), 30, 'what the call carries as it leaves');
+  assert.equal(t.overCounted('L:k', key), 0);
+  t.take(k, [key], 0);
+  assert.deepEqual(send(), [], 'a hold of 0 changes nothing to report');
+  t.settle(a, 30, 10);
+  const [settled] = send();
+  assert.deepEqual([settled!.cost, settled!.take, settled!.inFlightNow()], [10, 10, 0]);
   t.stop();
 });

@@ -30,8 +30,8 @@ export interface SpendSlice {
   /** nano-units of the holds in flight on it, and how many they are */
   inFlight: number;
   holds: number;
-  /** the holds in flight its last settlement reported (Redis counts that much of it), null before one */
-  reported: number | null;
+  /** the holds in flight Redis records for it (hold.lua: 0 at the grant; then its settlements' reports) */
+  reported: number;
   /** this clock: no hold is taken from it from then on */
   until: number;
   /** false once given back: it only settles the holds still in flight on it */

@@ -102,6 +102,9 @@ export class SpendSliceTable extends DemandTable<Entry> {
       s.inFlight += amount;
       s.holds++;
       taken.push(s);
+      // Other instances' reads count what this slice last reported in flight (ledger.lua):
+      // a hold that raises it is reported at the next settlement tick, as a cost would be.
+      if (amount > 0) this.write(s, 0, 0);
     }
     this.inFlightHolds++;
     return taken;
@@ -189,22 +192,26 @@ export class SpendSliceTable extends DemandTable<Entry> {
       // Spelled out, every field set: one object shape for every slice.
       e.slice = {
         id: o.id, keys, tag: o.tag, kind: h.kind, epoch: h.epoch, base: h.base, limit: h.limit,
-        record: o.sizes[j]!, inFlight: 0, holds: 0, reported: null, until: o.sentAt + this.opts.windowMs, live: true, toldGivenBack: false, asked: o.sentAt,
+        record: o.sizes[j]!, inFlight: 0, holds: 0, reported: 0, until: o.sentAt + this.opts.windowMs, live: true, toldGivenBack: false, asked: o.sentAt,
         kept: this.opts.keeper.add(o.id, [keys[1]]), write: null,
       };
     }
   }
 
+  /** What is left unused of this instance's live slice of a holder (nano-units; 0 without one). */
+  unused(key: string, holder: Holder): number {
+    const s = this.entries.get(key)?.slice;
+    return s && s.epoch === holder.epoch ? s.record - s.inFlight : 0;
+  }
+
   /**
    * What ledger.lua counts of this instance's live slice of a holder beyond the holds in
-   * flight on it now (nano-units; 0 without one): all of what is unused before its first
-   * settlement, then the difference since the last one reported its holds in flight.
+   * flight on it now (nano-units; 0 without one): what changed since its last report.
    */
   overCounted(key: string, holder: Holder): number {
     const s = this.entries.get(key)?.slice;
     if (!s || s.epoch !== holder.epoch) return 0;
-    const counted = s.reported === null ? s.record : Math.min(s.reported, s.record);
-    return counted - s.inFlight;
+    return Math.min(s.reported, s.record) - s.inFlight;
   }
 
   /** Gives back every slice whose time is over (all of them with `all`), forgets idle holders. */
@@ -266,8 +273,9 @@ export class SpendSliceTable extends DemandTable<Entry> {
     }
     const t = this.now();
     // Nothing to settle: Redis would change nothing, and only a live slice's answer (void?),
-    // or the news that it was given back, is worth a call.
-    if (cost === 0 && take === 0 && !end && (s.live ? t - s.asked < SPEND_SLICE_CHECK_MS : s.toldGivenBack)) return;
+    // holds in flight it has not reported, or the news that it was given back, is worth a call.
+    const unreported = s.live && s.inFlight !== s.reported;
+    if (cost === 0 && take === 0 && !end && !unreported && (s.live ? t - s.asked < SPEND_SLICE_CHECK_MS : s.toldGivenBack)) return;
     s.toldGivenBack = !s.live;
     s.asked = t;
     s.write = {

@@ -27,7 +27,9 @@
 -- A slice is granted after its hold, on every holder or on none: on each holder
 -- min(wanted, floor(left / share)), where left is what the budget or balance still has
 -- after the hold, and only when that is at least the least slice on every holder. It is
--- recorded like a hold of that amount (so it counts in full), under the slice id.
+-- recorded like a hold of that amount (so it counts in full), under the slice id, with
+-- `f:<id>` = 0: the holds in flight on it (settle.lua; ledger.lua reads those, not the
+-- whole slice).
 -- Slice ids start with '~' (hold ids never do). A hold refused on holder j that would fit
 -- without the slices recorded there (other instances': the caller gave its own back first)
 -- publishes j's ledger key on the news channel, so that those instances give theirs back,
@@ -69,7 +71,7 @@ local function purge(L, Z)
     local a = redis.call('HGET', L, 'a:' .. id)
     if a then
       sum = sum + tonumber(a)
-      redis.call('HDEL', L, 'a:' .. id, 'r:' .. id)
+      redis.call('HDEL', L, 'a:' .. id, 'r:' .. id, 'f:' .. id)
     end
   end
   redis.call('ZREMRANGEBYSCORE', Z, '-inf', now)
@@ -219,6 +221,8 @@ local function hold(k, o)
   if sizes then
     for j, h in ipairs(holders) do
       record(h.L, h.Z, h.f, slice_id, sizes[j])
+      -- nothing in flight on it yet (ledger.lua reads it so until its settlements say more)
+      redis.call('HSET', h.L, 'f:' .. slice_id, '0')
       if h.f.k then h.f.k = h.f.k + sizes[j] end
     end
   end
