@@ -16,35 +16,9 @@ import { randomUUID } from 'node:crypto';
 import type { LogSink } from '../../log.js';
 import type { Holder } from '../../policy/holders.js';
 import { type AlertFigure, type Crossing, standing } from './event.js';
+import type { AlertStore, ClaimRef } from './store.js';
 
-/**
- * What the alerts read and claim in the limits store: the Limiter's `ledger` and `claimOnce`
- * (src/limits/limiter.ts), handed in by the composition root.
- */
-export interface AlertStore {
-  /** `sharedOnly`: rejects when the shared store cannot answer, never this process's own figures */
-  ledger(input: { tag: string; holders: Holder[]; sharedOnly: true }): Promise<AlertFigure[]>;
-  /** `held`: another instance claimed it and has not delivered it yet (see ClaimRef) */
-  claimOnce(input: ClaimRef & { ttlMs: number; pendingMs?: number; turn?: 'renew' | 'done' | 'release' }): Promise<'claimed' | 'taken' | 'held' | 'unavailable'>;
-  /** the Limiter's claimedBy: who holds a claim (rejects when the store cannot answer) */
-  claimedBy(input: { tag: string; holder: string; epoch: number; name: string; token: string; ttlMs: number }): Promise<string | null>;
-}
-
-/**
- * A crossing's claim in the store. It stays pending while its event is being delivered: the
- * claimer renews it with each attempt and says `done` once the event is delivered or given
- * up after its retry window, and `release` when it stops before (a shutdown). A claim left
- * pending past its time (its instance died) is taken over by the next instance that checks
- * the holder, which sends the event itself: so a crossing is sent once, and still sent when
- * the instance that claimed it goes away with it undelivered.
- */
-export interface ClaimRef {
-  tag: string;
-  holder: string;
-  epoch: number;
-  name: string;
-  token: string;
-}
+export type { AlertStore, ClaimRef } from './store.js';
 
 export interface WatchOptions {
   store: AlertStore;
