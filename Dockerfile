@@ -17,7 +17,7 @@ RUN npm run build \
 FROM node:24-bookworm-slim
 # Both listeners on every interface, so the published ports answer (the example config
 # keeps them on loopback outside the image).
-ENV NODE_ENV=production KEYWARD_HOST=0.0.0.0 KEYWARD_ADMIN_HOST=0.0.0.0
+ENV NODE_ENV=production KEYWARD_HOST=0.0.0.0 KEYWARD_ADMIN_HOST=0.0.0.0 KEYWARD_CONSOLE_HOST=0.0.0.0
 WORKDIR /app
 COPY --from=build --chown=node:node /app/package.json ./
 COPY --from=build --chown=node:node /app/node_modules ./node_modules
@@ -26,7 +26,7 @@ COPY --chown=node:node bin ./bin
 COPY --chown=node:node config ./config
 RUN mkdir -p /app/data && chown node:node /app/data
 USER node
-EXPOSE 8080 9090
+EXPOSE 8080 9090 7000
 # Healthy when the sidecar's admin /healthz (admin.port, default 9090) or the console's
 # (default 7000) answers: the image runs both verbs. Other ports: KEYWARD_ADMIN_PORT,
 # KEYWARD_CONSOLE_PORT, or the whole URL in KEYWARD_HEALTH_URL.

@@ -51,8 +51,16 @@ function portNumber(value: string): number {
 async function serveCommand(o: { config: string; workers: string }): Promise<void> {
   // A worker of the primary: the same command line, run again by node:cluster. Its config comes from the primary.
   if (cluster.isWorker) return serveWorker();
-  const serving = await serve({ file: o.config, workers: parseWorkers(o.workers) });
-  untilSignal((signal) => serving.stop(signal));
+  try {
+    const serving = await serve({ file: o.config, workers: parseWorkers(o.workers) });
+    untilSignal((signal) => serving.stop(signal));
+  } catch (err) {
+    // Before any logger exists: one line in the log's shape on stdout, where log shippers
+    // read, beside the plain text fail() writes on stderr.
+    const line = { level: 'fatal', time: new Date().toISOString(), service: 'keyward', msg: 'keyward start failed', err: err instanceof Error ? err.message : String(err) };
+    process.stdout.write(`${JSON.stringify(line)}\n`);
+    throw err;
+  }
 }
 
 export function buildProgram(): Command {

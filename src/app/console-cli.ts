@@ -46,7 +46,8 @@ function verbMaker(io: CliIO): Verb {
   return (parent, spec, description, act) => {
     const cmd = parent.command(spec).description(description)
       .option('--console <url>', `console URL (default $${URL_ENV} or ${DEFAULT_CONSOLE_URL})`)
-      .option('--json', 'print the API answer as JSON');
+      .option('--json', 'print the API answer as JSON')
+      .addHelpText('after', `\nThe admin (or user) token comes from $${TOKEN_ENV}, never from a flag.`);
     cmd.action(async (...raw: unknown[]) => {
       const self = raw[raw.length - 1] as Command;
       const opts = self.opts() as Common & Record<string, any>;
@@ -71,7 +72,7 @@ export function registerConsoleCommands(program: Command, ioIn: Partial<CliIO> =
   const io = resolveIO(ioIn);
   const verb = verbMaker(io);
   program.command('console').description('run the reference console (key store, admin API, sync feed)')
-    .requiredOption('--config <file>', 'console YAML config')
+    .requiredOption('-c, --config <file>', 'console YAML config')
     .action(async (opts: { config: string }) => runConsole({ file: opts.config, io }));
   registerKeyVerbs(program, verb);
   registerProjectVerbs(program, verb);

@@ -89,6 +89,10 @@ describe('keyward CLI', () => {
     const served = run(['serve', '--config', bad]);
     assert.equal(served.status, 1);
     assert.match(served.stderr, /redis\.url cluster needs at least one host:port/);
+    // and says so in the log's shape on stdout, where log shippers read
+    const fatal = JSON.parse(served.stdout.trim().split('\n').at(-1)!) as Record<string, unknown>;
+    assert.deepEqual([fatal.level, fatal.service, fatal.msg], ['fatal', 'keyward', 'keyward start failed']);
+    assert.match(String(fatal.err), /redis\.url cluster needs at least one host:port/);
     for (const [url, why] of [
       ['redis+cluster://a:1,b', /cluster nodes must be host:port/],
       ['redis+cluster://a:70000', /cluster nodes must be host:port/],

@@ -7,6 +7,7 @@ import { fileURLToPath } from 'node:url';
 import { createServer } from 'node:http';
 import { listen } from '../../src/app/listen.js';
 import { ConfigError } from '../../src/config/load.js';
+import { loadConsoleConfig } from '../../src/app/config-files.js';
 import { loadConfigFile } from '../../src/config/file.js';
 import { configSchema, type Config } from '../../src/config/schema.js';
 import { MINIMAL, hasProblem, parse, problems } from '../helpers/config-text.js';
@@ -319,4 +320,12 @@ test('config/keyward.example.yaml is valid', { skip: !existsSync(EXAMPLE) && 'no
   const imageEnv = Object.fromEntries([...dockerfile.matchAll(/^ENV (.+)$/gm)].at(-1)![1]!.split(/\s+/).map((pair) => pair.split('=') as [string, string]));
   const image = loadConfigFile({ file: EXAMPLE, schema: configSchema, env: { ...env, ...imageEnv } });
   assert.deepEqual([image.server.host, image.admin.host], ['0.0.0.0', '0.0.0.0']);
+  // the health check reads KEYWARD_ADMIN_PORT: the config moves with it
+  assert.equal(loadConfigFile({ file: EXAMPLE, schema: configSchema, env: { ...env, KEYWARD_ADMIN_PORT: '9191' } }).admin.port, 9191);
+  assert.equal(c.admin.port, 9090);
+  // the console verb the image runs listens where the image publishes it
+  const tokens = { KEYWARD_SYNC_TOKEN: 's'.repeat(20), KEYWARD_ADMIN_TOKEN: 'a'.repeat(20) };
+  const consoleConfig = loadConsoleConfig({ file: fileURLToPath(new URL('../../config/console.example.yaml', import.meta.url)), env: { ...tokens, ...imageEnv } });
+  assert.deepEqual([consoleConfig.listen.host, consoleConfig.listen.port], ['0.0.0.0', 7000]);
+  assert.match(dockerfile, /^EXPOSE .*\b7000\b/m);
 });
