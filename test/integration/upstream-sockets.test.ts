@@ -9,6 +9,8 @@ import net from 'node:net';
 import { once } from 'node:events';
 import { startHarness, type Harness } from '../helpers/sidecar.js';
 import { bearer, send } from '../helpers/http.js';
+import { rawExchange } from '../helpers/raw.js';
+import { IDLE_MAX_MS } from '../../src/proxy/upstream/agent.js';
 
 interface RawUpstream {
   port: number;
@@ -55,7 +57,7 @@ let h: Harness;
 
 before(async () => {
   up = await rawUpstream();
-  h = await startHarness({ upstream: `http://127.0.0.1:${up.port}`, keys: { k_ok: {} } });
+  h = await startHarness({ upstream: `http://127.0.0.1:${up.port}`, keys: { k_ok: {}, k_one: { concurrency: 1 } } });
 });
 after(async () => {
   await h.close();
@@ -163,6 +165,46 @@ describe('upstream socket pool', () => {
     if (!used.destroyed) await once(used, 'close');
     const idle = performance.now() - from;
     assert.ok(idle < 2_000, `closed after ${idle.toFixed(0)} ms idle`);
+  });
+});
+
+describe('upstream answers that are no answer', () => {
+  const SWITCH = 'HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n';
+
+  test('a 101 to a request that asked for no upgrade is 502 at once, and the request\'s slot is free again', { timeout: 10_000 }, async () => {
+    up.onRequest = (s) => s.write(SWITCH);
+    const started = performance.now();
+    const r = await send(h.url, { path: '/v1/models', headers: bearer(h.keys.k_one!) });
+    assert.deepEqual([r.status, r.headers['x-keyward-error']], [502, 'upstream_unavailable']);
+    assert.ok(performance.now() - started < 2_000, 'not left to the upstream timeout (10 minutes)');
+    up.onRequest = (s) => s.write(response('after'));
+    const next = await send(h.url, { path: '/v1/models', headers: bearer(h.keys.k_one!) });
+    assert.deepEqual([next.status, next.body.toString()], [200, 'after'], 'concurrency 1: the first request ended');
+  });
+
+  test('the same on the line-by-line path (two Cookie lines, no body) and with a body', { timeout: 10_000 }, async () => {
+    up.onRequest = (s) => s.write(SWITCH);
+    const port = Number(new URL(h.url).port);
+    const head = `GET /v1/files/file-1/content HTTP/1.1\r\nHost: a\r\nAuthorization: Bearer ${h.keys.k_ok!}\r\nCookie: a=1\r\nCookie: b=2\r\n\r\n`;
+    const lines = (await rawExchange(port, [head], { expect: 1 })).responses[0]!;
+    assert.deepEqual([lines.status, lines.headers['x-keyward-error']], [502, 'upstream_unavailable']);
+    const posted = await send(h.url, { method: 'POST', path: '/v1/chat/completions', headers: { ...bearer(h.keys.k_ok!), 'content-type': 'application/json' }, body: '{"model":"gpt-4o","messages":[]}' });
+    assert.deepEqual([posted.status, posted.headers['x-keyward-error']], [502, 'upstream_unavailable']);
+  });
+
+  test(`an idle pooled socket is closed within ${IDLE_MAX_MS} ms without a Keep-Alive hint (servers that close at 5 s say nothing)`, { timeout: 10_000 }, async () => {
+    let socket: net.Socket | null = null;
+    up.onRequest = (s) => {
+      socket = s;
+      s.write(response('unhinted'));
+    };
+    assert.equal((await send(h.url, { path: '/v1/models', headers: bearer(h.keys.k_ok!) })).body.toString(), 'unhinted');
+    const from = performance.now();
+    const used = socket as net.Socket | null;
+    assert.ok(used);
+    if (!used.destroyed) await once(used, 'close');
+    const idle = performance.now() - from;
+    assert.ok(idle <= IDLE_MAX_MS, `closed after ${idle.toFixed(0)} ms idle`);
   });
 });
 

@@ -18,8 +18,9 @@
  * and write; the sweep looks at each socket a few times a second instead. A busy socket
  * whose byte counts (`bytesRead`, `bytesWritten`) have not moved for the upstream's
  * `timeoutMs` is destroyed with UpstreamTimeout, which its request reports as its error.
- * An idle one is closed quietly after `timeoutMs`, or sooner when the upstream's last
- * `Keep-Alive: timeout=N` hint says it closes idle connections sooner (`noteKeepAlive`).
+ * An idle one is closed quietly after IDLE_MAX_MS (or `timeoutMs` when shorter), or sooner
+ * when the upstream's last `Keep-Alive: timeout=N` hint says it closes idle connections
+ * sooner (`noteKeepAlive`).
  */
 import http from 'node:http';
 import https from 'node:https';
@@ -43,6 +44,13 @@ const POOL: http.AgentOptions = { keepAlive: true, keepAliveMsecs: 1000, maxSock
 const SWEEP_MAX_MS = 250;
 /** An idle socket is closed this long before the upstream's Keep-Alive hint runs out (Node's own margin). */
 const HINT_MARGIN_MS = 1000;
+/**
+ * The longest an idle socket is kept without a hint: many servers close idle connections
+ * after 5 s and say nothing (uvicorn, Go's and Node's own defaults), and a request sent on
+ * a socket the upstream is closing fails (502). Node's own global agent keeps idle sockets
+ * 5 s; a few more handshakes an idle minute cost nothing next to that.
+ */
+export const IDLE_MAX_MS = 4000;
 
 /** One socket as the sweep sees it. */
 interface Watch {
@@ -108,7 +116,7 @@ class SocketSweep {
    * socket is closed two looks before its hint's end, so never after it.
    */
   #idleLimit(w: Watch): number {
-    return Math.min(this.#busyLimit, w.idleMs - 2 * this.#sweepMs);
+    return Math.min(this.#busyLimit, Math.min(w.idleMs, IDLE_MAX_MS) - 2 * this.#sweepMs);
   }
 
   #look(): void {

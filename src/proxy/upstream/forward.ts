@@ -7,7 +7,7 @@
  * except for hop-by-hop headers, which belong to each connection and are dropped both ways,
  * and a `traceparent` the call names (DESIGN section 13: keyward's span as the parent).
  */
-import type { Agent, IncomingMessage, ServerResponse } from 'node:http';
+import type { Agent, ClientRequest, IncomingMessage, ServerResponse } from 'node:http';
 import type { Socket } from 'node:net';
 import type { Readable, Stream, Writable } from 'node:stream';
 import type { BodySource } from '../body/read.js';
@@ -15,6 +15,7 @@ import { createProxyServer } from 'http-proxy-3';
 import { noteKeepAlive } from './agent.js';
 import { outgoingHeaders } from './header-lines.js';
 import { needsLines, sendLineByLine } from './line-by-line.js';
+import { failWithoutAnswer } from './no-answer.js';
 import { relay, ResponseHead, responseDrops, type BodyWatcher } from './relay.js';
 import { TargetSet, type Target, type UpstreamTarget } from './targets.js';
 
@@ -96,7 +97,11 @@ class TrackedSource implements BodySource, Forwarding {
   private readonly source: BodySource;
 
   /** `body`: what was read for the checks, forwarded instead of `req` (null: `req` itself) */
-  constructor(req: IncomingMessage, body: BodySource | null) {
+  constructor(
+    private readonly req: IncomingMessage,
+    private readonly res: ServerResponse,
+    body: BodySource | null,
+  ) {
     this.source = body ?? req;
     if (body && typeof (body as Partial<Readable>).once === 'function') {
       (body as Readable).once('reject', (err: Error) => this.dest?.destroy(err));
@@ -105,12 +110,21 @@ class TrackedSource implements BodySource, Forwarding {
 
   pipe<T extends NodeJS.WritableStream>(d: T): T {
     this.dest = d as unknown as Writable;
+    // Every upstream request is piped its body (http-proxy-3 pipes even an empty one), with
+    // or without an Expect line: the one place each can be watched for closing unanswered.
+    failWithoutAnswer(d as unknown as ClientRequest, (err) => onNoAnswer(err, this.req, this.res));
     return this.source.pipe(d);
   }
 
   abort(): void {
     this.dest?.destroy(new BodyStalled('the request body stalled'));
   }
+}
+
+/** An upstream request that closed unanswered: a failure unless the client's side ended first (it left). */
+export function onNoAnswer(err: Error, req: IncomingMessage, res: ServerResponse): void {
+  if (res.destroyed || res.writableEnded || req.socket.destroyed) return;
+  onProxyError(err, req, res);
 }
 
 /** http-proxy-3's error callback: one function for every call, the hooks ride on the response. */
@@ -154,7 +168,7 @@ export function createForwarder(opts: ForwarderOptions): Forwarder {
     if (!needsLines(req.headers)) return false;
     // A pass that returns true ends http-proxy-3's pass chain: its `stream` pass does not run.
     const call = { req, res, target: options.target as URL, prependPath: options.prependPath !== false, agent: options.agent as Agent };
-    sendLineByLine({ ...call, body: options.buffer as unknown as BodySource, onResponse: onProxyRes, onError: onProxyError });
+    sendLineByLine({ ...call, body: options.buffer as unknown as BodySource, onResponse: onProxyRes, onError: onProxyError, onNoAnswer });
     return true;
   });
   // A client that went away mid-request: http-proxy-3 already destroyed the upstream request.
@@ -168,7 +182,7 @@ export function createForwarder(opts: ForwarderOptions): Forwarder {
       const target = targets.get(upstream);
       (res as HookedResponse)[HOOKS] = hooks;
       if (traceparent) (res as HookedResponse)[TRACEPARENT] = traceparent;
-      const tracked = new TrackedSource(req, body);
+      const tracked = new TrackedSource(req, res, body);
       proxy.web(req, res, { target: target.url, agent: target.agent, prependPath: target.prependPath, buffer: tracked as unknown as Stream }, onProxyError);
       return tracked;
     },

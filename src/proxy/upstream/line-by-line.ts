@@ -13,6 +13,7 @@ import http from 'node:http';
 import https from 'node:https';
 import type { IncomingHttpHeaders, IncomingMessage, ServerResponse } from 'node:http';
 import type { BodySource } from '../body/read.js';
+import { failWithoutAnswer } from './no-answer.js';
 
 /** Whether the request's outgoing headers need their lines sent one by one. */
 export const needsLines = (headers: IncomingHttpHeaders): boolean => Array.isArray(headers.cookie);
@@ -67,6 +68,8 @@ export interface LineByLineCall {
   body: BodySource;
   onResponse(proxyRes: IncomingMessage, req: IncomingMessage, res: ServerResponse): void;
   onError(err: Error, req: IncomingMessage, res: ServerResponse): void;
+  /** the upstream request closed unanswered (no-answer.ts); a piped body watches for that itself */
+  onNoAnswer(err: Error, req: IncomingMessage, res: ServerResponse): void;
 }
 
 /** Methods whose request Node's client frames as chunked when it is given no length. */
@@ -101,7 +104,10 @@ export function sendLineByLine(c: LineByLineCall): void {
   };
   req.on('error', failed);
   proxyReq.on('error', failed);
-  if (unframed) proxyReq.end();
+  if (unframed) {
+    failWithoutAnswer(proxyReq, (err) => c.onNoAnswer(err, req, res));
+    proxyReq.end();
+  }
   else c.body.pipe(proxyReq);
   proxyReq.on('response', (proxyRes) => c.onResponse(proxyRes, req, res));
 }
