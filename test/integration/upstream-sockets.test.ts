@@ -192,6 +192,15 @@ describe('upstream answers that are no answer', () => {
     assert.deepEqual([posted.status, posted.headers['x-keyward-error']], [502, 'upstream_unavailable']);
   });
 
+  test('a response whose transfer coding is more than chunked (gzip, chunked) is 502, not coded bytes no header names', { timeout: 10_000 }, async () => {
+    up.onRequest = (s) => s.write('HTTP/1.1 200 OK\r\ncontent-type: application/json\r\nTransfer-Encoding: gzip, chunked\r\n\r\n5\r\nabcde\r\n0\r\n\r\n');
+    const r = await send(h.url, { path: '/v1/models', headers: bearer(h.keys.k_ok!) });
+    assert.deepEqual([r.status, r.headers['x-keyward-error']], [502, 'upstream_unavailable']);
+    up.onRequest = (s) => s.write('HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\nTransfer-Encoding: Chunked\r\n\r\n2\r\nok\r\n0\r\n\r\n');
+    const plain = await send(h.url, { path: '/v1/models', headers: bearer(h.keys.k_ok!) });
+    assert.deepEqual([plain.status, plain.body.toString()], [200, 'ok'], 'chunked alone, any case, is relayed');
+  });
+
   test(`an idle pooled socket is closed within ${IDLE_MAX_MS} ms without a Keep-Alive hint (servers that close at 5 s say nothing)`, { timeout: 10_000 }, async () => {
     let socket: net.Socket | null = null;
     up.onRequest = (s) => {

@@ -155,6 +155,10 @@ export function createForwarder(opts: ForwarderOptions): Forwarder {
   const drops = responseDrops(opts.replacedResponseHeaders ?? []);
   const onProxyRes = (proxyRes: IncomingMessage, req: IncomingMessage, server: ServerResponse): void => {
     const head = new ResponseHead(proxyRes, drops);
+    if (head.foreignCoding) {
+      proxyRes.destroy();
+      return onProxyError(new Error('the upstream response has a transfer coding other than chunked'), req, server);
+    }
     noteKeepAlive(proxyRes.socket, head.keepAlive);
     // The client's own connection decides keep-alive (the upstream's Connection is its
     // own); an HTTP/1.0 client is answered `close`, as http-proxy-3 answers it.

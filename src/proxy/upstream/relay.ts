@@ -29,6 +29,12 @@ export class ResponseHead {
   readonly lines: string[] = [];
   /** the upstream's first Keep-Alive line (hop-by-hop, so not relayed), for its agent */
   readonly keepAlive: string | null = null;
+  /**
+   * The upstream's Transfer-Encoding names a coding besides chunked (gzip, say): its body
+   * cannot be relayed as it is, since the client's framing is Node's and would drop the
+   * coding, leaving coded bytes no header names.
+   */
+  readonly foreignCoding: boolean = false;
 
   /** `drops`: the names not relayed (responseDrops) */
   constructor(proxyRes: IncomingMessage, drops: NameSet) {
@@ -41,6 +47,7 @@ export class ResponseHead {
         if (tokens.length > 0) (named ??= []).push(...tokens);
       }
       if (name === 'keep-alive') this.keepAlive ??= raw[i + 1]!;
+      else if (name === 'transfer-encoding' && raw[i + 1]!.trim().toLowerCase() !== 'chunked') this.foreignCoding = true;
       if (drops.has(name)) continue;
       this.lines.push(name, raw[i + 1]!);
     }
