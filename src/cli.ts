@@ -49,15 +49,16 @@ function portNumber(value: string): number {
 
 /** `keyward serve`: one sidecar, or a cluster primary and its workers, until a signal. */
 async function serveCommand(o: { config: string; workers: string }): Promise<void> {
-  // A worker of the primary: the same command line, run again by node:cluster. Its config comes from the primary.
-  if (cluster.isWorker) return serveWorker();
   try {
+    // A worker of the primary: the same command line, run again by node:cluster. Its config comes from the primary.
+    if (cluster.isWorker) return await serveWorker();
     const serving = await serve({ file: o.config, workers: parseWorkers(o.workers) });
     untilSignal((signal) => serving.stop(signal));
   } catch (err) {
     // Before any logger exists: one line in the log's shape on stdout, where log shippers
     // read, beside the plain text fail() writes on stderr.
-    const line = { level: 'fatal', time: new Date().toISOString(), service: 'keyward', msg: 'keyward start failed', err: err instanceof Error ? err.message : String(err) };
+    const worker = cluster.isWorker ? { worker: cluster.worker!.id } : {};
+    const line = { level: 'fatal', time: new Date().toISOString(), service: 'keyward', ...worker, msg: 'keyward start failed', err: err instanceof Error ? err.message : String(err) };
     process.stdout.write(`${JSON.stringify(line)}\n`);
     throw err;
   }

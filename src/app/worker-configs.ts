@@ -34,7 +34,7 @@ export class WorkerConfigs {
   }
 
   confirmed(w: Worker, generation: number, error?: string): void {
-    if (error !== undefined) this.o.log.error({ worker: w.id, generation, err: error }, 'a worker could not apply the config whole');
+    if (error !== undefined) this.o.log.error({ worker_id: w.id, generation, err: error }, 'a worker could not apply the config whole');
     this.confirmedBy.set(w.id, Math.max(generation, this.confirmedBy.get(w.id) ?? 0));
     for (const check of this.waiting) check();
   }

@@ -35,6 +35,10 @@ import { isMessage, sendTo, type ToPrimary, type ToWorker } from './worker-messa
 import { WorkerScrapes } from './worker-scrapes.js';
 
 const RESTART_DELAY_MS = 1_000;
+/** A worker that cannot stay up (a replica file gone bad) is started again less and less often, up to this. */
+const RESTART_DELAY_MAX_MS = 60_000;
+/** A worker up this long ended a run of failures: the next restart waits RESTART_DELAY_MS again. */
+const STAYED_UP_MS = 60_000;
 /** A reload is logged as not confirmed by the workers that have not applied it within this. */
 const RECONFIGURE_TIMEOUT_MS = 5_000;
 
@@ -77,6 +81,9 @@ class Workers {
   /** resolves a worker's drain, by worker id */
   private readonly drained = new Map<number, () => void>();
   private restarts = 0;
+  /** the wait before the next restart: doubled by each worker that ends soon after its start */
+  private restartDelayMs = RESTART_DELAY_MS;
+  private readonly forkedAt = new Map<number, number>();
   private closing = false;
   /** set while the first workers start: a worker that exits then fails the start */
   private startupFailed: ((err: Error) => void) | null = null;
@@ -154,11 +161,12 @@ class Workers {
 
   private fork(): void {
     const w = cluster.fork();
+    this.forkedAt.set(w.id, performance.now());
     this.live.set(w.id, w);
     w.on('message', (msg: unknown) => this.heard(w, msg));
     // Failed writes to a worker are handled where they are sent; this keeps anything else
     // that goes wrong on its channel from ending the primary.
-    w.on('error', (err: Error) => this.o.logger.warn({ worker: w.id, err: err.message }, 'worker channel error'));
+    w.on('error', (err: Error) => this.o.logger.warn({ worker_id: w.id, err: err.message }, 'worker channel error'));
     w.on('listening', () => this.listening.add(w.id));
     w.on('exit', (code: number, signal: string | null) => this.exited(w, code, signal));
   }
@@ -184,10 +192,16 @@ class Workers {
     if (this.closing) return;
     if (this.startupFailed) return this.startupFailed(new Error(`worker ${w.id} exited (${signal ?? `code ${code}`}) before listening`));
     this.restarts++;
-    this.o.logger.error({ worker: w.id, code, signal }, 'worker exited unexpectedly; starting another');
+    const upMs = performance.now() - (this.forkedAt.get(w.id) ?? 0);
+    this.forkedAt.delete(w.id);
+    if (upMs >= STAYED_UP_MS) this.restartDelayMs = RESTART_DELAY_MS;
+    const delay = this.restartDelayMs;
+    this.restartDelayMs = Math.min(RESTART_DELAY_MAX_MS, delay * 2);
+    // `worker_id`: the line is the primary's (its `worker` is 0), about another worker.
+    this.o.logger.error({ worker_id: w.id, code, signal, up_ms: Math.round(upMs), restart_in_ms: delay }, 'worker exited unexpectedly; starting another');
     setTimeout(() => {
       if (!this.closing) this.fork();
-    }, RESTART_DELAY_MS);
+    }, delay);
   }
 }
 

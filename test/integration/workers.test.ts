@@ -8,7 +8,7 @@ import assert from 'node:assert/strict';
 import { spawnSync } from 'node:child_process';
 import { once } from 'node:events';
 import { randomBytes } from 'node:crypto';
-import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { mkdirSync, mkdtempSync, renameSync, rmSync, writeFileSync } from 'node:fs';
 import net from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -173,6 +173,14 @@ describe('serve --workers 2', () => {
     while ((await metric('keyward_workers')) < 2) assert.ok(Date.now() < deadline, 'no replacement worker within 15 s');
     while ((await send(`http://127.0.0.1:${kw.adminPort}`, { path: '/readyz' })).status !== 200) assert.ok(Date.now() < deadline, 'not ready again');
     assert.equal(await metric('keyward_worker_restarts_total'), 1);
+    // the primary's line about it is the primary's (worker 0), naming the dead one apart
+    const exitLine = kw.lines.find((l) => l.includes('worker exited unexpectedly'))!;
+    assert.equal((exitLine.match(/"worker":/g) ?? []).length, 1, exitLine);
+    const exited = JSON.parse(exitLine) as Record<string, unknown>;
+    assert.equal(exited.worker, 0);
+    assert.equal(exited.signal, 'SIGKILL');
+    assert.equal(typeof exited.worker_id, 'number');
+    assert.equal(exited.restart_in_ms, 1_000, 'the first restart of a worker waits a second');
     // a total that fell would read as a counter reset, and rate() would count requests twice
     assert.equal(await metric(served200), before200 + 4);
   });
@@ -262,6 +270,38 @@ describe('serve --workers 2 with a console', () => {
       await proc?.stop('SIGKILL');
       await upUsage.close();
       await fx.close();
+      rmSync(sub, { recursive: true, force: true });
+    }
+  });
+
+  test('a worker that cannot start again is restarted less and less often, and says why in the JSON log', async () => {
+    const sub = mkdtempSync(join(tmpdir(), 'kw-workers-crashloop-'));
+    let proc: SidecarProcess | null = null;
+    try {
+      const replica = join(sub, 'replica.sqlite');
+      const file = join(sub, 'snap.ndjson');
+      writeFileSync(file, snapshot(1, false));
+      assert.equal(spawnSync(process.execPath, [...KEYWARD_ARGS, 'import', file, '--replica', replica], { encoding: 'utf8', timeout: 30_000 }).status, 0);
+      const yaml = `server: { port: 0 }\nadmin: { port: 0 }\nupstreams: { default: { url: ${up.url} } }\nreplica: { path: ${replica} }\nredis: { url: ${REDIS}, prefix: ${prefix}l, timeoutMs: 1000 }\n`;
+      proc = await spawnSidecar({ dir: sub, name: 'workers-crashloop', yaml, args: ['--workers', '2'] });
+      // the running workers keep their open file; a new one finds a directory where it was
+      renameSync(replica, `${replica}.moved`);
+      mkdirSync(replica);
+      const listening = proc.lines.map((l) => JSON.parse(l) as { msg?: string; pids?: number[] }).find((l) => l.msg === 'keyward listening')!;
+      process.kill(listening.pids![0]!, 'SIGKILL');
+      const p = proc;
+      const waits = () => p.lines.map((l) => JSON.parse(l) as Record<string, unknown>).filter((l) => l.msg === 'worker exited unexpectedly; starting another').map((l) => l.restart_in_ms);
+      const deadline = Date.now() + 15_000;
+      while (waits().length < 3) {
+        assert.ok(Date.now() < deadline, `restarts so far: ${JSON.stringify(waits())}`);
+        await new Promise((r) => setTimeout(r, 50));
+      }
+      assert.deepEqual(waits().slice(0, 3), [1_000, 2_000, 4_000]);
+      const failed = p.lines.map((l) => JSON.parse(l) as Record<string, unknown>).find((l) => l.msg === 'keyward start failed');
+      assert.ok(failed && typeof failed.worker === 'number' && failed.level === 'fatal', 'the worker\'s reason, as a JSON line');
+      assert.match(String(failed.err), /replica/);
+    } finally {
+      await proc?.stop('SIGKILL');
       rmSync(sub, { recursive: true, force: true });
     }
   });
