@@ -3,8 +3,9 @@
 --
 -- KEYS, two per holder (as hold.lua): ledger hash, hold set
 -- ARGV: three per holder j: kind ('budget' | 'wallet'), base (the replica's figure), epoch
--- A spend slice counts as the holds in flight on it (settle.lua's `f:<id>`) once its
--- instance has reported them, and in full before.
+-- A spend slice counts as the holds in flight on it as its instance last reported them
+-- (`f:<id>`: 0 from hold.lua at the grant, then settle.lua's); one without the field (an
+-- earlier version granted it) counts in full.
 -- Returns three integers per holder: the live figure (nano-units), the epoch it belongs to,
 -- and the figure when that epoch was first seen (nano-units; a wallet's balance at its
 -- epoch). Same rules as hold.lua: no ledger means the replica's figure alone, a higher
