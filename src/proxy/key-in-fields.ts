@@ -24,8 +24,10 @@ export function keyPrefixes(raw: readonly string[]): string[] {
   let out: string[] | null = null;
   for (let i = 0; i < raw.length; i += 2) {
     const name = raw[i]!;
+    // Length and first letter first: most lines (content-length is 14 long) are none of these.
+    const first = name.charCodeAt(0) | 32;
     const n = name.length;
-    if (n !== 13 && n !== 19 && n !== 9 && n !== 7 && n !== 14) continue;
+    if (first === 97 /* a */ ? n !== 13 && n !== 7 : first === 120 /* x */ ? n !== 9 && n !== 14 : first !== 112 /* p */ || n !== 19) continue;
     const lower = name.toLowerCase();
     const value = raw[i + 1]!;
     if (lower === 'authorization' || lower === 'proxy-authorization') out = credentialParts(value, out ?? []);

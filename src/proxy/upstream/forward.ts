@@ -15,7 +15,7 @@ import { createProxyServer } from 'http-proxy-3';
 import { noteKeepAlive } from './agent.js';
 import { outgoingHeaders } from './header-lines.js';
 import { needsLines, sendLineByLine } from './line-by-line.js';
-import { failWithoutAnswer } from './no-answer.js';
+import { failWithoutAnswer, settled } from './no-answer.js';
 import { relay, ResponseHead, responseDrops, type BodyWatcher } from './relay.js';
 import { TargetSet, type Target, type UpstreamTarget } from './targets.js';
 
@@ -112,7 +112,7 @@ class TrackedSource implements BodySource, Forwarding {
     this.dest = d as unknown as Writable;
     // Every upstream request is piped its body (http-proxy-3 pipes even an empty one), with
     // or without an Expect line: the one place each can be watched for closing unanswered.
-    failWithoutAnswer(d as unknown as ClientRequest, (err) => onNoAnswer(err, this.req, this.res));
+    failWithoutAnswer(d as unknown as ClientRequest, this.res, (err) => onNoAnswer(err, this.req, this.res));
     return this.source.pipe(d);
   }
 
@@ -129,6 +129,7 @@ export function onNoAnswer(err: Error, req: IncomingMessage, res: ServerResponse
 
 /** http-proxy-3's error callback: one function for every call, the hooks ride on the response. */
 function onProxyError(err: Error & { code?: string }, _req: IncomingMessage, res: ServerResponse | Socket): void {
+  settled(res as ServerResponse);
   if (err.code === 'KW_BODY_STALLED') return;
   const kind = err.code === 'UPSTREAM_TIMEOUT' ? 'timeout' : err.code === 'KW_BODY_REJECTED' ? 'rejected' : 'unavailable';
   (res as HookedResponse)[HOOKS]?.onFailure(res as ServerResponse, kind, err);
@@ -154,6 +155,7 @@ export function createForwarder(opts: ForwarderOptions): Forwarder {
   const live = new Set<Target>();
   const drops = responseDrops(opts.replacedResponseHeaders ?? []);
   const onProxyRes = (proxyRes: IncomingMessage, req: IncomingMessage, server: ServerResponse): void => {
+    settled(server);
     const head = new ResponseHead(proxyRes, drops);
     if (head.foreignCoding) {
       proxyRes.destroy();

@@ -105,7 +105,7 @@ export function sendLineByLine(c: LineByLineCall): void {
   req.on('error', failed);
   proxyReq.on('error', failed);
   if (unframed) {
-    failWithoutAnswer(proxyReq, (err) => c.onNoAnswer(err, req, res));
+    failWithoutAnswer(proxyReq, res, (err) => c.onNoAnswer(err, req, res));
     proxyReq.end();
   }
   else c.body.pipe(proxyReq);

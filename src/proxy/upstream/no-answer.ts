@@ -4,20 +4,27 @@
  * asked for no upgrade (the request has no 'upgrade' listener): the upstream request then
  * only closes, its socket leaves the pool, and nothing would ever answer the client or end
  * its admission. Such a request is failed like an unreachable upstream.
+ *
+ * One 'close' listener a request, and a mark on the client's response where the forwarder
+ * already learns of a response or an error, rather than a listener for each of the three.
  */
-import type { ClientRequest } from 'node:http';
+import type { ClientRequest, ServerResponse } from 'node:http';
 
 export class NoAnswer extends Error {
   readonly code = 'KW_NO_ANSWER';
 }
 
-/** Calls `fail` when `proxyReq` closes before its response and without an error of its own. */
-export function failWithoutAnswer(proxyReq: ClientRequest, fail: (err: Error) => void): void {
-  let settled = false;
-  const done = (): void => void (settled = true);
-  proxyReq.once('response', done);
-  proxyReq.once('error', done);
+const SETTLED = Symbol('keyward.upstreamSettled');
+type Marked = ServerResponse & { [SETTLED]?: true };
+
+/** The upstream answered the request on `res`, or failed it: its close is no news. */
+export function settled(res: ServerResponse): void {
+  (res as Marked)[SETTLED] = true;
+}
+
+/** Calls `fail` when `proxyReq` closes before `settled(res)`. */
+export function failWithoutAnswer(proxyReq: ClientRequest, res: ServerResponse, fail: (err: Error) => void): void {
   proxyReq.once('close', () => {
-    if (!settled) fail(new NoAnswer('the upstream closed the connection without a response (an upgrade no one asked for?)'));
+    if ((res as Marked)[SETTLED] !== true) fail(new NoAnswer('the upstream closed the connection without a response (an upgrade no one asked for?)'));
   });
 }
