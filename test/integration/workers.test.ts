@@ -56,22 +56,22 @@ function access(): { worker: number; req_id: string; key_id: string | null; stat
   return kw.lines.map((l) => JSON.parse(l) as Record<string, unknown>).filter((l) => l.msg === 'request') as never;
 }
 
-/** Resolves once `cond` holds, checked after every chunk the sidecar writes to stdout. */
-function until(cond: () => boolean, what: string, timeoutMs = 10_000): Promise<void> {
+/** Resolves once `cond` holds, checked after every chunk the sidecar (`proc`) writes to stdout. */
+function until(cond: () => boolean, what: string, timeoutMs = 10_000, proc: SidecarProcess = kw): Promise<void> {
   if (cond()) return Promise.resolve();
   return new Promise((resolve, reject) => {
     const timer = setTimeout(() => {
-      kw.child.stdout!.off('data', check);
+      proc.child.stdout!.off('data', check);
       reject(new Error(`timed out waiting for ${what}`));
     }, timeoutMs);
     const check = () => {
-      // readline's listener was added first, so the lines of this chunk are already in kw.lines
+      // readline's listener was added first, so the lines of this chunk are already in its lines
       if (!cond()) return;
       clearTimeout(timer);
-      kw.child.stdout!.off('data', check);
+      proc.child.stdout!.off('data', check);
       resolve();
     };
-    kw.child.stdout!.on('data', check);
+    proc.child.stdout!.on('data', check);
   });
 }
 
@@ -291,11 +291,7 @@ describe('serve --workers 2 with a console', () => {
       process.kill(listening.pids![0]!, 'SIGKILL');
       const p = proc;
       const waits = () => p.lines.map((l) => JSON.parse(l) as Record<string, unknown>).filter((l) => l.msg === 'worker exited unexpectedly; starting another').map((l) => l.restart_in_ms);
-      const deadline = Date.now() + 15_000;
-      while (waits().length < 3) {
-        assert.ok(Date.now() < deadline, `restarts so far: ${JSON.stringify(waits())}`);
-        await new Promise((r) => setTimeout(r, 50));
-      }
+      await until(() => waits().length >= 3, 'three restarts', 15_000, p);
       assert.deepEqual(waits().slice(0, 3), [1_000, 2_000, 4_000]);
       const failed = p.lines.map((l) => JSON.parse(l) as Record<string, unknown>).find((l) => l.msg === 'keyward start failed');
       assert.ok(failed && typeof failed.worker === 'number' && failed.level === 'fatal', 'the worker\'s reason, as a JSON line');
