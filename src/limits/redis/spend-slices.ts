@@ -118,7 +118,7 @@ export class SpendSliceTable extends DemandTable<Entry> {
       s.inFlight -= amount;
       s.holds--;
       // A live slice keeps what the hold does not cost; one given back keeps nothing.
-      const room = s.record - s.inFlight;
+      const room = leftOf(s);
       const take = s.live ? Math.min(cost, room) : room;
       s.record -= take;
       if (cost > take) excess = true;
@@ -201,7 +201,7 @@ export class SpendSliceTable extends DemandTable<Entry> {
   /** What is left unused of this instance's live slice of a holder (nano-units; 0 without one). */
   unused(key: string, holder: Holder): number {
     const s = this.entries.get(key)?.slice;
-    return s && s.epoch === holder.epoch ? s.record - s.inFlight : 0;
+    return s && s.epoch === holder.epoch ? leftOf(s) : 0;
   }
 
   /**
@@ -251,7 +251,7 @@ export class SpendSliceTable extends DemandTable<Entry> {
     e.slice = null;
     if (!s.live) return;
     s.live = false;
-    const unused = s.record - s.inFlight;
+    const unused = leftOf(s);
     s.record = s.inFlight;
     this.write(s, 0, unused);
   }
@@ -287,10 +287,13 @@ export class SpendSliceTable extends DemandTable<Entry> {
   }
 }
 
+/** What a slice has not lent to holds in flight (nano-units). */
+const leftOf = (s: SpendSlice): number => s.record - s.inFlight;
+
 /** Whether slice `s` may hold `amount` for a request carrying `h`'s figures at time `t`. */
 function covers(s: SpendSlice | null | undefined, h: Holder, amount: number, t: number): s is SpendSlice {
   if (!s || t >= s.until || s.epoch !== h.epoch || s.base !== h.base || s.limit !== h.limit) return false;
-  const left = s.record - s.inFlight;
+  const left = leftOf(s);
   // A zero hold needs something left, as an exhausted budget or balance refuses it.
   return amount > 0 ? left >= amount : left > 0;
 }
