@@ -1,4 +1,7 @@
 import assert from 'node:assert/strict';
+import { spawn } from 'node:child_process';
+import { once } from 'node:events';
+import { join } from 'node:path';
 import { after, before, describe, test } from 'node:test';
 import type { Cluster } from 'ioredis';
 import { createRedisClient, whenServing } from '../../src/limits/redis/client.js';
@@ -133,4 +136,21 @@ describe('redis cluster: blocks of concurrency slots', () => {
     );
     assert.ok(a.slotBlocksHeld() > 0);
   });
+});
+
+test('a Cluster client closed while it reads the slot map lets its process exit', { timeout: 60_000 }, async () => {
+  const main = join(import.meta.dirname, '../helpers/cluster-close-main.ts');
+  const child = spawn(process.execPath, ['--import', 'tsx', main, cluster.url], { stdio: ['ignore', 'pipe', 'inherit'] });
+  let out = '';
+  child.stdout.on('data', (b: Buffer) => (out += b));
+  const exited = once(child, 'exit');
+  // The slot-map timer that outlives the close reads every second forever; the close's
+  // own wait is about 2 s. 20 s is far past both.
+  let timer: NodeJS.Timeout | undefined;
+  const late = new Promise<'still running'>((resolve) => (timer = setTimeout(() => resolve('still running'), 20_000)));
+  const first = await Promise.race([exited.then(([code]) => code), late]);
+  clearTimeout(timer);
+  if (first === 'still running') child.kill('SIGKILL');
+  assert.equal(out, 'closed\n', 'the client was closed from inside a slot-map read');
+  assert.equal(first, 0, 'the process exited by itself');
 });

@@ -132,4 +132,25 @@ export async function closeRedisClient(client: Redis | Cluster, timeoutMs: numbe
   clearTimeout(timer);
   // Only when quit did not finish: a second disconnect arms a 2 s timer that holds the process.
   if (client.status !== 'end') client.disconnect();
+  if (client.isCluster) disarmSlotsRefresh(client as Cluster);
 }
+
+/** Drops the connection now, and leaves no timer of the client's behind. */
+export function disconnectRedisClient(client: Redis | Cluster): void {
+  client.disconnect();
+  if (client.isCluster) disarmSlotsRefresh(client as Cluster);
+}
+
+/**
+ * Ends a closed Cluster client's slot-map timer. ioredis clears that timer at a disconnect or
+ * a quit, but a slot-map read in flight then ends by arming it again, and from there the
+ * timer reads an empty map every `slotsRefreshInterval` for good, holding the process open
+ * after everything else has closed. The read ends within `slotsRefreshTimeout` (its own
+ * deadline); a disconnect after that clears the armed timer. The wait is unref'd: when no
+ * read was in flight nothing holds the process, and when one was, its timer does.
+ */
+function disarmSlotsRefresh(client: Cluster): void {
+  setTimeout(() => client.disconnect(), slotsRefreshTimeoutMs(client) + SLOTS_REFRESH_MS).unref();
+}
+
+const slotsRefreshTimeoutMs = (client: Cluster): number => client.options.slotsRefreshTimeout ?? 1_000;

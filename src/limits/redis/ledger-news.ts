@@ -14,6 +14,7 @@
  * which were always there.
  */
 import type { Cluster, Redis } from 'ioredis';
+import { disconnectRedisClient } from './client.js';
 
 /** One channel for every prefix: a message names a ledger hash, which only its own instances hold slices of. */
 export const LEDGER_NEWS_CHANNEL = 'keyward:ledger-over';
@@ -63,7 +64,7 @@ export function listenForLedgerNews(client: Redis | Cluster, heard: (ledgerKey: 
   return {
     listening,
     close() {
-      sub.disconnect();
+      disconnectRedisClient(sub);
       closed();
     },
   };
