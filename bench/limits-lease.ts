@@ -38,12 +38,11 @@ const route = { name: 'bench', concurrency: 0, rpm: 0 };
 
 async function op(lim: Limiter, seq: number): Promise<void> {
   const k = `k${seq % KEYS}`;
-  const a = await lim.admit({ keyId: k, limits, tokens: 100, route, requestId: 'r' });
+  const a = await lim.admit({ keyId: k, limits, tokens: 100, route });
   if (!a.ok) throw new Error(`admission refused: ${a.code}`);
   if (BUDGETS) {
     const p = `p${seq % 5}`;
     const h = await lim.hold({
-      requestId: 'r',
       tag: p,
       amount: 0.001,
       holders: [

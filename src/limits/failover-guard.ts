@@ -15,11 +15,10 @@
 import type { Cluster, Redis } from 'ioredis';
 import { whenServing } from './redis/client.js';
 import { Deadlines } from './redis/deadlines.js';
+import type { RedisWait } from './limiter.js';
 
 /** Slack on top of timeoutMs for the guard that bounds a whole call. */
 const GUARD_SLACK_MS = 25;
-/** Requests whose first guarded step is remembered for their next (the oldest forgotten first). */
-const REQUESTS_REMEMBERED = 4096;
 /** A failure that came after this share of timeoutMs waited the timeout out: a slow one. */
 const SLOW_SHARE = 0.9;
 
@@ -45,8 +44,6 @@ export class RedisGuard {
   private gaveUp = 0;
   /** each call's deadline: timeoutMs plus the slack */
   private readonly deadlines: Deadlines;
-  /** when each request's wait on Redis ends, from its first guarded step (performance.now()) */
-  private readonly requestEnds = new Map<string, number>();
 
   constructor(
     client: Redis | Cluster,
@@ -65,28 +62,13 @@ export class RedisGuard {
 
   /**
    * The call's answer, or the fallback's when `skip` (the breaker is open), the call fails or
-   * it outlives the deadline. `request`: the request the call is a step of; its `last` step
-   * gets what the earlier ones left of the request's wait, and ends it.
+   * it outlives the deadline. `wait`: the wait of the request the call is a step of, which
+   * its first guarded step starts and every later one shares.
    */
-  run<T>(skip: boolean, call: GuardedCall<T>, request?: { id: string; last: boolean }): Promise<T> {
-    const ends = request ? this.requestEnd(request.id, request.last) : Infinity;
+  run<T>(skip: boolean, call: GuardedCall<T>, wait?: RedisWait): Promise<T> {
+    const ends = wait ? (wait.endsAt ??= performance.now() + this.timeoutMs) : Infinity;
     if (skip || ends <= performance.now()) return call.fallback();
     return this.connecting ? this.firstConnection().then(() => this.underDeadline(call, ends)) : this.underDeadline(call, ends);
-  }
-
-  /** When the request's wait on Redis ends: timeoutMs after its first guarded step. */
-  private requestEnd(id: string, last: boolean): number {
-    const known = this.requestEnds.get(id);
-    if (last) {
-      if (known !== undefined) this.requestEnds.delete(id);
-      return known ?? Infinity;
-    }
-    if (known !== undefined) return known;
-    // A request with no later step (no spend hold) is not forgotten by it: a bound keeps them few.
-    if (this.requestEnds.size >= REQUESTS_REMEMBERED) this.requestEnds.delete(this.requestEnds.keys().next().value!);
-    const ends = performance.now() + this.timeoutMs;
-    this.requestEnds.set(id, ends);
-    return ends;
   }
 
   /** Calls the guard gave up on that Redis did not count as failed itself. */

@@ -19,7 +19,7 @@
  */
 import { type Failover, unavailable } from './failover.js';
 import type { GuardedCall } from './failover-guard.js';
-import type { ClaimInput, ClaimResult, HoldInput, HoldResult, KeyLimits, LedgerFigure, LedgerInput, Limiter, Quota } from './limiter.js';
+import type { ClaimInput, ClaimResult, HoldInput, HoldResult, KeyLimits, LedgerFigure, LedgerInput, Limiter, Quota, RedisWait } from './limiter.js';
 import { LimitsUnavailableError, isLimited } from './limiter.js';
 
 export function holdWithFailover(failover: Failover, input: HoldInput): Promise<HoldResult> {
@@ -28,7 +28,7 @@ export function holdWithFailover(failover: Failover, input: HoldInput): Promise<
   // Taken from spend slices this instance holds: no Redis call, so nothing to guard.
   const sliced = failover.shared.holdNow(input);
   if (sliced) return Promise.resolve(sliced);
-  return guarded(failover, new HoldCall(failover, failover.tags.ledger(input.tag), input), { id: input.requestId, last: true });
+  return guarded(failover, new HoldCall(failover, failover.tags.ledger(input.tag), input), input.wait);
 }
 
 export function peekWithFailover(failover: Failover, input: { keyId: string; limits: KeyLimits }): Promise<Quota> {
@@ -49,8 +49,8 @@ export function claimedByWithFailover(failover: Failover, input: ClaimInput): Pr
   return guarded(failover, new ReadCall(failover, failover.tags.ledger(input.tag), (from) => from.claimedBy(input), true));
 }
 
-const guarded = <T>(failover: Failover, call: OneTagCall<T>, request?: { id: string; last: boolean }): Promise<T> =>
-  failover.guard.run(failover.shards.skipping(failover.shards.of(call.tag), performance.now()), call, request);
+const guarded = <T>(failover: Failover, call: OneTagCall<T>, wait?: RedisWait): Promise<T> =>
+  failover.guard.run(failover.shards.skipping(failover.shards.of(call.tag), performance.now()), call, wait);
 
 /** A call whose keys all live under one hash tag; its shard is looked up at each step, as the map may change meanwhile. */
 abstract class OneTagCall<T> implements GuardedCall<T> {

@@ -162,7 +162,7 @@ export async function admitWithFailover(failover: Failover, input: AdmitInput): 
   return failover.guard.run(
     shards.some((name) => failover.shards.skipping(name, now)),
     new AdmissionCall(failover, input, shards),
-    { id: input.requestId, last: false },
+    input.wait,
   );
 }
 

@@ -47,8 +47,22 @@ export interface AdmitInput {
   /** TPM reservation: estimated prompt tokens plus the requested output cap. 0 for count_tokens. */
   tokens: number;
   route: RouteCapacity;
-  requestId: string;
+  /** the request's wait on Redis (absent: this call's own) */
+  wait?: RedisWait;
 }
+
+/**
+ * The one wait on Redis that a request's steps share (DESIGN section 6: a request never waits
+ * on Redis longer than `redis.timeoutMs`): its first guarded step starts it, the later ones
+ * get what is left (failover-guard.ts). One per request, made by keyward: nothing the client
+ * sends names it, so no other request can find it.
+ */
+export interface RedisWait {
+  /** when the wait ends (performance.now()); null until a step starts it */
+  endsAt: number | null;
+}
+
+export const newRedisWait = (): RedisWait => ({ endsAt: null });
 
 export type LimitCode = 'route_capacity_exceeded' | 'rpm_exceeded' | 'tpm_exceeded' | 'concurrency_exceeded';
 
@@ -117,7 +131,8 @@ export interface LimiterStats {
 }
 
 export interface HoldInput {
-  requestId: string;
+  /** the request's wait on Redis, shared with its admission (absent: this call's own) */
+  wait?: RedisWait;
   /** one Redis Cluster hash tag for all of this request's holders: team key -> its project id, personal key -> its user id */
   tag: string;
   /**

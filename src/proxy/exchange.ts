@@ -155,7 +155,7 @@ class ExchangeTable implements Exchanges, ForwardHooks {
       const refused = refusedBeforeDecision(head, ctx.snapshot.rules);
       const seen = newSeen();
       ctx.seen = seen;
-      const decision = refused ?? (await decide(input, this.deps.pipeline, ctx.snapshot, { requestId: ctx.reqId, seen }));
+      const decision = refused ?? (await decide(input, this.deps.pipeline, ctx.snapshot, { seen }));
       this.apply(res, ctx, decision);
     } catch (err) {
       // Whatever was held is given back, and nothing is billed for a call that never got an answer.

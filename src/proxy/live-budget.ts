@@ -6,14 +6,15 @@
  * that gets through learns the same at step 9, where it takes its hold.
  */
 import { deny, type Denial } from '../errors.js';
-import type { Limiter } from '../limits/limiter.js';
+import type { Limiter, RedisWait } from '../limits/limiter.js';
 import type { KeyFacts } from '../policy/facts.js';
 import { holdersOf, type Holder } from '../policy/holders.js';
 import { addExhaustedBudgetCode } from '../policy/shadow.js';
 
 export interface LiveBudgetInput {
   facts: KeyFacts;
-  requestId: string;
+  /** the request's wait on Redis (limiter.ts) */
+  wait: RedisWait;
   /** `budget` is shadowed for this key: exhausted budgets are recorded, not refused */
   shadowed: boolean;
   /** the request's shadow codes, in decision order */
@@ -25,10 +26,10 @@ export async function liveBudgetDenial(limiter: Pick<Limiter, 'hold'>, o: LiveBu
   const { tag, holders } = holdersOf(o.facts);
   if (holders.length === 0) return null;
   if (o.shadowed) {
-    await recordExhausted(limiter, { tag, holders, requestId: o.requestId, codes: o.codes });
+    await recordExhausted(limiter, { tag, holders, wait: o.wait, codes: o.codes });
     return null;
   }
-  const held = await limiter.hold({ requestId: o.requestId, tag, holders, amount: 0 });
+  const held = await limiter.hold({ wait: o.wait, tag, holders, amount: 0 });
   if (held.ok) {
     held.hold.settle(0);
     return null;
@@ -37,10 +38,10 @@ export async function liveBudgetDenial(limiter: Pick<Limiter, 'hold'>, o: LiveBu
 }
 
 /** Under shadow: each exhausted holder's code goes where step 5 would have put it. */
-async function recordExhausted(limiter: Pick<Limiter, 'hold'>, o: { tag: string; holders: Holder[]; requestId: string; codes: string[] }): Promise<void> {
+async function recordExhausted(limiter: Pick<Limiter, 'hold'>, o: { tag: string; holders: Holder[]; wait: RedisWait; codes: string[] }): Promise<void> {
   let holders = o.holders;
   while (holders.length > 0) {
-    const held = await limiter.hold({ requestId: o.requestId, tag: o.tag, holders, amount: 0 });
+    const held = await limiter.hold({ wait: o.wait, tag: o.tag, holders, amount: 0 });
     if (held.ok) return held.hold.settle(0);
     if (held.code === 'limits_unavailable') return;
     const code = held.code;

@@ -9,7 +9,7 @@ import { extractCredential, unknownKeyDenial } from '../auth/credentials.js';
 import { isWellFormedKey } from '../auth/keyformat.js';
 import { hashRemembered, type KeyHasher, type KeyMemo } from '../auth/hash.js';
 import { deny, type Denial } from '../errors.js';
-import { hasAnyLimit, isLimited, NO_QUOTA, type AdmitInput, type Lease, type Limiter, type Quota } from '../limits/limiter.js';
+import { hasAnyLimit, isLimited, newRedisWait, NO_QUOTA, type AdmitInput, type Lease, type Limiter, type Quota, type RedisWait } from '../limits/limiter.js';
 import { admitShadowed, holdShadowed } from '../limits/shadow.js';
 import { checkKey, checkModel, checkModels, checkStanding, modelLimitFor } from '../policy/decide.js';
 import { holdersOf } from '../policy/holders.js';
@@ -93,7 +93,7 @@ function authenticate(input: RequestInput, deps: PipelineDeps, snap: Snapshot, s
 }
 
 /** Step 8's input: the key's limits, the TPM reservation and the upstream's capacity. */
-function admission(snap: Snapshot, seen: Allow['seen'], tokens: number, requestId: string): AdmitInput {
+function admission(snap: Snapshot, seen: Allow['seen'], tokens: number, wait: RedisWait): AdmitInput {
   const key = seen.facts.key;
   const capacity = snap.capacity.get(seen.upstream) ?? { concurrency: 0, rpm: 0 };
   return {
@@ -102,7 +102,7 @@ function admission(snap: Snapshot, seen: Allow['seen'], tokens: number, requestI
     modelLimit: modelLimitFor(key, seen.model),
     tokens,
     route: { name: seen.upstream, ...capacity },
-    requestId,
+    wait,
   };
 }
 
@@ -178,11 +178,11 @@ async function listingQuota(limiter: Limiter, key: KeyFacts['key']): Promise<Quo
 }
 
 /** Step 5 with live spend, for a model request a later step refuses or would refuse (live-budget.ts). */
-function liveBudget(deps: PipelineDeps, o: { snap: Snapshot; admitted: Allow['seen']; requestId: string }): Promise<Denial | null> {
+function liveBudget(deps: PipelineDeps, o: { snap: Snapshot; admitted: Allow['seen']; wait: RedisWait }): Promise<Denial | null> {
   const facts = o.admitted.facts;
   if (o.admitted.route.class !== 'model') return Promise.resolve(null);
   const shadowed = isShadowed(shadowOf(o.snap, facts), 'budget');
-  return liveBudgetDenial(deps.limiter, { facts, requestId: o.requestId, shadowed, codes: o.admitted.shadow });
+  return liveBudgetDenial(deps.limiter, { facts, wait: o.wait, shadowed, codes: o.admitted.shadow });
 }
 
 /**
@@ -191,7 +191,7 @@ function liveBudget(deps: PipelineDeps, o: { snap: Snapshot; admitted: Allow['se
  * those steps come after, so their codes go (enforcing them would have changed nothing).
  * Null: the request's own cost is what did not fit, and the codes stand.
  */
-async function spentBeforeLaterSteps(deps: PipelineDeps, o: { snap: Snapshot; admitted: Allow['seen']; requestId: string }): Promise<Denial | null> {
+async function spentBeforeLaterSteps(deps: PipelineDeps, o: { snap: Snapshot; admitted: Allow['seen']; wait: RedisWait }): Promise<Denial | null> {
   const codes = o.admitted.shadow;
   if (!hasLaterStepCodes(codes)) return null;
   const spent = await liveBudget(deps, o);
@@ -207,9 +207,9 @@ export const newSeen = (): Seen => ({ route: null, facts: null, upstream: null, 
  * route, key and model, so a request answered before its decision (its client gone mid-body,
  * its body stalled) is still logged with them.
  */
-export async function decide(input: RequestInput, deps: PipelineDeps, snap: Snapshot, o: { requestId: string; seen?: Seen }): Promise<Decision> {
+export async function decide(input: RequestInput, deps: PipelineDeps, snap: Snapshot, o: { seen?: Seen } = {}): Promise<Decision> {
   const seen = o.seen ?? newSeen();
-  const requestId = o.requestId;
+  const wait = newRedisWait();
   const authDenial = authenticate(input, deps, snap, seen);
   if (authDenial) return denied(seen, authDenial);
   const admitted = seen as Allow['seen'];
@@ -222,11 +222,11 @@ export async function decide(input: RequestInput, deps: PipelineDeps, snap: Snap
 
   const bodyRead = route.class === 'model';
   const read = await bodyStep(input, { snap, admitted, seen });
-  if ('denial' in read) return denied(seen, (await liveBudget(deps, { snap, admitted, requestId })) ?? read.denial);
+  if ('denial' in read) return denied(seen, (await liveBudget(deps, { snap, admitted, wait })) ?? read.denial);
   const { body, estimate, metered } = read;
   const tokens = estimate.prompt + estimate.output;
 
-  const limits = admission(snap, admitted, tokens, requestId);
+  const limits = admission(snap, admitted, tokens, wait);
   const shadow = { shadow: shadowOf(snap, admitted.facts), codes: seen.shadow };
   let lease: Lease | null = null;
   let quota = NO_QUOTA;
@@ -235,7 +235,7 @@ export async function decide(input: RequestInput, deps: PipelineDeps, snap: Snap
     const result = await admitShadowed(deps.limiter, limits, shadow);
     if (!result.ok) {
       // Limits that cannot be read now are answered at once: a ledger call would wait out the same timeout again.
-      const spent = result.code === 'limits_unavailable' ? null : await liveBudget(deps, { snap, admitted, requestId });
+      const spent = result.code === 'limits_unavailable' ? null : await liveBudget(deps, { snap, admitted, wait });
       if (spent) return denied(seen, spent);
       // A key's own RPM or TPM refusal shows the key's figures, as an OpenAI-compatible upstream's 429 does.
       const figures = result.code !== 'limits_unavailable' && (result.check === 'rpm' || result.check === 'tpm') ? result.quota : null;
@@ -253,12 +253,12 @@ export async function decide(input: RequestInput, deps: PipelineDeps, snap: Snap
   // where the replica's figures may not have caught up yet: a hold of 0 asks exactly that.
   const price = metered ? deps.priceFor(priceName(seen.model)) : null;
   // A shadowed budget its live ledger shows spent is step 5's code, before those of shadowed limits.
-  if (isShadowed(shadow.shadow, 'budget') && hasLaterStepCodes(seen.shadow)) await liveBudget(deps, { snap, admitted, requestId });
-  const held = await holdShadowed(deps.limiter, { requestId, tag, holders, amount: metered ? costOf(price, { input: estimate.prompt, output: estimate.output }) : 0 }, shadow);
+  if (isShadowed(shadow.shadow, 'budget') && hasLaterStepCodes(seen.shadow)) await liveBudget(deps, { snap, admitted, wait });
+  const held = await holdShadowed(deps.limiter, { wait, tag, holders, amount: metered ? costOf(price, { input: estimate.prompt, output: estimate.output }) : 0 }, shadow);
   if (!held.ok) {
     lease?.cancel(); // refused before forwarding: the admission took nothing
     if (held.code === 'limits_unavailable') return denied(seen, deny(held.code, { retryAfterMs: held.retryAfterMs }));
-    return denied(seen, (await spentBeforeLaterSteps(deps, { snap, admitted, requestId })) ?? deny(held.code));
+    return denied(seen, (await spentBeforeLaterSteps(deps, { snap, admitted, wait })) ?? deny(held.code));
   }
   if (metered) return allowed(admitted, { body, bodyRead, lease, quota, hold: held.hold, price, tokens, estimate, metered });
   held.hold.settle(0);

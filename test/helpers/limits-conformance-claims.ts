@@ -64,7 +64,7 @@ export function claimConformance(get: () => Harness): void {
     const tag = uid('tag');
     const u = uid('u');
     const w3 = wallet(u, { base: 10, epoch: 3 });
-    const hold = await lim.hold({ requestId: uid('req'), tag, holders: [w3], amount: 2 });
+    const hold = await lim.hold({ tag, holders: [w3], amount: 2 });
     assert.ok(hold.ok);
     hold.hold.settle(1.5);
     // The console has counted part of it: the replica says 9.

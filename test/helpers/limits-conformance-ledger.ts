@@ -19,7 +19,7 @@ export const wallet = (id: string, o: Fig): Holder => ({
   id: `wallet:${id}`, kind: 'wallet', base: o.base, limit: null, epoch: o.epoch ?? 0, code: 'insufficient_balance',
 });
 
-export const req = (tag: string, holders: Holder[], amount: number): HoldInput => ({ requestId: uid('req'), tag, holders, amount });
+export const req = (tag: string, holders: Holder[], amount: number): HoldInput => ({ tag, holders, amount });
 
 export function held(r: HoldResult): { settle(actual: number): void } {
   assert.ok(r.ok, `expected a hold, got ${JSON.stringify(r)}`);

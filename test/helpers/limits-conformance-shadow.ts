@@ -223,7 +223,7 @@ export function shadowConformance(get: () => Harness): void {
     };
     const tag = uid('tag');
     const empty = wallet(uid('u'), { base: 0 });
-    const w = await hold({ requestId: uid('req'), tag, holders: [empty], amount: 0.5 });
+    const w = await hold({ tag, holders: [empty], amount: 0.5 });
     assert.ok(w.r.ok);
     assert.deepEqual(w.codes, ['insufficient_balance']);
     w.r.hold.settle(0.4);
@@ -232,7 +232,7 @@ export function shadowConformance(get: () => Harness): void {
     const team = uid('tag');
     const key = keyBudget(uid('k'), { base: 1, limit: 1 });
     const project = projectBudget(uid('p'), { base: 0, limit: 10 });
-    const t = await hold({ requestId: uid('req'), tag: team, holders: [key, project], amount: 4 });
+    const t = await hold({ tag: team, holders: [key, project], amount: 4 });
     assert.ok(t.r.ok);
     assert.deepEqual(t.codes, ['key_budget_exhausted']);
     const [k1, p1] = await lim().ledger({ tag: team, holders: [key, project] });
@@ -241,12 +241,12 @@ export function shadowConformance(get: () => Harness): void {
     const [k2, p2] = await lim().ledger({ tag: team, holders: [key, project] });
     assert.deepEqual([k2!.live, p2!.live], [1, 3]);
     // Enforced: the key refuses at once; the project has exactly 7 left.
-    const enforced = await lim().hold({ requestId: uid('req'), tag: team, holders: [project], amount: 7 });
+    const enforced = await lim().hold({ tag: team, holders: [project], amount: 7 });
     assert.ok(enforced.ok);
-    const over = await lim().hold({ requestId: uid('req'), tag: team, holders: [project], amount: 0.01 });
+    const over = await lim().hold({ tag: team, holders: [project], amount: 0.01 });
     assert.deepEqual(over.ok ? null : over.code, 'project_budget_exhausted');
     enforced.hold.settle(0);
-    const keyOnly = await lim().hold({ requestId: uid('req'), tag: team, holders: [key], amount: 0 });
+    const keyOnly = await lim().hold({ tag: team, holders: [key], amount: 0 });
     assert.deepEqual(keyOnly.ok ? null : keyOnly.code, 'key_budget_exhausted');
   });
 }

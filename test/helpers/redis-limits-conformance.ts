@@ -53,7 +53,6 @@ export function input(keyId: string, o: { limits?: Partial<KeyLimits>; tokens?: 
     limits: { ...NO_LIMITS, ...o.limits },
     tokens: o.tokens ?? 0,
     route: o.route ?? NO_ROUTE,
-    requestId: uid('req'),
   };
 }
 

@@ -77,7 +77,6 @@ describe('redis cluster: route and key live in different slots', () => {
     const rs = await Promise.all(
       tags.map((tag) =>
         lim.hold({
-          requestId: uid('req'),
           tag,
           holders: [keyBudget(uid('k'), { base: 0, limit: 1 }), projectBudget(tag, { base: 0, limit: 1 }), wallet(uid('u'), { base: 1 })],
           amount: 0.5,

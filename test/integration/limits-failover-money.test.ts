@@ -8,7 +8,7 @@ import { after, before, describe, test } from 'node:test';
 import { Redis } from 'ioredis';
 import { createLimiter } from '../../src/limits/create.js';
 import { createRedisLimiter } from '../../src/limits/redis/limiter.js';
-import { LimitsUnavailableError, type HoldInput, type HoldResult, type Limiter } from '../../src/limits/limiter.js';
+import { LimitsUnavailableError, newRedisWait, type HoldInput, type HoldResult, type Limiter } from '../../src/limits/limiter.js';
 import type { Holder } from '../../src/policy/holders.js';
 import { keyBudget, projectBudget, wallet } from '../helpers/limits-conformance-ledger.js';
 import { input, leaseOf, uid } from '../helpers/redis-limits-conformance.js';
@@ -37,7 +37,7 @@ after(async () => {
 const make = (onError: 'open' | 'closed'): Limiter =>
   createLimiter({ redis: { url: `unix://${sock}`, prefix: uid('kwfm'), timeoutMs: TIMEOUT_MS, onError, lease: { enabled: true, sliceMs: 1_000 } }, leaseMs: 5_000 });
 
-const req = (tag: string, holders: Holder[], amount: number): HoldInput => ({ requestId: uid('req'), tag, holders, amount });
+const req = (tag: string, holders: Holder[], amount: number): HoldInput => ({ tag, holders, amount });
 
 async function timed<T>(p: Promise<T>): Promise<T> {
   const start = performance.now();
@@ -105,8 +105,9 @@ describe('one wait a request', { timeout: 30_000 }, () => {
     const lim = make('open');
     t.after(() => lim.close());
     await waitFor(() => redisHolds(lim), RECOVERY_MS, 'Redis holds');
-    const admission = input(uid('k'), { limits: { rpm: 5 } });
-    const hold = { ...req(uid('tag'), [keyBudget(admission.keyId, { base: 0, limit: 1 })], 0.1), requestId: admission.requestId };
+    const wait = newRedisWait();
+    const admission = { ...input(uid('k'), { limits: { rpm: 5 } }), wait };
+    const hold = { ...req(uid('tag'), [keyBudget(admission.keyId, { base: 0, limit: 1 })], 0.1), wait };
     server.proc.kill('SIGSTOP');
     try {
       const start = performance.now();

@@ -172,7 +172,7 @@ describe('redis limiter: key layout and expiry', () => {
   test("spend holds: a request's holders share its hash tag; ledgers expire a day after last use; money is integer nano-units", async () => {
     const lim = createRedisLimiter({ redis, prefix, leaseMs: 5_000 });
     const holders = [keyBudget('k_1', { base: 0.1, limit: 1 }), projectBudget('p_1', { base: 2, limit: 10 }), wallet('u_1', { base: 3 })];
-    const r = await lim.hold({ requestId: 'r1', tag: 'p_1', holders, amount: 0.3 });
+    const r = await lim.hold({ tag: 'p_1', holders, amount: 0.3 });
     assert.ok(r.ok);
     const tag = `{${prefix}:t:p_1}`;
     for (const id of ['key%3Ak_1', 'project%3Ap_1', 'wallet%3Au_1']) {
@@ -201,7 +201,7 @@ describe('redis limiter: key layout and expiry', () => {
     const lim = createRedisLimiter({ redis, prefix, leaseMs: 5_000 });
     const user = uid('u');
     const purse = wallet(user, { base: 1 });
-    await lim.hold({ requestId: uid('req'), tag: user, holders: [purse], amount: 0 }); // scripts loaded
+    await lim.hold({ tag: user, holders: [purse], amount: 0 }); // scripts loaded
     // Every command the limiter sends passes here on its way to Redis.
     const sent: string[] = [];
     const sendCommand = redis.sendCommand.bind(redis);
@@ -212,8 +212,8 @@ describe('redis limiter: key layout and expiry', () => {
     try {
       const others = Array.from({ length: 3 }, () => uid('u'));
       const rs = await Promise.all([
-        ...Array.from({ length: 5 }, () => lim.hold({ requestId: uid('req'), tag: user, holders: [purse], amount: 0.3 })),
-        ...others.map((u) => lim.hold({ requestId: uid('req'), tag: u, holders: [wallet(u, { base: 1 })], amount: 0.5 })),
+        ...Array.from({ length: 5 }, () => lim.hold({ tag: user, holders: [purse], amount: 0.3 })),
+        ...others.map((u) => lim.hold({ tag: u, holders: [wallet(u, { base: 1 })], amount: 0.5 })),
       ]);
       assert.deepEqual(sent, ['evalsha'], 'eight holds, one call');
       // 0.3 each on a balance of 1: the first three fit, in the order asked, the fourth does not.
@@ -233,9 +233,9 @@ describe('redis limiter: key layout and expiry', () => {
     try {
       // One turn: 0.6 at epoch 1, then 0.6 and 0.4 at epoch 2 (a top-up to 1.6 seen mid-turn).
       const rs = await Promise.all([
-        lim.hold({ requestId: uid('req'), tag: user, holders: [wallet(user, { base: 1, epoch: 1 })], amount: 0.6 }),
-        lim.hold({ requestId: uid('req'), tag: user, holders: [wallet(user, { base: 1.6, epoch: 2 })], amount: 0.6 }),
-        lim.hold({ requestId: uid('req'), tag: user, holders: [wallet(user, { base: 1.6, epoch: 2 })], amount: 0.6 }),
+        lim.hold({ tag: user, holders: [wallet(user, { base: 1, epoch: 1 })], amount: 0.6 }),
+        lim.hold({ tag: user, holders: [wallet(user, { base: 1.6, epoch: 2 })], amount: 0.6 }),
+        lim.hold({ tag: user, holders: [wallet(user, { base: 1.6, epoch: 2 })], amount: 0.6 }),
       ]);
       // The restart keeps the first hold: 1.6 - 0.6 leaves room for one more of 0.6, not two.
       assert.deepEqual(rs.map((r) => r.ok), [true, true, false]);

@@ -60,7 +60,7 @@ after(async () => {
 });
 
 const rpmKey = (what: string): AdmitInput => input(uid(what), { limits: { rpm: 10 } });
-const hold = (what: string): HoldInput => ({ requestId: uid('req'), tag: uid(what), holders: [keyBudget(uid('k'), { base: 0, limit: 1 })], amount: 0.1 });
+const hold = (what: string): HoldInput => ({ tag: uid(what), holders: [keyBudget(uid('k'), { base: 0, limit: 1 })], amount: 0.1 });
 
 describe('the Redis limiter reads only replies it knows', () => {
   let lim: RedisLimiter;

@@ -131,3 +131,28 @@ describe('Redis outage through the proxy', () => {
     }
   });
 });
+
+describe('a healthy Redis decides every request', () => {
+  test("a client's x-request-id sent again after the timeout is still decided by Redis", async () => {
+    const h = await startHarness({
+      upstream: up.url,
+      config: { redis: { url: `unix://${socket}`, prefix: 'kwreqid', timeoutMs: TIMEOUT_MS, onError: 'closed' } },
+      keys: { two: { rpm: 2 } },
+    });
+    const chat = (id?: string) =>
+      send(h.url, { method: 'POST', path: '/v1/chat/completions', headers: { ...bearer(h.keys.two!), 'content-type': 'application/json', ...(id ? { 'x-request-id': id } : {}) }, body: '{"model":"m"}' });
+    try {
+      assert.deepEqual([(await chat()).status, (await chat()).status], [200, 200]);
+      // A client retrying its refused request with the same id, as retry helpers do.
+      const refused = await chat('retry-me-1');
+      assert.equal(refused.headers['x-keyward-error'], 'rpm_exceeded');
+      // The id's first request is past its wait on Redis now (time itself is what matters here).
+      await new Promise((resolve) => setTimeout(resolve, TIMEOUT_MS * 2));
+      const again = await chat('retry-me-1');
+      assert.equal(again.status, 429, `the retry was answered ${again.status} ${again.headers['x-keyward-error']}`);
+      assert.equal(again.headers['x-keyward-error'], 'rpm_exceeded');
+    } finally {
+      await h.close();
+    }
+  });
+});

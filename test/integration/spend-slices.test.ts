@@ -23,7 +23,7 @@ import { waitFor } from '../helpers/redis-server.js';
 import { TEST_REDIS_URL } from '../helpers/redis-url.js';
 
 const NANO = 1e9;
-const req = (tag: string, holders: Holder[], amount: number): HoldInput => ({ requestId: uid('req'), tag, holders, amount });
+const req = (tag: string, holders: Holder[], amount: number): HoldInput => ({ tag, holders, amount });
 function held(r: HoldResult): { settle(actual: number): void } {
   assert.ok(r.ok, `expected a hold, got ${JSON.stringify(r)}`);
   return r.hold;

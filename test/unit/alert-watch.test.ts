@@ -25,7 +25,7 @@ const storeOn = (limiter: ReturnType<typeof createMemoryLimiter>, ledger: AlertS
 
 /** Holds and settles `amount` on `holder`, as a request that spent it. */
 async function spent(limiter: ReturnType<typeof createMemoryLimiter>, holder: Holder, amount: number): Promise<void> {
-  const held = await limiter.hold({ requestId: `r-${amount}`, tag: 'p:p_1', holders: [holder], amount });
+  const held = await limiter.hold({ tag: 'p:p_1', holders: [holder], amount });
   assert.ok(held.ok);
   held.hold.settle(amount);
 }
