@@ -40,6 +40,7 @@ export const CATALOGUE = {
       two_x_api_key: 'More than one x-api-key header was sent; send exactly one.',
       other_scheme: 'Both x-api-key and an Authorization header of another scheme were sent; send the key in one of them (x-api-key, or Authorization: Bearer).',
       underscored: 'An x_api_key header was sent beside the key; some servers read it as x-api-key. Send the key in x-api-key alone.',
+      other_header: 'Another API key was sent in the {header} header beside the key; send one key.',
     },
   },
   invalid_api_key: {

@@ -7,7 +7,23 @@ import { deny, type Denial } from '../errors.js';
 
 export type CredentialRule = 'bearer' | 'messages';
 
-export type Extracted = { ok: true; key: string; header: 'authorization' | 'x-api-key' } | { ok: false; denial: Denial };
+/**
+ * A value of another header an upstream may read a key from, different from the key: an
+ * upstream gateway that authenticates from it would act on a key never checked here, so a
+ * value that is a key of the replica's is a conflict (the pipeline looks it up). Anything
+ * else there (a provider key, say) is no credential and passes, as the seed says.
+ */
+export interface OtherKey {
+  header: 'x-api-key' | OtherKeyHeader;
+  value: string;
+}
+
+/** Headers some upstream gateways read a key from: Azure's, Google's, LiteLLM's own. */
+type OtherKeyHeader = 'api-key' | 'x-goog-api-key' | 'x-litellm-api-key';
+
+const NO_OTHERS: readonly OtherKey[] = Object.freeze([]);
+
+export type Extracted = { ok: true; key: string; header: 'authorization' | 'x-api-key'; others: readonly OtherKey[] } | { ok: false; denial: Denial };
 
 /** `Bearer <key>`, the scheme in any letter case: the key is the first group. */
 export const BEARER = /^bearer[ \t]+(.*)$/i;
@@ -17,11 +33,13 @@ interface Found {
   apiKey: string[];
   /** `x_api_key` lines: no credential, but CGI-style servers (WSGI) read them as x-api-key */
   underscored: number;
+  /** lines of the OtherKeyHeader headers (null: none, the usual case) */
+  others: OtherKey[] | null;
 }
 
 /** Collects every line of the two headers; Node's req.headers keeps only the first of each. */
 function collect(rawHeaders: readonly string[]): Found {
-  const found: Found = { authorization: [], apiKey: [], underscored: 0 };
+  const found: Found = { authorization: [], apiKey: [], underscored: 0, others: null };
   for (let i = 0; i < rawHeaders.length; i += 2) {
     const name = rawHeaders[i]!;
     // cheap length gate before the case-insensitive compare: this runs on every request
@@ -30,9 +48,28 @@ function collect(rawHeaders: readonly string[]): Found {
       const lower = name.toLowerCase();
       if (lower === 'x-api-key') found.apiKey.push(rawHeaders[i + 1]!);
       else if (lower === 'x_api_key') found.underscored++;
+    } else if (name.length === 7 || name.length === 14 || name.length === 17) {
+      const header = otherKeyHeader(name.toLowerCase());
+      if (header) (found.others ??= []).push({ header, value: rawHeaders[i + 1]! });
     }
   }
   return found;
+}
+
+const otherKeyHeader = (lower: string): OtherKeyHeader | null =>
+  lower === 'api-key' || lower === 'x-goog-api-key' || lower === 'x-litellm-api-key' ? lower : null;
+
+/** The other headers' values that are not `key` (LiteLLM's may carry `Bearer `), in UTF-8 as the key is. */
+function othersBeside(key: string, found: Found, apiKeyToo: boolean): readonly OtherKey[] {
+  if (found.others === null && !(apiKeyToo && found.apiKey.length > 0)) return NO_OTHERS;
+  const lines = [...(apiKeyToo ? found.apiKey.map((value) => ({ header: 'x-api-key' as const, value })) : []), ...(found.others ?? [])];
+  const others: OtherKey[] = [];
+  for (const { header, value } of lines) {
+    const bearer = header === 'x-litellm-api-key' ? parseBearer(value) : null;
+    const v = utf8Of(bearer?.kind === 'key' ? bearer.key : value.trim());
+    if (v !== '' && v !== key) others.push({ header, value: v });
+  }
+  return others;
 }
 
 type Bearer = { kind: 'key'; key: string } | { kind: 'none' } | { kind: 'other-scheme' };
@@ -56,18 +93,25 @@ const missing = (variant: MissingVariant) => ({ ok: false as const, denial: deny
  * The key as the client's bytes spell it in UTF-8: Node reads header values as latin1, one
  * character a byte, so a key with characters outside ASCII arrives spelled otherwise.
  */
-function utf8Key(e: Extracted): Extracted {
+function utf8Of(value: string): string {
   // eslint-disable-next-line no-control-regex
-  if (!e.ok || !/[^\x00-\x7f]/.test(e.key)) return e;
-  return { ok: true, key: Buffer.from(e.key, 'latin1').toString('utf8'), header: e.header };
+  return /[^\x00-\x7f]/.test(value) ? Buffer.from(value, 'latin1').toString('utf8') : value;
 }
 
 export function extractCredential(rawHeaders: readonly string[], rule: CredentialRule): Extracted {
-  return utf8Key(extractRaw(rawHeaders, rule));
+  const found = collect(rawHeaders);
+  const e = extractRaw(found, rule);
+  if (e.ok) {
+    e.key = utf8Of(e.key);
+    // On messages routes x-api-key and Authorization were compared already.
+    e.others = othersBeside(e.key, found, rule === 'bearer');
+  }
+  return e;
 }
 
-function extractRaw(rawHeaders: readonly string[], rule: CredentialRule): Extracted {
-  const found = collect(rawHeaders);
+const chosen = (key: string, header: 'authorization' | 'x-api-key'): Extracted => ({ ok: true, key, header, others: NO_OTHERS });
+
+function extractRaw(found: Found, rule: CredentialRule): Extracted {
   if (found.authorization.length > 1) {
     return conflict('two_authorization');
   }
@@ -85,15 +129,15 @@ function extractRaw(rawHeaders: readonly string[], rule: CredentialRule): Extrac
       }
       // An upstream that authenticates from Authorization would act on a credential never checked.
       if (bearer.kind === 'other-scheme') return conflict('other_scheme');
-      return { ok: true, key: apiKey, header: 'x-api-key' };
+      return chosen(apiKey, 'x-api-key');
     }
-    if (bearer.kind === 'key') return { ok: true, key: bearer.key, header: 'authorization' };
+    if (bearer.kind === 'key') return chosen(bearer.key, 'authorization');
     if (bearer.kind === 'other-scheme') {
       return missing('not_bearer_messages');
     }
     return missing('messages');
   }
-  if (bearer.kind === 'key') return { ok: true, key: bearer.key, header: 'authorization' };
+  if (bearer.kind === 'key') return chosen(bearer.key, 'authorization');
   if (bearer.kind === 'other-scheme') return missing('not_bearer');
   if (found.apiKey.length > 0) {
     return missing('x_api_key_here');

@@ -5,7 +5,7 @@
  * whole order is table-testable with a replica lookup, a limiter and a body reader
  * handed in.
  */
-import { extractCredential, unknownKeyDenial } from '../auth/credentials.js';
+import { extractCredential, unknownKeyDenial, type OtherKey } from '../auth/credentials.js';
 import { isWellFormedKey } from '../auth/keyformat.js';
 import { hashRemembered, type KeyHasher, type KeyMemo } from '../auth/hash.js';
 import { deny, type Denial } from '../errors.js';
@@ -71,6 +71,15 @@ function chooseUpstream(deps: PipelineDeps, snap: Snapshot, facts: KeyFacts): st
   return 'default';
 }
 
+const known = (deps: PipelineDeps, key: string, memo?: KeyMemo): KeyFacts | null =>
+  deps.keyFormat === 'keyward' && !isWellFormedKey(key) ? null : deps.lookup(hashRemembered(deps.hashKey, key, memo));
+
+/** The header of the first other key (credentials.ts) that is a key of the replica's. */
+function otherKnownKey(deps: PipelineDeps, others: readonly OtherKey[]): string | null {
+  for (const o of others) if (known(deps, o.value) !== null) return o.header;
+  return null;
+}
+
 /** Steps 1-5: route, readiness, credential, key, network policy, standing. */
 function authenticate(input: RequestInput, deps: PipelineDeps, snap: Snapshot, seen: Seen): Denial | null {
   const classified = classify(snap.rules, input.method, input.url);
@@ -82,8 +91,10 @@ function authenticate(input: RequestInput, deps: PipelineDeps, snap: Snapshot, s
   if (!deps.ready()) return deny('not_ready', { retryAfterMs: 1000 });
   const cred = extractCredential(input.rawHeaders, route.credentials);
   if (!cred.ok) return cred.denial;
+  const smuggled = cred.others.length > 0 ? otherKnownKey(deps, cred.others) : null;
+  if (smuggled) return deny('conflicting_api_keys', { variant: 'other_header', params: { header: smuggled } });
   const key = cred.key;
-  const facts = deps.keyFormat === 'keyward' && !isWellFormedKey(key) ? null : deps.lookup(hashRemembered(deps.hashKey, key, input.keyMemo));
+  const facts = known(deps, key, input.keyMemo);
   seen.facts = facts;
   return (
     checkKey(facts, () => unknownKeyDenial(key)) ??

@@ -1,11 +1,11 @@
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { extractCredential, unknownKeyDenial, type CredentialRule } from '../../src/auth/credentials.js';
+import { extractCredential, unknownKeyDenial, type CredentialRule, type OtherKey } from '../../src/auth/credentials.js';
 
 const K1 = 'kw_Z8p2QvT7mR4xW1nB6cY3dL9fH5jK0sA2eG8uI4oP7qE_3fK9aB';
 const K2 = 'kw_Q1w2E3r4T5y6U7i8O9p0AsDfGhJkLzXcVbNmQwErTyU_9zZ1yY';
 
-type Expect = { key: string; header: 'authorization' | 'x-api-key' } | { code: 'missing_api_key' | 'conflicting_api_keys'; msg?: RegExp };
+type Expect = { key: string; header: 'authorization' | 'x-api-key'; others?: OtherKey[] } | { code: 'missing_api_key' | 'conflicting_api_keys'; msg?: RegExp };
 
 const ROWS: [name: string, rule: CredentialRule, raw: string[], want: Expect][] = [
   // bearer routes
@@ -27,7 +27,10 @@ const ROWS: [name: string, rule: CredentialRule, raw: string[], want: Expect][] 
   ['x-api-key only', 'bearer', ['x-api-key', K1], { code: 'missing_api_key', msg: /Authorization.*x-api-key/ }],
   ['x-api-key only, upper-case name', 'bearer', ['X-API-KEY', K1], { code: 'missing_api_key', msg: /Authorization.*x-api-key/ }],
   ['cookie is not a credential', 'bearer', ['Cookie', `api_key=${K1}`], { code: 'missing_api_key' }],
-  ['Bearer wins, x-api-key ignored', 'bearer', ['x-api-key', K2, 'Authorization', `Bearer ${K1}`], { key: K1, header: 'authorization' }],
+  ['Bearer is the key; a different x-api-key is another key, for the lookup', 'bearer', ['x-api-key', K2, 'Authorization', `Bearer ${K1}`], { key: K1, header: 'authorization', others: [{ header: 'x-api-key', value: K2 }] }],
+  ['the same key in x-api-key is no other key', 'bearer', ['x-api-key', ` ${K1}`, 'Authorization', `Bearer ${K1}`], { key: K1, header: 'authorization' }],
+  ['api-key, x-goog-api-key and x-litellm-api-key (Bearer or not) carry other keys', 'bearer', ['Authorization', `Bearer ${K1}`, 'Api-Key', K2, 'x-goog-api-key', 'AIzaSyExample', 'X-LiteLLM-API-Key', `Bearer ${K2}`, 'x-litellm-api-key', K1], { key: K1, header: 'authorization', others: [{ header: 'api-key', value: K2 }, { header: 'x-goog-api-key', value: 'AIzaSyExample' }, { header: 'x-litellm-api-key', value: K2 }] }],
+  ['empty other key headers carry nothing', 'bearer', ['Authorization', `Bearer ${K1}`, 'api-key', ' ', 'x-api-key', ''], { key: K1, header: 'authorization' }],
   ['two Authorization lines', 'bearer', ['Authorization', `Bearer ${K1}`, 'authorization', `Bearer ${K2}`], { code: 'conflicting_api_keys' }],
   ['two identical Authorization lines', 'bearer', ['Authorization', `Bearer ${K1}`, 'Authorization', `Bearer ${K1}`], { code: 'conflicting_api_keys' }],
   ['two Authorization lines, one empty', 'bearer', ['Authorization', '', 'Authorization', `Bearer ${K1}`], { code: 'conflicting_api_keys' }],
@@ -39,6 +42,7 @@ const ROWS: [name: string, rule: CredentialRule, raw: string[], want: Expect][] 
   ['Bearer accepted', 'messages', ['Authorization', `Bearer ${K1}`], { key: K1, header: 'authorization' }],
   ['bearer lowercase accepted', 'messages', ['authorization', `bearer ${K1}`], { key: K1, header: 'authorization' }],
   ['both, same key', 'messages', ['Authorization', `Bearer ${K1}`, 'x-api-key', K1], { key: K1, header: 'x-api-key' }],
+  ['api-key beside x-api-key is another key, for the lookup', 'messages', ['x-api-key', K1, 'api-key', K2], { key: K1, header: 'x-api-key', others: [{ header: 'api-key', value: K2 }] }],
   ['both, different keys', 'messages', ['x-api-key', K1, 'Authorization', `Bearer ${K2}`], { code: 'conflicting_api_keys', msg: /both.*different keys/i }],
   ['empty x-api-key, Bearer present', 'messages', ['x-api-key', '', 'Authorization', `Bearer ${K1}`], { key: K1, header: 'authorization' }],
   ['neither', 'messages', ['Content-Type', 'application/json'], { code: 'missing_api_key', msg: /x-api-key/ }],
@@ -56,7 +60,7 @@ for (const [name, rule, raw, want] of ROWS) {
   test(`extractCredential (${rule}): ${name}`, () => {
     const got = extractCredential(raw, rule);
     if ('key' in want) {
-      assert.deepEqual(got, { ok: true, key: want.key, header: want.header });
+      assert.deepEqual(got, { ok: true, key: want.key, header: want.header, others: want.others ?? [] });
       return;
     }
     assert.equal(got.ok, false, JSON.stringify(got));

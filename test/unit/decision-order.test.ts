@@ -75,6 +75,13 @@ const ROWS: Row[] = [
   { name: 'no key', headers: [], expect: '401 missing_api_key' },
   { name: 'two Authorization lines', headers: ['Authorization', 'Bearer sk-good', 'Authorization', 'Bearer sk-other'], expect: '401 conflicting_api_keys' },
   { name: 'x-api-key only on an openai route', headers: ['x-api-key', 'sk-good'], expect: '401 missing_api_key' },
+  // Another key of the replica's where an upstream gateway may read one (Azure, Google, LiteLLM; x-api-key on Bearer routes).
+  { name: 'a second known key in api-key beside the Bearer key', headers: ['Authorization', 'Bearer sk-good', 'api-key', 'sk-second'], expect: '401 conflicting_api_keys' },
+  { name: 'a second known key in x-api-key on a Bearer route', headers: ['Authorization', 'Bearer sk-good', 'x-api-key', 'sk-second'], expect: '401 conflicting_api_keys' },
+  { name: 'a second known key in x-litellm-api-key, even beside an unknown Bearer key', headers: ['Authorization', 'Bearer sk-unknown', 'x-litellm-api-key', 'Bearer sk-second'], state: null, expect: '401 conflicting_api_keys' },
+  { name: 'messages: a second known key in x-goog-api-key', url: '/v1/messages', headers: ['x-api-key', 'sk-good', 'x-goog-api-key', 'sk-second'], state: personal(5), expect: '401 conflicting_api_keys' },
+  { name: 'a provider key in x-goog-api-key is no credential', headers: ['Authorization', 'Bearer sk-good', 'x-goog-api-key', 'AIzaSyProviderKey'], expect: 'allow' },
+  { name: 'the same key in api-key', headers: ['Authorization', 'Bearer sk-good', 'api-key', 'sk-good'], expect: 'allow' },
   { name: 'unknown key', state: null, expect: '401 invalid_api_key' },
   { name: 'deleted key beats every later failure', state: facts({ ...everyLaterFailure, key: { ...everyLaterFailure.key, ...deleted.key } }), body: 'invalid', rpmUsed: true, expect: '401 api_key_deleted' },
   { name: 'key limited to 10.0.0.0/8, from loopback', state: facts({ key: { ips: ['10.0.0.0/8'] } }), clientIp: '127.0.0.1', expect: '403 ip_not_allowed' },
@@ -118,7 +125,7 @@ for (const row of ROWS) {
     const deps: PipelineDeps = {
       hashKey,
       keyFormat: 'any',
-      lookup: (hash) => (hash === hashKey('sk-good') ? state : null),
+      lookup: (hash) => (hash === hashKey('sk-good') ? state : hash === hashKey('sk-second') ? facts({ key: { id: 'k_2' } }) : null),
       ready: () => row.ready ?? true,
       limiter,
       priceFor: () => ({ input: 1, output: 1, per: 1_000_000 }),
