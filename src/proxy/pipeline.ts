@@ -162,11 +162,13 @@ async function bodyStep(input: RequestInput, o: { snap: Snapshot; admitted: Allo
   o.seen.model = read.body.model;
   // A bodiless call on a stored response (GET or DELETE /v1/responses/{id}, a cancel)
   // selects no model, so scope does not apply; any other request without a model passes
-  // only a key with an empty scope.
+  // only a key with an empty scope. An empty body (chunked with no chunk: 0 bytes read) is
+  // no body, as `Content-Length: 0` is.
   const key = o.admitted.facts.key;
+  const bodiless = body === null || read.body.estimateBytes === 0;
   // Only on a refusal: the model's name goes back in the answer, unless it holds a key.
   const shown = (model: string): string => keyless(model, keyPrefixes(input.rawHeaders));
-  const scope = body === null && route.storedCall ? null : (checkModel(key, read.body.model, shown) ?? checkModels(key, read.body.models, shown));
+  const scope = bodiless && route.storedCall ? null : (checkModel(key, read.body.model, shown) ?? checkModels(key, read.body.models, shown));
   if (scope) return { denial: scope };
   const metered = body !== null && !route.countTokens;
   const estimate: Estimate = metered ? { prompt: promptTokens(read.body.estimateBytes), output: outputCap(read.body.maxOutputTokens, limits.defaultOutputTokens) } : NONE;

@@ -202,4 +202,14 @@ describe('requests without a body on model routes', () => {
     assert.equal(up.received.length, before + 1);
     assert.equal(up.received.at(-1)!.url, '/v1/responses/resp_1');
   });
+
+  test('an empty chunked body is no body: a cancel passes a scoped key as with Content-Length: 0', async () => {
+    for (const framing of [{ 'content-length': '0' }, { 'transfer-encoding': 'chunked' }]) {
+      const before = up.received.length;
+      const res = await send(h.url, { method: 'POST', path: '/v1/responses/resp_1/cancel', headers: { ...bearer(K('k_team')), ...framing }, body: '' });
+      assert.equal(res.status, 200, `${JSON.stringify(framing)}: ${res.headers['x-keyward-error']}`);
+      assert.equal(up.received.length, before + 1);
+      assert.equal(up.received.at(-1)!.body.length, 0);
+    }
+  });
 });
