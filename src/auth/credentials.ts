@@ -48,13 +48,19 @@ function collect(rawHeaders: readonly string[]): Found {
       const lower = name.toLowerCase();
       if (lower === 'x-api-key') found.apiKey.push(rawHeaders[i + 1]!);
       else if (lower === 'x_api_key') found.underscored++;
-    } else if (name.length === 7 || name.length === 14 || name.length === 17) {
+    } else if ((name.length === 7 || name.length === 14 || name.length === 17) && startsAOrX(name)) {
       const header = otherKeyHeader(name.toLowerCase());
       if (header) (found.others ??= []).push({ header, value: rawHeaders[i + 1]! });
     }
   }
   return found;
 }
+
+/** `a` or `x` in either case: Content-Length and Transfer-Encoding share the lengths. */
+const startsAOrX = (name: string): boolean => {
+  const c = name.charCodeAt(0) | 0x20;
+  return c === 0x61 || c === 0x78;
+};
 
 const otherKeyHeader = (lower: string): OtherKeyHeader | null =>
   lower === 'api-key' || lower === 'x-goog-api-key' || lower === 'x-litellm-api-key' ? lower : null;
