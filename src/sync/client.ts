@@ -106,6 +106,8 @@ class SyncLoop implements SyncClient {
   /** a snapshot is due for an older answer; the version it brought, while nothing applied since */
   private olderAsked = false;
   private afterOlder: number | null = null;
+  /** the version the last snapshot brought, until a poll after it succeeds */
+  private snapshotGave: number | null = null;
   private loop: Promise<void> | null = null;
   /** when the long poll in flight was sent, while the exchange before it succeeded */
   private pollSentAt: number | null = null;
@@ -152,8 +154,17 @@ class SyncLoop implements SyncClient {
           needSnapshot = false;
           this.afterOlder = this.olderAsked ? this.opts.target.version() : null;
           this.olderAsked = false;
+          this.snapshotGave = this.opts.target.version();
         } else {
           const result = await this.pollAt(version);
+          // A console (or a proxy before it) that answers 410 to the version its own snapshot
+          // just gave would have the fleet download snapshots back to back: the snapshot is
+          // taken again after the wait for data that cannot be used.
+          if (result === 'gone' && this.snapshotGave === version) {
+            needSnapshot = true;
+            throw new UnusableDataError(`console answered 410 to version ${version}, which its own snapshot just gave`);
+          }
+          this.snapshotGave = null;
           needSnapshot = this.snapshotDue(result, version);
           // A console whose changes contradict the snapshot it just sent: no snapshot loop, and
           // not current either (the replica is frozen until the console makes sense again).

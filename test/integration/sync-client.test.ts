@@ -176,6 +176,27 @@ test('a console answering changes with an older version at once is not polled, o
   assert.equal(replica.status().ready, true, 'the snapshot still serves');
 });
 
+test('a console answering 410 to the version its own snapshot gave is not asked for snapshots back to back', async () => {
+  let changeCalls = 0;
+  const gone: typeof fetch = async (input, init) => {
+    if (!String(input).includes('/sync/v1/changes')) return fetch(input, init);
+    changeCalls++;
+    return new Response('', { status: 410 });
+  };
+  const replica = new ReplicaStore({ path: join(dir, 'gone.sqlite') });
+  replicas.push(replica);
+  const client = createSyncClient({ url: fx.url, token: fx.tokens.sync, waitMs: 1000, target: replicaWriter(replica), backoff: { baseMs: 20, maxMs: 50 }, fetch: gone });
+  clients.push(client);
+  await client.start();
+  assert.ok(await until(() => changeCalls > 0), 'the client polls after its snapshot');
+  const from = client.status().snapshots;
+  await new Promise((r) => setTimeout(r, 1000)); // a rate: snapshots per second of wall time
+  assert.ok(client.status().snapshots - from <= 1, `${client.status().snapshots - from} snapshots in a second`);
+  assert.equal(client.status().connected, false);
+  assert.match(client.status().lastError ?? '', /410 to version \d+, which its own snapshot just gave/);
+  assert.equal(replica.status().ready, true, 'the snapshot still serves');
+});
+
 /** A sync client into a new replica named `name`, counting its change polls; it is stopped and closed after the file. */
 async function countingClient(name: string, opts: { waitMs: number; now?: () => number }) {
   let polls = 0;
