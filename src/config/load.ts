@@ -6,6 +6,7 @@
  */
 import { parseDocument } from 'yaml';
 import type { z } from 'zod';
+import { lineColOf, recoverable, yamlProblems } from './yaml-problems.js';
 
 export class ConfigError extends Error {
   constructor(
@@ -17,17 +18,32 @@ export class ConfigError extends Error {
   }
 }
 
-const VAR = /\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}/g;
+/**
+ * A supported reference (`${VAR}`, `${VAR:-default}`), or any other `${...}` on one line,
+ * which is hidden too so that it reaches the "no supported reference" problem rather
+ * than breaking a flow mapping (`{ token: ${VAR:?msg} }`) into YAML errors.
+ */
+const REFERENCE = /\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}|\$\{[^{}\n]*\}/g;
 
 interface Reference {
-  name: string;
+  /** null: a `${...}` form that is not expanded */
+  name: string | null;
   fallback: string | undefined;
+}
+
+/** Where a placeholder stands in the hidden text and the reference it replaced in the file. */
+interface Span {
+  hiddenAt: number;
+  hiddenEnd: number;
+  fileAt: number;
+  fileEnd: number;
 }
 
 /** The references of one text, and the mark their placeholders start with (`__<mark><index>__`). */
 interface Hidden {
   text: string;
   refs: Reference[];
+  spans: Span[];
   mark: string;
   placeholder: RegExp;
 }
@@ -42,11 +58,27 @@ function hideReferences(text: string): Hidden {
   let mark = 'KWENV';
   while (text.includes(`__${mark}`)) mark += 'X';
   const refs: Reference[] = [];
-  const out = text.replace(VAR, (_m, name: string, fallback: string | undefined) => {
-    refs.push({ name, fallback });
-    return `__${mark}${refs.length - 1}__`;
+  const spans: Span[] = [];
+  let shift = 0;
+  const out = text.replace(REFERENCE, (m: string, name: string | undefined, fallback: string | undefined, offset: number) => {
+    refs.push({ name: name ?? null, fallback });
+    const placeholder = `__${mark}${refs.length - 1}__`;
+    spans.push({ hiddenAt: offset + shift, hiddenEnd: offset + shift + placeholder.length, fileAt: offset, fileEnd: offset + m.length });
+    shift += placeholder.length - m.length;
+    return placeholder;
   });
-  return { text: out, refs, mark, placeholder: new RegExp(`__${mark}(\\d+)__`, 'g') };
+  return { text: out, refs, spans, mark, placeholder: new RegExp(`__${mark}(\\d+)__`, 'g') };
+}
+
+/** The file's offset for an offset into the hidden text (inside a placeholder: its reference's start). */
+function fileOffset(hidden: Hidden, at: number): number {
+  let span: Span | undefined;
+  for (const s of hidden.spans) {
+    if (s.hiddenAt > at) break;
+    span = s;
+  }
+  if (!span) return at;
+  return at < span.hiddenEnd ? span.fileAt : at - span.hiddenEnd + span.fileEnd;
 }
 
 /**
@@ -63,32 +95,40 @@ interface ExpandContext {
   missingAt?: Set<string>;
 }
 
-function expand(value: unknown, ctx: ExpandContext): unknown {
-  if (typeof value === 'string') {
-    // Any other form (`${VAR:?msg}`, `${VAR-x}`, `${ VAR }`) would stay as literal text, a token or URL no one meant.
-    if (value.includes('${')) {
-      ctx.problems.push(`${ctx.path.join('.') || '(root)'}: "\${" starts no supported reference; only \${VAR} and \${VAR:-default} are expanded`);
-      return undefined;
+/** A string's references put in; undefined (each problem reported) when one cannot be. */
+function expandString(value: string, ctx: ExpandContext): string | undefined {
+  let missing = false;
+  let unsupported = false;
+  const out = value.replace(ctx.hidden.placeholder, (_m, i: string) => {
+    const ref = ctx.hidden.refs[Number(i)]!;
+    if (ref.name === null) {
+      unsupported = true;
+      return '';
     }
-    let missing = false;
-    const out = value.replace(ctx.hidden.placeholder, (_m, i: string) => {
-      const ref = ctx.hidden.refs[Number(i)]!;
-      // `${A:-${B}}` would give the literal text `${B}` (the default ends at the first `}`).
-      if (ref.fallback?.includes('${')) {
-        ctx.problems.push(`${ctx.path.join('.') || '(root)'}: the default of \${${ref.name}:-...} holds another reference; nested references are not expanded`);
-        missing = true;
-        return '';
-      }
-      const v = ctx.env[ref.name];
-      if (v !== undefined && v !== '') return v;
-      if (ref.fallback !== undefined) return ref.fallback;
-      ctx.problems.push(`${ctx.path.join('.') || '(root)'}: environment variable ${ref.name} is ${v === '' ? 'empty' : 'not set'} and has no default`);
+    // `${A:-${B}}` would give the literal text `${B}` (the default ends at the first `}`).
+    if (ref.fallback?.includes('${')) {
+      ctx.problems.push(`${ctx.path.join('.') || '(root)'}: the default of \${${ref.name}:-...} holds another reference; nested references are not expanded`);
       missing = true;
       return '';
-    });
-    if (missing) ctx.missingAt?.add(ctx.path.join('.') || '(root)');
-    return missing ? undefined : out;
+    }
+    const v = ctx.env[ref.name];
+    if (v !== undefined && v !== '') return v;
+    if (ref.fallback !== undefined) return ref.fallback;
+    ctx.problems.push(`${ctx.path.join('.') || '(root)'}: environment variable ${ref.name} is ${v === '' ? 'empty' : 'not set'} and has no default`);
+    missing = true;
+    return '';
+  });
+  // Any other form (`${VAR:?msg}`, `${VAR-x}`, `${ VAR }`) would stay as literal text, a token or URL no one meant.
+  if (unsupported || value.includes('${')) {
+    ctx.problems.push(`${ctx.path.join('.') || '(root)'}: "\${" starts no supported reference; only \${VAR} and \${VAR:-default} are expanded`);
+    missing = true;
   }
+  if (missing) ctx.missingAt?.add(ctx.path.join('.') || '(root)');
+  return missing ? undefined : out;
+}
+
+function expand(value: unknown, ctx: ExpandContext): unknown {
+  if (typeof value === 'string') return expandString(value, ctx);
   if (Array.isArray(value)) return value.map((v, i) => expand(v, { ...ctx, path: [...ctx.path, String(i)] }));
   if (value && typeof value === 'object') {
     const out: Record<string, unknown> = {};
@@ -100,7 +140,7 @@ function expand(value: unknown, ctx: ExpandContext): unknown {
       const referenced = k.includes(`__${ctx.hidden.mark}`);
       const name = referenced ? (expand(k, { ...ctx, missingAt: undefined }) as string | undefined) : k;
       if (name === undefined) {
-        expand(v, { ...ctx, path: [...ctx.path, k.replace(ctx.hidden.placeholder, (_m, i: string) => `\${${ctx.hidden.refs[Number(i)]!.name}}`)] });
+        expand(v, { ...ctx, path: [...ctx.path, k.replace(ctx.hidden.placeholder, (_m, i: string) => `\${${ctx.hidden.refs[Number(i)]!.name ?? '...'}}`)] });
         continue;
       }
       if (Object.hasOwn(out, name) && (referenced || referencedNames.has(name))) {
@@ -156,26 +196,33 @@ function applyEnvDefaults(doc: unknown, defaults: readonly EnvDefault[], env: No
   }
 }
 
+/**
+ * The parsed tree and the YAML problems. A recoverable problem leaves a tree to validate
+ * beside it; any other leaves none, as what follows it cannot be trusted to mean anything.
+ */
+function parseYaml(hidden: Hidden, fileText: string): { tree: unknown; problems: string[] } {
+  const doc = parseDocument(hidden.text, { uniqueKeys: true });
+  // Warnings count: an unknown tag (`!env X`) would otherwise be read as the text after it.
+  const errors = [...doc.errors, ...doc.warnings];
+  const problems = yamlProblems(errors, (at) => lineColOf(fileText, fileOffset(hidden, at)));
+  if (!errors.every(recoverable)) return { tree: undefined, problems };
+  try {
+    return { tree: doc.toJS() ?? {}, problems };
+  } catch (err) {
+    // An alias to no anchor, or one that expands past the parser's limit. What follows a
+    // `:` in the message is the file's own text.
+    return { tree: undefined, problems: [...problems, `YAML: ${(err as Error).message.split(/[:\n]/)[0]}`] };
+  }
+}
+
 /** Parses YAML text against a schema; throws ConfigError with every problem found. */
 export function parseConfigText<T>(opts: { text: string; file: string; schema: z.ZodType<T>; env?: NodeJS.ProcessEnv; envDefaults?: readonly EnvDefault[] }): T {
   const hidden = hideReferences(opts.text);
-  const doc = parseDocument(hidden.text, { uniqueKeys: true });
-  // Warnings count: an unknown tag (`!env X`) would otherwise be read as the text after it.
-  const yamlProblems = [...doc.errors, ...doc.warnings];
-  if (yamlProblems.length > 0) {
-    throw new ConfigError(opts.file, yamlProblems.map((e) => `YAML: ${e.message.split('\n')[0]}`));
-  }
-  const problems: string[] = [];
+  const { tree, problems } = parseYaml(hidden, opts.text);
+  if (tree === undefined) throw new ConfigError(opts.file, problems);
   const env = opts.env ?? process.env;
-  let tree: unknown;
-  try {
-    tree = doc.toJS();
-  } catch (err) {
-    // an alias to no anchor, or one that expands past the parser's limit
-    throw new ConfigError(opts.file, [`YAML: ${(err as Error).message.split('\n')[0]}`]);
-  }
   const missingAt = new Set<string>();
-  const expanded = expand(tree ?? {}, { path: [], hidden, env, problems, missingAt });
+  const expanded = expand(tree, { path: [], hidden, env, problems, missingAt });
   applyEnvDefaults(expanded, opts.envDefaults ?? [], env);
   const result = opts.schema.safeParse(expanded);
   if (!result.success) {

@@ -7,20 +7,18 @@ import { parseRange } from '../policy/network.js';
 import { SHADOW_CHECKS } from '../protocol/shadow-checks.js';
 import { parseRedisUrl } from './redis-url.js';
 import { checkPath } from '../routes.js';
+import { host, hostsOverlap } from './listen.js';
+import { baseUrl, fetchUrl, httpUrl, upstreamUrl } from './urls.js';
 
-/** Numbers also accept numeric strings, which is what `${VAR}` expansion yields. */
-export const num = () => z.preprocess((v) => (typeof v === 'string' && /^-?\d+$/.test(v.trim()) ? Number(v) : v), z.number().int());
+/**
+ * Numbers also accept numeric strings, which is what `${VAR}` expansion yields. Whole
+ * numbers are checked by a refinement: zod's own integer check stops every check that
+ * compares fields, anywhere above it, so a `1.5` would hide the other problems.
+ */
+export const num = () =>
+  z.preprocess((v) => (typeof v === 'string' && /^-?\d+$/.test(v.trim()) ? Number(v) : v), z.number().refine(Number.isSafeInteger, { message: 'expected a whole number' }));
 const bool = () => z.preprocess((v) => (v === 'true' ? true : v === 'false' ? false : v), z.boolean());
 const port = num().pipe(z.number().min(0).max(65535));
-/** An IP address or a DNS name: what a listener can bind, so check-config refuses what serve could not. */
-const HOSTNAME = /^[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*$/;
-const unbracketed = (h: string): string => h.replace(/^\[(.*)\]$/, '$1');
-/** `[::1]` is accepted as written in a URL and kept as `::1`, the form `listen()` binds. */
-const host = z
-  .string()
-  .min(1)
-  .refine((h) => !h.includes('/') && (HOSTNAME.test(h) || parseRange(unbracketed(h)) !== null), { message: 'expected an IP address or a host name' })
-  .transform(unbracketed);
 /** redis.url, parsed as the limiter's client parses it. */
 const redisUrl = z.string().superRefine((url, ctx) => {
   try {
@@ -29,15 +27,13 @@ const redisUrl = z.string().superRefine((url, ctx) => {
     ctx.addIssue({ code: 'custom', message: (err as Error).message });
   }
 });
-const ms = (def: number) => num().pipe(z.number().nonnegative()).default(def);
+/** The longest a Node timer waits: a longer delay fires at once (TimeoutOverflowWarning). */
+const MAX_TIMER_MS = 2_147_483_647;
+const timerMs = () => z.number().max(MAX_TIMER_MS, `expected at most ${MAX_TIMER_MS} (about 24.8 days): Node's timers cannot wait longer`);
+const ms = (def: number) => num().pipe(timerMs().nonnegative()).default(def);
+const atMost = (max: number) => `expected at most ${max}`;
 /** A fraction such as 0.8; also from a numeric string, as `${VAR}` expansion yields. */
 export const fraction = z.preprocess((v) => (typeof v === 'string' && v.trim() !== '' && !Number.isNaN(Number(v)) ? Number(v) : v), z.number());
-const httpUrl = z.url({ protocol: /^https?$/, error: 'expected an http:// or https:// URL' });
-/** A URL with user-info (`user:password@`) before its host. */
-const USER_INFO = /^https?:\/\/[^/?#]*@/i;
-/** Node's fetch refuses a URL with user-info, and its error (which a log line would quote) names the whole URL. */
-const fetchUrl = (secret: string) =>
-  httpUrl.refine((u) => !USER_INFO.test(u), { message: `expected no user-info (user:password@): Node's fetch refuses it; ${secret} authenticates the calls` });
 /**
  * Runs a check that compares fields even when other parts of its value have problems, so
  * every problem is reported at once (zod skips the refinements of a value with issues).
@@ -53,17 +49,6 @@ const capacity = z
   })
   .prefault({});
 
-/**
- * An upstream's URL: its path and query go before every forwarded request's; user-info
- * (Node's client would drop it, sending no Basic auth) and a fragment have no meaning here.
- */
-const upstreamUrl = httpUrl.refine((u) => !USER_INFO.test(u) && !u.includes('#'), {
-  message: 'expected no user-info (user:password@) and no #fragment: keyward forwards the client\'s own credentials',
-});
-
-/** A base URL a path is appended to (`<otlpUrl>/v1/traces`): a query or a fragment would end up before that path. */
-const baseUrl = httpUrl.refine((u) => !/[?#]/.test(u), { message: 'expected a base URL without ?query or #fragment: the path /v1/traces is appended to it' });
-
 const upstream = z.strictObject({
   url: upstreamUrl,
   timeoutMs: ms(600_000),
@@ -77,6 +62,20 @@ export const DEFAULT_REPLICA_PATH = './data/replica.sqlite';
 function defaultUpstreamUrl(u: unknown): unknown {
   if (!isRecord(u) || !isRecord(u.default) || u.default.url !== undefined) return u;
   return { ...u, default: { ...u.default, url: DEFAULT_UPSTREAM_URL } };
+}
+
+const MODE_NAME = /^[A-Za-z0-9_.-]+$/;
+
+/**
+ * The names of the routing modes. Checked here rather than by the record's key schema,
+ * which would leave the value of a badly named mode unchecked.
+ */
+function checkModes(u: unknown, ctx: z.RefinementCtx): void {
+  if (!isRecord(u) || Array.isArray(u)) return;
+  if (!Object.hasOwn(u, 'default')) ctx.addIssue({ code: 'custom', message: 'upstreams.default is required' });
+  for (const name of Object.keys(u)) {
+    if (!MODE_NAME.test(name)) ctx.addIssue({ code: 'custom', message: 'expected a routing mode name: letters, digits, `_`, `.` and `-`', path: [name] });
+  }
 }
 
 /** Operator-added routes, matched before the default table. */
@@ -130,15 +129,13 @@ export const configSchema = z
       })
       .prefault({}),
     admin: z.strictObject({ host: host.default('127.0.0.1'), port: port.default(9090) }).prefault({}),
-    upstreams: z
-      .preprocess(defaultUpstreamUrl, z.record(z.string().regex(/^[A-Za-z0-9_.-]+$/, 'expected a routing mode name: letters, digits, `_`, `.` and `-`'), upstream)
-      .refine((u) => !isRecord(u) || 'default' in u, { message: 'upstreams.default is required', ...always })),
+    upstreams: z.preprocess(defaultUpstreamUrl, z.record(z.string(), upstream).superRefine(checkModes, always)),
     replica: z.strictObject({ path: z.string().min(1).default(DEFAULT_REPLICA_PATH) }).prefault({}),
     console: z
       .strictObject({
-        url: fetchUrl('the sync token').default('http://127.0.0.1:7000'),
+        url: baseUrl(fetchUrl('the sync token'), '/sync/v1/...').default('http://127.0.0.1:7000'),
         token: z.string({ error: (iss) => (iss.input === undefined ? 'required: the sync token (or KEYWARD_SYNC_TOKEN in the environment)' : 'expected a string') }).min(1, 'the sync token must not be empty'),
-        waitMs: num().pipe(z.number().min(0).max(60_000)).default(25_000),
+        waitMs: num().pipe(z.number().min(0).max(60_000, atMost(60_000))).default(25_000),
       })
       .optional(),
     /** The defaults of `redis` and `limits.leaseMs` are stated here only: createLimiter (src/limits/create.ts) takes every value as given. */
@@ -146,13 +143,13 @@ export const configSchema = z
       .strictObject({
         url: redisUrl.default('redis://127.0.0.1:6379'),
         prefix: z.string().min(1).default('kw'),
-        timeoutMs: num().pipe(z.number().positive()).default(100),
+        timeoutMs: num().pipe(timerMs().positive()).default(100),
         onError: z.enum(['open', 'closed']).default('open'),
         /** bucket slices: an instance admits a key far from its limit from a leased slice, without a round trip */
         lease: z
           .strictObject({
             enabled: bool().default(true),
-            sliceMs: num().pipe(z.number().int().min(10).max(60_000)).default(1000),
+            sliceMs: num().pipe(z.number().min(10).max(60_000, atMost(60_000))).default(1000),
           })
           .prefault({}),
       })
@@ -160,7 +157,7 @@ export const configSchema = z
     limits: z
       .strictObject({
         /** concurrency slot lease; refreshed while a response lasts, so a crashed instance's slots come back */
-        leaseMs: num().pipe(z.number().min(1000)).default(30_000),
+        leaseMs: num().pipe(timerMs().min(1000)).default(30_000),
         /** output tokens reserved (and held for budgets) when a request names no output cap */
         defaultOutputTokens: num().pipe(z.number().nonnegative()).default(1024),
         /** checks evaluated but not enforced, for every key (DESIGN section 12); a key record's own `shadow` adds to them */
@@ -190,7 +187,7 @@ export const configSchema = z
     tracing: z
       .strictObject({
         /** the collector's OTLP/HTTP base URL: spans go to `<otlpUrl>/v1/traces` */
-        otlpUrl: baseUrl.default('http://127.0.0.1:4318'),
+        otlpUrl: baseUrl(httpUrl, '/v1/traces').default('http://127.0.0.1:4318'),
         /** share of new traces sampled; a request with a traceparent follows its sampled flag */
         sampleRatio: z.preprocess((v) => (typeof v === 'string' && v.trim() !== '' && !Number.isNaN(Number(v)) ? Number(v) : v), z.number().min(0).max(1)).default(1),
         /** the forwarded traceparent names keyward's span as parent */
@@ -221,8 +218,7 @@ function listenersCollide(c: unknown): boolean {
   const { host: sh, port: sp } = c.server;
   const { host: ah, port: ap } = c.admin;
   if (typeof sh !== 'string' || typeof ah !== 'string' || typeof sp !== 'number' || sp === 0 || sp !== ap) return false;
-  const wildcard = (h: string) => h === '0.0.0.0' || h === '::' || h === '[::]';
-  return sh === ah || wildcard(sh) || wildcard(ah);
+  return hostsOverlap(sh, ah);
 }
 
 export type Config = z.infer<typeof configSchema>;

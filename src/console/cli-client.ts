@@ -24,8 +24,27 @@ export interface AdminClientOptions {
 
 export type AdminCall = <T = any>(method: string, path: string, body?: unknown) => Promise<T>;
 
+/**
+ * The console URL, checked before any call. fetch refuses a URL with user-info and its
+ * error would name the whole URL, password and all: none of these messages quotes it.
+ */
+function consoleBase(raw: string): string {
+  const what = `the console URL (--console or ${URL_ENV})`;
+  let url: URL;
+  try {
+    url = new URL(raw);
+  } catch {
+    throw new CliError(`${what} is not a valid URL; expected one like ${DEFAULT_CONSOLE_URL}`);
+  }
+  if (url.username !== '' || url.password !== '') {
+    throw new CliError(`${what} must not carry user-info (user:password@): the token in ${TOKEN_ENV} authenticates the calls`);
+  }
+  if (url.protocol !== 'http:' && url.protocol !== 'https:') throw new CliError(`${what} must be an http:// or https:// URL`);
+  return raw.replace(/\/+$/, '');
+}
+
 export function adminClient(opts: AdminClientOptions): AdminCall {
-  const base = opts.url.replace(/\/+$/, '');
+  const base = consoleBase(opts.url);
   const doFetch = opts.fetch ?? fetch;
   return async (method, path, body) => {
     let res: Response;

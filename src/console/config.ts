@@ -7,6 +7,7 @@
  * file can be shared or printed without exposing the key that decrypts every stored secret.
  */
 import { z } from 'zod';
+import { host } from '../config/listen.js';
 import { always, fraction, isRecord, num } from '../config/schema.js';
 
 // Numbers also from `${VAR}` expansion, which yields strings (as in the sidecar's config).
@@ -34,10 +35,44 @@ const priceEntry = z.strictObject({
   outputPerMillion: price,
 });
 
+/** The entries of a list the schema may not have accepted (a wrong type reads as no entries). */
+const entries = (v: unknown): [number, unknown][] => (Array.isArray(v) ? [...v.entries()] : []);
+const field = (v: unknown, key: string): unknown => (isRecord(v) ? v[key] : undefined);
+
+/**
+ * One token, one role: a token shared between roles would make its holder's rights
+ * ambiguous. One price per glob, one user per id. Runs beside every other problem, so it
+ * reads fields of any type and compares only the strings.
+ */
+function checkUnique(c: unknown, ctx: z.RefinementCtx): void {
+  const auth = field(c, 'auth');
+  const seen = new Map<string, string>();
+  const check = (t: unknown, where: (string | number)[]) => {
+    if (typeof t !== 'string') return;
+    const prev = seen.get(t);
+    if (prev !== undefined) ctx.addIssue({ code: 'custom', message: `same token as ${prev}`, path: where });
+    else seen.set(t, where.join('.'));
+  };
+  for (const [i, t] of entries(field(auth, 'syncTokens'))) check(t, ['auth', 'syncTokens', i]);
+  for (const [i, t] of entries(field(auth, 'adminTokens'))) check(t, ['auth', 'adminTokens', i]);
+  for (const [i, u] of entries(field(auth, 'users'))) check(field(u, 'token'), ['auth', 'users', i, 'token']);
+  const once = (list: unknown, key: string, path: string[], message: (v: string) => string) => {
+    const met = new Set<string>();
+    for (const [i, item] of entries(list)) {
+      const v = field(item, key);
+      if (typeof v !== 'string') continue;
+      if (met.has(v)) ctx.addIssue({ code: 'custom', message: message(v), path: [...path, i, key] });
+      met.add(v);
+    }
+  };
+  once(field(field(c, 'pricing'), 'models'), 'match', ['pricing', 'models'], (m) => `${m} is priced twice`);
+  once(field(auth, 'users'), 'id', ['auth', 'users'], (id) => `user ${id} is listed twice`);
+}
+
 export const consoleConfigSchema = z
   .strictObject({
     listen: z
-      .strictObject({ host: z.string().min(1).default('127.0.0.1'), port: port.default(7000) })
+      .strictObject({ host: host.default('127.0.0.1'), port: port.default(7000) })
       .prefault({}),
     store: z.strictObject({ path: z.string().min(1).default('./data/console.sqlite') }).prefault({}),
     /** Name of the environment variable holding the AES-256-GCM master key (32 bytes: 64 hex, or base64). */
@@ -87,29 +122,7 @@ export const consoleConfigSchema = z
     }),
     logging: z.strictObject({ level: z.enum(['trace', 'debug', 'info', 'warn', 'error', 'fatal', 'silent']).default('info') }).prefault({}),
   })
-  .superRefine((c, ctx) => {
-    // One token, one role: a token shared between roles would make its holder's rights ambiguous.
-    const seen = new Map<string, string>();
-    const check = (t: string, where: (string | number)[]) => {
-      const prev = seen.get(t);
-      if (prev !== undefined) ctx.addIssue({ code: 'custom', message: `same token as ${prev}`, path: where });
-      else seen.set(t, where.join('.'));
-    };
-    c.auth.syncTokens.forEach((t, i) => check(t, ['auth', 'syncTokens', i]));
-    c.auth.adminTokens.forEach((t, i) => check(t, ['auth', 'adminTokens', i]));
-    c.auth.users.forEach((u, i) => check(u.token, ['auth', 'users', i, 'token']));
-    const globs = new Set<string>();
-    c.pricing.models.forEach((m, i) => {
-      // one price record per glob: two entries for one glob would leave the price ambiguous
-      if (globs.has(m.match)) ctx.addIssue({ code: 'custom', message: `${m.match} is priced twice`, path: ['pricing', 'models', i, 'match'] });
-      globs.add(m.match);
-    });
-    const ids = new Set<string>();
-    c.auth.users.forEach((u, i) => {
-      if (ids.has(u.id)) ctx.addIssue({ code: 'custom', message: `user ${u.id} is listed twice`, path: ['auth', 'users', i, 'id'] });
-      ids.add(u.id);
-    });
-  });
+  .superRefine(checkUnique, always);
 
 export type ConsoleConfig = z.infer<typeof consoleConfigSchema>;
 export type ConsoleConfigInput = z.input<typeof consoleConfigSchema>;

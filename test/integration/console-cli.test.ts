@@ -99,6 +99,25 @@ test('errors: no token, a wrong token, an unknown key, an unreachable console', 
   assert.match(both.stderr, /exactly one of --personal USER or --team PROJECT/);
 });
 
+test('a console URL with user-info is refused before any call, and the password is never printed', async () => {
+  const env = { KEYWARD_ADMIN_TOKEN: fx.tokens.admin };
+  const withUser = fx.url.replace('://', '://admin:Pa55word@');
+  for (const [argv, e] of [
+    [['keys', 'list', '--console', withUser], env],
+    [['keys', 'list'], { ...env, KEYWARD_CONSOLE_URL: withUser }],
+  ] as const) {
+    const r = await runConsoleCli([...argv], { env: e });
+    assert.equal(r.code, 1);
+    assert.match(r.stderr, /must not carry user-info/);
+    assert.ok(!r.stderr.includes('Pa55word'), r.stderr);
+  }
+  // a URL that does not parse is not quoted either: it may hold a password too
+  const broken = await runConsoleCli(['keys', 'list', '--console', 'http://admin:Pa55word@127.0.0.1:99999'], { env });
+  assert.equal(broken.code, 1);
+  assert.match(broken.stderr, /not a valid URL/);
+  assert.ok(!broken.stderr.includes('Pa55word'), broken.stderr);
+});
+
 test('`keyward console --config FILE` starts, serves, and exits 0 on SIGTERM without logging secrets', async () => {
   const admin = tok('admin');
   const master = randomBytes(32).toString('hex');

@@ -54,8 +54,8 @@ test('defaults inside optional sections', () => {
 test('alerts: optional; thresholds default to [0.8, 0.95, 1]; values from the environment', () => {
   assert.equal(parse(MINIMAL).alerts, undefined);
   assert.deepEqual(parse(`${MINIMAL}alerts: { webhookUrl: https://ops.example/hooks/keyward }\n`).alerts, { webhookUrl: 'https://ops.example/hooks/keyward', thresholds: [0.8, 0.95, 1] });
-  const c = parse(`${MINIMAL}alerts:\n  webhookUrl: \${HOOK}\n  thresholds: [0.5, \${HIGH}, 1]\n  secret: \${ALERT_SECRET}\n`, { HOOK: 'http://127.0.0.1:9/h', HIGH: '0.9', ALERT_SECRET: '12345' });
-  assert.deepEqual(c.alerts, { webhookUrl: 'http://127.0.0.1:9/h', thresholds: [0.5, 0.9, 1], secret: '12345' });
+  const c = parse(`${MINIMAL}alerts:\n  webhookUrl: \${HOOK}\n  thresholds: [0.5, \${HIGH}, 1]\n  secret: \${ALERT_SECRET}\n`, { HOOK: 'http://127.0.0.1:8099/h', HIGH: '0.9', ALERT_SECRET: '12345' });
+  assert.deepEqual(c.alerts, { webhookUrl: 'http://127.0.0.1:8099/h', thresholds: [0.5, 0.9, 1], secret: '12345' });
 });
 
 test('explicit values override defaults; operator routes get their defaults', () => {

@@ -1,0 +1,68 @@
+/**
+ * The console's config checks every problem in one run as the sidecar's does: the checks
+ * that compare fields (one token per role, one price per glob, one user per id) run
+ * beside problems elsewhere, and its listener's host is checked as the sidecar's are.
+ */
+import { test } from 'node:test';
+import assert from 'node:assert/strict';
+import { consoleConfigSchema } from '../../src/console/config.js';
+import { ConfigError, parseConfigText } from '../../src/config/load.js';
+
+function consoleProblems(text: string): string[] {
+  try {
+    parseConfigText({ text, file: 'console.yaml', schema: consoleConfigSchema, env: {} });
+  } catch (e) {
+    assert.ok(e instanceof ConfigError, String(e));
+    return e.problems;
+  }
+  assert.fail('expected a ConfigError');
+}
+
+const has = (list: string[], start: string) => assert.ok(list.some((p) => p.startsWith(start)), `expected ${start} in:\n${list.join('\n')}`);
+
+const SHARED = 'shared-token-aaaaaaaaaaaa';
+const BASE = `
+auth:
+  syncTokens: ["${SHARED}"]
+  adminTokens: ["${SHARED}"]
+  users: [ { id: alice, token: "user-token-bbbbbbbbbbbb" }, { id: alice, token: "other-token-cccccccccccc" } ]
+pricing:
+  models: [ { match: "gpt*", inputPerMillion: 1, outputPerMillion: 1 }, { match: "gpt*", inputPerMillion: 1, outputPerMillion: 1 } ]
+  unpriced: { inputPerMillion: 0, outputPerMillion: 0 }
+`;
+
+test('the cross-field checks are reported beside a problem elsewhere in the file', () => {
+  const list = consoleProblems(`${BASE}logging: { level: loud }\nsync: { maxBatch: 1.5 }\n`);
+  has(list, 'logging.level:');
+  has(list, 'sync.maxBatch: expected a whole number');
+  has(list, 'auth.adminTokens.0: same token as auth.syncTokens.0');
+  has(list, 'auth.users.1.id: user alice is listed twice');
+  has(list, 'pricing.models.1.match: gpt* is priced twice');
+});
+
+test('the cross-field checks read fields of the wrong type without failing', () => {
+  const list = consoleProblems(`
+auth:
+  syncTokens: "${SHARED}"
+  adminTokens: [7, "${SHARED}", "${SHARED}"]
+  users: [ null, { id: 5 }, { token: "${SHARED}" } ]
+pricing:
+  models: [ null, { match: 3 }, "gpt*" ]
+  unpriced: { inputPerMillion: 0, outputPerMillion: 0 }
+`);
+  has(list, 'auth.syncTokens:');
+  has(list, 'auth.adminTokens.0:');
+  has(list, 'auth.adminTokens.2: same token as auth.adminTokens.1');
+  has(list, 'auth.users.2.token: same token as auth.adminTokens.1');
+  has(list, 'pricing.models.0:');
+});
+
+test('the console\'s listen.host is checked as the sidecar\'s hosts are', () => {
+  has(consoleProblems(`${BASE.replace(SHARED, 'sync-token-dddddddddddd')}listen: { host: "not a host!" }\n`), 'listen.host: expected an IP address or a host name');
+  const ok = `
+listen: { host: "[::1]", port: 0 }
+auth: { syncTokens: [sync-token-dddddddddddd], adminTokens: [admin-token-eeeeeeeeeeee] }
+pricing: { unpriced: { inputPerMillion: 0, outputPerMillion: 0 } }
+`;
+  assert.equal(parseConfigText({ text: ok, file: 'console.yaml', schema: consoleConfigSchema, env: {} }).listen.host, '::1');
+});
