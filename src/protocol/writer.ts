@@ -14,6 +14,8 @@ export interface SnapshotApplied {
   prices?: number;
   /** time from the first byte handed over to the commit */
   totalMs: number;
+  /** applied on a worker thread (optional, as prices) */
+  offThread?: boolean;
 }
 
 export interface ChangesApplied {

@@ -236,7 +236,7 @@ class SyncLoop implements SyncClient {
       const applied = await this.opts.target.applySnapshot({ body: watched(res.body, idle), source: 'console', signal });
       this.st.snapshots++;
       this.st.lastSnapshot = { version: applied.version, keys: applied.keys, totalMs: applied.totalMs };
-      this.log.info({ version: applied.version, keys: applied.keys, projects: applied.projects, wallets: applied.wallets, ms: applied.totalMs }, 'snapshot applied');
+      this.log.info({ version: applied.version, keys: applied.keys, projects: applied.projects, wallets: applied.wallets, ms: applied.totalMs, offThread: applied.offThread }, 'snapshot applied');
     } finally {
       clearTimeout(idle);
     }

@@ -81,6 +81,22 @@ test(`a ${KEYS}-key snapshot is applied off the event loop: old data served unti
   assert.ok(Math.min(...stalls) < 50, `event loop stalled ${stalls.map((s) => s.toFixed(1)).join(', ')} ms`);
 });
 
+test('a small snapshot replacing a large replica is applied off the event loop too; over a small one, in it', async () => {
+  const large = new ReplicaStore({ path: join(dir, 'large.sqlite') });
+  const small = seeded('small');
+  
+  assert.equal((await applySnapshotStream({ replica: large, body: stream(big), source: 'test' })).keys, KEYS);
+  const tiny = buildSnapshot({ keys: 3, version: 3 });
+  // Emptying 20,000 rows is what would stall the event loop, however small the new snapshot.
+  const overLarge = await applySnapshotStream({ replica: large, body: stream(tiny), source: 'test' });
+  assert.deepEqual([overLarge.keys, overLarge.offThread], [3, true]);
+  assert.equal(large.lookup(sha256(`key-${KEYS - 1}`)), null);
+  const overSmall = await applySnapshotStream({ replica: small, body: stream(tiny), source: 'test' });
+  assert.deepEqual([overSmall.keys, overSmall.offThread], [3, false]);
+  large.close();
+  small.close();
+});
+
 test('a bad line near the end rejects the whole snapshot in the worker; the old replica stays', async () => {
   const replica = seeded('bad');
   const chunks = [...big];
