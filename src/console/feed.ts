@@ -2,15 +2,25 @@
  * The change log behind GET /sync/v1/changes. Every write appends full records for the
  * entities it touched, in the same transaction, so a version always names a consistent
  * state. Long polls wait on an in-process signal raised after each commit: no polling loop.
+ * Answers name the history of their version (histories.ts), and a cursor that names one is
+ * held only while that history covers it.
  */
 import type { DB } from './db.js';
+import { beginHistory, Histories } from './histories.js';
 import { recordIdentity, type DeleteChange, type SyncRecord } from '../protocol/records.js';
 
+/** `tag`: the history `version` belongs to (histories.ts); null only for a store no feed began one in */
 export type FeedAnswer =
-  | { kind: 'changes'; version: number; body: string }
-  | { kind: 'empty'; version: number }
-  /** the cursor is older than the retained history, or from another history (newer than ours) */
+  | { kind: 'changes'; version: number; tag: string | null; body: string }
+  | { kind: 'empty'; version: number; tag: string | null }
+  /** the cursor is older than the retained history, or from another history (newer than ours, or a tag this store does not cover it with) */
   | { kind: 'gone'; version: number };
+
+/** A sidecar's place: the version it holds and, when it has one, the tag of the history that version was read in. */
+export interface FeedCursor {
+  after: number;
+  tag?: string | null;
+}
 
 export interface FeedOptions {
   db: DB;
@@ -18,6 +28,8 @@ export interface FeedOptions {
   retain: number;
   /** most changes per answer */
   maxBatch: number;
+  /** clock for when the history this feed begins started */
+  now?: () => number;
 }
 
 export class ChangeFeed {
@@ -31,6 +43,7 @@ export class ChangeFeed {
   private readonly getPruned;
   private readonly setPruned;
   private readonly prune;
+  private readonly histories: Histories;
   private pending = false;
 
   constructor(opts: FeedOptions) {
@@ -44,6 +57,9 @@ export class ChangeFeed {
     this.setPruned = this.db.prepare(`INSERT INTO meta (name, value) VALUES ('pruned_through', ?)
       ON CONFLICT(name) DO UPDATE SET value = excluded.value`);
     this.prune = this.db.prepare('DELETE FROM changes WHERE version <= ?');
+    this.histories = new Histories(this.db);
+    // A feed is made once per start of the store, and each start begins a history.
+    beginHistory(this.db, { now: (opts.now ?? Date.now)() });
   }
 
   /** Current version: that of the newest change, 0 for a new store. */
@@ -80,11 +96,14 @@ export class ChangeFeed {
     this.pending = false;
   }
 
-  read(after: number): FeedAnswer {
+  read(cursor: FeedCursor): FeedAnswer {
+    const { after } = cursor;
     const version = this.version();
     if (after < this.prunedThrough() || after > version) return { kind: 'gone', version };
+    // A cursor from a history this store does not cover it with (a restore lost that history).
+    if (cursor.tag != null && !this.histories.covers(cursor.tag, after)) return { kind: 'gone', version };
     const rows = this.after.all(after, this.maxBatch) as { version: number; entity: string; body: string }[];
-    if (rows.length === 0) return { kind: 'empty', version };
+    if (rows.length === 0) return { kind: 'empty', version, tag: this.histories.tag(version) };
     // Each upsert carries the whole record, so only the newest per entity matters.
     const last = new Map<string, string>();
     for (const r of rows) {
@@ -92,12 +111,14 @@ export class ChangeFeed {
       last.set(r.entity, r.body);
     }
     const top = rows[rows.length - 1]!.version;
-    return { kind: 'changes', version: top, body: `{"version":${top},"changes":[${[...last.values()].join(',')}]}` };
+    const tag = this.histories.tag(top);
+    const tagged = tag === null ? '' : `"tag":${JSON.stringify(tag)},`;
+    return { kind: 'changes', version: top, tag, body: `{"version":${top},${tagged}"changes":[${[...last.values()].join(',')}]}` };
   }
 
   /** Answers at once when there is something newer than `after`, else when a write commits or `waitMs` ends. */
-  next(opts: { after: number; waitMs: number; signal?: AbortSignal }): Promise<FeedAnswer> {
-    const first = this.read(opts.after);
+  next(opts: FeedCursor & { waitMs: number; signal?: AbortSignal }): Promise<FeedAnswer> {
+    const first = this.read(opts);
     if (first.kind !== 'empty' || opts.waitMs <= 0) return Promise.resolve(first);
     return new Promise((resolve) => {
       const done = (answer: FeedAnswer) => {
@@ -107,11 +128,12 @@ export class ChangeFeed {
         resolve(answer);
       };
       const wake = () => {
-        const answer = this.read(opts.after);
+        const answer = this.read(opts);
         if (answer.kind !== 'empty') done(answer);
       };
-      const onAbort = () => done({ kind: 'empty', version: opts.after });
-      const end = () => done(this.read(opts.after));
+      // nobody reads this answer: the client has gone
+      const onAbort = () => done({ kind: 'empty', version: opts.after, tag: null });
+      const end = () => done(this.read(opts));
       const waiter = { wake, end };
       const timer = setTimeout(end, opts.waitMs);
       this.waiters.add(waiter);

@@ -1,7 +1,8 @@
 /**
  * Console store additions for sync protocol v1 (DESIGN sections 6-8): holder epochs, key
- * network policy and per-model limits, budget periods, the published price table, and
- * estimated usage. Added with ALTER TABLE so a store created by an earlier version opens
+ * network policy and per-model limits, budget periods, the published price table,
+ * estimated usage, and the store's histories behind the sync tag (histories.ts). Added
+ * with ALTER TABLE and CREATE IF NOT EXISTS so a store created by an earlier version opens
  * with its data and takes the defaults (epoch 0, no period, no network policy).
  */
 import type Database from 'better-sqlite3';
@@ -34,6 +35,14 @@ CREATE TABLE IF NOT EXISTS prices (
 );
 CREATE INDEX IF NOT EXISTS keys_period ON keys(period, period_start) WHERE period IS NOT NULL;
 CREATE INDEX IF NOT EXISTS projects_period ON projects(period, period_start) WHERE period IS NOT NULL;
+-- One row per start of the store (histories.ts). seq orders them: an INTEGER PRIMARY KEY
+-- keeps its values through VACUUM, which may renumber a plain rowid.
+CREATE TABLE IF NOT EXISTS histories (
+  seq INTEGER PRIMARY KEY,
+  id TEXT NOT NULL UNIQUE,
+  from_version INTEGER NOT NULL,
+  started_at INTEGER NOT NULL
+);
 `;
 
 export function migrateConsoleDb(db: DB): void {

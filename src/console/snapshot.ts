@@ -9,6 +9,7 @@ import Database from 'better-sqlite3';
 import type { ServerResponse } from 'node:http';
 import { setImmediate as yieldNow } from 'node:timers/promises';
 import { keyRecordOf, projectRecordOf, walletRecordOf, KEY_COLUMNS, type DB, type KeyRow, type ProjectRow, type WalletRow } from './db.js';
+import { tagAt } from './histories.js';
 
 const CHUNK_CHARS = 256 * 1024;
 
@@ -35,7 +36,9 @@ export async function streamSnapshot(opts: { db: DB; res: ServerResponse }): Pro
     // With its own connection the read transaction pins one view across the awaits below.
     if (own) conn.exec('BEGIN');
     const version = conn.prepare('SELECT COALESCE(MAX(version), 0) FROM changes').pluck().get() as number;
-    let buf = JSON.stringify({ type: 'meta', version }) + '\n';
+    // The tag names the history this version belongs to, read in the same view as the version.
+    const tag = tagAt(conn, version);
+    let buf = JSON.stringify({ type: 'meta', version, ...(tag === null ? {} : { tag }) }) + '\n';
     const flush = async () => {
       const ok = res.write(buf);
       buf = '';

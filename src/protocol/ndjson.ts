@@ -58,7 +58,8 @@ export class LineSplitter {
   }
 }
 
-export type SnapshotItem = { type: 'meta'; version: number } | { type: 'record'; line: number; record: ParsedRecord };
+/** `tag`: the console history the snapshot's version belongs to, null when it sent none */
+export type SnapshotItem = { type: 'meta'; version: number; tag: string | null } | { type: 'record'; line: number; record: ParsedRecord };
 
 function decode(text: string, line: number): unknown {
   try {
@@ -84,7 +85,7 @@ export function* readSnapshot(lines: Iterable<NumberedLine>): Generator<Snapshot
       const meta = parseMeta(value);
       if (!meta.ok) throw new SnapshotError(`expected the meta record first: ${meta.error}`, line);
       sawMeta = true;
-      yield { type: 'meta', version: meta.value.version };
+      yield { type: 'meta', version: meta.value.version, tag: meta.value.tag ?? null };
       continue;
     }
     if (isOtherRecordType(value)) continue;
@@ -97,18 +98,20 @@ export function* readSnapshot(lines: Iterable<NumberedLine>): Generator<Snapshot
 
 export interface SnapshotRecords {
   version: number;
+  tag: string | null;
   records: { line: number; record: ParsedRecord }[];
 }
 
 /** Drains a snapshot reader into memory (small snapshots, files): validated whole before anyone writes. */
 export function collectSnapshot(items: Iterable<SnapshotItem>): SnapshotRecords {
   let version = -1;
+  let tag: string | null = null;
   const records: SnapshotRecords['records'] = [];
   for (const item of items) {
-    if (item.type === 'meta') version = item.version;
+    if (item.type === 'meta') ({ version, tag } = item);
     else records.push({ line: item.line, record: item.record });
   }
-  return { version, records };
+  return { version, tag, records };
 }
 
 /** A whole snapshot given as text (a file, a test). */

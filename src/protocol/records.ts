@@ -98,7 +98,17 @@ export const priceRecord = z.object({
   per: amount.positive(),
 });
 
-export const metaRecord = z.object({ type: z.literal('meta'), version: z.number().int().nonnegative() });
+/** Longest history tag a console may send, and a sidecar sends back (`&tag=` on /changes). */
+export const MAX_TAG_CHARS = 64;
+
+/**
+ * The console history a version was read in (a v1 addition): a version number alone cannot
+ * tell this history from one a restored console lost. Opaque to the sidecar, which keeps
+ * it beside its version and hands it back when it asks for changes; absent or null: none.
+ */
+export const historyTag = z.string().min(1).max(MAX_TAG_CHARS).nullish();
+
+export const metaRecord = z.object({ type: z.literal('meta'), version: z.number().int().nonnegative(), tag: historyTag });
 
 export const syncRecord = z.discriminatedUnion('type', [projectRecord, walletRecord, keyRecord, priceRecord]);
 
@@ -135,6 +145,8 @@ export type Change = UpsertChange | DeleteChange;
 export interface ChangeBatch {
   version: number;
   changes: Change[];
+  /** the console history `version` belongs to; null or absent when the console sent none */
+  tag?: string | null;
 }
 
 /** The identity of a record within a snapshot or the feed: `key:k_1`, `wallet:u_1`, `price:gpt-4o*`. */
@@ -188,10 +200,12 @@ export function isOtherRecordType(value: unknown): boolean {
 
 export function parseChangeBatch(value: unknown): Parsed<ChangeBatch> {
   if (typeof value !== 'object' || value === null) return { ok: false, error: 'batch must be an object' };
-  const { version, changes } = value as Record<string, unknown>;
+  const { version, changes, tag } = value as Record<string, unknown>;
   if (typeof version !== 'number' || !Number.isInteger(version) || version < 0) {
     return { ok: false, error: 'version must be a non-negative integer' };
   }
+  const t = historyTag.safeParse(tag);
+  if (!t.success) return { ok: false, error: `tag must be a string of 1 to ${MAX_TAG_CHARS} characters` };
   if (!Array.isArray(changes)) return { ok: false, error: 'changes must be an array' };
   const out: Change[] = [];
   for (let i = 0; i < changes.length; i++) {
@@ -200,7 +214,7 @@ export function parseChangeBatch(value: unknown): Parsed<ChangeBatch> {
     if (!c.ok) return { ok: false, error: `changes[${i}]: ${c.error}` };
     out.push(c.value);
   }
-  return { ok: true, value: { version, changes: out } };
+  return { ok: true, value: { version, changes: out, tag: t.data ?? null } };
 }
 
 export const SNAPSHOT_PATH = '/sync/v1/snapshot';

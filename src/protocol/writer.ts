@@ -29,6 +29,11 @@ export interface ChangesApplied {
 export interface ReplicaWriter {
   /** the replica's version, null before the first snapshot or import */
   version(): number | null;
+  /**
+   * The console history that version belongs to, as the last snapshot or batch named it;
+   * null when the console named none. Optional: writers that keep no tag still fit.
+   */
+  tag?(): string | null;
   /** applies a whole snapshot atomically; a bad one is rejected whole and the old data stays */
   applySnapshot(opts: { body: AsyncIterable<Uint8Array>; signal?: AbortSignal; source: string }): Promise<SnapshotApplied>;
   /** applies one `/changes` answer, given as received; throws InvalidBatchError when it can never apply */

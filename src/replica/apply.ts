@@ -57,8 +57,11 @@ function statements(db: Database.Database): Statements {
       tombstoneKey: db.prepare(`UPDATE keys SET status = 'deleted' WHERE id = ?`),
       deleteProject: db.prepare(`DELETE FROM projects WHERE id = ?`),
       deleteWallet: db.prepare(`DELETE FROM wallets WHERE user_id = ?`),
-      setMeta: db.prepare(`INSERT INTO meta (id, version, applied_at, source) VALUES (1, ?, ?, ?)
-        ON CONFLICT(id) DO UPDATE SET version = excluded.version, applied_at = excluded.applied_at, source = excluded.source`),
+      // The tag is written with every version, null included: a tag left from an earlier
+      // version would name a history the new version may not belong to.
+      setMeta: db.prepare(`INSERT INTO meta (id, version, applied_at, source, tag) VALUES (1, ?, ?, ?, ?)
+        ON CONFLICT(id) DO UPDATE SET version = excluded.version, applied_at = excluded.applied_at, source = excluded.source,
+          tag = excluded.tag`),
     };
     cache.set(db, s);
   }
@@ -107,6 +110,8 @@ function describe(err: unknown): string {
 
 export interface SnapshotSource {
   version: number;
+  /** the console history `version` belongs to (the meta line's tag); null or absent for none */
+  tag?: string | null;
   /** records with the 1-based line each came from */
   records: Iterable<{ line: number; record: SyncRecord }>;
   source: string;
@@ -137,7 +142,7 @@ export function applySnapshot(db: Database.Database, snap: SnapshotSource): Snap
       }
       counts[record.type === 'price' ? 'prices' : (`${record.type}s` as 'keys' | 'projects' | 'wallets')]++;
     }
-    statements(db).setMeta.run(snap.version, snap.now ?? Date.now(), snap.source);
+    statements(db).setMeta.run(snap.version, snap.now ?? Date.now(), snap.source, snap.tag ?? null);
   });
   run.immediate();
   return counts;
@@ -158,7 +163,7 @@ export function applyChanges(db: Database.Database, batch: ChangeBatch, opts: { 
         throw new ApplyError(`changes[${i}]: ${describe(err)}`, i);
       }
     });
-    statements(db).setMeta.run(batch.version, opts.now ?? Date.now(), opts.source);
+    statements(db).setMeta.run(batch.version, opts.now ?? Date.now(), opts.source, batch.tag ?? null);
     return true;
   });
   return run.immediate();

@@ -5,15 +5,19 @@
 import type Database from 'better-sqlite3';
 import { addMissingColumns, V1_RECORD_COLUMNS, type AddedColumns } from '../sqlite-file.js';
 
-/** 2: v1 protocol additions (epochs, key network policy and per-model limits, periods, prices); 3: key shadow checks */
-export const SCHEMA_VERSION = 3;
+/**
+ * 2: v1 protocol additions (epochs, key network policy and per-model limits, periods, prices); 3: key shadow checks;
+ * 4: the console history tag beside the version
+ */
+export const SCHEMA_VERSION = 4;
 
 const DDL = `
 CREATE TABLE IF NOT EXISTS meta (
   id INTEGER PRIMARY KEY CHECK (id = 1),
   version INTEGER NOT NULL,
   applied_at INTEGER NOT NULL,
-  source TEXT NOT NULL
+  source TEXT NOT NULL,
+  tag TEXT
 );
 CREATE TABLE IF NOT EXISTS keys (
   id TEXT PRIMARY KEY,
@@ -63,6 +67,8 @@ CREATE TABLE IF NOT EXISTS prices (
  * until the next snapshot or change brings the real values.
  */
 const ADDED_COLUMNS: AddedColumns = {
+  // the console history the version belongs to; null until a console that names one syncs
+  meta: { tag: 'tag TEXT' },
   keys: { ...V1_RECORD_COLUMNS.keys, period: 'period TEXT' },
   projects: { ...V1_RECORD_COLUMNS.projects, period: 'period TEXT' },
   wallets: V1_RECORD_COLUMNS.wallets,

@@ -100,8 +100,8 @@ async function applyInThread(opts: ApplySnapshotStreamOptions, started: number, 
   for await (const chunk of opts.body) lines.push(...splitter.push(chunk));
   try {
     lines.push(...splitter.end());
-    const { version, records } = collectSnapshot(readSnapshot(lines));
-    const counts = opts.replica.applySnapshot({ version, records, source: opts.source });
+    const { version, tag, records } = collectSnapshot(readSnapshot(lines));
+    const counts = opts.replica.applySnapshot({ version, tag, records, source: opts.source });
     return { version, ...counts, totalMs: Math.round(performance.now() - started), offThread: false };
   } catch (err) {
     throw new SnapshotApplyError((err as Error).message, (err as { line?: number; position?: number }).line ?? (err as { position?: number }).position);

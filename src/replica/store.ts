@@ -18,6 +18,8 @@ import { knownShadowChecks, type ShadowCheck } from '../protocol/shadow-checks.j
 export interface ReplicaStatus {
   ready: boolean;
   version: number | null;
+  /** the console history that version belongs to; null when the console named none */
+  tag: string | null;
   /** ms since epoch of the last applied snapshot or batch */
   appliedAt: number | null;
   source: string | null;
@@ -109,7 +111,7 @@ export class ReplicaStore {
       WHERE k.hash = ?`);
       this.holder = holderLookup(this.db);
       this.allPrices = this.db.prepare('SELECT model, input, output, per FROM prices');
-      this.metaStmt = this.db.prepare('SELECT version, applied_at, source FROM meta WHERE id = 1');
+      this.metaStmt = this.db.prepare('SELECT version, tag, applied_at, source FROM meta WHERE id = 1');
       this.dataVersion = this.db.prepare('PRAGMA data_version').pluck();
       this.lastDataVersion = this.dataVersion.get() as number;
       this.statusCache = this.readStatus();
@@ -204,9 +206,9 @@ export class ReplicaStore {
   }
 
   private readStatus(): ReplicaStatus {
-    const m = this.metaStmt.get() as { version: number; applied_at: number; source: string } | undefined;
+    const m = this.metaStmt.get() as { version: number; tag: string | null; applied_at: number; source: string } | undefined;
     return m
-      ? { ready: true, version: m.version, appliedAt: m.applied_at, source: m.source }
-      : { ready: false, version: null, appliedAt: null, source: null };
+      ? { ready: true, version: m.version, tag: m.tag, appliedAt: m.applied_at, source: m.source }
+      : { ready: false, version: null, tag: null, appliedAt: null, source: null };
   }
 }

@@ -111,9 +111,9 @@ function run(input: WorkerInput): WorkerMessage {
     const items = readSnapshot(lines(input, receiver(input)));
     const first = items.next();
     // readSnapshot yields the meta record first or throws
-    const version = (first.value as Extract<SnapshotItem, { type: 'meta' }>).version;
+    const { version, tag } = first.value as Extract<SnapshotItem, { type: 'meta' }>;
     const started = performance.now();
-    const counts = applySnapshot(db, { version, records: records(items), source: input.source });
+    const counts = applySnapshot(db, { version, tag, records: records(items), source: input.source });
     const applyMs = Math.round(performance.now() - started);
     parentPort!.postMessage({ t: 'done', version, ...counts, applyMs } satisfies WorkerMessage);
     foldWal(db);

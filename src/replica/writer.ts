@@ -15,6 +15,7 @@ const OFF_THREAD_CHARS = 96 * 1024;
 export function replicaWriter(replica: ReplicaStore): ReplicaWriter {
   return {
     version: () => replica.status().version,
+    tag: () => replica.status().tag,
     applySnapshot: ({ body, signal, source }) => applySnapshotStream({ replica, body, source, transferChunks: true, ...(signal ? { signal } : {}) }),
     async applyChangeText(text, source) {
       if (text.length > OFF_THREAD_CHARS && !replica.db.memory) {

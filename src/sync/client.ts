@@ -75,6 +75,11 @@ const SHORT_POLL_MS = 500;
  */
 const UNUSABLE_BACKOFF: BackoffOptions = { baseMs: 2_000, maxMs: 60_000 };
 type PollResult = 'ok' | 'gone' | 'older' | 'large';
+/** Where the replica is: its version, and the console history that version belongs to (null: none named). */
+interface Cursor {
+  after: number;
+  tag: string | null;
+}
 
 class HttpError extends Error {
   constructor(readonly status: number, what: string) {
@@ -149,6 +154,8 @@ class SyncLoop implements SyncClient {
     while (!this.stopper.signal.aborted) {
       try {
         const version = this.opts.target.version();
+        // Read with the version, before any await: the pair names one place in one history.
+        const tag = this.opts.target.tag?.() ?? null;
         if (needSnapshot || version === null) {
           await this.snapshot();
           needSnapshot = false;
@@ -156,7 +163,7 @@ class SyncLoop implements SyncClient {
           this.olderAsked = false;
           this.snapshotGave = this.opts.target.version();
         } else {
-          const result = await this.pollAt(version);
+          const result = await this.pollAt({ after: version, tag });
           // A console (or a proxy before it) that answers 410 to the version its own snapshot
           // just gave would have the fleet download snapshots back to back: the snapshot is
           // taken again after the wait for data that cannot be used.
@@ -242,10 +249,10 @@ class SyncLoop implements SyncClient {
     }
   }
 
-  private async pollAt(version: number): Promise<PollResult> {
+  private async pollAt(cursor: Cursor): Promise<PollResult> {
     this.pollSentAt = this.now();
     try {
-      return await this.poll(version);
+      return await this.poll(cursor);
     } finally {
       this.pollSentAt = null;
     }
@@ -255,13 +262,15 @@ class SyncLoop implements SyncClient {
    * One long poll. Returns 'gone' on 410, 'older' for a version below `after`, 'large' for a
    * page past MAX_CHANGES_BYTES: each calls for a snapshot.
    */
-  private async poll(after: number): Promise<PollResult> {
+  private async poll({ after, tag }: Cursor): Promise<PollResult> {
     const started = this.now();
     // After a failure, ask without waiting: an answer at once tells the console is back
     // (and the usage pusher can deliver) instead of after a whole long poll.
     const waitMs = this.st.connected ? this.opts.waitMs : 0;
     const signal = AbortSignal.any([this.stopper.signal, AbortSignal.timeout(waitMs + 15_000)]);
-    const res = await this.doFetch(`${this.base}${CHANGES_PATH}?after=${after}&waitMs=${waitMs}`, { headers: this.headers, signal });
+    // With the tag, a console restored from a backup answers 410 to a version of the history it lost.
+    const query = `after=${after}${tag === null ? '' : `&tag=${encodeURIComponent(tag)}`}&waitMs=${waitMs}`;
+    const res = await this.doFetch(`${this.base}${CHANGES_PATH}?${query}`, { headers: this.headers, signal });
     if (res.status !== 200) {
       await res.body?.cancel().catch(() => {});
       if (res.status === 410) return 'gone';

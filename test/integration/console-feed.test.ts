@@ -13,8 +13,13 @@ after(async () => {
 });
 
 async function version(): Promise<number> {
+  return (await head()).version;
+}
+
+/** The snapshot's version and the tag of the history it belongs to. */
+async function head(): Promise<{ version: number; tag: string | null }> {
   const snap = await syncGet(fx, '/sync/v1/snapshot');
-  return parseSnapshotText(snap.text).version;
+  return parseSnapshotText(snap.text);
 }
 
 test('a long poll answers as soon as a change is committed, well before waitMs', async (t) => {
@@ -39,19 +44,19 @@ test('a long poll answers as soon as a change is committed, well before waitMs',
 });
 
 test('with no change, a long poll answers after waitMs with the same version and no changes', async () => {
-  const v = await version();
+  const { version: v, tag } = await head();
   const started = performance.now();
   const res = await syncGet(fx, `/sync/v1/changes?after=${v}&waitMs=300`);
   const took = performance.now() - started;
   assert.equal(res.status, 200);
-  assert.deepEqual(JSON.parse(res.text), { version: v, changes: [] });
+  assert.deepEqual(JSON.parse(res.text), { version: v, tag, changes: [] });
   assert.ok(took >= 290 && took < 2000, `took ${took.toFixed(0)} ms`);
   assert.equal(fx.console.store.feed.waiting(), 0);
 });
 
 test('410 for a cursor older than the retained history, or ahead of it; bad parameters are 400', async () => {
   for (let i = 0; i < 12; i++) await fx.api('POST', '/admin/v1/wallets/dave/credit', { body: { amount: 1 } });
-  const v = await version();
+  const { version: v, tag } = await head();
   const old = await syncGet(fx, '/sync/v1/changes?after=0');
   assert.equal(old.status, 410);
   assert.equal(JSON.parse(old.text).error.code, 'cursor_gone');
@@ -59,7 +64,9 @@ test('410 for a cursor older than the retained history, or ahead of it; bad para
   const recent = await syncGet(fx, `/sync/v1/changes?after=${v - 3}`);
   assert.equal(recent.status, 200);
   // three credits to one wallet: only the newest record is sent
-  assert.deepEqual(JSON.parse(recent.text), { version: v, changes: [{ op: 'upsert', type: 'wallet', user: 'dave', balance: 12, epoch: 12 }] });
+  assert.deepEqual(JSON.parse(recent.text), { version: v, tag, changes: [{ op: 'upsert', type: 'wallet', user: 'dave', balance: 12, epoch: 12 }] });
+  // a history that holds the cursor does not bring back what the retained history has let go
+  assert.equal((await syncGet(fx, `/sync/v1/changes?after=0&tag=${tag}`)).status, 410);
   assert.equal((await syncGet(fx, '/sync/v1/changes?after=abc')).status, 400);
   assert.equal((await syncGet(fx, `/sync/v1/changes?after=${v}&waitMs=60001`)).status, 400);
 });
