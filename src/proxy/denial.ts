@@ -48,9 +48,31 @@ export function sendDenial(res: ServerResponse, ctx: RequestContext, denial: Den
   if (leavesLargeBodyUnread(req)) {
     headers.connection = 'close';
     closesAfter(res);
+  } else if (!req.complete && hasBody(req)) {
+    dropIfBodyLingers(req);
   }
   res.writeHead(out.status, headers);
   res.end(out.body);
+}
+
+/**
+ * How long the rest of a denied request's small body may take: Node reads and discards it
+ * to keep the connection, and a byte now and then would keep an unauthenticated
+ * connection open for days (nginx bounds the same with `lingering_time`).
+ */
+export const DISCARD_MS = 10_000;
+
+function dropIfBodyLingers(req: IncomingMessage): void {
+  const socket = req.socket;
+  const timer = setTimeout(() => socket.destroy(), DISCARD_MS).unref();
+  // Off again either way: a keep-alive connection may see many such denials.
+  const done = (): void => {
+    clearTimeout(timer);
+    req.off('end', done);
+    socket.off('close', done);
+  };
+  req.once('end', done);
+  socket.once('close', done);
 }
 
 const FAILURES: Record<ForwardFailure, (err: Error) => Denial> = {

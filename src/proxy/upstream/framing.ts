@@ -38,6 +38,19 @@ export function parserRefusalMayBeHead(err: NodeJS.ErrnoException & { rawPacket?
   return HEAD_LINE.test(text);
 }
 
+/**
+ * How long a connection keyward has ended may take to close: a client that keeps its half
+ * open (a CONNECT's) or never reads its answer would otherwise hold the socket for good.
+ */
+export const LINGER_MS = 5_000;
+
+/** Writes the last bytes of a connection and ends it; destroys it if it has not closed LINGER_MS later. */
+export function endThenDrop(socket: Duplex, data: string): void {
+  socket.end(data);
+  const timer = setTimeout(() => socket.destroy(), LINGER_MS).unref();
+  socket.once('close', () => clearTimeout(timer));
+}
+
 const HEAD_LINE = /(?:^|\n)HEAD /;
 const START_LINE = /^[!#$%&'*+.^_`|~0-9A-Za-z-]+ \S+ HTTP\/1\.[01]\r?\n/;
 
@@ -65,7 +78,7 @@ export function answerParserRefusal(
   const out = renderError(denial, inBody ? current.style() : 'openai');
   const head = inBody ? current.req.method === 'HEAD' : parserRefusalMayBeHead(err, socket, o.answeredAt);
   const body = head ? '' : out.body;
-  socket.end(`HTTP/1.1 ${statusLine}\r\ncontent-type: application/json\r\nx-keyward-error: ${denial.code}\r\ncontent-length: ${Buffer.byteLength(body)}\r\nconnection: close\r\n\r\n${body}`);
+  endThenDrop(socket, `HTTP/1.1 ${statusLine}\r\ncontent-type: application/json\r\nx-keyward-error: ${denial.code}\r\ncontent-length: ${Buffer.byteLength(body)}\r\nconnection: close\r\n\r\n${body}`);
   return { status: Number(statusLine.slice(0, 3)), code: denial.code };
 }
 
@@ -90,5 +103,5 @@ export function answerConnect(socket: Duplex): void {
   const out = renderError(deny('invalid_path', { detail: 'CONNECT requests are not accepted: keyward opens no tunnels; send the path only' }), 'openai');
   let head = 'HTTP/1.1 400 Bad Request\r\n';
   for (const [name, value] of Object.entries(out.headers)) head += `${name}: ${value}\r\n`;
-  socket.end(`${head}connection: close\r\n\r\n${out.body}`);
+  endThenDrop(socket, `${head}connection: close\r\n\r\n${out.body}`);
 }
