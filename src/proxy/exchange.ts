@@ -26,6 +26,7 @@ import { createUsageTap } from './usage/tap.js';
 import { DenseSet } from '../dense-set.js';
 import { UnderWay } from './under-way.js';
 import { closedBefore, closesAfter, placeOnSocket } from './last-response.js';
+import { answered, arrived } from './in-flight.js';
 
 import type { ExchangeDeps, Exchanges, Expectation } from './exchange-api.js';
 
@@ -89,8 +90,10 @@ class ExchangeTable implements Exchanges, ForwardHooks {
     placeOnSocket(res, { last });
     const keyMemo = ((req.socket as TrackedSocket)[KEY_MEMO] ??= newKeyMemo());
     ctx.arrival = new Arrival({ req, res, expectContinue: expect === 'continue', clientIp, method: ctx.method, keyMemo });
-    ctx.arrival.holdIfStillPending();
-    void this.run(res, ctx, expect);
+    arrived(req, res, () => {
+      ctx.arrival!.holdIfStillPending();
+      void this.run(res, ctx, expect);
+    });
   }
 
   refuseConnect(req: IncomingMessage, socket: Duplex): void {
@@ -236,6 +239,7 @@ class ExchangeTable implements Exchanges, ForwardHooks {
     const ctx = contextOf(res);
     if (ctx.openIndex === -1) return; // closed already (see apply)
     this.finish(res, ctx);
+    answered(res);
     ctx.bodyWatch?.stop();
     // The answer is out (or the client has gone): the next request, or the FIN, may be read.
     ctx.arrival?.letGo();
