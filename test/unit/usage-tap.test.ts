@@ -268,6 +268,19 @@ describe('generated text seen, for responses that report no usage', () => {
     assert.equal(tapped(JSON.stringify({ text: 'hello there' }), { contentType: JSON_CT }).textChars, 11);
   });
 
+  test('an SSE event too large to keep, with no usage, cannot be read: null, not the text of the other events', () => {
+    const small = `data: ${JSON.stringify({ object: 'chat.completion.chunk', choices: [{ delta: { content: 'Hi' } }] })}\n\n`;
+    const huge = `data: ${JSON.stringify({ object: 'chat.completion.chunk', choices: [{ delta: { content: 'x'.repeat(2 << 20) } }] })}\n\n`;
+    assert.equal(tapIn(small + huge, { contentType: SSE_CT }, 65_536).textChars, null);
+    // one endless data line, never ended
+    assert.equal(tapIn(`data: "${'y'.repeat(3 << 20)}`, { contentType: SSE_CT }, 65_536).textChars, null);
+    // past the bounds with its usage in the tail: billed by that usage
+    const withUsage = `data: ${JSON.stringify({ choices: [{ delta: { content: 'z'.repeat(2 << 20) } }], usage: { prompt_tokens: 3, completion_tokens: 4 } })}\n\n`;
+    assert.deepEqual(tapIn(withUsage, { contentType: SSE_CT }, 65_536).usage, { input_tokens: 3, output_tokens: 4 });
+    // small events only: their text, as before
+    assert.equal(tapIn(small + 'data: [DONE]\n\n', { contentType: SSE_CT }, 7).textChars, 2);
+  });
+
   test('a JSON body cut short, or too large to keep, cannot be read: null, not zero', () => {
     assert.equal(tapped('{"choices":[{"message":{"content":"ab', { contentType: JSON_CT }).textChars, null);
     const huge = JSON.stringify({ choices: [{ message: { content: 'x'.repeat(2 << 20) } }] });

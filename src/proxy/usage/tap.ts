@@ -193,6 +193,8 @@ class SseTap implements UsageTap {
   private started: Usage | null = null; // messages: message_start
   private delta: Obj | null = null; // messages: latest message_delta usage (cumulative)
   private textChars = 0;
+  /** an event past the window's bounds showed neither text nor usage: the text seen is not all there was */
+  private textLost = false;
   private event = new Window();
   private eventHasData = false;
   // The line being read: its first bytes until we know whether it is a data line.
@@ -214,7 +216,9 @@ class SseTap implements UsageTap {
     // An event missing only its blank line still counts if its JSON is complete.
     this.endLine();
     this.dispatch();
-    const { final, delta, textChars } = this;
+    const { final, delta } = this;
+    // Text that could not be read bills the whole reservation (DESIGN section 6), not what was seen.
+    const textChars = this.textLost ? null : this.textChars;
     if (final) return { usage: final, textChars };
     if (!delta) return { usage: null, textChars }; // messages stream cut before its final counts
     const fromDelta = normalize(delta);
@@ -233,7 +237,11 @@ class SseTap implements UsageTap {
   }
 
   private dispatch(): void {
-    if (this.eventHasData) this.onEvent(this.event.value());
+    if (this.eventHasData) {
+      const value = this.event.value();
+      if (value === undefined && this.event.overflowed) this.textLost = true;
+      this.onEvent(value);
+    }
     this.event = new Window();
     this.eventHasData = false;
   }
