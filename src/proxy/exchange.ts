@@ -26,7 +26,7 @@ import { createUsageTap } from './usage/tap.js';
 import { DenseSet } from '../dense-set.js';
 import { UnderWay } from './under-way.js';
 import { closedBefore, closesAfter, placeOnSocket } from './last-response.js';
-import { answered, arrived } from './in-flight.js';
+import { answered, mayStart } from './in-flight.js';
 
 import type { ExchangeDeps, Exchanges, Expectation } from './exchange-api.js';
 
@@ -90,10 +90,12 @@ class ExchangeTable implements Exchanges, ForwardHooks {
     placeOnSocket(res, { last });
     const keyMemo = ((req.socket as TrackedSocket)[KEY_MEMO] ??= newKeyMemo());
     ctx.arrival = new Arrival({ req, res, expectContinue: expect === 'continue', clientIp, method: ctx.method, keyMemo });
-    arrived(req, res, () => {
-      ctx.arrival!.holdIfStillPending();
-      void this.run(res, ctx, expect);
-    });
+    if (mayStart(req, res, expect)) this.start(res, ctx, expect);
+  }
+
+  private start(res: ServerResponse, ctx: RequestContext, expect: Expectation): void {
+    ctx.arrival!.holdIfStillPending();
+    void this.run(res, ctx, expect);
   }
 
   refuseConnect(req: IncomingMessage, socket: Duplex): void {
@@ -239,7 +241,8 @@ class ExchangeTable implements Exchanges, ForwardHooks {
     const ctx = contextOf(res);
     if (ctx.openIndex === -1) return; // closed already (see apply)
     this.finish(res, ctx);
-    answered(res);
+    const next = answered<Expectation>(res);
+    if (next) this.start(next.res, contextOf(next.res), next.payload);
     ctx.bodyWatch?.stop();
     // The answer is out (or the client has gone): the next request, or the FIN, may be read.
     ctx.arrival?.letGo();

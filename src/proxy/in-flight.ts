@@ -14,9 +14,15 @@ import type { Socket } from 'node:net';
 /** Clients of model APIs do not pipeline: this many leaves room for one that does. */
 export const MAX_IN_FLIGHT = 8;
 
+/** A request waiting its turn, and what its start needs. */
+export interface Waiting<T> {
+  res: ServerResponse;
+  payload: T;
+}
+
 interface Line {
   started: number;
-  waiting: { res: ServerResponse; start: () => void }[];
+  waiting: Waiting<unknown>[];
   /** set while this module holds the connection's reading */
   repause: (() => void) | null;
 }
@@ -24,40 +30,47 @@ interface Line {
 const LINE = Symbol('keyward.inFlight');
 type Lined = Socket & { [LINE]?: Line };
 
-/** A request arrived: `start` runs now, or once fewer than MAX_IN_FLIGHT of its connection's are in flight. */
-export function arrived(req: IncomingMessage, res: ServerResponse, start: () => void): void {
+/**
+ * A request arrived: true when it may start now; false when it waits (with `payload`) for
+ * fewer than MAX_IN_FLIGHT of its connection's to be in flight, which `answered` tells.
+ */
+export function mayStart<T>(req: IncomingMessage, res: ServerResponse, payload: T): boolean {
   const socket = req.socket as Lined | null;
-  if (!socket) return start();
+  if (!socket) return true;
   const line = (socket[LINE] ??= { started: 0, waiting: [], repause: null });
-  if (line.started < MAX_IN_FLIGHT) return begin(line, start);
-  line.waiting.push({ res, start });
+  if (line.started < MAX_IN_FLIGHT) {
+    line.started++;
+    return true;
+  }
+  line.waiting.push({ res, payload });
   if (req.complete) stopReading(socket, line);
   else req.once('end', () => stopReading(socket, line));
+  return false;
 }
 
-/** A response closed (started or still waiting): the next waiting request starts, or reading goes on. */
-export function answered(res: ServerResponse): void {
+/**
+ * A response closed (started or still waiting). Returns the waiting request that starts in
+ * its place, if any; with none waiting, reading goes on.
+ */
+export function answered<T>(res: ServerResponse): Waiting<T> | null {
   const socket = res.req.socket as Lined | null;
   const line = socket?.[LINE];
-  if (!socket || !line) return;
+  if (!socket || !line) return null;
   // A response is either started or waiting; waiting ones are rare.
   if (line.waiting.length > 0) {
     const i = line.waiting.findIndex((w) => w.res === res);
-    if (i !== -1) return void line.waiting.splice(i, 1);
+    if (i !== -1) return (line.waiting.splice(i, 1), null);
   }
-  line.started--;
   const next = line.waiting.shift();
-  if (next) return begin(line, next.start);
-  if (line.repause === null) return;
-  socket.off('resume', line.repause);
-  line.repause = null;
-  // Whatever else holds reading (Node's own backpressure, a decision's hold) pauses it again.
-  socket.resume();
-}
-
-function begin(line: Line, start: () => void): void {
-  line.started++;
-  start();
+  if (next) return next as Waiting<T>;
+  line.started--;
+  if (line.repause !== null) {
+    socket.off('resume', line.repause);
+    line.repause = null;
+    // Whatever else holds reading (Node's own backpressure, a decision's hold) pauses it again.
+    socket.resume();
+  }
+  return null;
 }
 
 function stopReading(socket: Lined, line: Line): void {
