@@ -153,22 +153,32 @@ test('a wrong sync token is reported without the token and retried', async () =>
   await client.stop();
 });
 
-test('a console answering changes with an older version at once is not polled, or asked for snapshots, in a tight loop', async () => {
-  let changeCalls = 0;
-  const stale: typeof fetch = async (input, init) => {
+/**
+ * A started sync client into a new replica named `name`, whose change polls all get
+ * `answer()` (snapshots come from the real console); `changeCalls` counts the polls.
+ */
+async function answeredWith(name: string, answer: () => Response, backoff: { baseMs: number; maxMs: number }) {
+  const seen = { changeCalls: 0 };
+  const stub: typeof fetch = async (input, init) => {
     if (!String(input).includes('/sync/v1/changes')) return fetch(input, init);
-    changeCalls++;
-    return new Response(JSON.stringify({ version: 0, changes: [] }), { headers: { 'content-type': 'application/json' } });
+    seen.changeCalls++;
+    return answer();
   };
-  const replica = new ReplicaStore({ path: join(dir, 'stale.sqlite') });
+  const replica = new ReplicaStore({ path: join(dir, `${name}.sqlite`) });
   replicas.push(replica);
-  const client = createSyncClient({ url: fx.url, token: fx.tokens.sync, waitMs: 1000, target: replicaWriter(replica), backoff: { baseMs: 200, maxMs: 400 }, fetch: stale });
+  const client = createSyncClient({ url: fx.url, token: fx.tokens.sync, waitMs: 1000, target: replicaWriter(replica), backoff, fetch: stub });
   clients.push(client);
   await client.start();
-  assert.ok(await until(() => changeCalls > 0), 'the client polls after its snapshot');
-  const from = changeCalls;
+  assert.ok(await until(() => seen.changeCalls > 0), 'the client polls after its snapshot');
+  return { replica, client, seen };
+}
+
+test('a console answering changes with an older version at once is not polled, or asked for snapshots, in a tight loop', async () => {
+  const older = () => new Response(JSON.stringify({ version: 0, changes: [] }), { headers: { 'content-type': 'application/json' } });
+  const { replica, client, seen } = await answeredWith('stale', older, { baseMs: 200, maxMs: 400 });
+  const from = seen.changeCalls;
   await new Promise((r) => setTimeout(r, 1000)); // a rate: calls per second of wall time
-  assert.ok(changeCalls - from <= 10, `${changeCalls - from} change polls in a second`);
+  assert.ok(seen.changeCalls - from <= 10, `${seen.changeCalls - from} change polls in a second`);
   // one snapshot for the older answer; the same answer right after it takes none, and is a failure
   assert.equal(client.status().snapshots, 2);
   assert.equal(client.status().connected, false);
@@ -177,18 +187,7 @@ test('a console answering changes with an older version at once is not polled, o
 });
 
 test('a console answering 410 to the version its own snapshot gave is not asked for snapshots back to back', async () => {
-  let changeCalls = 0;
-  const gone: typeof fetch = async (input, init) => {
-    if (!String(input).includes('/sync/v1/changes')) return fetch(input, init);
-    changeCalls++;
-    return new Response('', { status: 410 });
-  };
-  const replica = new ReplicaStore({ path: join(dir, 'gone.sqlite') });
-  replicas.push(replica);
-  const client = createSyncClient({ url: fx.url, token: fx.tokens.sync, waitMs: 1000, target: replicaWriter(replica), backoff: { baseMs: 20, maxMs: 50 }, fetch: gone });
-  clients.push(client);
-  await client.start();
-  assert.ok(await until(() => changeCalls > 0), 'the client polls after its snapshot');
+  const { replica, client } = await answeredWith('gone', () => new Response('', { status: 410 }), { baseMs: 20, maxMs: 50 });
   const from = client.status().snapshots;
   await new Promise((r) => setTimeout(r, 1000)); // a rate: snapshots per second of wall time
   assert.ok(client.status().snapshots - from <= 1, `${client.status().snapshots - from} snapshots in a second`);
