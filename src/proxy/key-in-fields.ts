@@ -27,10 +27,11 @@ export function keyPrefixes(raw: readonly string[]): string[] {
     // Length and first letter first: most lines (content-length is 14 long) are none of these.
     const first = name.charCodeAt(0) | 32;
     const n = name.length;
-    if (first === 97 /* a */ ? n !== 13 && n !== 7 : first === 120 /* x */ ? n !== 9 && n !== 14 : first !== 112 /* p */ || n !== 19) continue;
+    if (first === 97 /* a */ ? n !== 13 && n !== 7 : first === 120 /* x */ ? n !== 9 && n !== 14 && n !== 17 : first !== 112 /* p */ || n !== 19) continue;
     const lower = name.toLowerCase();
     const value = raw[i + 1]!;
-    if (lower === 'authorization' || lower === 'proxy-authorization') out = credentialParts(value, out ?? []);
+    // LiteLLM's header takes a Bearer value as well as a bare key.
+    if (lower === 'authorization' || lower === 'proxy-authorization' || lower === 'x-litellm-api-key') out = credentialParts(value, out ?? []);
     else if (lower === 'x-api-key' || lower === 'api-key' || lower === 'x-goog-api-key') out = withPrefix(value.trim(), out ?? []);
   }
   return out ?? NONE;
@@ -60,21 +61,48 @@ function credentialParts(value: string, out: string[]): string[] {
   return out;
 }
 
-/** Adds the key's leading part when the key has at least `min` characters. */
+/**
+ * Adds the key's leading part when the key has at least `min` characters, and the part after
+ * it when the key is long enough to have one: a field holding the key without its first
+ * characters (`kw_` dropped) still holds its secret.
+ */
 function withPrefix(key: string, out: string[], min = 1): string[] {
-  if (key.length >= min) out.push(key.slice(0, KEY_PREFIX_CHARS));
+  if (key.length < min) return out;
+  out.push(key.slice(0, KEY_PREFIX_CHARS));
+  if (key.length >= 2 * KEY_PREFIX_CHARS) out.push(key.slice(KEY_PREFIX_CHARS, 2 * KEY_PREFIX_CHARS));
   return out;
 }
 
 /** A console key's prefix and enough of its body to be one, not a word that starts alike. */
 const CONSOLE_KEY = /kw_[0-9A-Za-z]{5}/;
 
-/** `value`, or REDACTED when it holds one of `prefixes` or text shaped like a console key. */
+/**
+ * `value`, or REDACTED when it holds one of `prefixes` or text shaped like a console key,
+ * as written or percent-decoded (a path spells `_` as `%5F` as well).
+ */
 export function keyless<T extends string | null>(value: T, prefixes: readonly string[]): T | typeof REDACTED {
   if (value === null) return value;
-  if (value.includes(KEY_PREFIX) && CONSOLE_KEY.test(value)) return REDACTED;
-  for (const p of prefixes) if (value.includes(p)) return REDACTED;
+  if (holdsKey(value, prefixes)) return REDACTED;
+  if (value.includes('%') && holdsKey(percentDecoded(value), prefixes)) return REDACTED;
   return value;
+}
+
+function holdsKey(value: string, prefixes: readonly string[]): boolean {
+  if (value.includes(KEY_PREFIX) && CONSOLE_KEY.test(value)) return true;
+  for (const p of prefixes) if (value.includes(p)) return true;
+  return false;
+}
+
+const ESCAPE = /%([0-9A-Fa-f]{2})/g;
+/** Keys are ASCII, so each escape decodes to one character; repeated for `%255F` (encoded twice), a few rounds at most. */
+function percentDecoded(value: string): string {
+  let out = value;
+  for (let round = 0; round < 3 && out.includes('%'); round++) {
+    const next = out.replace(ESCAPE, (_, hex: string) => String.fromCharCode(parseInt(hex, 16)));
+    if (next === out) break;
+    out = next;
+  }
+  return out;
 }
 
 const USER_INFO = /^([A-Za-z][A-Za-z0-9+.-]*:\/\/)[^/?#]*@/;

@@ -76,7 +76,7 @@ test('a key sent the wrong way is still hidden: any Authorization scheme, Basic 
   const basic = Buffer.from(`apikey:${key}`).toString('base64');
   assert.deepEqual(keyPrefixes(['Authorization', key]), ['sk-abcde'], 'no scheme: the value is the key');
   assert.deepEqual(keyPrefixes(['Authorization', `Basic ${key}`]), ['sk-abcde'], 'a key where Basic\'s base64 belongs');
-  assert.deepEqual(keyPrefixes(['Proxy-Authorization', `Basic ${basic}`]), [basic.slice(0, 8), 'sk-abcde'], 'Basic decoded: the password (the user name is too short)');
+  assert.deepEqual(keyPrefixes(['Proxy-Authorization', `Basic ${basic}`]), [basic.slice(0, 8), basic.slice(8, 16), 'sk-abcde'], 'Basic decoded: the password (the user name is too short)');
   assert.deepEqual(keyPrefixes(['Authorization', `Token ${key}`, 'api-key', key, 'X-Goog-Api-Key', key]), ['sk-abcde', 'sk-abcde', 'sk-abcde']);
   assert.deepEqual(keyPrefixes(['Content-Type', 'application/json', 'Accept', '*/*']), []);
 });
@@ -87,6 +87,31 @@ test('text shaped like a console key is hidden whether or not the request carrie
   assert.equal(keyless(`x ${key.slice(0, 8)}`, []), '[redacted]', 'its first 8 characters');
   assert.equal(keyless('kw_', []), 'kw_', 'the prefix alone is not a key');
   assert.equal(keyless('gpt-4o', []), 'gpt-4o');
+});
+
+test('a key written without its first characters, or percent-encoded, is hidden as well', () => {
+  const key = generateKey();
+  const keys = keyPrefixes(['Authorization', `Bearer ${key}`]);
+  assert.deepEqual(keys, [key.slice(0, 8), key.slice(8, 16)]);
+  assert.equal(keyless(`/v1/files/${key.slice(3)}`, keys), '[redacted]', 'the secret without kw_');
+  assert.equal(keyless(`/v1/files/${key.slice(7)}`, keys), '[redacted]', 'without its first 7 characters');
+  assert.equal(keyless(`/v1/files/kw%5F${key.slice(3)}`, keys), '[redacted]', '_ as %5F');
+  assert.equal(keyless(`/v1/files/kw%5f${key.slice(3)}`, []), '[redacted]', 'a console key\'s shape, encoded, carried or not');
+  assert.equal(keyless(`/v1/files/kw%255F${key.slice(3)}`, []), '[redacted]', 'encoded twice');
+  assert.equal(keyless(`/v1/files/${encodeURIComponent(key.slice(0, 4))}%${key.slice(4)}`, keys), '[redacted]', 'a stray % does not hide it');
+  assert.equal(keyless('/v1/files/file-%41bc%zz', keys), '/v1/files/file-%41bc%zz', 'other escapes are logged as sent');
+  const other = 'sk-litellm-0123456789abcdef';
+  assert.deepEqual(keyPrefixes(['X-LiteLLM-API-Key', `Bearer ${other}`]), ['sk-litel', 'lm-01234'], 'LiteLLM\'s header, Bearer or not');
+  assert.deepEqual(keyPrefixes(['x-litellm-api-key', other]), ['sk-litel', 'lm-01234']);
+});
+
+test('a key in the path, encoded or cut short, reaches no access line', async () => {
+  const paths = [`/v1/files/kw%5F${SECRET.slice(3)}`, `/v1/files/${SECRET.slice(3)}`, `/v2/${SECRET.slice(5)}`];
+  for (const [i, path] of paths.entries()) {
+    const line = waitForLine(h, (l) => l.req_id === `in-path-${i}`);
+    await send(h.url, { path, headers: { authorization: `Bearer ${SECRET}`, 'x-request-id': `in-path-${i}` } });
+    assert.equal((await line).path, '[redacted]', path);
+  }
 });
 
 test('a model refused for scope is named in the answer, unless it holds a key', async () => {
