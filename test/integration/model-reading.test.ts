@@ -68,6 +68,13 @@ describe('a body the upstream decodes differently', () => {
   test('multipart with an invalid boundary is not read as JSON', () => expectRefused(request({ contentType: `multipart/form-data; boundary=${'b'.repeat(71)}`, body: '{"model":"gpt-4o-mini"}' })));
   test('JSON declared in another charset', () => expectRefused(request({ contentType: 'application/json; charset=iso-8859-1', body: '{"model":"gpt-4o-mini"}' })));
   test('JSON declared utf-8 passes', () => expectForwarded(request({ contentType: 'application/json; charset=UTF-8', body: '{"model":"gpt-4o-mini"}' })));
+  // UTF-7 reads `+ACIALAAiAG0-...` as `","model":"...`: the last charset is the one Express's reader decodes with.
+  const utf7 = '{"model":"gpt-4o-mini","x":"+ACIALAAiAG0AbwBkAGUAbAAiADoAIgBvADE-"}';
+  test('a charset named twice', () => expectRefused(request({ contentType: 'application/json; charset=utf-8; charset=utf-7', body: utf7 })));
+  test('a charset inside another parameter\'s quotes', () => expectRefused(request({ contentType: 'application/json; x="; charset=utf-8"; charset=utf-7', body: utf7 })));
+  test('a quote left open', () => expectRefused(request({ contentType: 'application/json; x="; charset=utf-8', body: '{"model":"gpt-4o-mini"}' })));
+  test('an RFC 2231 charset', () => expectRefused(request({ contentType: "application/json; charset*=utf-7''", body: utf7 })));
+  test('utf-8 quoted, beside another parameter, passes', () => expectForwarded(request({ contentType: 'application/json; x="a;b"; charset="utf-8"', body: '{"model":"gpt-4o-mini"}' })));
   test('a quoted boundary with an escape', () => expectRefused(request({ path: '/v1/audio/transcriptions', contentType: 'multipart/form-data; boundary="a\\"b"', body: '--a"b\r\nContent-Disposition: form-data; name="model"\r\n\r\nwhisper-1\r\n--a"b--' })));
   test('invalid UTF-8', () => expectRefused(request({ body: Buffer.concat([Buffer.from('{"model":"gpt-4o-mini","x":"'), Buffer.from([0xc3]), Buffer.from('"}')]) })));
   test('lone surrogate', () => expectRefused(request({ body: '{"model":"gpt-4o-mini\\ud800"}' })));

@@ -3,6 +3,7 @@
  * a content-type names and the header section of one part, each refused where common
  * parsers would read it differently. Pure.
  */
+import { parameterList } from './content-type.js';
 
 /**
  * The boundary from a content-type header, or null. RFC 2046 allows 1-70 characters; a
@@ -14,18 +15,8 @@
 export function multipartBoundary(contentType: string | undefined): string | null {
   const m = contentType === undefined ? null : /^multipart\/form-data\s*((?:;.*)?)$/is.exec(contentType.trim());
   if (!m) return null;
-  const params = new Map<string, string>();
-  let rest = m[1]!;
-  while (rest !== '') {
-    const p = /^;\s*([^\s=;"]+)\s*=\s*(?:"([^"]*)"|([^\s;"]*))\s*/.exec(rest) ?? /^;\s*$/.exec(rest);
-    if (!p) return null;
-    if (p[1] !== undefined) {
-      const key = p[1].toLowerCase();
-      if (params.has(key) || key.startsWith('boundary*')) return null;
-      params.set(key, p[2] ?? p[3]!);
-    }
-    rest = rest.slice(p[0].length);
-  }
+  const params = parameterList(m[1]!);
+  if (params === null || [...params.keys()].some((k) => k.startsWith('boundary*'))) return null;
   const b = params.get('boundary') ?? '';
   // RFC 2046 bchars only: a quoted boundary with a backslash or quote is unescaped by
   // some parsers (Go) and not by others.

@@ -10,6 +10,7 @@ import { deny, type Denial } from '../../errors.js';
 import { inspectJson, queryNamesModel, selectsModels } from './json-scan.js';
 import { modelNamesProblem, modelsOfField, TOO_DEEP } from './model-names.js';
 import { createMultipartGuard, MultipartReader } from './multipart.js';
+import { jsonCharsetRefusal } from './content-type.js';
 import { multipartBoundary } from './multipart-head.js';
 import { bodyTooLarge, byteLimit, declaredOver, dropRest, needsCounting, toComeAfter } from './upload.js';
 
@@ -286,10 +287,9 @@ export async function readModelBody(req: IncomingMessage, opts: ReadOptions, pro
   if (boundary === null && contentType !== undefined && /form/i.test(contentType)) {
     return invalid('Form-encoded bodies are not accepted here; send JSON, or multipart/form-data with one boundary of 1-70 characters.');
   }
-  // JSON is UTF-8 (RFC 8259); a decoder that honours another declared charset reads other text.
-  const charset = /;\s*charset\s*=\s*"?([^";\s]*)/i.exec(contentType ?? '')?.[1]?.toLowerCase();
-  if (boundary === null && charset !== undefined && charset !== 'utf-8' && charset !== 'utf8') {
-    return invalid('JSON request bodies must be UTF-8; drop the charset parameter or declare utf-8.');
+  if (boundary === null && contentType !== undefined) {
+    const refused = jsonCharsetRefusal(contentType);
+    if (refused !== null) return invalid(refused);
   }
   proceed?.();
   const result = boundary !== null ? await readMultipart(req, boundary, opts.uploadLimit) : await readJson(req, opts.limit);
