@@ -9,6 +9,7 @@ import { costOf } from '../policy/pricing.js';
 import { isoClock } from '../protocol/iso-clock.js';
 import type { UsageEvent } from '../protocol/usage.js';
 import type { RequestContext } from './context.js';
+import { keyless } from './key-in-fields.js';
 
 /**
  * Settles a request once its response has ended or either side went away: what it is
@@ -46,7 +47,8 @@ export function usageEvent(ctx: RequestContext, settled: Settled, facts: KeyFact
     event_id: ctx.clientReqId ? randomUUID() : ctx.reqId,
     request_id: ctx.reqId,
     key_id: facts.key.id,
-    model: ctx.model,
+    // The console keeps and shows usage: a model name holding a key is kept as the access line has it.
+    model: keyless(ctx.model, ctx.keyPrefixes),
     input_tokens: settled.input_tokens,
     output_tokens: settled.output_tokens,
     status,

@@ -3,6 +3,7 @@
  * its own key (or another it carries) into a field it chooses (its request id, the path,
  * the model, attribution headers) gets that field written as `[redacted]`; an attribution
  * URL loses its user-info; a request id holding the key is replaced by one the sidecar makes.
+ * The usage event sent to the console names the model as the access line does.
  */
 import { after, before, test } from 'node:test';
 import assert from 'node:assert/strict';
@@ -42,6 +43,8 @@ test('the presented key in the request id, model, path and attribution is not lo
   const l = await line;
   assert.deepEqual([l.model, l.app_name, l.app_url], ['[redacted]', '[redacted]', 'https://apps.example/x'], 'the URL lost its user-info, and the key with it');
   assert.equal(l.req_id, res.headers['x-request-id']);
+  const event = h.usage.find((e) => e.request_id === l.req_id);
+  assert.equal(event?.model, '[redacted]', 'the usage event the console keeps and shows');
   const listed = waitForLine(h, (x) => x.route === 'models' && x.path !== '/v1/models');
   await send(h.url, { path: `/v1/models/${SECRET}`, headers: { authorization: `Bearer ${SECRET}` } });
   assert.equal((await listed).path, '[redacted]');
