@@ -22,20 +22,32 @@ export function periodResetsAt(period: Period, now: number): Date {
 export interface LiveFigures {
   /** what remains of the key's own RPM and TPM buckets; null for a limit the key does not have */
   remaining: { requests: number | null; tokens: number | null };
-  /** live spend of the budget shown (holds in flight included); null: the replica's figure */
-  spent: number | null;
+  /** live spend of the key's and the project's budgets (holds in flight included); null: the replica's figure */
+  spent: { key: number | null; project: number | null };
   /** live wallet balance; null: the replica's figure */
   balance: number | null;
 }
 
 const round = (n: number) => Math.round(n * 1e9) / 1e9;
 
-export function keyView(facts: KeyFacts, live: LiveFigures, now: number) {
+interface BudgetFigure { limit: number; spent: number; period: Period | null }
+
+/**
+ * The budget a team key is held to first: of its own and its project's, the one with less
+ * left (a key with room in its own budget is still refused once its project's is spent), the
+ * key's own on a tie.
+ */
+function bindingBudget(facts: KeyFacts, spent: LiveFigures['spent']): BudgetFigure | null {
   const { key, project } = facts;
-  // The key's own budget; a team key without one shows its project's.
-  const own = key.budget !== null;
-  const holder = own ? { limit: key.budget!, spent: key.spent, period: key.period } : project?.budget != null ? { limit: project.budget, spent: project.spent, period: project.period ?? null } : null;
-  const spent = holder ? round(live.spent ?? holder.spent) : 0;
+  const own = key.budget !== null ? { limit: key.budget, spent: round(spent.key ?? key.spent), period: key.period } : null;
+  const shared = project?.budget != null ? { limit: project.budget, spent: round(spent.project ?? project.spent), period: project.period ?? null } : null;
+  if (own === null || shared === null) return own ?? shared;
+  return shared.limit - shared.spent < own.limit - own.spent ? shared : own;
+}
+
+export function keyView(facts: KeyFacts, live: LiveFigures, now: number) {
+  const { key } = facts;
+  const budget = bindingBudget(facts, live.spent);
   return {
     id: key.id,
     kind: key.kind,
@@ -44,12 +56,12 @@ export function keyView(facts: KeyFacts, live: LiveFigures, now: number) {
     models: key.models,
     limits: { rpm: key.rpm, tpm: key.tpm, concurrency: key.concurrency },
     remaining: live.remaining,
-    budget: holder && {
-      limit: holder.limit,
-      spent,
-      remaining: round(Math.max(0, holder.limit - spent)),
-      period: holder.period,
-      resets_at: holder.period ? periodResetsAt(holder.period, now).toISOString() : null,
+    budget: budget && {
+      limit: budget.limit,
+      spent: budget.spent,
+      remaining: round(Math.max(0, budget.limit - budget.spent)),
+      period: budget.period,
+      resets_at: budget.period ? periodResetsAt(budget.period, now).toISOString() : null,
     },
     balance: key.kind === 'personal' ? round(live.balance ?? facts.walletBalance ?? 0) : null,
   };

@@ -22,8 +22,7 @@ export async function describeKey(limiter: Limiter, facts: KeyFacts): Promise<un
     holders.length ? limiter.ledger({ tag, holders }) : Promise.resolve([]),
   ]);
   const figure = (id: string) => live.find((f) => f.id === id)?.live ?? null;
-  // The budget shown is the key's own, else its project's (as keyView picks).
-  const spent = key.budget !== null ? figure(`key:${key.id}`) : figure(`project:${key.projectId}`);
+  const spent = { key: figure(`key:${key.id}`), project: figure(`project:${key.projectId}`) };
   const remaining = { requests: quota.requests ? Math.floor(quota.requests.remaining) : null, tokens: quota.tokens ? Math.floor(quota.tokens.remaining) : null };
   return keyView(facts, { remaining, spent, balance: figure(`wallet:${key.userId}`) }, Date.now());
 }

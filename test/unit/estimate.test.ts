@@ -39,7 +39,7 @@ test('key view: figures, live spend and balance, never the hash', () => {
     walletBalance: null,
     walletEpoch: null,
   };
-  const v = keyView(facts, { remaining: { requests: 59, tokens: null }, spent: 2.5, balance: null }, Date.UTC(2026, 10, 25));
+  const v = keyView(facts, { remaining: { requests: 59, tokens: null }, spent: { key: 2.5, project: null }, balance: null }, Date.UTC(2026, 10, 25));
   assert.deepEqual(v, {
     id: 'k_1', kind: 'team', project: 'p_1', user: null, models: ['gpt-4o*'],
     limits: { rpm: 60, tpm: null, concurrency: 2 },
@@ -47,10 +47,17 @@ test('key view: figures, live spend and balance, never the hash', () => {
     budget: { limit: 10, spent: 2.5, remaining: 7.5, period: 'month', resets_at: '2026-12-01T00:00:00.000Z' },
     balance: null,
   });
-  const personal = keyView({ ...facts, key: { ...facts.key, kind: 'personal', budget: null, projectId: null, userId: 'u_1' }, project: null, walletBalance: 5 }, { remaining: { requests: null, tokens: null }, spent: null, balance: 4.25 }, 0);
+  const personal = keyView({ ...facts, key: { ...facts.key, kind: 'personal', budget: null, projectId: null, userId: 'u_1' }, project: null, walletBalance: 5 }, { remaining: { requests: null, tokens: null }, spent: NO_SPEND, balance: 4.25 }, 0);
   assert.equal(personal.budget, null);
   assert.equal(personal.balance, 4.25);
   // A team key without a budget of its own shows its project's, with the project's period.
-  const shared = keyView({ ...facts, key: { ...facts.key, budget: null }, project: { ...facts.project!, period: 'week' } }, { remaining: { requests: null, tokens: null }, spent: null, balance: null }, Date.UTC(2026, 10, 25));
+  const shared = keyView({ ...facts, key: { ...facts.key, budget: null }, project: { ...facts.project!, period: 'week' } }, { remaining: { requests: null, tokens: null }, spent: NO_SPEND, balance: null }, Date.UTC(2026, 10, 25));
   assert.deepEqual(shared.budget, { limit: 100, spent: 50, remaining: 50, period: 'week', resets_at: '2026-11-30T00:00:00.000Z' });
+  // A key with room of its own in a project nearly spent shows the project's: it binds first.
+  const bound = keyView(facts, { remaining: { requests: 59, tokens: null }, spent: { key: 1, project: 99.5 }, balance: null }, Date.UTC(2026, 10, 25));
+  assert.deepEqual(bound.budget, { limit: 100, spent: 99.5, remaining: 0.5, period: null, resets_at: null });
+  const tie = keyView(facts, { remaining: { requests: 59, tokens: null }, spent: { key: 1, project: 91 }, balance: null }, Date.UTC(2026, 10, 25));
+  assert.equal(tie.budget?.limit, 10, 'the key\'s own on a tie');
 });
+
+const NO_SPEND = { key: null, project: null };
