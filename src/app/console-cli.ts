@@ -134,8 +134,15 @@ function registerKeyVerbs(program: Command, verb: Verb): void {
 
   verb(keys, 'list', 'list keys', async ({ call, opts, out }) => {
     const q = new URLSearchParams({ ...(opts.user ? { user: opts.user } : {}), ...(opts.project ? { project: opts.project } : {}), ...(opts.all ? { all: '1' } : {}) });
-    const r = await call('GET', `/admin/v1/keys${q.size ? `?${q}` : ''}`);
-    out(keysTable(r.keys), r);
+    // Every page, in creation order (the console answers at most 1,000 keys a call).
+    const keys: KeyView[] = [];
+    for (;;) {
+      const r = await call('GET', `/admin/v1/keys${q.size ? `?${q}` : ''}`);
+      keys.push(...(r.keys as KeyView[]));
+      if (typeof r.next !== 'string') break;
+      q.set('after', r.next);
+    }
+    out(keysTable(keys), { keys });
   }).option('--user <user>', 'only this user\'s keys').option('--project <project>', 'only this project\'s keys').option('--all', 'include deleted keys');
 
   verb(keys, 'show <id>', 'show a key\'s settings and usage', async ({ call, args, out }) => {

@@ -11,7 +11,7 @@ import { ChangeFeed } from '../console/feed.js';
 import { makeAuthenticator } from '../console/http.js';
 import { quiet, type LogSink } from '../log.js';
 import { makePricer, priceTable, publishPrices } from '../console/pricing.js';
-import { rollPeriods } from '../console/budgets.js';
+import { ROLL_BATCH, rollPeriods } from '../console/budgets.js';
 import { ConsoleStore } from '../console/store.js';
 import { consoleServer, router } from '../console/server.js';
 import { httpUrl, listen } from './listen.js';
@@ -49,16 +49,26 @@ function openStore(opts: StartConsoleOptions): { db: DB; store: ConsoleStore } {
   }
 }
 
-/** Restarts the budgets whose period has ended now and every `everyMs` after; returns the timer. */
+/**
+ * Restarts the budgets whose period has ended now and every `everyMs` after, a batch a
+ * transaction with a turn of the loop between batches (a boundary that restarts many
+ * budgets leaves the console answering); returns the timer.
+ */
 function rollPeriodsEvery(store: ConsoleStore, everyMs: number, log: LogSink): NodeJS.Timeout {
-  rollPeriods(store);
-  const timer = setInterval(() => {
+  let rolling = false;
+  const roll = async () => {
+    if (rolling) return;
+    rolling = true;
     try {
-      rollPeriods(store);
+      while (rollPeriods(store) >= ROLL_BATCH) await new Promise<void>((resolve) => setImmediate(resolve));
     } catch (err) {
       log.error({ err: err instanceof Error ? err.message : String(err) }, 'budget period restart failed');
+    } finally {
+      rolling = false;
     }
-  }, everyMs);
+  };
+  void roll();
+  const timer = setInterval(() => void roll(), everyMs);
   timer.unref();
   return timer;
 }

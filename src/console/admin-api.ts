@@ -11,6 +11,7 @@ import { resetSpent } from './budgets.js';
 import { idPattern, modelGlob } from './config.js';
 import { ApiError, MethodNotAllowed, invalid } from './errors.js';
 import { forbidden, intParam, match, readJson, sendJson, type Principal } from './http.js';
+import { KEY_PAGE_MAX, listKeys } from './key-list.js';
 import type { LogSink } from '../log.js';
 import type { WalletView } from './db.js';
 import type { ConsoleStore } from './store.js';
@@ -114,8 +115,10 @@ const routes: Route[] = [
         ...(c.query.has('project') ? { project: c.query.get('project')! } : {}),
         includeDeleted: c.query.get('all') === '1' || c.query.get('all') === 'true',
         ...(user !== null ? { visibleTo: { user } } : {}),
+        ...(c.query.has('after') ? { after: c.query.get('after')! } : {}),
+        limit: intParam(c.query, 'limit', { min: 1, max: KEY_PAGE_MAX, def: KEY_PAGE_MAX }),
       };
-      sendJson(c.res, 200, { keys: c.store.listKeys(filter) });
+      sendJson(c.res, 200, listKeys(c.store.db, filter));
     },
   },
   {

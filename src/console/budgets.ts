@@ -70,44 +70,46 @@ export function resetSpent(store: BudgetStore, target: { type: 'key' | 'project'
 }
 
 /**
- * Restarts every budget whose UTC period has ended: `spent` back to 0, epoch bumped, the
- * period start moved to the current period's. Runs inside the caller's transaction when
- * it has one (usage ingestion calls it first, so usage after a boundary counts toward the
- * new period). Returns the records it changed.
+ * Restarts budgets whose UTC period has ended: `spent` back to 0, epoch bumped, the period
+ * start moved to the current period's. Runs inside the caller's transaction. `only` limits
+ * it to some keys and their projects (usage ingestion restarts what it charges first, so
+ * usage after a boundary counts toward the new period); `limit` caps the rows of each table
+ * (the background restart works through many budgets a transaction at a time, so one
+ * boundary never holds the console's loop for seconds). Returns the records it changed.
  */
-const DUE = `(period = 'day' AND period_start < @day) OR (period = 'week' AND period_start < @week) OR (period = 'month' AND period_start < @month)`;
+const DUE = `period IS NOT NULL AND ((period = 'day' AND period_start < @day) OR (period = 'week' AND period_start < @week) OR (period = 'month' AND period_start < @month))`;
+const NEW_START = `CASE period WHEN 'day' THEN @day WHEN 'week' THEN @week ELSE @month END`;
+const ONLY_KEYS = 'id IN (SELECT value FROM json_each(@keys))';
+const ONLY_PROJECTS = 'id IN (SELECT project_id FROM keys WHERE id IN (SELECT value FROM json_each(@keys)))';
 
 const currentStarts = (now: number) => ({ day: periodStart('day', now), week: periodStart('week', now), month: periodStart('month', now) });
 
-export function rollDuePeriods(store: BudgetStore): SyncRecord[] {
-  const starts = currentStarts(store.now());
-  const due = DUE;
-  const keys = store.db.prepare(`SELECT ${KEY_COLUMNS} FROM keys WHERE period IS NOT NULL AND status = 'active' AND (${due})`).all(starts) as KeyRow[];
-  const projects = store.db.prepare(`SELECT * FROM projects WHERE period IS NOT NULL AND (${due})`).all(starts) as ProjectRow[];
-  if (keys.length === 0 && projects.length === 0) return [];
-  const restartKey = store.db.prepare('UPDATE keys SET spent = 0, epoch = epoch + 1, period_start = ? WHERE id = ?');
-  const restartProject = store.db.prepare('UPDATE projects SET spent = 0, epoch = epoch + 1, period_start = ? WHERE id = ?');
-  const records: SyncRecord[] = [];
-  for (const k of keys) {
-    restartKey.run(starts[k.period!], k.id);
-    records.push(keyRecordOf(store.keyRow(k.id)));
-  }
-  for (const p of projects) {
-    restartProject.run(starts[p.period!], p.id);
-    records.push(projectRecordOf(store.projectRow(p.id)));
-  }
-  return records;
+export function rollDuePeriods(store: BudgetStore, o: { only?: readonly string[]; limit?: number } = {}): SyncRecord[] {
+  const args = { ...currentStarts(store.now()), keys: JSON.stringify(o.only ?? []), limit: o.limit ?? -1 };
+  const pick = (table: string, extra: string, only: string) =>
+    `id IN (SELECT id FROM ${table} WHERE ${DUE}${extra}${o.only ? ` AND ${only}` : ''} LIMIT @limit)`;
+  const keys = store.db.prepare(`UPDATE keys SET spent = 0, epoch = epoch + 1, period_start = ${NEW_START}
+    WHERE ${pick('keys', " AND status = 'active'", ONLY_KEYS)} RETURNING ${KEY_COLUMNS}`).all(args) as KeyRow[];
+  const projects = store.db.prepare(`UPDATE projects SET spent = 0, epoch = epoch + 1, period_start = ${NEW_START}
+    WHERE ${pick('projects', '', ONLY_PROJECTS)} RETURNING *`).all(args) as ProjectRow[];
+  return [...keys.map(keyRecordOf), ...projects.map(projectRecordOf)];
 }
 
-/** Restarts the budgets whose period has ended, in a write of its own; returns how many restarted. */
-export function rollPeriods(store: BudgetStore): number {
+/**
+ * Restarts at most `limit` keys and `limit` projects whose period has ended, in a write of
+ * its own; returns how many restarted (the caller goes on while a batch comes back full).
+ */
+export function rollPeriods(store: BudgetStore, limit = ROLL_BATCH): number {
   // Checked every second: a read on the partial indexes first, the write lock only when due.
   const starts = currentStarts(store.now());
-  const any = store.db.prepare(`SELECT EXISTS (SELECT 1 FROM keys WHERE period IS NOT NULL AND status = 'active' AND (${DUE}))
-    OR EXISTS (SELECT 1 FROM projects WHERE period IS NOT NULL AND (${DUE}))`).pluck().get(starts);
+  const any = store.db.prepare(`SELECT EXISTS (SELECT 1 FROM keys WHERE status = 'active' AND ${DUE})
+    OR EXISTS (SELECT 1 FROM projects WHERE ${DUE})`).pluck().get(starts);
   if (!any) return 0;
   return store.write(() => {
-    const records = rollDuePeriods(store);
+    const records = rollDuePeriods(store, { limit });
     return { result: records.length, records };
   });
 }
+
+/** Budgets restarted a transaction: about 50 ms of the console's loop. */
+export const ROLL_BATCH = 2000;

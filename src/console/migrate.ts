@@ -35,6 +35,8 @@ CREATE TABLE IF NOT EXISTS prices (
 );
 CREATE INDEX IF NOT EXISTS keys_period ON keys(period, period_start) WHERE period IS NOT NULL;
 CREATE INDEX IF NOT EXISTS projects_period ON projects(period, period_start) WHERE period IS NOT NULL;
+-- The admin API's key listing pages in creation order (key-list.ts).
+CREATE INDEX IF NOT EXISTS keys_created ON keys(created_at, id);
 -- One row per start of the store (histories.ts). seq orders them: an INTEGER PRIMARY KEY
 -- keeps its values through VACUUM, which may renumber a plain rowid.
 CREATE TABLE IF NOT EXISTS histories (

@@ -13,7 +13,7 @@ import { shadowColumn } from '../policy/shadow.js';
 import { budgetChange, jsonOrNull, personalBudgetCheck } from './budgets.js';
 import { open, seal, verifyMasterKey } from './crypto.js';
 import {
-  BUSY_TIMEOUT_MS, KEY_COLUMNS, keyRecordOf, keyViewOf, money, projectRecordOf, projectViewOf, walletRecordOf, walletViewOf,
+  BUSY_TIMEOUT_MS, keyRecordOf, keyViewOf, money, projectRecordOf, projectViewOf, walletRecordOf, walletViewOf,
   type DB, type KeyRow, type KeyView, type NewKey, type KeySettings, type ProjectRow, type ProjectView, type WalletRow, type WalletView,
 } from './db.js';
 import { ApiError, conflict, notFound } from './errors.js';
@@ -27,16 +27,18 @@ export interface StoreOptions {
   now?: () => number;
 }
 
-
 export class ConsoleStore {
   readonly db: DB;
   readonly feed: ChangeFeed;
   private readonly masterKey: Buffer;
   private readonly hasher: KeyHasher;
   readonly now: () => number;
+  /** prepared once: a budget restart or a usage batch reads rows by id many times */
+  private readonly byId: { key: ReturnType<DB['prepare']>; project: ReturnType<DB['prepare']> };
 
   constructor(opts: StoreOptions) {
     this.db = opts.db;
+    this.byId = { key: this.db.prepare('SELECT * FROM keys WHERE id = ?'), project: this.db.prepare('SELECT * FROM projects WHERE id = ?') };
     this.feed = opts.feed;
     this.masterKey = opts.masterKey;
     this.hasher = opts.hasher;
@@ -66,33 +68,13 @@ export class ConsoleStore {
   // ---- keys ----
 
   keyRow(id: string): KeyRow {
-    const row = this.db.prepare(`SELECT * FROM keys WHERE id = ?`).get(id) as KeyRow | undefined;
+    const row = this.byId.key.get(id) as KeyRow | undefined;
     if (!row) throw notFound('key', id);
     return row;
   }
 
   getKey(id: string): KeyView {
     return keyViewOf(this.keyRow(id));
-  }
-
-  listKeys(filter: { user?: string; project?: string; includeDeleted?: boolean; visibleTo?: { user: string } }): KeyView[] {
-    const where: string[] = [];
-    const args: unknown[] = [];
-    if (filter.user !== undefined) {
-      where.push('user_id = ?');
-      args.push(filter.user);
-    }
-    if (filter.project !== undefined) {
-      where.push('project_id = ?');
-      args.push(filter.project);
-    }
-    if (!filter.includeDeleted) where.push(`status = 'active'`);
-    if (filter.visibleTo) {
-      where.push(`(user_id = ? OR project_id IN (SELECT project_id FROM members WHERE user_id = ?))`);
-      args.push(filter.visibleTo.user, filter.visibleTo.user);
-    }
-    const sql = `SELECT ${KEY_COLUMNS} FROM keys ${where.length ? `WHERE ${where.join(' AND ')}` : ''} ORDER BY created_at, id`;
-    return (this.db.prepare(sql).all(...args) as KeyRow[]).map(keyViewOf);
   }
 
   /** True when `user` may see the key: their own personal key, or a key of a project they belong to. */
@@ -203,7 +185,7 @@ export class ConsoleStore {
   // ---- projects ----
 
   projectRow(id: string): ProjectRow {
-    const row = this.db.prepare('SELECT * FROM projects WHERE id = ?').get(id) as ProjectRow | undefined;
+    const row = this.byId.project.get(id) as ProjectRow | undefined;
     if (!row) throw notFound('project', id);
     return row;
   }

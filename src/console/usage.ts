@@ -120,8 +120,8 @@ export function ingestUsage(opts: { store: ConsoleStore; pricer: Pricer; events:
       result: { accepted: 0, duplicates: 0, unknownKeys: 0, cost: 0 },
       touched: { keys: new Set(), projects: new Set(), wallets: new Set() },
     };
-    // A budget whose period ended restarts first, so usage from now on counts toward the new period.
-    const restarted: SyncRecord[] = rollDuePeriods(store);
+    // A budget this batch charges whose period ended restarts first, so the usage counts toward the new period.
+    const restarted: SyncRecord[] = rollDuePeriods(store, { only: opts.events.map((e) => e.key_id) });
     for (const ev of opts.events) ingestEvent(b, ev);
     return { result: b.result, records: changedRecords(b, restarted) };
   });

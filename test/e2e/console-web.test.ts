@@ -260,3 +260,23 @@ test('admin: top up a wallet, set a project budget and disable the project', { s
   assert.deepEqual(problems, []);
   await page.close();
 });
+
+test('the key list shows every page of the listing', { skip }, async () => {
+  const { page, problems } = await openPage();
+  // A console that answers one key a call: the page must follow `next` to the last.
+  const calls: string[] = [];
+  await page.route(/\/admin\/v1\/keys(\?.*)?$/, (route) => {
+    if (route.request().method() !== 'GET') return route.continue();
+    const url = new URL(route.request().url());
+    url.searchParams.set('limit', '1');
+    calls.push(url.search);
+    return route.continue({ url: url.toString() });
+  });
+  await page.goto(`${fx.url}/`);
+  await signIn(page, fx.tokens.admin);
+  const listed = (await fx.api('GET', '/admin/v1/keys')).body.keys as { name: string | null }[];
+  for (const k of listed) if (k.name) await page.locator('tr', { hasText: k.name }).first().waitFor();
+  assert.ok(listed.length >= 2 && calls.length >= listed.length, `one call a key: ${calls.length} calls for ${listed.length} keys`);
+  assert.deepEqual(problems, []);
+  await page.close();
+});

@@ -220,3 +220,35 @@ test('start-up fails clearly on a missing, malformed or wrong master key, withou
     return e instanceof MasterKeyError && /does not match/.test(e.message) && !e.message.includes(wrong);
   });
 });
+
+test('the key listing pages in creation order: limit, next and after; a user\'s pages hold only what they may see', async () => {
+  await fx.api('POST', '/admin/v1/projects', { body: { id: 'p_page', members: ['bob'] } });
+  const made: string[] = [];
+  for (let i = 0; i < 5; i++) made.push((await fx.api('POST', '/admin/v1/keys', { body: { kind: 'team', project: 'p_page' } })).body.key.id);
+  await fx.api('POST', '/admin/v1/keys', { body: { kind: 'personal', user: 'someone-else' } });
+  const whole = (await fx.api('GET', '/admin/v1/keys?project=p_page')).body;
+  assert.deepEqual([whole.keys.map((k: { id: string }) => k.id), whole.next], [made, null], 'one page by default');
+  const seen: string[] = [];
+  const sizes: number[] = [];
+  for (let after: string | null = null, turns = 0; turns < 10; turns++) {
+    const q: URLSearchParams = new URLSearchParams({ project: 'p_page', limit: '2', ...(after ? { after } : {}) });
+    const page: { keys: { id: string }[]; next: string | null } = (await fx.api('GET', `/admin/v1/keys?${q}`)).body;
+    seen.push(...page.keys.map((k: { id: string }) => k.id));
+    sizes.push(page.keys.length);
+    after = page.next;
+    if (after === null) break;
+  }
+  assert.deepEqual([seen, sizes], [made, [2, 2, 1]]);
+  const other = (await fx.api('POST', '/admin/v1/keys', { body: { kind: 'personal', user: 'alice' } })).body.key.id;
+  const bobSees: string[] = [];
+  for (let after: string | null = null, turns = 0; turns < 50; turns++) {
+    const page: { keys: { id: string }[]; next: string | null } = (await fx.api('GET', `/admin/v1/keys?limit=1${after ? `&after=${encodeURIComponent(after)}` : ''}`, { token: fx.tokens.bob })).body;
+    bobSees.push(...page.keys.map((k: { id: string }) => k.id));
+    after = page.next;
+    if (after === null) break;
+  }
+  assert.ok(made.every((id) => bobSees.includes(id)) && !bobSees.includes(other), 'a member\'s pages: the project\'s keys, not alice\'s');
+  assert.equal((await fx.api('GET', '/admin/v1/keys?limit=0')).status, 400);
+  assert.equal((await fx.api('GET', '/admin/v1/keys?limit=1001')).status, 400);
+  assert.equal((await fx.api('GET', '/admin/v1/keys?after=nonsense')).status, 400);
+});

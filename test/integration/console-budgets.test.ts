@@ -58,6 +58,29 @@ const ev = (key_id: string, request_id: string, extra: object = {}) => ({
   request_id, key_id, model: 'gpt-4o', input_tokens: 100_000, output_tokens: 10_000, status: 200, at: '2026-01-01T00:00:00Z', ...extra,
 }); // 0.25 + 0.1 = 0.35 at the fixture's gpt-4o price
 
+test('many budgets at one boundary restart a batch a write; usage restarts only what it charges first', async () => {
+  const c = await clocked('2026-11-30T12:00:00Z');
+  await c.call('POST', '/admin/v1/projects', { id: 'p_many', budget: 100, period: 'day' });
+  await c.call('POST', '/admin/v1/projects', { id: 'p_other', budget: 100, period: 'day' });
+  const keys: string[] = [];
+  for (let i = 0; i < 5; i++) keys.push((await c.call('POST', '/admin/v1/keys', { kind: 'team', project: 'p_many', budget: 5, period: 'day' })).body.key.id);
+  const lone = (await c.call('POST', '/admin/v1/keys', { kind: 'team', project: 'p_other', budget: 5, period: 'day' })).body.key.id;
+  c.clock.now = Date.parse('2026-12-01T00:00:01Z');
+  // Usage first: its key and that key's project restart, nothing else.
+  await c.usage([ev(lone, 'u1')]);
+  const epoch = async (path: string) => (await c.call('GET', path)).body;
+  assert.deepEqual([(await epoch(`/admin/v1/keys/${lone}`)).key.epoch, (await epoch('/admin/v1/projects/p_other')).project.epoch], [1, 1]);
+  assert.equal((await epoch(`/admin/v1/keys/${keys[0]}`)).key.epoch, 0, 'a key the usage did not charge waits for the background restart');
+  assert.equal((await epoch('/admin/v1/projects/p_many')).project.epoch, 0);
+  // The background restart: at most 2 of each table a write, until none is due.
+  assert.equal(rollPeriods(c.running.store, 2), 3, '2 keys and the 1 project due');
+  assert.equal(rollPeriods(c.running.store, 2), 2);
+  assert.equal(rollPeriods(c.running.store, 2), 1);
+  assert.equal(rollPeriods(c.running.store, 2), 0);
+  for (const id of keys) assert.equal((await epoch(`/admin/v1/keys/${id}`)).key.epoch, 1);
+  assert.equal((await epoch(`/admin/v1/keys/${lone}`)).key.spent, 0.35, 'restarted once, then charged');
+});
+
 test('epochs: bumped by top-ups, resets and budget changes, never by usage; the feed carries them', async () => {
   const c = await clocked('2026-11-25T12:00:00Z');
   await c.call('POST', '/admin/v1/projects', { id: 'p_e', budget: 10 });

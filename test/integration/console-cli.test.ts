@@ -163,3 +163,18 @@ pricing:
   assert.equal(exit, 1);
   assert.match(stderr, /KEYWARD_MASTER_KEY is not set/);
 });
+
+test('keys list follows the console\'s pages to the last', async () => {
+  await fx.api('POST', '/admin/v1/projects', { body: { id: 'p_cli_pages' } });
+  const made = [];
+  for (let i = 0; i < 3; i++) made.push(/key (k_[0-9a-f]+)/.exec((await cli('keys', 'create', '--team', 'p_cli_pages')).stdout)?.[1]);
+  // A console that pages by 1: the CLI must still print every key.
+  const onePerPage: typeof fetch = (input, init) => {
+    const url = new URL(String(input));
+    if (url.pathname === '/admin/v1/keys' && (init?.method ?? 'GET') === 'GET') url.searchParams.set('limit', '1');
+    return fetch(url, init);
+  };
+  const r = await runConsoleCli(['keys', 'list', '--project', 'p_cli_pages', '--json'], { env: { KEYWARD_ADMIN_TOKEN: fx.tokens.admin, KEYWARD_CONSOLE_URL: fx.url }, fetch: onePerPage });
+  assert.equal(r.code, 0, r.stderr);
+  assert.deepEqual(JSON.parse(r.stdout).keys.map((k: { id: string }) => k.id), made);
+});

@@ -42,9 +42,17 @@ export function forgetKeys() {
   usageOpen.clear();
 }
 
+// Every page of the listing (the console answers at most 1,000 keys a call).
 async function load() {
-  const { keys } = await api('GET', `/admin/v1/keys${showDeleted ? '?all=1' : ''}`);
-  return keys;
+  const keys = [];
+  const query = (after) => [showDeleted ? 'all=1' : '', after ? `after=${encodeURIComponent(after)}` : ''].filter(Boolean).join('&');
+  for (let after = null; ;) {
+    const q = query(after);
+    const page = await api('GET', `/admin/v1/keys${q ? `?${q}` : ''}`);
+    keys.push(...page.keys);
+    if (typeof page.next !== 'string') return keys;
+    after = page.next;
+  }
 }
 
 export async function renderKeys(panel, ctx) {
