@@ -54,6 +54,25 @@ export async function startAdmin(opts: AdminOptions): Promise<AdminServer> {
   return {
     server,
     port: typeof addr === 'object' && addr ? addr.port : opts.port,
-    close: () => new Promise<void>((resolve) => server.close(() => resolve())),
+    close: () => closeAdmin(server),
   };
+}
+
+/** How long a request in flight on the admin port (a scrape) may take once it closes. */
+const ADMIN_CLOSE_MS = 1000;
+
+/**
+ * Stops listening and ends every connection: idle ones at once, the rest after
+ * ADMIN_CLOSE_MS. `server.close()` alone waits for each kept-alive or half-sent connection
+ * (Node stops timing them out once it closes), so one idle client would hold the exit.
+ */
+function closeAdmin(server: Server): Promise<void> {
+  return new Promise<void>((resolve) => {
+    const cut = setTimeout(() => server.closeAllConnections(), ADMIN_CLOSE_MS).unref();
+    server.close(() => {
+      clearTimeout(cut);
+      resolve();
+    });
+    server.closeIdleConnections();
+  });
 }
