@@ -10,7 +10,7 @@ import net from 'node:net';
 import { once } from 'node:events';
 import { startAdmin } from '../../src/obs/admin.js';
 
-const exposition = { contentType: 'text/plain', metrics: async () => '' };
+const exposition = { contentType: 'text/plain; version=0.0.4; charset=utf-8' as const, metrics: async () => '' };
 
 test('closing the admin listener ends idle, kept-alive and half-sent connections', async () => {
   const admin = await startAdmin({ host: '127.0.0.1', port: 0, exposition, notReadyReason: () => null });
