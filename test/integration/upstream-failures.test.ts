@@ -131,7 +131,9 @@ describe('shutdown', () => {
       assert.equal(shutdown.length, 1);
       assert.equal(shutdown[0]!.in_flight, 1);
       assert.deepEqual(lines.filter((l) => l.msg === 'upstream failure'), [], 'the sidecar cut it, not the upstream');
-      assert.equal(lines.filter((l) => l.msg === 'request').length, 1, 'its access line is written');
+      const access = lines.filter((l) => l.msg === 'request');
+      assert.equal(access.length, 1, 'its access line is written');
+      assert.equal(access[0]!.status, 200, 'with the status its head carried: the client did not go away');
     } finally {
       release();
       h.replica.close();
