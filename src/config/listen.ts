@@ -10,10 +10,21 @@ import { parseIp, parseRange } from '../policy/network.js';
 const HOSTNAME = /^[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*$/;
 const unbracketed = (h: string): string => h.replace(/^\[(.*)\]$/, '$1');
 
+/**
+ * A name whose last label is a number is an IPv4 address in one of the forms the resolver
+ * also reads (`127.1`, `2130706433`, `0177.0.0.1` octal, `0x7f.1`), which the listener clash
+ * check would take for a name: only the four-decimal form is accepted.
+ */
+const NUMERIC_LAST = /(?:^|\.)(?:\d+|0x[0-9a-f]*)$/i;
+
 /** `[::1]` is accepted as written in a URL and kept as `::1`, the form `listen()` binds. */
 export const host = z
   .string()
-  .refine((h) => !h.includes('/') && (HOSTNAME.test(h) || parseRange(unbracketed(h)) !== null), { message: 'expected an IP address or a host name' })
+  .superRefine((h, ctx) => {
+    const ip = parseRange(unbracketed(h)) !== null;
+    if (!ip && NUMERIC_LAST.test(h)) ctx.addIssue({ code: 'custom', message: 'an IPv4 address is written as four decimal parts without leading zeros (127.0.0.1)' });
+    else if (h.includes('/') || (!ip && !HOSTNAME.test(h))) ctx.addIssue({ code: 'custom', message: 'expected an IP address or a host name' });
+  })
   .transform(unbracketed);
 
 const addressKey = (ip: Uint8Array): string => ip.join('.');

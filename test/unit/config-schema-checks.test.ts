@@ -98,3 +98,10 @@ test('listeners on localhost and on 127.0.0.1 or ::1 with one port collide', () 
   const apart = parse(`${MINIMAL}server: { host: localhost, port: 36327 }\nadmin: { host: 127.0.0.2, port: 36327 }\n`);
   assert.equal(apart.admin.host, '127.0.0.2');
 });
+
+test('an IPv4 address in a short, whole-number, octal or hex form is refused: the resolver reads it as an address the clash check would not', () => {
+  for (const h of ['127.1', '2130706433', '0177.0.0.1', '127.0.0.01', '0x7f.0.0.1', '10.0x1']) {
+    hasProblem(problems(`${MINIMAL}admin: { host: "${h}", port: 36327 }\n`), 'admin.host', /four decimal parts/);
+  }
+  for (const h of ['127.0.0.1', 'keyward-admin.internal', 'host-7', '"::1"']) assert.ok(parse(`${MINIMAL}admin: { host: ${h} }\n`));
+});
