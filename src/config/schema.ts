@@ -33,6 +33,13 @@ const timerMs = () => z.number().max(MAX_TIMER_MS, `expected at most ${MAX_TIMER
 const ms = (def: number) => num().pipe(timerMs().nonnegative()).default(def);
 const atMost = (max: number) => `expected at most ${max}`;
 /** A fraction such as 0.8; also from a numeric string, as `${VAR}` expansion yields. */
+/**
+ * A bearer token as an HTTP header carries it: visible ASCII, no spaces. A token read from a
+ * secret file with its trailing newline could never be sent (or matched), so it is refused
+ * here rather than met as a 401 or a failed request at run time.
+ */
+export const bearerToken = (s: z.ZodString) => s.regex(/^[\x21-\x7e]*$/, 'expected visible ASCII characters without spaces (a trailing newline from a secret file?)');
+
 export const fraction = z.preprocess((v) => (typeof v === 'string' && v.trim() !== '' && !Number.isNaN(Number(v)) ? Number(v) : v), z.number());
 /**
  * Runs a check that compares fields even when other parts of its value have problems, so
@@ -134,7 +141,7 @@ export const configSchema = z
     console: z
       .strictObject({
         url: baseUrl(fetchUrl('the sync token'), '/sync/v1/...').default('http://127.0.0.1:7000'),
-        token: z.string({ error: (iss) => (iss.input === undefined ? 'required: the sync token (or KEYWARD_SYNC_TOKEN in the environment)' : 'expected a string') }).min(1, 'the sync token must not be empty'),
+        token: bearerToken(z.string({ error: (iss) => (iss.input === undefined ? 'required: the sync token (or KEYWARD_SYNC_TOKEN in the environment)' : 'expected a string') }).min(1, 'the sync token must not be empty')),
         waitMs: num().pipe(z.number().min(0).max(60_000, atMost(60_000))).default(25_000),
       })
       .optional(),

@@ -26,10 +26,12 @@ const count = z.number().int().nonnegative().nullable().optional();
 const MAX_AMOUNT = 1e12;
 const amount = () => z.number().finite().min(-MAX_AMOUNT).max(MAX_AMOUNT);
 const budget = amount().nonnegative().nullable().optional();
+/** Text people read (a key's name, its routing tag): no control characters, which terminals act on. */
+const plainText = (max: number) => z.string().max(max).regex(/^[^\x00-\x1f\x7f-\x9f]*$/, 'expected text without control characters'); // eslint-disable-line no-control-regex
 const settings = {
-  name: z.string().max(200).nullable().optional(),
+  name: plainText(200).nullable().optional(),
   models: z.array(modelGlob).max(1000).nullable().optional(),
-  routing: z.string().min(1).max(64).nullable().optional(),
+  routing: plainText(64).min(1).nullable().optional(),
   rpm: count,
   tpm: count,
   concurrency: count,
@@ -201,9 +203,9 @@ const routes: Route[] = [
     method: 'GET', pattern: '/admin/v1/projects/:id', adminOnly: false,
     handle: (c) => {
       const user = asUser(c);
-      const project = c.store.getProject(c.params.id!);
-      if (user !== null && !project.members.includes(user)) throw forbidden('not a member of this project');
-      sendJson(c.res, 200, { project });
+      // Membership first: a user's 404 would tell which projects exist.
+      if (user !== null && !c.store.isMember(c.params.id!, user)) throw forbidden('not a member of this project');
+      sendJson(c.res, 200, { project: c.store.getProject(c.params.id!) });
     },
   },
   {

@@ -4,8 +4,13 @@
  */
 import type { KeyView, ProjectView, WalletView } from './db.js';
 
+/** Control characters shown as `\xNN`: a terminal would act on them (clear a line, set a title). */
+const CONTROL = /[\x00-\x1f\x7f-\x9f]/g; // eslint-disable-line no-control-regex
+const printable = (c: string | number | null): string =>
+  c === null ? '-' : String(c).replace(CONTROL, (ch) => `\\x${ch.charCodeAt(0).toString(16).padStart(2, '0')}`);
+
 export function table(headers: string[], rows: (string | number | null)[][]): string {
-  const cells = rows.map((r) => r.map((c) => (c === null ? '-' : String(c))));
+  const cells = rows.map((r) => r.map(printable));
   const widths = headers.map((h, i) => Math.max(h.length, ...cells.map((r) => r[i]!.length)));
   const line = (r: string[]) => r.map((c, i) => (i === r.length - 1 ? c : c.padEnd(widths[i]!))).join('  ');
   return [line(headers), ...cells.map(line)].join('\n') + '\n';
@@ -45,7 +50,7 @@ export function keyDetails(k: KeyView): string {
   ];
   if (k.deletedAt) rows.push(['deleted', when(k.deletedAt)]);
   const w = Math.max(...rows.map((r) => r[0].length));
-  return rows.map(([n, v]) => `${n.padEnd(w)}  ${v === null ? '-' : v}`).join('\n') + '\n';
+  return rows.map(([n, v]) => `${n.padEnd(w)}  ${printable(v)}`).join('\n') + '\n';
 }
 
 export function projectsTable(projects: ProjectView[]): string {

@@ -8,12 +8,12 @@
  */
 import { z } from 'zod';
 import { host } from '../config/listen.js';
-import { always, fraction, isRecord, num } from '../config/schema.js';
+import { always, bearerToken, fraction, isRecord, num } from '../config/schema.js';
 
 // Numbers also from `${VAR}` expansion, which yields strings (as in the sidecar's config).
 const port = num().pipe(z.number().min(0).max(65535));
 /** Long enough that a guessed or truncated token is not plausible. */
-const token = z.string().min(16, 'tokens must be at least 16 characters');
+const token = bearerToken(z.string().min(16, 'tokens must be at least 16 characters'));
 export const idPattern = /^[A-Za-z0-9][A-Za-z0-9._@-]{0,127}$/;
 /**
  * A model glob (key scopes, per-model limits, prices). The sidecar refuses model names with

@@ -252,3 +252,17 @@ test('the key listing pages in creation order: limit, next and after; a user\'s 
   assert.equal((await fx.api('GET', '/admin/v1/keys?limit=1001')).status, 400);
   assert.equal((await fx.api('GET', '/admin/v1/keys?after=nonsense')).status, 400);
 });
+
+test('names and routing tags with control characters are refused; a user cannot tell a project that does not exist from one it is not in', async () => {
+  for (const body of [{ name: 'laptop\x1b]0;owned\x07' }, { name: 'a\rb' }, { routing: 'batch\x9b' }]) {
+    const r = await fx.api('POST', '/admin/v1/keys', { body: { kind: 'personal', user: 'alice', ...body } });
+    assert.equal(r.status, 400, JSON.stringify(body));
+    assert.match(JSON.stringify(r.body), /control characters/);
+  }
+  assert.equal((await fx.api('POST', '/admin/v1/keys', { body: { kind: 'personal', user: 'alice', name: 'alice laptop (ünïcode ok)' } })).status, 201);
+  await fx.api('POST', '/admin/v1/projects', { body: { id: 'p_secret_plan' } });
+  const real = await fx.api('GET', '/admin/v1/projects/p_secret_plan', { token: fx.tokens.bob });
+  const none = await fx.api('GET', '/admin/v1/projects/p_no_such', { token: fx.tokens.bob });
+  assert.deepEqual([real.status, none.status], [403, 403]);
+  assert.equal((await fx.api('GET', '/admin/v1/projects/p_no_such')).status, 404, 'an admin is told');
+});

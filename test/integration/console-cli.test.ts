@@ -6,6 +6,8 @@ import { writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { randomBytes } from 'node:crypto';
 import { isWellFormedKey } from '../../src/auth/keyformat.js';
+import { keyDetails, keysTable } from '../../src/console/cli-format.js';
+import type { KeyView } from '../../src/console/db.js';
 import { runConsoleCli } from '../helpers/console-cli.js';
 import { startConsoleFixture, tok, type ConsoleFixture } from '../helpers/console-fixture.js';
 
@@ -177,4 +179,12 @@ test('keys list follows the console\'s pages to the last', async () => {
   const r = await runConsoleCli(['keys', 'list', '--project', 'p_cli_pages', '--json'], { env: { KEYWARD_ADMIN_TOKEN: fx.tokens.admin, KEYWARD_CONSOLE_URL: fx.url }, fetch: onePerPage });
   assert.equal(r.code, 0, r.stderr);
   assert.deepEqual(JSON.parse(r.stdout).keys.map((k: { id: string }) => k.id), made);
+});
+
+test('the CLI shows control characters in a key\'s text escaped, not sent to the terminal', () => {
+  const k = { id: 'k_1', name: 'x\x1b[2K\rdeleted\x07', kind: 'personal', user: 'u', project: null, status: 'active', models: null, routing: 'r\x9b', rpm: null, tpm: null, concurrency: null, budget: null, period: null, resetsAt: null, spent: 0, ips: null, allowBrowser: false, modelLimits: null, shadow: [], epoch: 0, createdAt: '2026-01-01T00:00:00.000Z', lastUsedAt: null, deletedAt: null } as unknown as KeyView;
+  for (const text of [keysTable([k]), keyDetails(k)]) {
+    assert.doesNotMatch(text, /[\x00-\x09\x0b-\x1f\x7f-\x9f]/, 'no control character but the line ends'); // eslint-disable-line no-control-regex
+    assert.ok(text.includes('x\\x1b[2K\\x0ddeleted\\x07') && text.includes('r\\x9b'), text);
+  }
 });

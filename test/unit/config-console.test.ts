@@ -7,6 +7,7 @@ import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { consoleConfigSchema } from '../../src/console/config.js';
 import { ConfigError, parseConfigText } from '../../src/config/load.js';
+import { configSchema } from '../../src/config/schema.js';
 
 function consoleProblems(text: string): string[] {
   try {
@@ -66,3 +67,22 @@ pricing: { unpriced: { inputPerMillion: 0, outputPerMillion: 0 } }
 `;
   assert.equal(parseConfigText({ text: ok, file: 'console.yaml', schema: consoleConfigSchema, env: {} }).listen.host, '::1');
 });
+
+test('a token no HTTP header can carry (a space, a trailing newline) is a problem, in the console\'s config and the sidecar\'s', () => {
+  const text = (admin: string) => `auth:\n  syncTokens: ["sync-token-aaaaaaaaaaaa"]\n  adminTokens: [${JSON.stringify(admin)}]\npricing:\n  models: []\n  unpriced: { inputPerMillion: 0, outputPerMillion: 0 }\n`;
+  for (const bad of ['admin-token-bbbbbbbbbbbb\n', 'admin token bbbbbbbbbbbb', 'admin-token-bbbbbbbbbbbé']) {
+    has(consoleProblems(text(bad)), 'auth.adminTokens.0: expected visible ASCII characters without spaces');
+  }
+  assert.deepEqual(consoleProblemsOrNone(text('admin-token-bbbbbbbbbbbb')), []);
+  const sidecar = configSchema.safeParse({ upstreams: { default: { url: 'http://127.0.0.1:1' } }, console: { url: 'http://127.0.0.1:7000', token: 'sync-token\n' } });
+  assert.ok(!sidecar.success && sidecar.error.issues.some((i) => i.path.join('.') === 'console.token' && /visible ASCII/.test(i.message)));
+});
+
+function consoleProblemsOrNone(text: string): string[] {
+  try {
+    parseConfigText({ text, file: 'console.yaml', schema: consoleConfigSchema, env: { TEST_MASTER_KEY: '00'.repeat(32) } });
+    return [];
+  } catch (e) {
+    return e instanceof ConfigError ? e.problems : [String(e)];
+  }
+}
