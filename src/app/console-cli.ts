@@ -13,7 +13,7 @@ import {
 } from '../console/cli-client.js';
 import { keyDetails, keysTable, lastUsed, projectsTable, walletsTable } from '../console/cli-format.js';
 import { loadConsoleConfig } from './config-files.js';
-import { MasterKeyError } from '../console/crypto.js';
+import { KeyHashingError, MasterKeyError } from '../console/crypto.js';
 import type { KeyView } from '../console/db.js';
 import { SHADOW_CHECKS } from '../protocol/shadow-checks.js';
 import { startConsole } from './console.js';
@@ -272,7 +272,7 @@ async function runConsole(opts: { file: string; io: CliIO }): Promise<void> {
   try {
     running = await startConsole({ config, env: io.env, log });
   } catch (err) {
-    if (!(err instanceof MasterKeyError) && (err as NodeJS.ErrnoException).code !== 'EADDRINUSE') throw err;
+    if (!(err instanceof MasterKeyError) && !(err instanceof KeyHashingError) && (err as NodeJS.ErrnoException).code !== 'EADDRINUSE') throw err;
     io.stderr(`error: ${(err as Error).message}\n`);
     return io.setExitCode(1);
   }

@@ -77,3 +77,27 @@ export function verifyMasterKey(opts: { db: import('better-sqlite3').Database; m
     throw new MasterKeyError('the master key does not match the one this console store was created with');
   }
 }
+
+export class KeyHashingError extends Error {
+  constructor(message: string) {
+    super(message);
+    this.name = 'KeyHashingError';
+  }
+}
+
+/**
+ * A store whose keys were hashed under other `keys.hash` or `keys.pepper` settings fails at
+ * start-up: its old keys would keep their hashes and new ones get the new kind, so no
+ * sidecar setting could match both. One active key's secret, hashed again, tells.
+ */
+export function verifyKeyHashing(opts: { db: import('better-sqlite3').Database; masterKey: Buffer; hasher: (key: string) => string }): void {
+  const row = opts.db.prepare(`SELECT id, hash, secret_iv, secret_tag, secret_ct FROM keys WHERE status = 'active' AND secret_ct IS NOT NULL LIMIT 1`).get() as
+    { id: string; hash: string; secret_iv: Buffer; secret_tag: Buffer; secret_ct: Buffer } | undefined;
+  if (!row) return;
+  const secret = open({ masterKey: opts.masterKey, sealed: { iv: row.secret_iv, tag: row.secret_tag, ciphertext: row.secret_ct }, aad: row.id });
+  if (opts.hasher(secret) !== row.hash) {
+    throw new KeyHashingError(
+      'keys.hash or keys.pepper differs from the settings this store\'s keys were hashed with: set them back (they must also match every sidecar\'s)',
+    );
+  }
+}

@@ -11,7 +11,7 @@ import type { DeleteChange, SyncRecord } from '../protocol/records.js';
 import { periodStart, type BudgetPeriod } from '../policy/period.js';
 import { shadowColumn } from '../policy/shadow.js';
 import { budgetChange, jsonOrNull, personalBudgetCheck } from './budgets.js';
-import { open, seal, verifyMasterKey } from './crypto.js';
+import { open, seal, verifyKeyHashing, verifyMasterKey } from './crypto.js';
 import {
   BUSY_TIMEOUT_MS, keyRecordOf, keyViewOf, money, projectRecordOf, projectViewOf, walletRecordOf, walletViewOf,
   type DB, type KeyRow, type KeyView, type NewKey, type KeySettings, type ProjectRow, type ProjectView, type WalletRow, type WalletView,
@@ -44,6 +44,7 @@ export class ConsoleStore {
     this.hasher = opts.hasher;
     this.now = opts.now ?? Date.now;
     verifyMasterKey({ db: this.db, masterKey: this.masterKey });
+    verifyKeyHashing({ db: this.db, masterKey: this.masterKey, hasher: this.hasher });
   }
 
   /**

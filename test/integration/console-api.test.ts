@@ -5,7 +5,7 @@ import { randomBytes } from 'node:crypto';
 import { makeKeyHasher } from '../../src/auth/hash.js';
 import { isWellFormedKey } from '../../src/auth/keyformat.js';
 import { startConsole } from '../../src/app/console.js';
-import { MasterKeyError } from '../../src/console/crypto.js';
+import { KeyHashingError, MasterKeyError } from '../../src/console/crypto.js';
 import { parseSnapshotText } from '../../src/protocol/ndjson.js';
 import { startConsoleFixture, syncGet, type ConsoleFixture } from '../helpers/console-fixture.js';
 
@@ -219,6 +219,17 @@ test('start-up fails clearly on a missing, malformed or wrong master key, withou
   await assert.rejects(startConsole({ config, env: { TEST_MASTER_KEY: wrong } }), (e: Error) => {
     return e instanceof MasterKeyError && /does not match/.test(e.message) && !e.message.includes(wrong);
   });
+});
+
+test('start-up fails clearly when keys.hash or keys.pepper differs from what the store\'s keys were hashed with', async () => {
+  assert.equal((await fx.api('POST', '/admin/v1/keys', { body: { kind: 'personal', user: 'alice' } })).status, 201);
+  const config = (keys: object) => ({ ...fx.config, listen: { host: '127.0.0.1', port: 0 }, keys: { ...fx.config.keys, ...keys } });
+  const pepper = 'pepper-0123456789abcdef';
+  // A console that starts anyway is closed again, so the failure is reported, not a hang.
+  const err = await startConsole({ config: config({ hash: 'hmac-sha256', pepper }), env: fx.env }).then((c) => c.close().then(() => null), (e: Error) => e);
+  assert.ok(err instanceof KeyHashingError && /keys\.hash or keys\.pepper/.test(err.message) && !err.message.includes(pepper), String(err));
+  const same = await startConsole({ config: config({}), env: fx.env });
+  await same.close();
 });
 
 test('the key listing pages in creation order: limit, next and after; a user\'s pages hold only what they may see', async () => {
