@@ -34,8 +34,11 @@ export type ToPrimary =
   | { type: 'keyward:usage'; events: UsageEvent[] }
   /** the worker's view of the replica, at start and after every change: /readyz waits for every worker */
   | { type: 'keyward:replica'; ready: boolean; version: number | null }
-  /** sent last: every earlier message of this worker has been delivered (IPC keeps order) */
-  | { type: 'keyward:drained' };
+  /**
+   * sent last: every earlier message of this worker has been delivered (IPC keeps order);
+   * with what it counted at the end, which the primary keeps in its totals
+   */
+  | { type: 'keyward:drained'; final?: { metrics: MetricObjectWithValues<MetricValue<string>>[]; decisions: DecisionCounts } };
 
 export function isMessage<T extends { type: string }>(msg: unknown): msg is T {
   return typeof msg === 'object' && msg !== null && typeof (msg as { type?: unknown }).type === 'string' && (msg as { type: string }).type.startsWith('keyward:');

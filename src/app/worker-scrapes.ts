@@ -85,6 +85,11 @@ export class WorkerScrapes implements Exposition {
     this.retired.splice(0, n, { metrics, decisions: addCounts(some.map((s) => s.decisions)) });
   }
 
+  /** What worker `id` counted at its end, sent as it drained: its totals stay whole when it exits. */
+  final(id: number, scrape: Scrape): void {
+    if (scrape.metrics.length > 0) this.last.set(id, scrape);
+  }
+
   /** A worker's answer to scrape `id`. */
   answered(id: number, scrape: Scrape): void {
     this.pending.get(id)?.(scrape);

@@ -110,7 +110,9 @@ class WorkerProcess {
       await s.close({ graceMs: this.drainMs ?? s.config().server.shutdownGraceMs });
       await this.usage?.flush();
       await flushed(this.logger!);
-      await send({ type: 'keyward:drained' });
+      const { registry, decisionCounts } = s.metrics;
+      const metrics = await registry.getMetricsAsJSON().catch(() => []);
+      await send({ type: 'keyward:drained', final: { metrics, decisions: decisionCounts() } });
     })().then(
       () => process.exit(0),
       (err: Error) => {

@@ -80,6 +80,8 @@ class Workers {
   private readonly listening = new Set<number>();
   /** resolves a worker's drain, by worker id */
   private readonly drained = new Map<number, () => void>();
+  /** workers that drained and said so before exiting (a signal to one worker, or the primary's drain) */
+  private readonly drainedSelf = new Set<number>();
   private restarts = 0;
   /** the wait before the next restart: doubled by each worker that ends soon after its start */
   private restartDelayMs = RESTART_DELAY_MS;
@@ -179,7 +181,11 @@ class Workers {
       if (this.o.usage) for (const e of msg.events) this.o.usage.push(e);
     } else if (msg.type === 'keyward:metrics') this.scrapes.answered(msg.id, msg);
     else if (msg.type === 'keyward:replica') this.ready.set(w.id, msg.ready);
-    else if (msg.type === 'keyward:drained') this.drained.get(w.id)?.();
+    else if (msg.type === 'keyward:drained') {
+      if (msg.final) this.scrapes.final(w.id, msg.final);
+      this.drainedSelf.add(w.id);
+      this.drained.get(w.id)?.();
+    }
   }
 
   private exited(w: Worker, code: number, signal: string | null): void {
@@ -189,16 +195,20 @@ class Workers {
     this.ready.delete(w.id);
     this.configs.gone(w);
     this.drained.get(w.id)?.();
+    const drainedSelf = this.drainedSelf.delete(w.id) && code === 0;
     if (this.closing) return;
     if (this.startupFailed) return this.startupFailed(new Error(`worker ${w.id} exited (${signal ?? `code ${code}`}) before listening`));
     this.restarts++;
     const upMs = performance.now() - (this.forkedAt.get(w.id) ?? 0);
     this.forkedAt.delete(w.id);
-    if (upMs >= STAYED_UP_MS) this.restartDelayMs = RESTART_DELAY_MS;
+    if (upMs >= STAYED_UP_MS || drainedSelf) this.restartDelayMs = RESTART_DELAY_MS;
     const delay = this.restartDelayMs;
-    this.restartDelayMs = Math.min(RESTART_DELAY_MAX_MS, delay * 2);
+    // A worker an operator stopped (a signal to it alone) drained and said so: no failure, no backoff.
+    if (!drainedSelf) this.restartDelayMs = Math.min(RESTART_DELAY_MAX_MS, delay * 2);
     // `worker_id`: the line is the primary's (its `worker` is 0), about another worker.
-    this.o.logger.error({ worker_id: w.id, code, signal, up_ms: Math.round(upMs), restart_in_ms: delay }, 'worker exited unexpectedly; starting another');
+    const line = { worker_id: w.id, code, signal, up_ms: Math.round(upMs), restart_in_ms: delay };
+    if (drainedSelf) this.o.logger.info(line, 'worker drained and exited; starting another');
+    else this.o.logger.error(line, 'worker exited unexpectedly; starting another');
     setTimeout(() => {
       if (!this.closing) this.fork();
     }, delay);

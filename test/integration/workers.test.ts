@@ -185,6 +185,23 @@ describe('serve --workers 2', () => {
     assert.equal(await metric(served200), before200 + 4);
   });
 
+  test('a worker an operator stops alone drains, keeps what it counted in the totals, and is replaced without a failure', async () => {
+    const listening = kw.lines.map((l) => JSON.parse(l) as { msg?: string; pids?: number[] }).find((l) => l.msg === 'keyward listening')!;
+    const before200 = await metric(served200);
+    const restarts = await metric('keyward_worker_restarts_total');
+    // counted after the last scrape: only the worker's final figures carry these
+    const rs = await Promise.all(Array.from({ length: 6 }, () => chat(secrets.k_open)));
+    assert.deepEqual(rs.map((r) => r.status), Array(6).fill(200));
+    process.kill(listening.pids![1]!, 'SIGTERM');
+    const deadline = Date.now() + 15_000;
+    while ((await metric('keyward_worker_restarts_total')) < restarts + 1) assert.ok(Date.now() < deadline, 'the exit was not noticed');
+    assert.equal(await metric(served200), before200 + 6, 'the stopped worker\'s last requests stay counted');
+    const line = kw.lines.map((l) => JSON.parse(l) as Record<string, unknown>).find((l) => l.msg === 'worker drained and exited; starting another');
+    assert.ok(line, 'an info line, not "exited unexpectedly"');
+    assert.deepEqual([line.level, line.code, line.restart_in_ms], ['info', 0, 1_000]);
+    while ((await metric('keyward_workers')) < 2) assert.ok(Date.now() < deadline, 'no replacement worker within 15 s');
+  });
+
   test('SIGTERM to the primary drains both workers: streams in flight finish, then exit 0', async () => {
     let release!: () => void;
     const released = new Promise<void>((r) => (release = r));
