@@ -10,7 +10,7 @@ import { SHADOW_CHECKS } from '../protocol/shadow-checks.js';
 import { resetSpent } from './budgets.js';
 import { idPattern, modelGlob } from './config.js';
 import { ApiError, MethodNotAllowed, invalid } from './errors.js';
-import { forbidden, intParam, match, readJson, sendJson, type Principal } from './http.js';
+import { forbidden, intParam, match, principalName, readJson, sendJson, type Principal } from './http.js';
 import { KEY_PAGE_MAX, listKeys } from './key-list.js';
 import type { LogSink } from '../log.js';
 import type { WalletView } from './db.js';
@@ -89,8 +89,9 @@ function visibleKey(ctx: Ctx) {
   return row;
 }
 
+/** `by` names the user, or which admin token (`admin#2`); `remote_addr` where the call came from. */
 function audit(ctx: Ctx, action: string, fields: Record<string, unknown>) {
-  ctx.log.info({ audit: action, by: ctx.who.role === 'user' ? `user:${ctx.who.user}` : 'admin', ...fields }, `admin ${action}`);
+  ctx.log.info({ audit: action, by: principalName(ctx.who), remote_addr: ctx.req.socket.remoteAddress ?? null, ...fields }, `admin ${action}`);
 }
 
 /** The `:user` of the path, when it is an id a user may have. */

@@ -8,7 +8,8 @@ import type { z } from 'zod';
 import type { ConsoleConfig } from './config.js';
 import { ApiError, MethodNotAllowed, invalid } from './errors.js';
 
-export type Principal = { role: 'admin' } | { role: 'user'; user: string } | { role: 'sync' };
+/** `tokenNumber`: which of `auth.adminTokens` (from 1), so an audit line tells two admins apart. */
+export type Principal = { role: 'admin'; tokenNumber: number } | { role: 'user'; user: string } | { role: 'sync' };
 
 /** Minimal logger shape (pino's); the console never passes it a key, token or master key. */
 
@@ -21,7 +22,7 @@ const digest = (token: string) => createHash('sha256').update(token, 'utf8').dig
 export function makeAuthenticator(auth: ConsoleConfig['auth']): (req: IncomingMessage) => Principal | null {
   const byDigest = new Map<string, Principal>();
   for (const t of auth.syncTokens) byDigest.set(digest(t), { role: 'sync' });
-  for (const t of auth.adminTokens) byDigest.set(digest(t), { role: 'admin' });
+  auth.adminTokens.forEach((t, i) => byDigest.set(digest(t), { role: 'admin', tokenNumber: i + 1 }));
   for (const u of auth.users) byDigest.set(digest(u.token), { role: 'user', user: u.id });
   return (req) => {
     const header = req.headers.authorization;
@@ -32,6 +33,7 @@ export function makeAuthenticator(auth: ConsoleConfig['auth']): (req: IncomingMe
 
 export function principalName(p: Principal | null): string {
   if (!p) return 'anonymous';
+  if (p.role === 'admin') return `admin#${p.tokenNumber}`;
   return p.role === 'user' ? `user:${p.user}` : p.role;
 }
 

@@ -59,7 +59,7 @@ export function consoleServer(o: { route: Route; log: LogSink; authenticate: (re
       // While shutting down, a connection whose answer went out is not kept alive for another request.
       if (o.closing()) server.closeIdleConnections();
       // Path only: ids are not secrets, and the query string is never logged.
-      const line = { method: req.method, path, status: res.statusCode, ms: Math.round(performance.now() - started), by: principalName(o.authenticate(req)) };
+      const line = { method: req.method, path, status: res.statusCode, ms: Math.round(performance.now() - started), by: principalName(o.authenticate(req)), remote_addr: req.socket.remoteAddress ?? null };
       if (path.startsWith('/sync/') || path === '/healthz') o.log.debug(line, 'request');
       else o.log.info(line, 'request');
     });

@@ -1,13 +1,15 @@
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
-import { readFileSync, existsSync } from 'node:fs';
+import { readFileSync, existsSync, mkdtempSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
 import { randomBytes } from 'node:crypto';
 import { makeKeyHasher } from '../../src/auth/hash.js';
 import { isWellFormedKey } from '../../src/auth/keyformat.js';
 import { startConsole } from '../../src/app/console.js';
 import { KeyHashingError, MasterKeyError } from '../../src/console/crypto.js';
 import { parseSnapshotText } from '../../src/protocol/ndjson.js';
-import { startConsoleFixture, syncGet, type ConsoleFixture } from '../helpers/console-fixture.js';
+import { makeConsoleConfig, startConsoleFixture, syncGet, tok, type ConsoleFixture } from '../helpers/console-fixture.js';
 
 let fx: ConsoleFixture;
 before(async () => {
@@ -276,4 +278,28 @@ test('names and routing tags with control characters are refused; a user cannot 
   const none = await fx.api('GET', '/admin/v1/projects/p_no_such', { token: fx.tokens.bob });
   assert.deepEqual([real.status, none.status], [403, 403]);
   assert.equal((await fx.api('GET', '/admin/v1/projects/p_no_such')).status, 404, 'an admin is told');
+});
+
+test('the audit trail tells admin tokens apart and names where each call came from', async () => {
+  const dir = mkdtempSync(join(tmpdir(), 'kw-audit-'));
+  const tokens = { admin: tok('admin'), sync: tok('sync'), alice: tok('alice'), bob: tok('bob') };
+  const second = tok('admin2');
+  const lines: Record<string, unknown>[] = [];
+  const log = { debug() {}, info: (o: object, msg?: string) => void lines.push({ ...o, msg }), warn() {}, error() {} };
+  const config = makeConsoleConfig({ dir, tokens, overrides: { auth: { syncTokens: [tokens.sync], adminTokens: [tokens.admin, second], users: [] } } });
+  const c = await startConsole({ config, env: { TEST_MASTER_KEY: randomBytes(32).toString('hex') }, log });
+  try {
+    const call = (token: string, path: string, body?: unknown) =>
+      fetch(`${c.url}${path}`, { method: 'POST', headers: { authorization: `Bearer ${token}`, 'content-type': 'application/json' }, ...(body ? { body: JSON.stringify(body) } : {}) }).then((r) => r.json() as Promise<{ key: { id: string } }>);
+    const made = await call(tokens.admin, '/admin/v1/keys', { kind: 'personal', user: 'alice' });
+    await call(second, `/admin/v1/keys/${made.key.id}/reveal`);
+    const audits = lines.filter((l) => l.audit !== undefined).map((l) => [l.audit, l.by, l.remote_addr]);
+    assert.deepEqual(audits, [['key.create', 'admin#1', '127.0.0.1'], ['key.reveal', 'admin#2', '127.0.0.1']]);
+    const requests = lines.filter((l) => l.msg === 'request');
+    assert.ok(requests.length >= 2 && requests.every((l) => l.remote_addr === '127.0.0.1'));
+    assert.ok(!JSON.stringify(lines).includes(second) && !JSON.stringify(lines).includes(tokens.admin), 'no token in any line');
+  } finally {
+    await c.close();
+    rmSync(dir, { recursive: true, force: true });
+  }
 });
