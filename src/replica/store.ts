@@ -63,14 +63,19 @@ function toFacts(r: Row): KeyFacts {
   };
 }
 
-/** Opens (or creates) a replica file, readable by its owner only, at the current schema. */
 /**
  * An error naming the file and what to do: the replica only caches the console's data, so
- * a file that is not one (another program's, damaged, of an unknown schema) can go.
+ * a file that is not one (another program's, damaged, of an unknown schema) can go. A file
+ * another process holds locked (SQLITE_BUSY) is in use, not broken: that process is named
+ * as the thing to look for.
  */
 function unusableReplica(path: string, err: unknown): Error {
   const why = err instanceof Error ? err.message : String(err);
-  return new Error(`replica.path ${path} cannot be used as the replica (${why}); it only caches the console's data: fix its permissions, or move it away and the next sync or import rebuilds it`);
+  const busy = (err as { code?: unknown }).code === 'SQLITE_BUSY' || /database is locked/.test(why);
+  const todo = busy
+    ? 'another process holds it locked (a second keyward on the same file, a backup, a sqlite3 shell): stop that process, or give this one its own replica.path'
+    : 'it only caches the console\'s data: fix its permissions, or move it away and the next sync or import rebuilds it';
+  return new Error(`replica.path ${path} cannot be used as the replica (${why}); ${todo}`);
 }
 
 export function openDatabase(path: string): Database.Database {

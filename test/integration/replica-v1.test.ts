@@ -207,3 +207,17 @@ test('a file that cannot be the replica is refused with its path and what to do'
     assert.throws(() => new ReplicaStore({ path }), (err: Error) => err.message.startsWith(`replica.path ${path} cannot be used as the replica (`) && /move it away/.test(err.message));
   }
 });
+
+test('a replica file another process holds locked is named as in use, not as one to move away', () => {
+  const path = join(dir, 'locked.sqlite');
+  new ReplicaStore({ path }).close();
+  const holder = new Database(path);
+  holder.pragma('locking_mode = EXCLUSIVE');
+  holder.exec('BEGIN EXCLUSIVE');
+  try {
+    assert.throws(() => new ReplicaStore({ path }), (err: Error) => /locked/.test(err.message) && /another process holds it locked/.test(err.message) && !/move it away/.test(err.message));
+  } finally {
+    holder.exec('ROLLBACK');
+    holder.close();
+  }
+});
