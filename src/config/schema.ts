@@ -32,14 +32,13 @@ const MAX_TIMER_MS = 2_147_483_647;
 const timerMs = () => z.number().max(MAX_TIMER_MS, `expected at most ${MAX_TIMER_MS} (about 24.8 days): Node's timers cannot wait longer`);
 const ms = (def: number) => num().pipe(timerMs().nonnegative()).default(def);
 const atMost = (max: number) => `expected at most ${max}`;
-/** A fraction such as 0.8; also from a numeric string, as `${VAR}` expansion yields. */
 /**
  * A bearer token as an HTTP header carries it: visible ASCII, no spaces. A token read from a
  * secret file with its trailing newline could never be sent (or matched), so it is refused
  * here rather than met as a 401 or a failed request at run time.
  */
 export const bearerToken = (s: z.ZodString) => s.regex(/^[\x21-\x7e]*$/, 'expected visible ASCII characters without spaces (a trailing newline from a secret file?)');
-
+/** A fraction such as 0.8; also from a numeric string, as `${VAR}` expansion yields. */
 export const fraction = z.preprocess((v) => (typeof v === 'string' && v.trim() !== '' && !Number.isNaN(Number(v)) ? Number(v) : v), z.number());
 /**
  * Runs a check that compares fields even when other parts of its value have problems, so

@@ -111,5 +111,5 @@ export function rollPeriods(store: BudgetStore, limit = ROLL_BATCH): number {
   });
 }
 
-/** Budgets restarted a transaction: about 50 ms of the console's loop. */
+/** Budgets of each table restarted a transaction: a short turn of the console's loop, however many are due. */
 export const ROLL_BATCH = 2000;

@@ -71,7 +71,7 @@ function toFacts(r: Row): KeyFacts {
  */
 function unusableReplica(path: string, err: unknown): Error {
   const why = err instanceof Error ? err.message : String(err);
-  const busy = (err as { code?: unknown }).code === 'SQLITE_BUSY' || /database is locked/.test(why);
+  const busy = (err instanceof Error && (err as { code?: unknown }).code === 'SQLITE_BUSY') || /database is locked/.test(why);
   const todo = busy
     ? 'another process holds it locked (a second keyward on the same file, a backup, a sqlite3 shell): stop that process, or give this one its own replica.path'
     : 'it only caches the console\'s data: fix its permissions, or move it away and the next sync or import rebuilds it';
