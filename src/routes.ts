@@ -65,6 +65,8 @@ export const DEFAULT_RULES: readonly RouteRule[] = [
   rule('/v1/completions', r('completions', 'model', { modelRequired: true })),
   rule('/v1/embeddings', r('embeddings', 'model', { modelRequired: true })),
   rule('/v1/responses', r('responses', 'model', { modelRequired: true }), { methods: ['POST'] }),
+  // OpenAI's token count for a Responses request, as count_tokens is Anthropic's: it generates nothing.
+  rule('/v1/responses/input_tokens', r('responses.input_tokens', 'model', { countTokens: true }), { methods: ['POST'] }),
   rule('/v1/responses/{id}', r('responses', 'model', { storedCall: true }), { pattern: /^\/v1\/responses\/[^/]/ }),
   rule('/v1/responses', r('responses', 'model')),
   rule('/v1/moderations', r('moderations', 'model')),

@@ -19,6 +19,8 @@ const KNOWN: [method: string, target: string, want: Want][] = [
   ['POST', '/v1/completions', { name: 'completions', ...model }],
   ['POST', '/v1/embeddings', { name: 'embeddings', ...model }],
   ['POST', '/v1/responses', { name: 'responses', ...model }],
+  ['POST', '/v1/responses/input_tokens', { name: 'responses.input_tokens', ...model, countTokens: true }],
+  ['GET', '/v1/responses/input_tokens', { name: 'responses', ...model }],
   ['GET', '/v1/responses/resp_123', { name: 'responses', ...model }],
   ['POST', '/v1/responses/resp_123/cancel', { name: 'responses', ...model }],
   ['DELETE', '/v1/responses/resp_123', { name: 'responses', ...model }],
