@@ -57,9 +57,22 @@ export const CATALOGUE = {
     message: 'API keys must not be used from browser code. Call the API from a server, or ask for a key that allows browsers.',
   },
   project_disabled: { status: 402, message: 'The project this key belongs to is disabled.' },
-  key_budget_exhausted: { status: 402, message: "This key's budget is used up. Ask a project admin to raise it." },
-  project_budget_exhausted: { status: 402, message: "The project's budget is used up. Ask a project admin to raise it." },
-  insufficient_balance: { status: 402, message: 'Your wallet balance is used up. Add credit to continue.' },
+  // `hold`: step 9, where what is left is not used up but is less than this request could cost.
+  key_budget_exhausted: {
+    status: 402,
+    message: "This key's budget is used up. Ask a project admin to raise it.",
+    variants: { hold: "This request could cost more than is left of this key's budget. Ask for fewer output tokens (max_tokens), or ask a project admin to raise the budget." },
+  },
+  project_budget_exhausted: {
+    status: 402,
+    message: "The project's budget is used up. Ask a project admin to raise it.",
+    variants: { hold: "This request could cost more than is left of the project's budget. Ask for fewer output tokens (max_tokens), or ask a project admin to raise the budget." },
+  },
+  insufficient_balance: {
+    status: 402,
+    message: 'Your wallet balance is used up. Add credit to continue.',
+    variants: { hold: 'This request could cost more than your wallet balance. Ask for fewer output tokens (max_tokens), or add credit.' },
+  },
   invalid_request: {
     status: 400,
     message: 'The request could not be read.',

@@ -271,7 +271,7 @@ export async function decide(input: RequestInput, deps: PipelineDeps, snap: Snap
   if (!held.ok) {
     lease?.cancel(); // refused before forwarding: the admission took nothing
     if (held.code === 'limits_unavailable') return denied(seen, deny(held.code, { retryAfterMs: held.retryAfterMs }));
-    return denied(seen, (await spentBeforeLaterSteps(deps, { snap, admitted, wait })) ?? deny(held.code));
+    return denied(seen, (await spentBeforeLaterSteps(deps, { snap, admitted, wait })) ?? deny(held.code, metered ? { variant: 'hold' } : {}));
   }
   if (metered) return allowed(admitted, { body, bodyRead, lease, quota, hold: held.hold, price, tokens, estimate, metered });
   held.hold.settle(0);

@@ -142,6 +142,8 @@ for (const variant of VARIANTS) {
       // About 15 tokens at 1 each do not fit a budget of 1 that nothing has spent: step 9's refusal, after step 8.
       const priced = await post('priced-model');
       assert.deepEqual([priced.status, priced.headers['x-keyward-error'], priced.headers['x-keyward-shadow']], [402, 'key_budget_exhausted', 'rpm_exceeded']);
+      const message = (JSON.parse(priced.body.toString()) as { error: { message: string } }).error.message;
+      assert.match(message, /could cost more than is left of this key's budget.*max_tokens/, 'not "used up": nothing is spent yet');
     });
 
     test('a request refused 402 at its spend hold takes no request from the key\'s RPM', async () => {
