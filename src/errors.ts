@@ -155,6 +155,9 @@ export interface ErrorResponse {
  */
 export const ERROR_HEADER = 'x-keyward-error';
 
+/** The longest Retry-After the official SDKs wait out by themselves (under a minute). */
+const SDK_LONGEST_WAIT_MS = 60_000;
+
 /** Renders a denial in the route's style with the headers every denial carries. */
 export function renderError(denial: Denial, style: ErrorStyle): ErrorResponse {
   const status = denial.status ?? STATUS[denial.code];
@@ -174,6 +177,9 @@ export function renderError(denial: Denial, style: ErrorStyle): ErrorResponse {
     const ms = Math.max(1, Math.ceil(wait !== undefined && Number.isFinite(wait) ? wait : 1000));
     headers['retry-after'] = String(Math.max(1, Math.ceil(ms / 1000)));
     headers['retry-after-ms'] = String(ms);
+    // The openai SDK takes a wait of a minute or more for no wait and retries within a
+    // second, twice, into the same refusal: told not to, it hands the 429 and its wait over.
+    if (ms >= SDK_LONGEST_WAIT_MS) headers['x-should-retry'] = 'false';
   }
   return { status, headers, body: text };
 }
