@@ -73,8 +73,7 @@ test('a request admitted from a slice settles into it while it is live; otherwis
   assert.deepEqual(s.left, { rpm: 2, tpm: 200 });
   assert.equal(t.settle('k', s, { rpm: 0, tpm: 60 }), true, 'a refund of 60 (100 reserved, 40 used)');
   assert.deepEqual(s.left, { rpm: 2, tpm: 260 });
-  assert.equal(t.settle('k', s2, { rpm: 0, tpm: -300 }), false, 'a charge of 300 does not fit the 260 left: Redis charges it');
-  assert.equal(t.settle('k', s2, { rpm: 0, tpm: -60 }), true, 'a charge of 60 does');
+  assert.equal(t.settle('k', s2, { rpm: 0, tpm: -60 }), true, 'a charge of 60 fits the 260 left');
   assert.equal(t.settle('k', s2, { rpm: 1, tpm: 100 }), true, 'an undo gives the request and its tokens back');
   assert.deepEqual(s.left, { rpm: 3, tpm: 300 });
   clock.now = 1000;
@@ -82,6 +81,20 @@ test('a request admitted from a slice settles into it while it is live; otherwis
   t.sweep();
   assert.deepEqual(given.map((g) => [g.id, g.left]), [['s1', { rpm: 3, tpm: 300 }]], 'what was settled into it goes back with it');
   assert.equal(t.settle('k', s, { rpm: 0, tpm: 10 }), false, 'nor one given back');
+  t.stop();
+});
+
+test('a charge past what the slice holds goes to Redis and sends the slice back: the next request is judged by the bucket', () => {
+  const given: Slice[] = [];
+  const { t } = table(given);
+  for (let i = 0; i < 4; i++) t.note('k', 100);
+  t.install('k', { id: 's1', rpmCap: 1000, tpmCap: 100_000, granted: { rpm: 4, tpm: 400 }, seen: { rpm: 900, tpm: 90_000 } }, 0);
+  const s = t.take('k', 1000, 100_000, 100)!;
+  assert.equal(t.settle('k', s, { rpm: 0, tpm: -500 }), false, '500 owed past the 300 left: Redis charges it, into debt');
+  assert.deepEqual(given.map((g) => [g.id, g.left]), [['s1', { rpm: 3, tpm: 300 }]], 'what the slice held goes back against the debt');
+  assert.equal(t.take('k', 1000, 100_000, 0), null, 'no request admitted from it any more');
+  assert.equal(t.settle('k', s, { rpm: 0, tpm: 10 }), false);
+  assert.equal(t.held(), 0);
   t.stop();
 });
 

@@ -98,7 +98,15 @@ export class SliceTable extends DemandTable<Entry> {
     // A bucket the key has no limit for is not in the slice: nothing to settle there.
     const rpm = s.rpmCap > 0 ? delta.rpm : 0;
     const tpm = s.tpmCap > 0 ? delta.tpm : 0;
-    if (s.left.rpm + rpm < 0 || s.left.tpm + tpm < 0) return false;
+    if (s.left.rpm + rpm < 0 || s.left.tpm + tpm < 0) {
+      // Owed past what the slice holds: the key's bucket goes into debt in Redis. What the
+      // slice holds is part of that bucket, so it goes back too, and the next request is
+      // judged by the bucket (section 6: admitted only while it holds the estimate), not
+      // admitted from tokens the debt has already used.
+      this.detach(keyId);
+      this.opts.giveBack(keyId, s);
+      return false;
+    }
     s.left.rpm += rpm;
     s.left.tpm += tpm;
     return true;
