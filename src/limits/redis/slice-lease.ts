@@ -73,6 +73,9 @@ export class SliceLease implements RedisLease {
     // Nothing to give back or free, or all of it settled in the slice: no operation to build.
     if (!held.slotId && delta.rpm === 0 && delta.tpm === 0) return;
     if (!held.slotId && held.slice && path.slices.settle(leased.keyId, held.slice, delta)) return;
+    // Owed past its reservation, in Redis: a slice of the key's bucket goes back with it, so
+    // a bucket in debt admits nothing from tokens taken from it before.
+    if (delta.tpm < 0) path.slices.retire(leased.keyId);
     path.batch.add(path.settleOp(leased.keyId, delta, leased, { slotId: held.slotId }));
   }
 }

@@ -103,8 +103,7 @@ export class SliceTable extends DemandTable<Entry> {
       // slice holds is part of that bucket, so it goes back too, and the next request is
       // judged by the bucket (section 6: admitted only while it holds the estimate), not
       // admitted from tokens the debt has already used.
-      this.detach(keyId);
-      this.opts.giveBack(keyId, s);
+      this.retire(keyId);
       return false;
     }
     s.left.rpm += rpm;
@@ -127,6 +126,15 @@ export class SliceTable extends DemandTable<Entry> {
       if (tpm < 1 || tpm < 2 * avg) return null;
     }
     return { rpm, tpm, keepRpm: Math.ceil(rpmCap * KEEP_SHARE), keepTpm: Math.ceil(tpmCap * KEEP_SHARE) };
+  }
+
+  /**
+   * Gives the key's live slice back now: a settlement put its bucket into debt in Redis, and
+   * tokens the slice holds are part of that bucket (the next request is judged by Redis).
+   */
+  retire(keyId: string): void {
+    const s = this.detach(keyId);
+    if (s) this.opts.giveBack(keyId, s);
   }
 
   /** Takes the key's slice out of the table (to be returned by the caller's next lease call). */
