@@ -3,12 +3,12 @@
  * --config`) and the console's (`console`, `check-config --console`), each validated as
  * its process validates it at start.
  */
-import { loadConfig, loadConfigFile } from '../config/file.js';
+import { CONSOLE_ENV_DEFAULTS, loadConfig, loadConfigFile } from '../config/file.js';
 import { DEFAULT_REPLICA_PATH } from '../config/schema.js';
 import { consoleConfigSchema, type ConsoleConfig } from '../console/config.js';
 
 export function loadConsoleConfig(opts: { file: string; env?: NodeJS.ProcessEnv }): ConsoleConfig {
-  return loadConfigFile({ file: opts.file, schema: consoleConfigSchema, ...(opts.env ? { env: opts.env } : {}) });
+  return loadConfigFile({ file: opts.file, schema: consoleConfigSchema, envDefaults: CONSOLE_ENV_DEFAULTS, ...(opts.env ? { env: opts.env } : {}) });
 }
 
 /** `check-config`: throws ConfigError naming every problem, as a reload or a start would. */

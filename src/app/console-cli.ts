@@ -289,4 +289,6 @@ async function runConsole(opts: { file: string; io: CliIO }): Promise<void> {
   };
   process.once('SIGTERM', () => stop('SIGTERM'));
   process.once('SIGINT', () => stop('SIGINT'));
+  // SIGHUP's default would end the console; sidecars reload on it, the console does not.
+  process.on('SIGHUP', () => log.warn({}, 'the console does not reload its config: restart it to apply a change'));
 }

@@ -37,10 +37,13 @@ export function readConfigFile(file: string): Buffer {
   }
 }
 
-export function loadConfigFile<T>(opts: { file: string; schema: z.ZodType<T>; env?: NodeJS.ProcessEnv }): T {
+export function loadConfigFile<T>(opts: { file: string; schema: z.ZodType<T>; env?: NodeJS.ProcessEnv; envDefaults?: readonly EnvDefault[] }): T {
   const text = readConfigFile(opts.file).toString('utf8');
-  return parseConfigText({ text, file: opts.file, schema: opts.schema, ...(opts.env ? { env: opts.env } : {}) });
+  return parseConfigText({ text, file: opts.file, schema: opts.schema, ...(opts.env ? { env: opts.env } : {}), ...(opts.envDefaults ? { envDefaults: opts.envDefaults } : {}) });
 }
+
+/** The console's: its pepper as the sidecar's, since the two must hash keys alike. */
+export const CONSOLE_ENV_DEFAULTS: readonly EnvDefault[] = SIDECAR_ENV_DEFAULTS.filter((d) => d.block === 'keys');
 
 /** Reads and validates the file; throws ConfigError naming every problem. */
 export function loadConfig(file: string, env: NodeJS.ProcessEnv = process.env): LoadedConfig {

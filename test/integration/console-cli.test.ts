@@ -149,6 +149,11 @@ pricing:
   const url = await listening;
   const made = await runConsoleCli(['keys', 'create', '--personal', 'zed', '--json', '--console', url], { env: { KEYWARD_ADMIN_TOKEN: admin } });
   const secret = JSON.parse(made.stdout).secret as string;
+  // A SIGHUP (sidecars reload on it) leaves the console running, and says so.
+  const warned = new Promise<void>((resolve) => child.stdout.on('data', () => stdout.includes('does not reload') && resolve()));
+  child.kill('SIGHUP');
+  await warned;
+  assert.equal((await fetch(`${url}/healthz`)).status, 200, 'still serving after SIGHUP');
   child.kill('SIGTERM');
   const [code] = await once(child, 'exit');
   assert.equal(code, 0);

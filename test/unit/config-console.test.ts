@@ -8,6 +8,10 @@ import assert from 'node:assert/strict';
 import { consoleConfigSchema } from '../../src/console/config.js';
 import { ConfigError, parseConfigText } from '../../src/config/load.js';
 import { configSchema } from '../../src/config/schema.js';
+import { loadConsoleConfig } from '../../src/app/config-files.js';
+import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
 
 function consoleProblems(text: string): string[] {
   try {
@@ -86,3 +90,15 @@ function consoleProblemsOrNone(text: string): string[] {
     return e instanceof ConfigError ? e.problems : [String(e)];
   }
 }
+
+test('the console takes its pepper from KEYWARD_KEY_PEPPER when keys leaves it out, as the sidecar does', () => {
+  const dir = mkdtempSync(join(tmpdir(), 'kw-console-pepper-'));
+  try {
+    const file = join(dir, 'console.yaml');
+    writeFileSync(file, `auth:\n  syncTokens: ["sync-token-aaaaaaaaaaaa"]\n  adminTokens: ["admin-token-bbbbbbbbbbbb"]\nkeys: { hash: hmac-sha256 }\npricing:\n  models: []\n  unpriced: { inputPerMillion: 0, outputPerMillion: 0 }\n`);
+    assert.equal(loadConsoleConfig({ file, env: { KEYWARD_KEY_PEPPER: 'pepper-from-the-env-0123' } }).keys.pepper, 'pepper-from-the-env-0123');
+    assert.throws(() => loadConsoleConfig({ file, env: {} }), (e: Error) => e instanceof ConfigError && /pepper/.test(e.message));
+  } finally {
+    rmSync(dir, { recursive: true, force: true });
+  }
+});
