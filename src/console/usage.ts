@@ -27,7 +27,7 @@ function statements(db: ConsoleStore['db']) {
   return {
     keyById: db.prepare('SELECT * FROM keys WHERE id = ?'),
     projectById: db.prepare('SELECT * FROM projects WHERE id = ?'),
-    projectSpent: db.prepare('SELECT spent FROM projects WHERE id = ?'),
+    projectSpent: db.prepare('SELECT spent, period_start FROM projects WHERE id = ?'),
     ledger: db.prepare(`INSERT INTO usage (event_id, request_id, key_id, model, input_tokens, output_tokens, status, cost, at,
         received_at, estimated)
       VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT(event_id) DO NOTHING`),
@@ -79,15 +79,22 @@ function ingestEvent(b: Batch, ev: UsageEvent): void {
   charge(b, key, cost, at);
 }
 
+/**
+ * What a budget counts of usage made at `at`: usage made before its current period began
+ * (before a UTC boundary, pushed after it) belongs to a period that has ended, and is
+ * recorded without being added to the new period's `spent`.
+ */
+const inPeriod = (cost: number, at: number, periodStart: number | null): number => (periodStart === null || at >= periodStart ? cost : 0);
+
 /** Moves the key's `spent` and its project's `spent` (team keys) or its user's balance (personal keys). */
 function charge(b: Batch, key: KeyRow, cost: number, at: number): void {
   const { sql, touched } = b;
-  sql.chargeKey.run(money(key.spent + cost), at, key.id);
+  sql.chargeKey.run(money(key.spent + inPeriod(cost, at, key.period_start)), at, key.id);
   touched.keys.add(key.id);
   if (key.kind === 'team' && key.project_id !== null) {
-    const p = sql.projectSpent.get(key.project_id) as { spent: number } | undefined;
+    const p = sql.projectSpent.get(key.project_id) as { spent: number; period_start: number | null } | undefined;
     if (p) {
-      sql.chargeProject.run(money(p.spent + cost), key.project_id);
+      sql.chargeProject.run(money(p.spent + inPeriod(cost, at, p.period_start)), key.project_id);
       touched.projects.add(key.project_id);
     }
   } else if (key.user_id !== null) {

@@ -40,9 +40,10 @@ async function clocked(startIso: string, opts: { periodCheckMs?: number } = {}) 
     const text = await res.text();
     return { status: res.status, body: text && res.headers.get('content-type')?.includes('json') ? JSON.parse(text) : text };
   };
+  // An event made now on the console's clock, unless it says when it was made.
   const usage = (events: object[]) =>
     fetch(`${running.url}/sync/v1/usage`, {
-      method: 'POST', headers: { authorization: `Bearer ${tokens.sync}` }, body: events.map((e) => JSON.stringify(e)).join('\n'),
+      method: 'POST', headers: { authorization: `Bearer ${tokens.sync}` }, body: events.map((e) => JSON.stringify({ at: new Date(clock.now).toISOString(), ...e })).join('\n'),
     }).then((r) => r.json() as Promise<Record<string, number>>);
   /** the feed's changes after `after`, parsed as a sidecar would */
   const changes = async (after: number, waitMs = 0): Promise<{ version: number; changes: Change[] }> => {
@@ -55,7 +56,7 @@ async function clocked(startIso: string, opts: { periodCheckMs?: number } = {}) 
 }
 
 const ev = (key_id: string, request_id: string, extra: object = {}) => ({
-  request_id, key_id, model: 'gpt-4o', input_tokens: 100_000, output_tokens: 10_000, status: 200, at: '2026-01-01T00:00:00Z', ...extra,
+  request_id, key_id, model: 'gpt-4o', input_tokens: 100_000, output_tokens: 10_000, status: 200, ...extra,
 }); // 0.25 + 0.1 = 0.35 at the fixture's gpt-4o price
 
 test('many budgets at one boundary restart a batch a write; usage restarts only what it charges first', async () => {
@@ -79,6 +80,20 @@ test('many budgets at one boundary restart a batch a write; usage restarts only 
   assert.equal(rollPeriods(c.running.store, 2), 0);
   for (const id of keys) assert.equal((await epoch(`/admin/v1/keys/${id}`)).key.epoch, 1);
   assert.equal((await epoch(`/admin/v1/keys/${lone}`)).key.spent, 0.35, 'restarted once, then charged');
+});
+
+test('usage made before a UTC boundary and pushed after it is recorded, not counted toward the new period', async () => {
+  const c = await clocked('2026-11-30T23:59:50Z');
+  await c.call('POST', '/admin/v1/projects', { id: 'p_late', budget: 100, period: 'day' });
+  const key = (await c.call('POST', '/admin/v1/keys', { kind: 'team', project: 'p_late', budget: 5, period: 'day' })).body.key;
+  c.clock.now = Date.parse('2026-12-01T00:00:05Z');
+  const out = await c.usage([ev(key.id, 'before', { at: '2026-11-30T23:59:55Z' }), ev(key.id, 'after', { at: '2026-12-01T00:00:01Z' })]);
+  assert.equal(out.accepted, 2, 'both are recorded');
+  const k = (await c.call('GET', `/admin/v1/keys/${key.id}`)).body.key;
+  assert.deepEqual([k.spent, k.epoch], [0.35, 1], 'the new day counts only what was made in it');
+  assert.equal((await c.call('GET', '/admin/v1/projects/p_late')).body.project.spent, 0.35);
+  const recent = (await c.call('GET', `/admin/v1/keys/${key.id}/usage`)).body.usage as { requestId: string }[];
+  assert.deepEqual(recent.map((u) => u.requestId).sort(), ['after', 'before'], 'the late one is in the key\'s usage');
 });
 
 test('epochs: bumped by top-ups, resets and budget changes, never by usage; the feed carries them', async () => {
