@@ -31,7 +31,9 @@ export function holdNano(amount: number): number {
 }
 export const toNano = (amount: number): number => Math.round(amount * NANO);
 /** What a hold of `heldNano` settles at: the actual cost, or, when that figure is unreadable, what was held rather than nothing. */
-export const settledNano = (actual: number, heldNano: number): number => (Number.isFinite(actual) ? toNano(Math.max(0, actual)) : heldNano);
+export const settledNano = (actual: number, heldNano: number): number =>
+  // Bounded as a hold is: a cost past it would overflow the store's integer and be dropped.
+  Number.isFinite(actual) ? Math.min(Number.MAX_SAFE_INTEGER, toNano(Math.max(0, actual))) : heldNano;
 /** An epoch as the scripts take it: a whole number, never negative. */
 export const epochArg = (epoch: number): number => Math.max(0, Math.floor(epoch));
 export const fromNano = (nano: number): number => nano / NANO;

@@ -297,3 +297,17 @@ test('usage the console would refuse (fractional, huge) is read as whole, bounde
   }
   assert.deepEqual(tapIn(JSON.stringify({ usage: { prompt_tokens: 1.5, completion_tokens: 2.2 } }), { contentType: JSON_CT }, 3).usage, { input_tokens: 2, output_tokens: 3 });
 });
+
+test('a usage object with a figure that is not a count (negative, a string, 1e400) is no report: the estimate bills it', () => {
+  const bad = [
+    '{"usage":{"prompt_tokens":-10,"completion_tokens":-20}}',
+    '{"usage":{"prompt_tokens":"400","completion_tokens":20}}',
+    '{"usage":{"prompt_tokens":1e400,"completion_tokens":1}}',
+    '{"usage":{"input_tokens":10,"output_tokens":"NaN"}}',
+  ];
+  for (const body of bad) assert.equal(read(body, { contentType: JSON_CT }), null, body);
+  assert.equal(read('data: {"choices":[],"usage":{"prompt_tokens":-1,"completion_tokens":5}}\n\ndata: [DONE]\n\n', { contentType: SSE_CT }), null, 'SSE');
+  // Left out or null is none (Anthropic's cache fields are often null), and 0 is a count.
+  assert.deepEqual(read('{"usage":{"input_tokens":10,"output_tokens":0,"cache_creation_input_tokens":null}}', { contentType: JSON_CT }), { input_tokens: 10, output_tokens: 0 });
+  assert.deepEqual(read('{"usage":{"completion_tokens":7}}', { contentType: JSON_CT }), { input_tokens: 0, output_tokens: 7 });
+});
