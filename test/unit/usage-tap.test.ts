@@ -307,6 +307,10 @@ test('a usage object with a figure that is not a count (negative, a string, 1e40
   ];
   for (const body of bad) assert.equal(read(body, { contentType: JSON_CT }), null, body);
   assert.equal(read('data: {"choices":[],"usage":{"prompt_tokens":-1,"completion_tokens":5}}\n\ndata: [DONE]\n\n', { contentType: SSE_CT }), null, 'SSE');
+  const messages = (out: string) =>
+    `event: message_start\ndata: {"type":"message_start","message":{"usage":{"input_tokens":12,"output_tokens":1}}}\n\nevent: message_delta\ndata: {"type":"message_delta","usage":{"output_tokens":${out}}}\n\n`;
+  assert.equal(read(messages('"many"'), { contentType: SSE_CT }), null, 'a messages stream\'s final count');
+  assert.deepEqual(read(messages('30'), { contentType: SSE_CT }), { input_tokens: 12, output_tokens: 30 });
   // Left out or null is none (Anthropic's cache fields are often null), and 0 is a count.
   assert.deepEqual(read('{"usage":{"input_tokens":10,"output_tokens":0,"cache_creation_input_tokens":null}}', { contentType: JSON_CT }), { input_tokens: 10, output_tokens: 0 });
   assert.deepEqual(read('{"usage":{"completion_tokens":7}}', { contentType: JSON_CT }), { input_tokens: 0, output_tokens: 7 });

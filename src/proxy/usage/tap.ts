@@ -231,8 +231,8 @@ class SseTap implements UsageTap {
     if (final) return { usage: final, textChars };
     if (!delta) return { usage: null, textChars }; // messages stream cut before its final counts
     const fromDelta = normalize(delta);
-    const input = 'input_tokens' in delta ? (fromDelta?.input_tokens ?? 0) : (this.started?.input_tokens ?? 0);
-    return { usage: { input_tokens: input, output_tokens: count(delta.output_tokens) }, textChars };
+    const input = 'input_tokens' in delta ? (fromDelta?.input_tokens ?? NaN) : (this.started?.input_tokens ?? 0);
+    return { usage: readable({ input_tokens: input, output_tokens: count(delta.output_tokens) }), textChars };
   }
 
   private onEvent(o: unknown): void {
