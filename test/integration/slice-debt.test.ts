@@ -13,6 +13,7 @@ import { startFakeUpstream, type FakeUpstream } from '../helpers/upstream.js';
 import { startHarness, type Harness } from '../helpers/sidecar.js';
 import { send } from '../helpers/http.js';
 import { TEST_REDIS_URL } from '../helpers/redis-url.js';
+import { deleteByPrefix } from '../helpers/redis-harness.js';
 
 const prefix = `kwdebt${randomBytes(4).toString('hex')}`;
 let up: FakeUpstream;
@@ -31,8 +32,7 @@ after(async () => {
   await h.close();
   await up.close();
   const redis = new Redis(TEST_REDIS_URL);
-  const keys = await redis.keys(`{${prefix}*`);
-  if (keys.length) await redis.del(...keys);
+  await deleteByPrefix(redis, prefix);
   redis.disconnect();
 });
 
