@@ -29,6 +29,8 @@ export interface RouteRule {
   methods: readonly string[] | null;
   /** when set, the whole path must match it (instead of `path`/`prefix`) */
   pattern?: RegExp;
+  /** paths this rule never takes, whatever its path or pattern says */
+  except?: readonly string[];
   route: Route;
 }
 
@@ -56,9 +58,11 @@ const rule = (path: string, route: Route, opts: { prefix?: boolean; methods?: st
 const FILES = r('files', 'files');
 const UPLOADS = r('uploads', 'files');
 
-/** The first rule stays first in every table (buildRules). */
+/** keyward's own answer, on every method: never forwarded, whatever an operator route covers. */
+const SELF_PATH = '/v1/key';
+
 export const DEFAULT_RULES: readonly RouteRule[] = [
-  rule('/v1/key', r('key', 'self'), { methods: ['GET'] }),
+  rule(SELF_PATH, r('key', 'self'), { methods: ['GET'] }),
   rule('/v1/models', r('models', 'listing'), { methods: ['GET'] }),
   rule('/v1/models', r('models', 'listing'), { prefix: true, methods: ['GET'] }),
   rule('/v1/chat/completions', r('chat.completions', 'model', { modelRequired: true })),
@@ -84,19 +88,32 @@ export const DEFAULT_RULES: readonly RouteRule[] = [
   rule('/v1/uploads/{id}/{action}', UPLOADS, { methods: ['POST'], pattern: /^\/v1\/uploads\/[^/]+\/(?:parts|complete|cancel)$/ }),
 ];
 
-/** Turns config route entries into rules placed before the defaults, after GET /v1/key's. */
+/**
+ * Turns config route entries into rules placed after the defaults: operator routes extend
+ * the table (DESIGN section 3) and never replace a built-in route, whose checks (scope,
+ * budgets, token limits) a wider class would skip. `/v1/key` stays keyward's on every
+ * method (GET answered, the rest 404), never forwarded.
+ */
 export function buildRules(extra: readonly { path: string; methods?: string[] | undefined; class: RouteClass; credentials: 'bearer' | 'messages'; style: ErrorStyle; countTokens: boolean; modelRequired: boolean }[]): RouteRule[] {
   const custom = extra.map((e) => {
     const prefix = e.path.endsWith('/*');
     const path = prefix ? e.path.slice(0, -2) : e.path;
-    return rule(path, r(`custom:${path}`, e.class, { credentials: e.credentials, style: e.style, countTokens: e.countTokens, modelRequired: e.modelRequired }), {
-      prefix,
-      ...(e.methods ? { methods: e.methods } : {}),
-    });
+    return {
+      ...rule(path, r(`custom:${path === '' ? '/*' : path}`, e.class, { credentials: e.credentials, style: e.style, countTokens: e.countTokens, modelRequired: e.modelRequired }), {
+        prefix,
+        ...(e.methods ? { methods: e.methods } : {}),
+      }),
+      except: [SELF_PATH],
+    };
   });
-  // GET /v1/key is answered by keyward and never forwarded (DESIGN section 3): no operator
-  // route, however wide, takes it over.
-  return [DEFAULT_RULES[0]!, ...custom, ...DEFAULT_RULES.slice(1)];
+  return [...DEFAULT_RULES, ...custom];
+}
+
+/** The built-in route that answers `method` on `path`, or null: an operator route there would never be reached. */
+export function builtInRoute(method: string, path: string): string | null {
+  const c = classify(DEFAULT_RULES, method, path);
+  if (c.ok) return c.route.name;
+  return path === SELF_PATH ? 'key' : null;
 }
 
 /** Unreserved characters (RFC 3986 section 2.3): a normaliser upstream decodes them, so they are never sent encoded. */
@@ -176,6 +193,7 @@ function urlRewrites(target: string): boolean {
 
 function matches(rule: RouteRule, method: string, path: string): boolean {
   if (rule.methods && !rule.methods.includes(method)) return false;
+  if (rule.except?.includes(path)) return false;
   if (rule.pattern) return rule.pattern.test(path);
   if (path === rule.path) return true;
   return rule.prefix && path.startsWith(rule.path) && path.charCodeAt(rule.path.length) === 47; // '/'

@@ -6,7 +6,7 @@ import { z } from 'zod';
 import { parseRange } from '../policy/network.js';
 import { SHADOW_CHECKS } from '../protocol/shadow-checks.js';
 import { parseRedisUrl } from './redis-url.js';
-import { checkPath } from '../routes.js';
+import { builtInRoute, checkPath } from '../routes.js';
 import { host, hostsOverlap } from './listen.js';
 import { baseUrl, fetchUrl, httpUrl, upstreamUrl } from './urls.js';
 
@@ -92,7 +92,7 @@ function routePathProblem(path: string): string | null {
   const bare = path.endsWith('/*') ? path.slice(0, -2) : path;
   if (bare.includes('*')) return 'a "*" may only end a path, as "/*" (a prefix)';
   if (bare === '') return null; // `/*`: every path
-  if (path === '/v1/key') return 'GET /v1/key is answered by keyward itself and cannot be routed';
+  if (path === '/v1/key') return '/v1/key is keyward\'s own (GET answers the caller\'s key, other methods are 404) and cannot be routed';
   const checked = checkPath(bare);
   return checked.ok ? null : `no request could match this path: ${checked.message}`;
 }
@@ -112,6 +112,14 @@ const routeEntry = z.strictObject({
   style: z.enum(['openai', 'messages']).default('openai'),
   countTokens: bool().default(false),
   modelRequired: bool().default(false),
+}).superRefine((entry, ctx) => {
+  // Operator routes extend the table: one whose every method the built-in table answers would never be reached.
+  if (entry.path.endsWith('/*') || routePathProblem(entry.path)) return;
+  const taken = (entry.methods ?? HTTP_METHODS).map((m) => builtInRoute(m, entry.path));
+  if (taken.every((name) => name !== null)) {
+    const names = [...new Set(taken)].join(', ');
+    ctx.addIssue({ code: 'custom', path: ['path'], message: `the built-in route ${names} already answers ${entry.methods ? 'these methods' : 'every method'} on this path; operator routes add paths and methods, never replace a built-in route` });
+  }
 });
 
 export const configSchema = z

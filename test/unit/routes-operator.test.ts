@@ -17,25 +17,32 @@ test('buildRules: no extras is the default table', () => {
   assert.deepEqual(buildRules([]), [...DEFAULT_RULES]);
 });
 
-test('buildRules: operator routes win over the defaults', () => {
-  const rules = buildRules([custom('/v1/messages', { credentials: 'bearer', style: 'openai', methods: ['POST'] }), custom('/v1/files/*', { class: 'model' })]);
+test('buildRules: operator routes extend the table and never replace a built-in route', () => {
+  // A wide files route once took every model path and skipped scope, budgets and token limits.
+  const rules = buildRules([custom('/v1/*', { class: 'files' }), custom('/v1/messages', { credentials: 'bearer', style: 'openai', methods: ['POST'] })]);
+  const chat = classify(rules, 'POST', '/v1/chat/completions');
+  assert.ok(chat.ok && chat.route.name === 'chat.completions' && chat.route.class === 'model', JSON.stringify(chat));
   const m = classify(rules, 'POST', '/v1/messages');
-  assert.ok(m.ok);
-  assert.equal(m.route.name, 'custom:/v1/messages');
-  assert.equal(m.route.credentials, 'bearer');
-  assert.equal(m.route.style, 'openai');
-  const f = classify(rules, 'GET', '/v1/files/file-1');
-  assert.ok(f.ok);
-  assert.equal(f.route.class, 'model');
-  // count_tokens is not shadowed by an exact /v1/messages rule
+  assert.ok(m.ok && m.route.name === 'messages' && m.route.credentials === 'messages');
   const ct = classify(rules, 'POST', '/v1/messages/count_tokens');
   assert.ok(ct.ok && ct.route.name === 'messages.count_tokens');
+  const added = classify(rules, 'POST', '/v1/batches');
+  assert.ok(added.ok && added.route.name === 'custom:/v1' && added.route.class === 'files', 'a path the table does not answer takes the operator route');
+  const everything = classify(buildRules([custom('/*', { class: 'listing' })]), 'GET', '/v2/x');
+  assert.ok(everything.ok && everything.route.name === 'custom:/*', 'a route on every path is named for logs and metrics');
 });
 
-test('buildRules: no operator route takes over GET /v1/key, which is never forwarded', () => {
+test('buildRules: no operator route takes over /v1/key, on any method; it is never forwarded', () => {
+  for (const wide of ['/v1/*', '/v1/key/*', '/*']) {
+    const rules = buildRules([custom(wide, { class: 'listing' })]);
+    const key = classify(rules, 'GET', '/v1/key');
+    assert.ok(key.ok && key.route.class === 'self', JSON.stringify(key));
+    for (const method of ['HEAD', 'POST', 'PUT', 'DELETE', 'OPTIONS']) {
+      const other = classify(rules, method, '/v1/key');
+      assert.equal(!other.ok && other.code, 'not_found', `${method} /v1/key under ${wide}`);
+    }
+  }
   const rules = buildRules([custom('/v1/*', { class: 'listing' })]);
-  const key = classify(rules, 'GET', '/v1/key');
-  assert.ok(key.ok && key.route.class === 'self', JSON.stringify(key));
   const other = classify(rules, 'GET', '/v1/other');
   assert.ok(other.ok && other.route.name === 'custom:/v1', 'the wide route still takes everything else');
 });
@@ -61,7 +68,7 @@ test('buildRules: an exact operator path is not a prefix', () => {
   assert.equal(!sub.ok && sub.code, 'not_found');
 });
 
-test('buildRules: methods restrict an operator route; others fall through to the defaults', () => {
+test('buildRules: methods restrict an operator route; a method the table leaves out is added', () => {
   const rules = buildRules([custom('/v1/models', { methods: ['POST'], class: 'model', countTokens: true, credentials: 'messages', style: 'messages' })]);
   const post = classify(rules, 'POST', '/v1/models');
   assert.ok(post.ok);
@@ -89,9 +96,10 @@ test('classify remembers per rule table: a repeat is the same answer, another ta
   const first = classify(DEFAULT_RULES, 'POST', '/v1/messages');
   assert.equal(classify(DEFAULT_RULES, 'POST', '/v1/messages'), first, 'the remembered answer');
   assert.ok(Object.isFrozen(first), 'shared answers cannot be changed by one request');
-  const rules = buildRules([custom('/v1/messages', { credentials: 'bearer', style: 'openai', methods: ['POST'] })]);
-  const own = classify(rules, 'POST', '/v1/messages');
-  assert.ok(own.ok && own.route.name === 'custom:/v1/messages');
+  const rules = buildRules([custom('/v1/rerank', { methods: ['POST'] })]);
+  const own = classify(rules, 'POST', '/v1/rerank');
+  assert.ok(own.ok && own.route.name === 'custom:/v1/rerank');
+  assert.equal(classify(DEFAULT_RULES, 'POST', '/v1/rerank').ok, false, 'the default table answers for itself');
   assert.ok(first.ok && first.route.name === 'messages');
   // the method is part of what is remembered
   const get = classify(DEFAULT_RULES, 'GET', '/v1/messages');
