@@ -20,10 +20,24 @@ export function parseIp(text: string): Uint8Array | null {
   return v6;
 }
 
-/** A range from config: CIDR notation, or a bare address for exactly that address. */
+/**
+ * A range from config: CIDR notation, or a bare address for exactly that address. An
+ * IPv4-mapped range (`::ffff:10.0.0.0/104`) is the IPv4 range it stands for, since a
+ * mapped peer is read as its IPv4 address: the mapped form an access line once showed
+ * must match when copied into `ips`.
+ */
 export function parseRange(text: string): Cidr | null {
   const t = text.trim();
-  return parseCidr(t.includes('/') ? t : `${t}/${t.includes(':') ? 128 : 32}`);
+  const range = parseCidr(t.includes('/') ? t : `${t}/${t.includes(':') ? 128 : 32}`);
+  if (range && range.bytes.length === 16 && range.prefix >= 96 && MAPPED_PREFIX.every((b, i) => range.bytes[i] === b)) {
+    return { bytes: range.bytes.subarray(12), prefix: range.prefix - 96 };
+  }
+  return range;
+}
+
+/** The address as the policy reads it: an IPv4-mapped IPv6 address in its IPv4 form. */
+function plainAddress(text: string): string {
+  return text.length > 7 && text.slice(0, 7).toLowerCase() === '::ffff:' && text.includes('.') ? text.slice(7) : text;
 }
 
 export function inCidr(ip: Uint8Array, range: Cidr): boolean {
@@ -41,15 +55,15 @@ const inAny = (ip: Uint8Array, list: readonly Cidr[]) => list.some((c) => inCidr
 export function clientAddress(opts: { peer: string | undefined; forwardedFor: readonly string[]; trusted: readonly Cidr[] }): string | null {
   const peer = opts.peer === undefined ? null : parseIp(opts.peer);
   if (!peer) return null;
-  if (opts.trusted.length === 0 || !inAny(peer, opts.trusted)) return opts.peer!;
+  if (opts.trusted.length === 0 || !inAny(peer, opts.trusted)) return plainAddress(opts.peer!);
   const hops = opts.forwardedFor.flatMap((line) => line.split(',')).map((h) => h.trim());
   for (let i = hops.length - 1; i >= 0; i--) {
     const ip = parseIp(hops[i]!);
     if (!ip) return null; // a garbled hop: the chain cannot be trusted past it
-    if (!inAny(ip, opts.trusted)) return hops[i]!;
+    if (!inAny(ip, opts.trusted)) return plainAddress(hops[i]!);
   }
   // every hop is a trusted proxy: the left-most is the closest we know to the client
-  return hops[0] ?? opts.peer!;
+  return plainAddress(hops[0] ?? opts.peer!);
 }
 
 export interface NetworkFacts {

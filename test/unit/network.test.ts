@@ -18,6 +18,20 @@ test('CIDR matching, IPv4 and IPv6, mapped addresses the same client', () => {
   assert.ok(!within('::1', '0.0.0.0/0'), 'an IPv4 /0 does not take in IPv6');
 });
 
+test('an IPv4-mapped range is the IPv4 range it stands for, and the client address is logged in IPv4 form', () => {
+  // A dual-stack listener reports mapped peers; an operator copies what the access line shows.
+  assert.ok(within('::ffff:127.0.0.1', '::ffff:127.0.0.1/128'));
+  assert.ok(within('::ffff:127.0.0.1', '::ffff:127.0.0.1'));
+  assert.ok(within('127.0.0.9', '::ffff:127.0.0.0/104'));
+  assert.ok(!within('128.0.0.1', '::ffff:127.0.0.0/104'));
+  assert.ok(within('::ffff:10.1.2.3', '::FFFF:10.0.0.0/104'));
+  assert.ok(within('::2', '::/64'), 'other IPv6 ranges stay IPv6');
+  assert.equal(clientAddress({ peer: '::ffff:127.0.0.1', forwardedFor: [], trusted: [] }), '127.0.0.1');
+  const trusted = [parseRange('::ffff:127.0.0.0/104')!];
+  assert.equal(clientAddress({ peer: '::ffff:127.0.0.1', forwardedFor: ['::ffff:203.0.113.9'], trusted }), '203.0.113.9', 'a mapped trusted range believes its proxy');
+  assert.equal(clientAddress({ peer: '::1', forwardedFor: [], trusted: [] }), '::1');
+});
+
 test('malformed addresses and CIDRs are refused', () => {
   for (const bad of ['10.0.0.0/33', '10.0.0/8', '010.0.0.1', '1.2.3.4.5', '256.0.0.1', 'fe80::1::2', '2001:db8::/129', 'abc', '', '10.0.0.0/', '10.0.0.0/-1']) {
     assert.equal(parseRange(bad), null, bad);
