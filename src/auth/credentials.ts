@@ -18,8 +18,11 @@ export interface OtherKey {
   value: string;
 }
 
-/** Headers some upstream gateways read a key from: Azure's, Google's, LiteLLM's own. */
-type OtherKeyHeader = 'api-key' | 'x-goog-api-key' | 'x-litellm-api-key';
+/**
+ * Headers some upstream gateways read a key from: Azure's, Google's, LiteLLM's own, and
+ * `x_api_key`, which CGI-style servers (WSGI) read as x-api-key.
+ */
+type OtherKeyHeader = 'api-key' | 'x-goog-api-key' | 'x-litellm-api-key' | 'x_api_key';
 
 const NO_OTHERS: readonly OtherKey[] = Object.freeze([]);
 
@@ -47,7 +50,10 @@ function collect(rawHeaders: readonly string[]): Found {
     else if (name.length === 9) {
       const lower = name.toLowerCase();
       if (lower === 'x-api-key') found.apiKey.push(rawHeaders[i + 1]!);
-      else if (lower === 'x_api_key') found.underscored++;
+      else if (lower === 'x_api_key') {
+        found.underscored++;
+        (found.others ??= []).push({ header: 'x_api_key', value: rawHeaders[i + 1]! });
+      }
     } else if ((name.length === 7 || name.length === 14 || name.length === 17) && startsAOrX(name)) {
       const header = otherKeyHeader(name.toLowerCase());
       if (header) (found.others ??= []).push({ header, value: rawHeaders[i + 1]! });

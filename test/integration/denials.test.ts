@@ -86,6 +86,7 @@ const cases: Case[] = [
   // an upstream gateway that reads api-key (Azure-style), x-goog-api-key or its own header would act on a key never checked
   { name: 'another known key in api-key', req: () => messages({ 'x-api-key': K('k_ok'), 'api-key': K('k_team') }), status: 401, code: 'conflicting_api_keys', style: 'messages', message: /api-key header/ },
   { name: 'another known key in x-api-key on a bearer route', req: () => chat(K('k_ok'), undefined, { 'x-api-key': K('k_team') }), status: 401, code: 'conflicting_api_keys', message: /x-api-key header/ },
+  { name: 'another known key in x_api_key on a bearer route (x-api-key to CGI-style upstreams)', req: () => chat(K('k_ok'), undefined, { x_api_key: K('k_team') }), status: 401, code: 'conflicting_api_keys', message: /x_api_key header/ },
   { name: 'unknown key', req: () => chat('kw_nope'), status: 401, code: 'invalid_api_key' },
   { name: 'provider-looking key', req: () => chat('sk-ant-api03-abcdefghijklmnop'), status: 401, code: 'invalid_api_key', message: /Anthropic/ },
   { name: 'deleted key', req: () => chat(K('k_deleted')), status: 401, code: 'api_key_deleted' },

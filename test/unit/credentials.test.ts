@@ -96,8 +96,9 @@ test('on messages routes an x_api_key line beside a key is a conflict: CGI-style
     const m = extractCredential(headers, 'messages');
     assert.ok(!m.ok && m.denial.code === 'conflicting_api_keys' && /x_api_key/.test(m.denial.message), headers[0]);
   }
-  // Bearer routes read Authorization alone, as for x-api-key itself.
-  assert.ok(extractCredential(['Authorization', `Bearer ${K1}`, 'x_api_key', K2], 'bearer').ok);
+  // Bearer routes read Authorization alone; an x_api_key value is another key for the lookup, as x-api-key's is.
+  assert.deepEqual(extractCredential(['Authorization', `Bearer ${K1}`, 'x_api_key', K2], 'bearer'), { ok: true, key: K1, header: 'authorization', others: [{ header: 'x_api_key', value: K2 }] });
+  assert.deepEqual(extractCredential(['Authorization', `Bearer ${K1}`, 'X_Api_Key', ` ${K1} `], 'bearer'), { ok: true, key: K1, header: 'authorization', others: [] }, 'the same key is no other');
 });
 
 test('header names of other lengths or similar spellings are not credentials', () => {
