@@ -162,6 +162,7 @@ export function createForwarder(opts: ForwarderOptions): Forwarder {
       return onProxyError(new Error('the upstream response has a transfer coding other than chunked'), req, server);
     }
     noteKeepAlive(proxyRes.socket, head.keepAlive);
+    if (req.method === 'OPTIONS' && req.headers['access-control-request-method'] !== undefined) head.dropCorsGrants();
     // The client's own connection decides keep-alive (the upstream's Connection is its
     // own); an HTTP/1.0 client is answered `close`, as http-proxy-3 answers it.
     head.add('connection', req.httpVersion === '1.0' || !server.shouldKeepAlive ? 'close' : 'keep-alive');

@@ -66,12 +66,21 @@ export class ResponseHead {
     this.lines.push(name, value);
   }
 
-  /** Removes every line whose name is listed (headers the upstream's Connection named). */
-  private drop(names: readonly string[]): void {
+  /**
+   * Removes the upstream's CORS grants (`access-control-*`): keyward never answers a CORS
+   * preflight with CORS headers (DESIGN section 4), a forwarded one included.
+   */
+  dropCorsGrants(): void {
+    this.drop((name) => name.startsWith('access-control-'));
+  }
+
+  /** Removes every line whose name is listed (headers the upstream's Connection named) or passes the test. */
+  private drop(names: readonly string[] | ((name: string) => boolean)): void {
     const lines = this.lines;
+    const dropped = typeof names === 'function' ? names : (name: string) => names.includes(name);
     let kept = 0;
     for (let i = 0; i < lines.length; i += 2) {
-      if (names.includes(lines[i]!)) continue;
+      if (dropped(lines[i]!)) continue;
       lines[kept++] = lines[i]!;
       lines[kept++] = lines[i + 1]!;
     }
