@@ -1,7 +1,7 @@
 /**
  * keyward never answers a CORS preflight with CORS headers (DESIGN section 4): a browser
- * sends no key on a preflight, so it is refused, and one crafted with a key of a key that
- * allows browsers is forwarded without the upstream's CORS grants.
+ * sends no key on a preflight, so it is refused, and one crafted with a key that allows
+ * browsers is forwarded without the upstream's CORS grants.
  */
 import { after, before, test } from 'node:test';
 import assert from 'node:assert/strict';
