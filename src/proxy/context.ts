@@ -238,9 +238,9 @@ export function accessLine(ctx: RequestContext, status: number, now: number): Ac
 }
 
 /** The access line of bytes that never became a request (a parser refusal): nothing of it is known but its answer. */
-export function unparsedLine(o: { status: number; code: string; clientIp: string | null }): AccessLine {
+export function unparsedLine(o: { reqId: string; status: number; code: string; clientIp: string | null }): AccessLine {
   return {
-    req_id: randomUUID(), method: '-', path: '-', route: null, status: o.status, code: o.code,
+    req_id: o.reqId, method: '-', path: '-', route: null, status: o.status, code: o.code,
     key_id: null, key_kind: null, project_id: null, user_id: null, model: null, routing: null, app_name: null, app_url: null,
     input_tokens: null, output_tokens: null, usage_estimated: null,
     client_ip: o.clientIp === null ? null : o.clientIp.slice(0, 64),

@@ -6,6 +6,7 @@
  */
 import type { IncomingMessage, ServerResponse } from 'node:http';
 import type { Duplex } from 'node:stream';
+import { randomUUID } from 'node:crypto';
 import { Socket } from 'node:net';
 import { performance } from 'node:perf_hooks';
 import { newKeyMemo, type KeyMemo } from '../auth/hash.js';
@@ -27,7 +28,6 @@ import { DenseSet } from '../dense-set.js';
 import { UnderWay } from './under-way.js';
 import { closedBefore, closesAfter, placeOnSocket } from './last-response.js';
 import { answered, mayStart } from './in-flight.js';
-
 import type { ExchangeDeps, Exchanges, Expectation } from './exchange-api.js';
 
 export type { ExchangeDeps, Exchanges, Expectation };
@@ -103,16 +103,18 @@ class ExchangeTable implements Exchanges, ForwardHooks {
     const ctx = newContext(req, { snapshot, now: performance.now(), clientIp: clientIpOf(req, snapshot.trustedProxies) });
     ctx.span = this.deps.traces.start(req.headers);
     ctx.code = 'invalid_path';
-    answerConnect(socket);
+    answerConnect(socket, ctx.reqId);
     this.record(ctx, 400);
   }
 
   refuseUnparsed(err: NodeJS.ErrnoException, socket: Duplex): void {
     const res = (socket as TrackedSocket)[CURRENT];
     const current = res && !res.req.complete ? res : undefined;
+    const reqId = current ? contextOf(current).reqId : randomUUID(); // the access line's, sent back as on every answer
     const answer = answerParserRefusal(err, socket, {
       current: res ? { req: res.req, res, style: () => styleOf(contextOf(res), res.req.url ?? '/') } : undefined,
       answeredAt: (socket as TrackedSocket)[ANSWERED_AT] ?? 0,
+      reqId,
     });
     if (answer === null) return;
     if (current) {
@@ -123,7 +125,7 @@ class ExchangeTable implements Exchanges, ForwardHooks {
       return;
     }
     this.deps.metrics.request('none', answer.status, answer.code);
-    this.deps.access(unparsedLine({ status: answer.status, code: answer.code, clientIp: socket instanceof Socket ? (socket.remoteAddress ?? null) : null }));
+    this.deps.access(unparsedLine({ reqId, status: answer.status, code: answer.code, clientIp: socket instanceof Socket ? (socket.remoteAddress ?? null) : null }));
   }
 
   inFlight = (): number => this.open.size;

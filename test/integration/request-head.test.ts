@@ -135,10 +135,11 @@ describe('expectations other than 100-continue', () => {
 describe('CONNECT and the parser\'s refusals', () => {
   test('a CONNECT is counted and logged like any request', async () => {
     const before = await metric('keyward_requests_total{route="none",status="400",code="invalid_path"}');
-    const ex = await rawExchange(h.sidecar.port, [`CONNECT upstream.example:443 HTTP/1.1\r\nHost: upstream.example:443\r\n\r\n`]);
+    const ex = await rawExchange(h.sidecar.port, [`CONNECT upstream.example:443 HTTP/1.1\r\nHost: upstream.example:443\r\nx-request-id: connect-1\r\n\r\n`]);
     assert.equal(ex.responses[0]!.status, 400);
+    assert.equal(ex.responses[0]!.headers['x-request-id'], 'connect-1', 'the answer names the id its access line logs');
     const line = await waitForLine(h, (l) => l.method === 'CONNECT');
-    assert.deepEqual([line.status, line.code, line.route], [400, 'invalid_path', null]);
+    assert.deepEqual([line.status, line.code, line.route, line.req_id], [400, 'invalid_path', null, 'connect-1']);
     assert.equal(await metric('keyward_requests_total{route="none",status="400",code="invalid_path"}'), before + 1);
   });
 
@@ -159,19 +160,21 @@ describe('CONNECT and the parser\'s refusals', () => {
     assert.equal(ex.responses[0]!.status, 400);
     const line = await waitForLine(h, (l) => !earlier.has(l.req_id) && l.code === 'invalid_path');
     assert.deepEqual([line.method, line.status, line.route, line.path, line.key_id, line.client_ip], ['-', 400, null, '-', null, '127.0.0.1']);
+    assert.equal(ex.responses[0]!.headers['x-request-id'], line.req_id, 'the answer names the id its access line logs');
     assert.ok(!h.logs.slice(logged).some((l) => l.includes(h.keys.k_ok!)), 'no line holds the key');
     assert.equal(await metric(series), before + 1);
   });
 
   test('a body the parser refuses midway on a messages route is answered in the messages style', async () => {
-    const head = `POST /v1/messages HTTP/1.1\r\nHost: kw\r\nx-api-key: ${h.keys.k_ok}\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n`;
+    const head = `POST /v1/messages HTTP/1.1\r\nHost: kw\r\nx-api-key: ${h.keys.k_ok}\r\nx-request-id: midway-1\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n`;
     const ex = await rawExchange(h.sidecar.port, [head, '5\r\n{"mod\r\nzz-not-a-chunk-size\r\n']);
     assert.equal(ex.responses[0]!.status, 400);
     const err = errorOf(ex.responses[0]!);
     assert.deepEqual([err.code, err.style], ['invalid_request', 'messages']);
+    assert.equal(ex.responses[0]!.headers['x-request-id'], 'midway-1', 'the client\'s id, as its access line logs it');
     // Its access line says what the client read: 400, not a client gone (499).
     const line = await waitForLine(h, (l) => l.route === 'messages' && l.key_id === 'k_ok' && l.code === 'invalid_request');
-    assert.equal(line.status, 400);
+    assert.deepEqual([line.status, line.req_id], [400, 'midway-1']);
   });
 });
 

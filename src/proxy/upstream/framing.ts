@@ -65,7 +65,7 @@ const START_LINE = /^[!#$%&'*+.^_`|~0-9A-Za-z-]+ \S+ HTTP\/1\.[01]\r?\n/;
 export function answerParserRefusal(
   err: NodeJS.ErrnoException,
   socket: Duplex,
-  o: { current: { req: IncomingMessage; res: ServerResponse; style: () => ErrorStyle } | undefined; answeredAt: number },
+  o: { current: { req: IncomingMessage; res: ServerResponse; style: () => ErrorStyle } | undefined; answeredAt: number; reqId: string },
 ): { status: number; code: string } | null {
   const current = o.current;
   if (!socket.writable || (current && !current.req.complete && current.res.headersSent)) {
@@ -78,7 +78,7 @@ export function answerParserRefusal(
   const out = renderError(denial, inBody ? current.style() : 'openai');
   const head = inBody ? current.req.method === 'HEAD' : parserRefusalMayBeHead(err, socket, o.answeredAt);
   const body = head ? '' : out.body;
-  endThenDrop(socket, `HTTP/1.1 ${statusLine}\r\ncontent-type: application/json\r\nx-keyward-error: ${denial.code}\r\ncontent-length: ${Buffer.byteLength(body)}\r\nconnection: close\r\n\r\n${body}`);
+  endThenDrop(socket, `HTTP/1.1 ${statusLine}\r\ncontent-type: application/json\r\nx-keyward-error: ${denial.code}\r\nx-request-id: ${o.reqId}\r\ncontent-length: ${Buffer.byteLength(body)}\r\nconnection: close\r\n\r\n${body}`);
   return { status: Number(statusLine.slice(0, 3)), code: denial.code };
 }
 
@@ -98,10 +98,11 @@ function refusalOf(code: string | undefined, inBody: boolean): Denial & { status
  * authority, not a path, so it is 400 `invalid_path` like an absolute-form target, and
  * the connection closes (Node hands the socket over raw, with no response object).
  */
-export function answerConnect(socket: Duplex): void {
+export function answerConnect(socket: Duplex, reqId: string): void {
   if (!socket.writable) return void socket.destroy();
   const out = renderError(deny('invalid_path', { detail: 'CONNECT requests are not accepted: keyward opens no tunnels; send the path only' }), 'openai');
   let head = 'HTTP/1.1 400 Bad Request\r\n';
   for (const [name, value] of Object.entries(out.headers)) head += `${name}: ${value}\r\n`;
+  head += `x-request-id: ${reqId}\r\n`;
   endThenDrop(socket, `${head}connection: close\r\n\r\n${out.body}`);
 }
