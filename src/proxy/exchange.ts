@@ -6,16 +6,15 @@
  */
 import type { IncomingMessage, ServerResponse } from 'node:http';
 import type { Duplex } from 'node:stream';
-import { randomUUID } from 'node:crypto';
-import { Socket } from 'node:net';
 import { performance } from 'node:perf_hooks';
 import { newKeyMemo, type KeyMemo } from '../auth/hash.js';
 import { deny } from '../errors.js';
 import { watchBodyIdle } from './body/idle.js';
 import { Arrival, clientIpOf } from './arrival.js';
-import { answerConnect, answerParserRefusal } from './upstream/framing.js';
+import { answerConnect } from './upstream/framing.js';
+import { ANSWERED_AT, CURRENT, refuseUnparsed, type MarkedSocket, type RefusalDeps } from './refusals.js';
 import { refusedBeforeDecision } from './preflight.js';
-import { accessLine, adoptSeen, newContext, spanFacts, styleOf, unparsedLine, type RequestContext } from './context.js';
+import { accessLine, adoptSeen, newContext, spanFacts, unparsedLine, type RequestContext } from './context.js';
 import type { ForwardFailure, ForwardHooks } from './upstream/forward.js';
 import { markCutByUpstream, wasCutByUpstream, type BodyWatcher, type ResponseHead } from './upstream/relay.js';
 import { addQuotaHeaders } from './quota-headers.js';
@@ -32,13 +31,9 @@ import type { ExchangeDeps, Exchanges, Expectation } from './exchange-api.js';
 
 export type { ExchangeDeps, Exchanges, Expectation };
 
-/** The request a connection is on, so a parser refusal mid-body knows whose answer has begun. */
-const CURRENT = Symbol('keyward.currentRequest');
-/** The socket's bytesRead when its last complete request's response closed. */
-const ANSWERED_AT = Symbol('keyward.answeredAt');
 /** The connection's last key and its hash (auth/hash.ts). */
 const KEY_MEMO = Symbol('keyward.keyMemo');
-type TrackedSocket = Duplex & { [CURRENT]?: ServerResponse; [ANSWERED_AT]?: number; [KEY_MEMO]?: KeyMemo; bytesRead?: number };
+type TrackedSocket = MarkedSocket & { [KEY_MEMO]?: KeyMemo };
 
 /** The request's context on its response, for the shared 'close' listener. */
 const CONTEXT = Symbol('keyward.context');
@@ -65,6 +60,13 @@ class ExchangeTable implements Exchanges, ForwardHooks {
   private readonly open = new DenseSet<ServerResponse>();
   /** the 'close' listener of every response; `this` is the response */
   private readonly onResponseClose: (this: ServerResponse) => void;
+  private readonly refusalDeps: RefusalDeps = {
+    contextOf,
+    unparsed: (line) => {
+      this.deps.metrics.request('none', line.status, line.code);
+      this.deps.access(unparsedLine(line));
+    },
+  };
   /** the body watch's callback, one for every request: the response leads to the rest */
   private readonly cutStalledResponse = (res: ServerResponse): void => cutStalledBody(res.req, res, contextOf(res));
 
@@ -108,24 +110,7 @@ class ExchangeTable implements Exchanges, ForwardHooks {
   }
 
   refuseUnparsed(err: NodeJS.ErrnoException, socket: Duplex): void {
-    const res = (socket as TrackedSocket)[CURRENT];
-    const current = res && !res.req.complete ? res : undefined;
-    const reqId = current ? contextOf(current).reqId : randomUUID(); // the access line's, sent back as on every answer
-    const answer = answerParserRefusal(err, socket, {
-      current: res ? { req: res.req, res, style: () => styleOf(contextOf(res), res.req.url ?? '/') } : undefined,
-      answeredAt: (socket as TrackedSocket)[ANSWERED_AT] ?? 0,
-      reqId,
-    });
-    if (answer === null) return;
-    if (current) {
-      // Refused inside its body: the answer is that request's, logged when its response closes.
-      const ctx = contextOf(current);
-      ctx.code = answer.code;
-      ctx.answeredOnSocket = answer.status;
-      return;
-    }
-    this.deps.metrics.request('none', answer.status, answer.code);
-    this.deps.access(unparsedLine({ reqId, status: answer.status, code: answer.code, clientIp: socket instanceof Socket ? (socket.remoteAddress ?? null) : null }));
+    refuseUnparsed(err, socket, this.refusalDeps);
   }
 
   inFlight = (): number => this.open.size;
