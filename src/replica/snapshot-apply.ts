@@ -68,10 +68,35 @@ try {
 const TSX_API = FROM_SOURCE ? import.meta.resolve('tsx/esm/api') : null;
 const WORKER_ENTRY = new URL(FROM_SOURCE ? './worker.ts' : './worker.js', HERE).href;
 
-function spawn(opts: { kind: 'keyward-snapshot' | 'keyward-changes'; data: Record<string, unknown>; transfer?: MessagePort[] }): Worker {
+function spawn(opts: { kind: 'keyward-snapshot' | 'keyward-changes' | 'keyward-fold'; data: Record<string, unknown>; transfer?: MessagePort[] }): Worker {
   return new Worker(BOOT, { eval: true, workerData: { ...opts.data, entry: WORKER_ENTRY, tsx: TSX_API, kind: opts.kind }, transferList: opts.transfer ?? [] });
 }
 
+
+/** The least time between two checkpoints handed to a worker. */
+const FOLD_EVERY_MS = 1_000;
+const folding = new WeakMap<ReplicaStore, { running: boolean; last: number }>();
+
+/**
+ * After a commit on this thread, checkpoints the replica's WAL on a worker. The main
+ * connection never checkpoints itself (store.ts turns SQLite's automatic checkpoint off):
+ * inside a commit, a checkpoint copies up to a thousand pages into the database file and
+ * syncs it, which stalled the event loop 50 to 160 ms (DESIGN section 7 allows 50). A
+ * passive checkpoint blocks no reader or writer; one runs at a time, at most one a second.
+ */
+export function foldSoon(replica: ReplicaStore): Promise<void> | null {
+  if (replica.db.memory) return null;
+  const state = folding.get(replica) ?? { running: false, last: -Infinity };
+  folding.set(replica, state);
+  const now = performance.now();
+  if (state.running || now - state.last < FOLD_EVERY_MS) return null;
+  state.running = true;
+  state.last = now;
+  const worker = spawn({ kind: 'keyward-fold', data: { dbPath: replica.db.name } });
+  worker.unref(); // a checkpoint cut short by exit is safe: SQLite checkpoints again later
+  worker.once('error', () => {});
+  return new Promise((resolve) => worker.once('exit', () => resolve(void (state.running = false))));
+}
 
 /**
  * Parses, validates and applies one change batch (the /changes answer's text) on a worker
@@ -102,6 +127,7 @@ async function applyInThread(opts: ApplySnapshotStreamOptions, started: number, 
     lines.push(...splitter.end());
     const { version, tag, records } = collectSnapshot(readSnapshot(lines));
     const counts = opts.replica.applySnapshot({ version, tag, records, source: opts.source });
+    void foldSoon(opts.replica);
     return { version, ...counts, totalMs: Math.round(performance.now() - started), offThread: false };
   } catch (err) {
     throw new SnapshotApplyError((err as Error).message, (err as { line?: number; position?: number }).line ?? (err as { position?: number }).position);

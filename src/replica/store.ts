@@ -106,6 +106,8 @@ export class ReplicaStore {
     this.youngMax = Math.max(1, Math.floor((opts.cacheSize ?? 50_000) / 2));
     try {
       this.db = openDatabase(opts.path);
+      // Checkpoints run on a worker (snapshot-apply.ts, foldSoon): inside a commit here they stall the event loop.
+      if (!this.db.memory) this.db.pragma('wal_autocheckpoint = 0');
     } catch (err) {
       throw unusableReplica(opts.path, err);
     }

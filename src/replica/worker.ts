@@ -11,7 +11,7 @@
  *
  * The same worker also applies one large change batch (given as its JSON text, parsed and
  * validated here), so a console that sends thousands of changes at once cannot stall the
- * event loop either.
+ * event loop either, and checkpoints the WAL after commits of the main thread (foldSoon).
  *
  * Spawned by snapshot-apply.ts; not imported by anything else.
  */
@@ -154,5 +154,13 @@ if (parentPort && kind === 'keyward-snapshot') {
   parentPort.close();
 } else if (parentPort && kind === 'keyward-changes') {
   parentPort.postMessage(runChanges(workerData as ChangesInput));
+  parentPort.close();
+} else if (parentPort && kind === 'keyward-fold') {
+  const db = openDatabase((workerData as { dbPath: string }).dbPath);
+  try {
+    db.pragma('wal_checkpoint(PASSIVE)');
+  } finally {
+    db.close();
+  }
   parentPort.close();
 }

@@ -6,11 +6,13 @@
  */
 import { parseChangeBatch } from '../protocol/records.js';
 import { InvalidBatchError, type ReplicaWriter } from '../protocol/writer.js';
-import { applyChangeTextOffThread, applySnapshotStream } from './snapshot-apply.js';
+import { applyChangeTextOffThread, applySnapshotStream, foldSoon } from './snapshot-apply.js';
 import type { ReplicaStore } from './store.js';
 
 /** A change batch larger than this is parsed and applied on a worker thread. */
 const OFF_THREAD_CHARS = 96 * 1024;
+/** ...and one with more changes than this: thousands of short deletes fit in fewer characters and take longer than 50 ms. */
+const OFF_THREAD_CHANGES = 200;
 
 export function replicaWriter(replica: ReplicaStore): ReplicaWriter {
   return {
@@ -30,8 +32,12 @@ export function replicaWriter(replica: ReplicaStore): ReplicaWriter {
       const parsed = parseChangeBatch(value);
       if (!parsed.ok) throw new InvalidBatchError(`invalid change batch: ${parsed.error}`);
       const batch = parsed.value;
+      if (batch.changes.length > OFF_THREAD_CHANGES && !replica.db.memory) {
+        return { ...(await applyChangeTextOffThread({ replica, text, source })), offThread: true };
+      }
       try {
         const applied = replica.applyChanges(batch, source);
+        void foldSoon(replica);
         return { version: batch.version, changes: batch.changes.length, applied, offThread: false };
       } catch (err) {
         throw new InvalidBatchError(`change batch ${batch.version} not applied: ${(err as Error).message}`);
