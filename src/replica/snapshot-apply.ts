@@ -7,7 +7,7 @@
  */
 import { MessageChannel, Worker, type MessagePort } from 'node:worker_threads';
 import { InvalidBatchError, UnusableDataError, type SnapshotApplied } from '../protocol/writer.js';
-import { collectSnapshot, LineSplitter, readSnapshot, type NumberedLine } from '../protocol/ndjson.js';
+import { collectSnapshot, LineSplitter, readSnapshot, SnapshotError, type NumberedLine } from '../protocol/ndjson.js';
 import type { ReplicaStore } from './store.js';
 import type { ChangesResult, ChunkMessage, WorkerMessage } from './worker.js';
 
@@ -121,8 +121,18 @@ export async function applyChangeTextOffThread(opts: { replica: ReplicaStore; te
 async function applyInThread(opts: ApplySnapshotStreamOptions, started: number, head: Uint8Array[]): Promise<SnapshotApplied> {
   const splitter = new LineSplitter(opts.maxLineBytes ?? 1 << 20);
   const lines: NumberedLine[] = [];
-  for (const chunk of head) lines.push(...splitter.push(chunk));
-  for await (const chunk of opts.body) lines.push(...splitter.push(chunk));
+  // What the splitter refuses (bytes that are not UTF-8, a line past its bound) is bad data,
+  // not a failed fetch: it is not fetched again at once. A failure of the body itself stays a fetch error.
+  const split = (chunk: Uint8Array): void => {
+    try {
+      lines.push(...splitter.push(chunk));
+    } catch (err) {
+      if (err instanceof SnapshotError) throw new SnapshotApplyError(err.message, err.line);
+      throw new SnapshotApplyError('the snapshot is not UTF-8 text (a compressed body sent without its Content-Encoding?)');
+    }
+  };
+  for (const chunk of head) split(chunk);
+  for await (const chunk of opts.body) split(chunk);
   try {
     lines.push(...splitter.end());
     const { version, tag, records } = collectSnapshot(readSnapshot(lines));

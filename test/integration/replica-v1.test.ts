@@ -9,6 +9,7 @@ import { applyChangeTextOffThread, applySnapshotStream } from '../../src/replica
 import { replicaWriter } from '../../src/replica/writer.js';
 import { parseSnapshotText } from '../../src/protocol/ndjson.js';
 import { SCHEMA_VERSION } from '../../src/replica/schema.js';
+import { UnusableDataError } from '../../src/protocol/writer.js';
 import { buildSnapshot, sha256 } from '../helpers/console-replica.js';
 
 let dir: string;
@@ -173,6 +174,17 @@ test('a bad CIDR in a snapshot rejects it whole and the old replica stays', asyn
   await assert.rejects(applySnapshotStream({ replica, body: (async function* () { yield Buffer.from(text); })(), source: 'test' }), /line 3: ips\.0: expected a CIDR/);
   assert.equal(replica.status().version, 1);
   assert.equal(replica.lookup(sha256('k_b')), null);
+  replica.close();
+});
+
+test('a small snapshot that is not UTF-8 is bad data (not fetched again at once), and the old replica stays', async () => {
+  const replica = new ReplicaStore({ path: join(dir, 'utf8.sqlite') });
+  replica.applySnapshot({ ...parseSnapshotText(lines(1, [key('k_a')])), source: 'test' });
+  const body = Buffer.concat([Buffer.from(lines(2, [key('k_b')])), Buffer.from([0x1f, 0x8b, 0xff, 0xfe, 0x0a])]);
+  const err = await applySnapshotStream({ replica, body: (async function* () { yield body; })(), source: 'test' }).then(() => assert.fail('applied'), (e: unknown) => e);
+  assert.ok(err instanceof UnusableDataError, String(err));
+  assert.match((err as Error).message, /not UTF-8 text/);
+  assert.equal(replica.status().version, 1);
   replica.close();
 });
 
