@@ -21,9 +21,11 @@ export class ConfigError extends Error {
 /**
  * A supported reference (`${VAR}`, `${VAR:-default}`), or any other `${...}` on one line,
  * which is hidden too so that it reaches the "no supported reference" problem rather
- * than breaking a flow mapping (`{ token: ${VAR:?msg} }`) into YAML errors.
+ * than breaking a flow mapping (`{ token: ${VAR:?msg} }`) into YAML errors. A reference
+ * ends on its line: an unclosed one would otherwise take every line up to the next `}`
+ * as its default, a comment's included.
  */
-const REFERENCE = /\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}|\$\{[^{}\n]*\}/g;
+const REFERENCE = /\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}\n]*))?\}|\$\{[^{}\n]*\}/g;
 
 interface Reference {
   /** null: a `${...}` form that is not expanded */
@@ -148,7 +150,9 @@ function expand(value: unknown, ctx: ExpandContext): unknown {
         continue;
       }
       if (referenced) referencedNames.add(name);
-      out[name] = expand(v, { ...ctx, path: [...ctx.path, name] });
+      // Defined, not assigned: assigning `__proto__` would set the prototype, and zod would
+      // read its members one level up instead of reporting an unknown key.
+      Object.defineProperty(out, name, { value: expand(v, { ...ctx, path: [...ctx.path, name] }), enumerable: true, writable: true, configurable: true });
     }
     return out;
   }

@@ -65,7 +65,9 @@ const upstream = z.strictObject({
 const DEFAULT_UPSTREAM_URL = 'http://127.0.0.1:4000';
 /** `replica.path` when the config names none; also where `keyward import` writes without a config */
 export const DEFAULT_REPLICA_PATH = './data/replica.sqlite';
-function defaultUpstreamUrl(u: unknown): unknown {
+function defaultUpstreamUrl(u: unknown, ctx: { addIssue(issue: { code: 'custom'; message: string; path: string[] }): void }): unknown {
+  // The record would drop a mode of this name unchecked.
+  if (isRecord(u) && Object.hasOwn(u, '__proto__')) ctx.addIssue({ code: 'custom', message: 'expected a routing mode name other than __proto__', path: ['__proto__'] });
   if (!isRecord(u) || !isRecord(u.default) || u.default.url !== undefined) return u;
   return { ...u, default: { ...u.default, url: DEFAULT_UPSTREAM_URL } };
 }
@@ -84,7 +86,7 @@ function checkModes(u: unknown, ctx: z.RefinementCtx): void {
   }
 }
 
-/** Operator-added routes, matched before the default table. */
+/** Operator-added routes, matched after the default table. */
 const HTTP_METHODS = ['GET', 'HEAD', 'POST', 'PUT', 'PATCH', 'DELETE', 'OPTIONS'] as const;
 
 /** Why an operator route could never match a request the path check lets through, or null. */

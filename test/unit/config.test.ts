@@ -91,6 +91,21 @@ test('expansion: an unsupported reference form is a problem, not literal text', 
   hasProblem(list, 'keys.pepper', /supported reference/);
 });
 
+test('expansion: a reference ends on its line; an unclosed one takes no later line with it, a comment\'s neither', () => {
+  // Before, the default ran to the next `}` anywhere in the file: these lines vanished unreported.
+  const later = 'limits: { shadow: [rpm, tpm] }\nserver: { maxJsonBodyBytes: 1000 }\n';
+  hasProblem(problems(`${MINIMAL}console:\n  url: http://c\n  token: \${KEYWARD_SYNC_TOKEN:-change-me\n${later}`, { KEYWARD_SYNC_TOKEN: 'tok' }), 'console.token', /supported reference/);
+  const c = parse(`${MINIMAL}# set \${KEYWARD_SYNC_TOKEN:-a default, see the runbook\n${later}`, { KEYWARD_SYNC_TOKEN: 'tok' });
+  assert.deepEqual([c.limits.shadow, c.server.maxJsonBodyBytes], [['rpm', 'tpm'], 1000]);
+});
+
+test('a __proto__ key is an unknown key, never the members of the part around it', () => {
+  const list = problems(`${MINIMAL}  __proto__: { url: "not a url" }\nserver:\n  __proto__: { port: 7 }\n__proto__: { logging: { level: debug } }\n`);
+  hasProblem(list, 'server.__proto__', /unknown key/);
+  hasProblem(list, 'upstreams.__proto__', /routing mode name/);
+  hasProblem(list, '__proto__', /unknown key/);
+});
+
 test('expansion: an unset variable without default is one problem naming the variable and the key', () => {
   const list = problems(`${MINIMAL}console:\n  url: http://c\n  token: \${KEYWARD_SYNC_TOKEN}\n`);
   assert.equal(list.length, 1, list.join('\n'));
