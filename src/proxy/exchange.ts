@@ -247,6 +247,8 @@ class ExchangeTable implements Exchanges, ForwardHooks {
   private finish(res: ServerResponse, ctx: RequestContext): void {
     this.open.delete(ctx.openIndex);
     ctx.openIndex = -1;
+    // An upstream that died after its head, before any body byte, produced no output (DESIGN section 6), as onFailure says.
+    if (ctx.upstreamBody?.readableDidRead === false && wasCutByUpstream(res)) ctx.upstreamFailed = true;
     settle(ctx);
     adoptSeen(ctx);
     const status = res.writableFinished ? res.statusCode : this.unfinishedStatus(res, ctx);
