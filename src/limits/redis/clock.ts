@@ -10,18 +10,27 @@ export interface RedisClock {
   deadline(): number;
 }
 
-export function createRedisClock(staleAfterMs: number | undefined): RedisClock {
+/**
+ * The offset assumed before any reply has told it: Redis up to this far ahead of local time.
+ * Without a deadline, calls sent before the first reply (a Redis that hung right after the
+ * connection opened) ran whenever Redis got to them, long after their requests were answered
+ * 503, and took from buckets and budgets. A Redis further ahead refuses those first calls as
+ * late, and their replies teach the offset.
+ */
+export const UNKNOWN_OFFSET_MS = 1_000;
+
+export function createRedisClock(staleAfterMs: number | undefined, now: () => number = Date.now): RedisClock {
   let offset: number | null = null;
   let sampledAt = 0;
   return {
     learn(redisNow) {
       if (typeof redisNow !== 'number') return;
-      const local = Date.now();
+      const local = now();
       const sample = redisNow - local;
       const decayed = offset === null ? sample : offset - Math.max(0, local - sampledAt) / 1000;
       offset = Math.max(sample, decayed);
       sampledAt = local;
     },
-    deadline: () => (staleAfterMs && offset !== null ? Math.ceil(Date.now() + offset + staleAfterMs) : 0),
+    deadline: () => (staleAfterMs ? Math.ceil(now() + (offset ?? UNKNOWN_OFFSET_MS) + staleAfterMs) : 0),
   };
 }

@@ -11,13 +11,14 @@
  * its per-model buckets `{<prefix>:k:<keyId>}:m:<pattern>:rpm|tpm`; an upstream's capacity
  * under its own tag, `{<prefix>:r:<route>}:rpm|conc`. Spend holds: see ledger.ts.
  */
+import type { Cluster, Redis } from 'ioredis';
 import { quotaFromReply } from '../bucket.js';
 import { LeaseTerm } from '../lease-term.js';
 import { type LeaseKeeper, createLeaseKeeper } from '../leases.js';
 import { type AdmitInput, type AdmitResult, type ClaimInput, type ClaimResult, type HoldInput, type HoldResult, type KeyLimits, type LedgerFigure, type LedgerInput, type LimiterStats, NO_QUOTA, type Quota, capacityOf } from '../limiter.js';
 import { type RedisLease, type RedisLimiter, type RedisLimiterOptions, errorTags, hashTag } from './api.js';
 import { claimOnRedis, claimedByOnRedis } from './claims.js';
-import { createRedisClock } from './clock.js';
+import { createRedisClock, type RedisClock } from './clock.js';
 import { Deadlines } from './deadlines.js';
 import { type LeasePath, createLeasePath, leasable } from './lease-path.js';
 import { SPEND_SLICE_MAX_MS } from './spend-slices.js';
@@ -36,6 +37,18 @@ type Op = 'admit' | 'settle' | 'refresh' | 'hold' | 'peek' | 'claim';
 
 export function createRedisLimiter(opts: RedisLimiterOptions): RedisLimiter {
   return new SharedLimiter(opts);
+}
+
+/**
+ * Asks Redis its time as soon as a connection is ready, so the first limits calls already
+ * carry deadlines in Redis time (script replies keep it current afterwards).
+ */
+function learnOnReady(client: Redis | Cluster, clock: RedisClock): void {
+  const ask = (): void => {
+    client.time().then(([s, us]) => clock.learn(Number(s) * 1000 + Math.floor(Number(us) / 1000)), () => {});
+  };
+  client.on('ready', ask);
+  if (client.status === 'ready') ask();
 }
 
 class SharedLimiter implements RedisLimiter {
@@ -60,6 +73,7 @@ class SharedLimiter implements RedisLimiter {
     const run = scriptRunner(client, opts.callTimeoutMs ? new Deadlines({ timeoutMs: opts.callTimeoutMs }) : undefined);
     const term = (this.term = new LeaseTerm(opts.leaseMs, opts.refreshEveryMs));
     const clock = createRedisClock(opts.staleAfterMs);
+    learnOnReady(client, clock);
     const cluster = client.isCluster;
     const settleFailed = (err: unknown): void => this.failed('settle', err);
     this.prefix = opts.prefix;
