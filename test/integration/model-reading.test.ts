@@ -91,6 +91,20 @@ describe('multipart read as RFC 2046/7578 parsers read it', () => {
     expectRefused(request({ path, contentType: MP, body: mp(`${CD('name="model"')}\r\n\r\nwhisper-1\r\n--${B}X\r\n${CD('name="model"')}\r\n\r\ngpt-4o`) })));
   test('transport padding that python-multipart reads as data', () =>
     expectRefused(request({ path, contentType: MP, body: mp(`${CD('name="x"')}\r\n\r\nv\r\n--${B} \r\n${CD('name="model"')}\r\n\r\nwhisper-1`) })));
+  test('array fields (`fallbacks[]`, `models[0]`), which bracket-folding form readers take for the array, are held to the scope', async () => {
+    const model = `${CD('name="model"')}\r\n\r\nwhisper-1\r\n--${B}\r\n`;
+    const file = `\r\n--${B}\r\n${CD('name="file"; filename="a.wav"')}\r\n\r\nRIFF`;
+    for (const name of ['fallbacks[]', 'fallbacks[0]', 'models[]', 'models[x]', 'fallbacks[a][b]']) {
+      await expectRefused(request({ path, contentType: MP, body: mp(`${model}${CD(`name="${name}"`)}\r\n\r\ngpt-4o-transcribe${file}`) }), 403);
+    }
+    // elements repeat, as arrays do: each one is checked
+    const two = `${CD('name="fallbacks[]"')}\r\n\r\nwhisper-1\r\n--${B}\r\n${CD('name="fallbacks[]"')}\r\n\r\ngpt-4o-transcribe`;
+    await expectRefused(request({ path, contentType: MP, body: mp(`${model}${two}${file}`) }), 403);
+    await expectForwarded(request({ path, contentType: MP, body: mp(`${model}${CD('name="fallbacks[]"')}\r\n\r\nwhisper-1${file}`) }));
+    // a model given as an array is no single model
+    await expectRefused(request({ path, contentType: MP, body: mp(`${CD('name="model[]"')}\r\n\r\ngpt-4o-transcribe${file}`) }));
+    await expectRefused(request({ path, contentType: MP, body: mp(`${model}${CD('name="model[0]"')}\r\n\r\ngpt-4o-transcribe${file}`) }));
+  });
   test('two name parameters', () => expectRefused(request({ path, contentType: MP, body: mp(`${CD('name="model"; name="x"')}\r\n\r\nwhisper-1`) })));
   test('name*=', () => expectRefused(request({ path, contentType: MP, body: mp(`${CD("name=\"x\"; name*=UTF-8''model")}\r\n\r\ngpt-4o`) })));
   test('two Content-Disposition lines', () => expectRefused(request({ path, contentType: MP, body: mp(`${CD('name="model"')}\r\n${CD('name="x"')}\r\n\r\nwhisper-1`) })));

@@ -17,14 +17,14 @@
  * whitespace after the closing delimiter.
  */
 import { Transform } from 'node:stream';
-import { foldKey, isSensitiveField } from './json-scan.js';
+import { foldKey, isSensitiveField, selectsModels } from './json-scan.js';
 import { MAX_MODEL_LENGTH } from './model-names.js';
 import { MAX_HEADER_BYTES, type PartHead, parsePartHeaders } from './multipart-head.js';
 
 export type MultipartEvent =
   /** a part's headers are read */
   | { type: 'part'; part: PartHead }
-  /** a model-selecting field's whole value */
+  /** a model-selecting field's whole value (an array element's, each under its own name) */
   | { type: 'field'; name: string; value: string };
 
 const decoder = new TextDecoder('utf-8', { fatal: true });
@@ -206,14 +206,18 @@ export class MultipartReader {
   }
 
   private startPart(part: PartHead, events: MultipartEvent[]): string | null {
-    const folded = foldKey(part.name);
+    const base = fieldBase(part.name);
+    const folded = foldKey(base);
     if (folded === '_charset_') return 'A multipart "_charset_" field is not accepted.';
     if (isSensitiveField(folded)) {
-      if (folded !== part.name) return `The form names "${folded}" in another letter case; use "${folded}".`;
+      // `fallbacks[]`, `fallbacks[0]`: elements of an array to the decoders that fold brackets (PHP's, LiteLLM's form reader).
+      const element = base !== part.name;
+      if (element && !selectsModels(folded)) return `The form field "${folded}" must be sent once, as "${folded}", not as an array.`;
+      if (folded !== base) return `The form names "${folded}" in another letter case; use "${folded}".`;
       if (part.isFile) return `The form field "${folded}" must not be a file.`;
       if (this.fileSeen || this.sealed) return `The form names "${folded}" after the file part; send it once, before the file.`;
-      if (this.seen.has(folded)) return `The form names "${folded}" more than once.`;
-      this.seen.add(folded);
+      if (!element && this.seen.has(folded)) return `The form names "${folded}" more than once.`;
+      if (!element) this.seen.add(folded);
       this.value = [];
       this.valueBytes = 0;
     }
@@ -248,6 +252,12 @@ export class MultipartReader {
     this.current = null;
     return null;
   }
+}
+
+/** A form field's name less any `[...]` suffix: the field an array element belongs to. */
+export function fieldBase(name: string): string {
+  const bracket = name.indexOf('[');
+  return bracket === -1 ? name : name.slice(0, bracket);
 }
 
 /** A form field that selects models appeared where it is not allowed, mid-stream. */

@@ -9,7 +9,7 @@ import { PassThrough } from 'node:stream';
 import { deny, type Denial } from '../../errors.js';
 import { inspectJson, queryNamesModel, selectsModels } from './json-scan.js';
 import { modelNamesProblem, modelsOfField, TOO_DEEP } from './model-names.js';
-import { createMultipartGuard, MultipartReader } from './multipart.js';
+import { createMultipartGuard, fieldBase, MultipartReader } from './multipart.js';
 import { jsonCharsetRefusal } from './content-type.js';
 import { multipartBoundary } from './multipart-head.js';
 import { bodyTooLarge, byteLimit, declaredOver, dropRest, needsCounting, toComeAfter } from './upload.js';
@@ -201,12 +201,12 @@ async function readJson(req: IncomingMessage, limit: number): Promise<BodyResult
  */
 async function readMultipart(req: IncomingMessage, boundary: string, uploadLimit: number): Promise<BodyResult> {
   const reader = new MultipartReader(boundary);
-  const fields = new Map<string, string>();
+  const fields: [name: string, value: string][] = [];
   let problem: string | null = null;
   const feed = (chunk: Buffer) => {
     const r = reader.push(chunk);
     if (!Array.isArray(r)) problem = r.problem;
-    else for (const e of r) if (e.type === 'field') fields.set(e.name, e.value);
+    else for (const e of r) if (e.type === 'field') fields.push([e.name, e.value]);
   };
   const read = await readUntil(req, {
     limit: uploadLimit > 0 ? Math.min(MULTIPART_HEAD_LIMIT, uploadLimit) : MULTIPART_HEAD_LIMIT,
@@ -217,24 +217,24 @@ async function readMultipart(req: IncomingMessage, boundary: string, uploadLimit
   });
   if (read.cut) return cutShort();
   if (uploadLimit > 0 && read.total > uploadLimit) return tooLarge(req, uploadLimit);
-  if (problem === null && read.ended) problem = reader.end();
-  if (problem === null && !read.ended) problem = reader.seal();
+  problem ??= read.ended ? reader.end() : reader.seal();
   if (problem !== null) return invalid(problem);
   const models: string[] = [];
   for (const [name, value] of fields) {
-    if (!selectsModels(name)) continue;
+    if (!selectsModels(fieldBase(name))) continue;
     const named = modelsOfField(value);
     if (named === null) return invalid(TOO_DEEP);
     models.push(...named);
   }
-  const names = modelNamesProblem(fields.get('model') ?? null, models);
+  const model = fields.find(([name]) => name === 'model')?.[1] ?? null;
+  const names = modelNamesProblem(model, models);
   if (names) return invalid(names);
   // The whole body counts towards the estimate, whatever the order of its parts.
   const declared = Number(req.headers['content-length']);
   const estimateBytes = Number.isSafeInteger(declared) && declared > read.total ? declared : read.total;
   const bytesSeen = read.ended || Number.isSafeInteger(declared) ? null : bytesFrom(req, read.total);
   const replay = replayStream(req, read, read.ended ? null : reader, uploadLimit);
-  return { ok: true, body: { model: fields.get('model') ?? null, models, maxOutputTokens: null, estimateBytes, replay, bytesSeen } };
+  return { ok: true, body: { model, models, maxOutputTokens: null, estimateBytes, replay, bytesSeen } };
 }
 
 /** The bytes of `req`'s body read so far: `already`, and what it emits from now on (an extra listener takes nothing from the pipe). */
