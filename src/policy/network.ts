@@ -37,7 +37,8 @@ export function parseRange(text: string): Cidr | null {
 
 /** The address as the policy reads it: an IPv4-mapped IPv6 address in its IPv4 form. */
 function plainAddress(text: string): string {
-  return text.length > 7 && text.slice(0, 7).toLowerCase() === '::ffff:' && text.includes('.') ? text.slice(7) : text;
+  // A first character test before any string is made: most peers are plain IPv4 or IPv6.
+  return text.charCodeAt(0) === 0x3a && text.length > 7 && text.slice(0, 7).toLowerCase() === '::ffff:' && text.includes('.') ? text.slice(7) : text;
 }
 
 export function inCidr(ip: Uint8Array, range: Cidr): boolean {
