@@ -92,8 +92,8 @@ export function foldSoon(replica: ReplicaStore): Promise<void> | null {
   if (state.running || now - state.last < FOLD_EVERY_MS) return null;
   state.running = true;
   state.last = now;
+  // Not unref'd: the process waits for a passive checkpoint (milliseconds) before it exits.
   const worker = spawn({ kind: 'keyward-fold', data: { dbPath: replica.db.name } });
-  worker.unref(); // a checkpoint cut short by exit is safe: SQLite checkpoints again later
   worker.once('error', () => {});
   return new Promise((resolve) => worker.once('exit', () => resolve(void (state.running = false))));
 }
