@@ -72,7 +72,7 @@ describe('slot encoding across versions', { timeout: 60_000 }, () => {
     const granted = await lease('slot-a', 'block-1', 5, 30_000);
     assert.deepEqual(granted.slice(9), [1, 5], 'a block of 5 granted');
     await oldCounts(6); // the request's slot and the block's 5
-    await run('keywardSettle', [set], [1, 'w', 'block-1', 2]);
+    await run('keywardSettle', [set], ['', 0, 1, 'w', 'block-1', 2]);
     await oldCounts(3);
     const [sec] = await client.time();
     assert.deepEqual(await run('keywardRefresh', [set], [60_000, 'block-1', 'slot-a']), []);
@@ -80,7 +80,7 @@ describe('slot encoding across versions', { timeout: 60_000 }, () => {
     assert.deepEqual(scores.filter((_, i) => i % 2 === 0).sort(), ['block-1#1', 'block-1#2', 'slot-a']);
     for (let i = 1; i < scores.length; i += 2) assert.ok(Number(scores[i]) > Number(sec) * 1000 + 50_000, 'every member of the block refreshed');
     await oldCounts(3);
-    await run('keywardSettle', [set], [1, 'w', 'block-1', 0]);
+    await run('keywardSettle', [set], ['', 0, 1, 'w', 'block-1', 0]);
     await oldCounts(1);
 
     // A crashed instance's block: its members share one expiry and go together.

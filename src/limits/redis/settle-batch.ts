@@ -9,7 +9,17 @@
  * instance never reads its own state stale, every other call it makes flushes the queue
  * first (`flush()`): the queued settlements are written before that call, on the same
  * connection, and Redis runs them in order. Close flushes and waits.
+ *
+ * A call that fails for want of Redis (no connection, no answer within its deadline, a
+ * Cluster between masters) is sent again, with growing waits, for up to RETRY_WINDOW_MS: a
+ * settlement lost in a blip would hold its slot until its lease ran out and drop its cost
+ * from the live ledger until the console's figures came back. Each call carries an id, and
+ * settle.lua records it under a marker key as it applies the call, so a call that Redis ran
+ * after its deadline, or whose answer was lost, is applied once however often it is sent.
+ * A resent call may come after calls made since: it only ever releases or charges late.
  */
+import { randomBytes } from 'node:crypto';
+import { ReplyError } from 'ioredis';
 import { callsByHashSlot } from './hash-slot.js';
 import { LEDGER_NEWS_CHANNEL } from './ledger-news.js';
 import type { RunScript } from './scripts.js';
@@ -78,6 +88,8 @@ export interface SettleBatchOptions {
   cluster: boolean;
   /** Longest a settlement waits for company. */
   everyMs: number;
+  /** Wait before a failed call's first resend (doubling to RETRY_MAX_MS); RETRY_FIRST_MS by default. */
+  retryFirstMs?: number;
 }
 
 export interface SettleBatch {
@@ -90,6 +102,29 @@ export interface SettleBatch {
 
 /** Operations per call: a bound on the script's run time (Redis serves nothing else meanwhile). */
 const MAX_OPS = 256;
+
+const RETRY_FIRST_MS = 100;
+const RETRY_MAX_MS = 2_000;
+/** How long after its first send a failed call is still sent again. */
+export const RETRY_WINDOW_MS = 60_000;
+/** How long Redis keeps a call's marker: past the last resend, in Redis's time or this instance's. */
+const MARKER_MS = 2 * RETRY_WINDOW_MS;
+/** Calls waiting to be sent again; past it the oldest is given up (its owners were told of its failure). */
+const MAX_WAITING = 1_024;
+
+/** Errors after which the call may not have run, and a resend can apply it; a script's own error is not one. */
+const TRANSIENT_REPLY = /^(CLUSTERDOWN|TRYAGAIN|LOADING|MASTERDOWN|BUSY|READONLY|MOVED|ASK)\b/;
+const transient = (err: unknown): boolean => !(err instanceof ReplyError) || TRANSIENT_REPLY.test((err as Error).message);
+
+/** One settle.lua call, kept until Redis has answered it or it is given up. */
+interface Call {
+  ops: SettleOp[];
+  keys: string[];
+  args: (string | number)[];
+  firstAt: number;
+  tries: number;
+  timer: NodeJS.Timeout | null;
+}
 
 const shared = new WeakMap<object, SettleBatch>();
 
@@ -107,10 +142,10 @@ export function createSettleBatch(opts: SettleBatchOptions): SettleBatch {
   return new Batch(opts);
 }
 
-/** settle.lua's KEYS and ARGV for `ops` (see its header). */
-function settleCall(ops: SettleOp[]): { keys: string[]; args: (string | number)[] } {
-  const keys: string[] = [];
-  const args: (string | number)[] = [ops.length];
+/** settle.lua's KEYS and ARGV for `ops`, under the call id `id` (see its header). */
+function settleCall(ops: SettleOp[], id: string): { keys: string[]; args: (string | number)[] } {
+  const keys: string[] = [`${ops[0]!.tag}:settled:${id}`];
+  const args: (string | number)[] = [id, MARKER_MS, ops.length];
   for (const op of ops) {
     if (op.kind === 'buckets') {
       args.push('b', op.leaseId, op.sliceId ?? '', op.buckets.length, op.sets.length);
@@ -138,12 +173,19 @@ function settleCall(ops: SettleOp[]): { keys: string[]; args: (string | number)[
 class Batch implements SettleBatch {
   private queue: SettleOp[] = [];
   private timer: NodeJS.Timeout | null = null;
-  // Calls sent and not yet answered, counted rather than kept in a Set: a Set with an add
-  // and a delete per batch keeps replacing its hash table, and a replaced table that has
-  // been promoted holds on to its successor and its promises (and through them the batch's
-  // operations), so each young-generation collection would promote them (see src/dense-set.ts).
+  // Calls sent and not yet answered, or waiting to be sent again, counted rather than kept in
+  // a Set: a Set with an add and a delete per batch keeps replacing its hash table, and a
+  // replaced table that has been promoted holds on to its successor and its promises (and
+  // through them the batch's operations), so each young-generation collection would promote
+  // them (see src/dense-set.ts).
   private inFlight = 0;
   private onIdle: (() => void)[] = [];
+  /** Calls waiting to be sent again, oldest first (rare: only while Redis is away). */
+  private waiting: Call[] = [];
+  private closing = false;
+  /** This instance's part of every call id; the count tells its calls apart. */
+  private readonly idBase = randomBytes(9).toString('base64url');
+  private calls = 0;
   private readonly flushNow = (): void => this.flush();
 
   constructor(private readonly opts: SettleBatchOptions) {}
@@ -168,32 +210,68 @@ class Batch implements SettleBatch {
     for (const call of callsByHashSlot(ops, { cluster: this.opts.cluster, tagOf: (op) => op.tag, max: MAX_OPS })) this.send(call);
   }
 
+  /** Flushes, sends the calls waiting to be sent again one last time, and waits for every answer. */
   async close(): Promise<void> {
+    this.closing = true;
     this.flush();
+    for (const call of this.waiting.splice(0)) {
+      if (call.timer) clearTimeout(call.timer);
+      this.attempt(call);
+    }
     if (this.inFlight > 0) await new Promise<void>((resolve) => this.onIdle.push(resolve));
   }
 
   private send(ops: SettleOp[]): void {
-    const { keys, args } = settleCall(ops);
-    const p = this.opts.run('keywardSettle', keys, args).then(
+    const { keys, args } = settleCall(ops, `${this.idBase}.${++this.calls}`);
+    this.inFlight++;
+    this.attempt({ ops, keys, args, firstAt: performance.now(), tries: 0, timer: null });
+  }
+
+  private attempt(call: Call): void {
+    call.tries++;
+    this.opts.run('keywardSettle', call.keys, call.args).then(
       (reply) => {
         // settle.lua: {applied, then the 1-based index of each void spend slice's operation}
         const v = reply as number[];
         for (let i = 1; i < v.length; i++) {
-          const op = ops[Number(v[i]) - 1];
+          const op = call.ops[Number(v[i]) - 1];
           if (op?.kind === 'spendSlice') op.onVoid?.();
         }
+        this.ended();
       },
       (err: unknown) => {
-        for (const owner of new Set(ops.map((op) => op.owner))) owner?.(err);
+        for (const owner of new Set(call.ops.map((op) => op.owner))) owner?.(err);
+        if (this.resend(call, err)) return;
+        this.ended();
       },
     );
-    this.inFlight++;
-    void p.finally(() => {
-      if (--this.inFlight > 0) return;
-      const waiting = this.onIdle;
-      this.onIdle = [];
-      for (const resolve of waiting) resolve();
-    });
+  }
+
+  /** Schedules `call` to be sent again when it may not have run and its window is open; says whether it did. */
+  private resend(call: Call, err: unknown): boolean {
+    const wait = Math.min(RETRY_MAX_MS, (this.opts.retryFirstMs ?? RETRY_FIRST_MS) * 2 ** (call.tries - 1));
+    if (this.closing || !transient(err) || performance.now() + wait - call.firstAt > RETRY_WINDOW_MS) return false;
+    if (this.waiting.length >= MAX_WAITING) {
+      const oldest = this.waiting.shift()!;
+      if (oldest.timer) clearTimeout(oldest.timer);
+      this.ended();
+    }
+    this.waiting.push(call);
+    call.timer = setTimeout(() => {
+      call.timer = null;
+      const at = this.waiting.indexOf(call);
+      if (at >= 0) this.waiting.splice(at, 1);
+      this.attempt(call);
+    }, wait);
+    call.timer.unref();
+    return true;
+  }
+
+  /** A call is over: answered, or given up. */
+  private ended(): void {
+    if (--this.inFlight > 0) return;
+    const waiting = this.onIdle;
+    this.onIdle = [];
+    for (const resolve of waiting) resolve();
   }
 }

@@ -1,8 +1,12 @@
 -- settle.lua: every settlement one instance has queued for one hash slot (a whole
 -- standalone Redis), applied in one call. See settle-batch.ts.
 --
--- KEYS: taken in order by the operations, as each one says below.
--- ARGV[1]: number of operations; then each operation, its kind first:
+-- ARGV[1]: the call's id ('' = none), ARGV[2]: its marker's lifetime in ms. With an id, KEYS[1]
+--   is the call's marker: a call whose marker exists has been applied (Redis ran it after its
+--   deadline, or its answer was lost, and the instance sent it again), so it applies nothing
+--   and returns the reply recorded there. Applying a call records the marker.
+-- KEYS (after the marker): taken in order by the operations, as each one says below.
+-- ARGV[3]: number of operations; then each operation, its kind first:
 --   'b' (buckets and slots): lease id, slice id ('' = none), nb, ns, then nb pairs
 --       (capacity, delta); KEYS: nb token buckets (bucket.lua), then ns lease sets (ZSET).
 --       delta > 0 gives tokens back (never above the ceiling), < 0 charges more (the
@@ -43,8 +47,20 @@
 -- #include bucket.lua
 -- #include slots.lua
 
+local call_id, marker_ms = ARGV[1], tonumber(ARGV[2])
 local k = 1
-local a = 2
+local a = 4
+local marker
+if call_id ~= '' then
+  marker = KEYS[1]
+  k = 2
+  local done = redis.call('GET', marker)
+  if done then
+    local again = {}
+    for n in string.gmatch(done, '%d+') do again[#again + 1] = tonumber(n) end
+    return again
+  end
+end
 local function arg()
   local v = ARGV[a]
   a = a + 1
@@ -159,7 +175,7 @@ local function keys_left(n)
   return n
 end
 
-local ops = tonumber(ARGV[1])
+local ops = tonumber(ARGV[3])
 local applied = 0
 local void = {}
 for i = 1, ops do
@@ -198,4 +214,5 @@ if channel and channel ~= '' then
 end
 local out = {applied}
 for _, i in ipairs(void) do out[#out + 1] = i end
+if marker then redis.call('SET', marker, table.concat(out, ','), 'PX', marker_ms) end
 return out

@@ -1,0 +1,141 @@
+/**
+ * Settlements survive a Redis blip (settle-batch.ts): a call that failed for want of Redis is
+ * sent again, and a call Redis ran after all (past its deadline, or with its answer lost) is
+ * not applied a second time. Against a real Redis, through a TCP proxy that holds or drops
+ * its bytes.
+ */
+import { after, before, test } from 'node:test';
+import assert from 'node:assert/strict';
+import { once } from 'node:events';
+import { Redis } from 'ioredis';
+import { TEST_REDIS_URL } from '../helpers/redis-url.js';
+import { deleteByPrefix } from '../helpers/redis-harness.js';
+import { startFreezeProxy, type FreezeProxy } from '../helpers/freeze-proxy.js';
+import { createRedisClient } from '../../src/limits/redis/client.js';
+import { Deadlines } from '../../src/limits/redis/deadlines.js';
+import { scriptRunner, type RunScript } from '../../src/limits/redis/scripts.js';
+import { createSettleBatch, type SettleBatch, type SettleOp } from '../../src/limits/redis/settle-batch.js';
+
+const prefix = `kwretry${process.pid}`;
+const tag = `{${prefix}:k:a}`;
+let direct: Redis;
+let proxy: FreezeProxy;
+let viaProxy: ReturnType<typeof createRedisClient>;
+
+before(async () => {
+  direct = new Redis(TEST_REDIS_URL);
+  proxy = await startFreezeProxy({ target: new URL(TEST_REDIS_URL) });
+  viaProxy = createRedisClient({ url: proxy.url, timeoutMs: 200 });
+  await once(viaProxy, 'ready');
+});
+after(async () => {
+  viaProxy.disconnect();
+  proxy.close();
+  await deleteByPrefix(direct, prefix);
+  direct.disconnect();
+});
+
+/** The level bucket.lua stored for `key` (absent: never written). */
+const level = async (key: string): Promise<number | null> => {
+  const t = await direct.hget(key, 't');
+  return t === null ? null : Number(t);
+};
+
+/** A settlement that charges a whole bucket of 1,000 (to about 0; twice would be about -1,000) and frees a slot. */
+function chargeAndFree(name: string, owner: (err: unknown) => void): Extract<SettleOp, { kind: 'buckets' }> & { bucket: string; set: string } {
+  const bucket = `${tag}:tpm:${name}`;
+  const set = `${tag}:conc:${name}`;
+  return { kind: 'buckets', tag, leaseId: `lease-${name}`, buckets: [{ key: bucket, cap: 1_000, delta: -1_000 }], sets: [set], owner, bucket, set };
+}
+
+/** `run` through the proxy, bounded at 200 ms, counting calls and telling of each answered one. */
+function countedRun(): { run: RunScript; calls: () => number; answered: () => Promise<void> } {
+  const real = scriptRunner(viaProxy, new Deadlines({ timeoutMs: 200 }));
+  let calls = 0;
+  let waiter: (() => void) | null = null;
+  const run: RunScript = (name, keys, args) => {
+    calls++;
+    const p = real(name, keys, args);
+    p.then(() => waiter?.(), () => undefined);
+    return p;
+  };
+  return { run, calls: () => calls, answered: () => new Promise<void>((r) => (waiter = r)) };
+}
+
+/** A batch sending each settlement at once, resending after 20 ms, and the first error it reports. */
+function batchOf(run: RunScript): { batch: SettleBatch; failed: Promise<unknown>; owner: (err: unknown) => void } {
+  let owner!: (err: unknown) => void;
+  const failed = new Promise<unknown>((r) => (owner = r));
+  return { batch: createSettleBatch({ run, cluster: false, everyMs: 1, retryFirstMs: 20 }), failed, owner };
+}
+
+test('one call sent twice under its id is applied once, and answers the same both times', async () => {
+  const run = scriptRunner(direct);
+  const bucket = `${tag}:tpm:twice`;
+  const call = [[`${tag}:settled:twice`, bucket], ['twice', 60_000, 1, 'b', 'lease-x', '', 1, 0, 1_000, -1_000]] as const;
+  const first = await run('keywardSettle', [...call[0]], [...call[1]]);
+  const second = await run('keywardSettle', [...call[0]], [...call[1]]);
+  assert.deepEqual(second, first);
+  assert.ok((await level(bucket))! > -500, `charged once: ${await level(bucket)}`);
+  // without an id every send applies: what the id is for
+  await run('keywardSettle', [bucket], ['', 0, 1, 'b', 'lease-x', '', 1, 0, 1_000, -1_000]);
+  assert.ok((await level(bucket))! < -500);
+});
+
+test('a settlement Redis ran after its deadline is not applied again when it is resent', { timeout: 10_000 }, async () => {
+  const counted = countedRun();
+  const { batch, failed, owner } = batchOf(counted.run);
+  const op = chargeAndFree('late', owner);
+  await direct.zadd(op.set, Date.now() + 60_000, op.leaseId);
+  proxy.frozen = true;
+  batch.add(op);
+  batch.flush();
+  assert.equal((await failed as Error).name, 'CallTimeoutError');
+  const resent = counted.answered();
+  proxy.thaw(); // Redis runs the first send now, and the resend follows it
+  await resent;
+  await batch.close();
+  assert.equal(counted.calls(), 2);
+  assert.equal(await direct.zscore(op.set, op.leaseId), null, 'the slot is free');
+  const lvl = (await level(op.bucket))!;
+  assert.ok(lvl > -500 && lvl < 500, `charged once, not twice: ${lvl}`);
+});
+
+test('a settlement lost with its connection is applied once Redis is back', { timeout: 10_000 }, async () => {
+  const counted = countedRun();
+  const { batch, failed, owner } = batchOf(counted.run);
+  const op = chargeAndFree('lost', owner);
+  await direct.zadd(op.set, Date.now() + 60_000, op.leaseId);
+  proxy.frozen = true;
+  batch.add(op);
+  batch.flush();
+  await failed;
+  const applied = counted.answered();
+  proxy.cut(); // the first send never reaches Redis; the client reconnects
+  await applied;
+  await batch.close();
+  assert.ok(counted.calls() >= 2);
+  assert.equal(await direct.zscore(op.set, op.leaseId), null, 'the slot is free');
+  const lvl = (await level(op.bucket))!;
+  assert.ok(lvl > -500 && lvl < 500, `charged once: ${lvl}`);
+});
+
+test('closing sends a waiting settlement once more at once, and waits for it', { timeout: 10_000 }, async () => {
+  const counted = countedRun();
+  let owner!: (err: unknown) => void;
+  const failed = new Promise<unknown>((r) => (owner = r));
+  // a first resend 30 s away: only close() can send it before the test ends
+  const batch = createSettleBatch({ run: counted.run, cluster: false, everyMs: 1, retryFirstMs: 30_000 });
+  const op = chargeAndFree('close', owner);
+  await direct.zadd(op.set, Date.now() + 60_000, op.leaseId);
+  proxy.frozen = true;
+  batch.add(op);
+  batch.flush();
+  await failed;
+  const back = once(viaProxy, 'ready');
+  proxy.cut();
+  await back;
+  await batch.close();
+  assert.equal(counted.calls(), 2);
+  assert.equal(await direct.zscore(op.set, op.leaseId), null, 'the slot is free');
+});
