@@ -77,7 +77,7 @@ class SharedLimiter implements RedisLimiter {
     const cluster = client.isCluster;
     const settleFailed = (err: unknown): void => this.failed('settle', err);
     this.prefix = opts.prefix;
-    this.batch = settleBatchOf(client, { run, cluster, everyMs: opts.settleEveryMs ?? DEFAULT_SETTLE_EVERY_MS });
+    this.batch = settleBatchOf(client, { run, cluster, prefix: opts.prefix, everyMs: opts.settleEveryMs ?? DEFAULT_SETTLE_EVERY_MS });
     // Every call this instance makes is preceded by the settlements it has queued (settle-batch.ts).
     this.send = (name, keys, args) => {
       this.batch.flush();

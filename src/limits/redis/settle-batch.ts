@@ -14,8 +14,9 @@
  * Cluster between masters) is sent again, with growing waits, for up to RETRY_WINDOW_MS: a
  * settlement lost in a blip would hold its slot until its lease ran out and drop its cost
  * from the live ledger until the console's figures came back. Each call carries an id, and
- * settle.lua records it under a marker key as it applies the call, so a call that Redis ran
- * after its deadline, or whose answer was lost, is applied once however often it is sent.
+ * settle.lua records it in the instance's record of applied calls as it applies the call, so
+ * a call that Redis ran after its deadline, or whose answer was lost, is applied once however
+ * often it is sent.
  * A resent call may come after calls made since: it only ever releases or charges late.
  */
 import { randomBytes } from 'node:crypto';
@@ -88,6 +89,8 @@ export interface SettleBatchOptions {
   cluster: boolean;
   /** Longest a settlement waits for company. */
   everyMs: number;
+  /** the limits' key prefix, under which a single node keeps this instance's record of applied calls */
+  prefix: string;
   /** Wait before a failed call's first resend (doubling to RETRY_MAX_MS); RETRY_FIRST_MS by default. */
   retryFirstMs?: number;
 }
@@ -107,8 +110,8 @@ const RETRY_FIRST_MS = 100;
 const RETRY_MAX_MS = 2_000;
 /** How long after its first send a failed call is still sent again. */
 export const RETRY_WINDOW_MS = 60_000;
-/** How long Redis keeps a call's marker: past the last resend, in Redis's time or this instance's. */
-const MARKER_MS = 2 * RETRY_WINDOW_MS;
+/** How long Redis remembers an applied call: past its last resend, with room for that resend's way there. */
+const KEEP_MS = RETRY_WINDOW_MS + 15_000;
 /** Calls waiting to be sent again; past it the oldest is given up (its owners were told of its failure). */
 const MAX_WAITING = 1_024;
 
@@ -142,10 +145,14 @@ export function createSettleBatch(opts: SettleBatchOptions): SettleBatch {
   return new Batch(opts);
 }
 
-/** settle.lua's KEYS and ARGV for `ops`, under the call id `id` (see its header). */
-function settleCall(ops: SettleOp[], id: string): { keys: string[]; args: (string | number)[] } {
-  const keys: string[] = [`${ops[0]!.tag}:settled:${id}`];
-  const args: (string | number)[] = [id, MARKER_MS, ops.length];
+/**
+ * settle.lua's KEYS and ARGV for `ops` (see its header), as call `id` recorded in `record`: on a
+ * single node one record per instance; a Cluster keeps it in the call's hash slot, under the tag
+ * of its first operation.
+ */
+function settleCall(ops: SettleOp[], id: number, record: string): { keys: string[]; args: (string | number)[] } {
+  const keys: string[] = [record];
+  const args: (string | number)[] = [id, KEEP_MS, ops.length];
   for (const op of ops) {
     if (op.kind === 'buckets') {
       args.push('b', op.leaseId, op.sliceId ?? '', op.buckets.length, op.sets.length);
@@ -183,7 +190,7 @@ class Batch implements SettleBatch {
   /** Calls waiting to be sent again, oldest first (rare: only while Redis is away). */
   private waiting: Call[] = [];
   private closing = false;
-  /** This instance's part of every call id; the count tells its calls apart. */
+  /** Names this instance's record of applied calls; the count tells its calls apart. */
   private readonly idBase = randomBytes(9).toString('base64url');
   private calls = 0;
   private readonly flushNow = (): void => this.flush();
@@ -222,7 +229,8 @@ class Batch implements SettleBatch {
   }
 
   private send(ops: SettleOp[]): void {
-    const { keys, args } = settleCall(ops, `${this.idBase}.${++this.calls}`);
+    const record = this.opts.cluster ? `${ops[0]!.tag}:settled:${this.idBase}` : `{${this.opts.prefix}:settled}:${this.idBase}`;
+    const { keys, args } = settleCall(ops, ++this.calls, record);
     this.inFlight++;
     this.attempt({ ops, keys, args, firstAt: performance.now(), tries: 0, timer: null });
   }

@@ -1,11 +1,12 @@
 -- settle.lua: every settlement one instance has queued for one hash slot (a whole
 -- standalone Redis), applied in one call. See settle-batch.ts.
 --
--- ARGV[1]: the call's id ('' = none), ARGV[2]: its marker's lifetime in ms. With an id, KEYS[1]
---   is the call's marker: a call whose marker exists has been applied (Redis ran it after its
---   deadline, or its answer was lost, and the instance sent it again), so it applies nothing
---   and returns the reply recorded there. Applying a call records the marker.
--- KEYS (after the marker): taken in order by the operations, as each one says below.
+-- ARGV[1]: the call's id ('' = none), ARGV[2]: how long Redis remembers it (ms). With an id,
+--   KEYS[1] is the sending instance's record of the calls it applied (ZSET: call id -> when
+--   it is forgotten, in Redis ms). A call found there was applied already (Redis ran it past
+--   its deadline, or its answer was lost, and the instance sent it again): it applies nothing
+--   and returns {0}. Applying a call records it.
+-- KEYS (after the record): taken in order by the operations, as each one says below.
 -- ARGV[3]: number of operations; then each operation, its kind first:
 --   'b' (buckets and slots): lease id, slice id ('' = none), nb, ns, then nb pairs
 --       (capacity, delta); KEYS: nb token buckets (bucket.lua), then ns lease sets (ZSET).
@@ -47,19 +48,15 @@
 -- #include bucket.lua
 -- #include slots.lua
 
-local call_id, marker_ms = ARGV[1], tonumber(ARGV[2])
+local call_id, keep_ms = ARGV[1], tonumber(ARGV[2])
 local k = 1
 local a = 4
-local marker
+local record
 if call_id ~= '' then
-  marker = KEYS[1]
+  record = KEYS[1]
   k = 2
-  local done = redis.call('GET', marker)
-  if done then
-    local again = {}
-    for n in string.gmatch(done, '%d+') do again[#again + 1] = tonumber(n) end
-    return again
-  end
+  redis.call('ZREMRANGEBYSCORE', record, '-inf', now)
+  if redis.call('ZSCORE', record, call_id) then return {0} end
 end
 local function arg()
   local v = ARGV[a]
@@ -214,5 +211,8 @@ if channel and channel ~= '' then
 end
 local out = {applied}
 for _, i in ipairs(void) do out[#out + 1] = i end
-if marker then redis.call('SET', marker, table.concat(out, ','), 'PX', marker_ms) end
+if record then
+  redis.call('ZADD', record, now + keep_ms, call_id)
+  redis.call('PEXPIRE', record, keep_ms)
+end
 return out
