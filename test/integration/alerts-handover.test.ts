@@ -24,6 +24,7 @@ const RECORDS: SyncRecord[] = [PRICE, { type: 'project', id: 'p_free', status: '
 const KEYS: Record<string, KeySpec> = {
   k_shutdown: { project: 'p_free', budget: 10, spent: 7.9 },
   k_lapse: { project: 'p_free', budget: 10, spent: 7.9 },
+  k_queued: { project: 'p_free', budget: 10, spent: 7.5 },
 };
 const secrets: Record<string, string> = Object.fromEntries(Object.keys(KEYS).map((id) => [id, `sk-handover-${id}-${randomBytes(8).toString('hex')}`]));
 
@@ -102,4 +103,26 @@ test('an instance that stops renewing its claim (it hangs or died) loses it once
   await alertsIdle(b.h);
   assert.equal(eventsOf(b.hook.accepted(), 'key:k_lapse').length, 1, 'b\'s claim stands');
   assert.equal(eventsOf(a.hook.accepted(), 'key:k_lapse').length, 0);
+});
+
+test('an event waiting behind its holder\'s earlier one keeps its claim: the other instance does not send it too', async () => {
+  // a's receiver hangs: a retries its first event for 1.5 s, far past the claim's 400 ms, while
+  // its second waits; then each attempt of the second waits 300 ms for an answer
+  const a = await instance({ retryWindowMs: 1_500, attemptTimeoutMs: 300 });
+  const b = await instance();
+  a.hook.hang(true);
+  assert.equal(await spend(a.h, 'k_queued', 2_100), 200); // 7.5 + 2.2: past 0.8 and 0.95 at once
+  await a.hook.until(() => attemptsFor(a.hook, 'k_queued') >= 1, 'the first event\'s first attempt');
+  assert.equal(await spend(b.h, 'k_queued', 1), 200); // b checks the holder while both claims are a's, and asks again every 50 ms
+  const tried = (threshold: number): number =>
+    a.hook.received.filter((d) => {
+      const e = JSON.parse(d.body) as { holder: { id: string }; threshold: number };
+      return e.holder.id === 'k_queued' && e.threshold === threshold;
+    }).length;
+  // the second event's claim was made 1.5 s ago; b asks again through its first two attempts
+  await a.hook.until(() => tried(0.95) >= 2, 'two attempts of the second event', 10_000);
+  a.hook.hang(false);
+  await alertsIdle(a.h, b.h);
+  assert.deepEqual(eventsOf(a.hook.accepted(), 'key:k_queued').map((e) => e.threshold), [0.95]);
+  assert.equal(attemptsFor(b.hook, 'k_queued'), 0, 'the other instance sent neither event');
 });

@@ -54,7 +54,7 @@ export class Alerts {
     const d = { ...DELIVERY_DEFAULTS, ...t };
     // Renewed at each attempt: longer than the longest wait between two attempts' starts.
     this.pendingMs = t.claimPendingMs ?? 2 * d.maxRetryMs + d.attemptTimeoutMs;
-    this.delivery = new Delivery(o.log, t);
+    this.delivery = new Delivery(o.log, { claimRenewMs: this.pendingMs / 3, ...t });
     this.watch = new AlertWatch({
       store: o.store,
       thresholds: () => this.config?.thresholds ?? null,
@@ -116,10 +116,12 @@ export class Alerts {
   private send(c: Crossing, ref: ClaimRef): void {
     const config = this.config;
     const about = { holder: holderRef(c.holder), threshold: c.threshold, epoch: c.epoch };
-    const claim = (turn: ClaimTurn): Promise<void> =>
-      this.o.store.claimOnce({ ...ref, ttlMs: CLAIM_TTL_MS, pendingMs: this.pendingMs, turn }).then(
-        () => undefined,
-        () => undefined, // a claim not told stays pending and is taken over when its time is up
+    // False only when another token holds the claim: none (a newer epoch forgot it) leaves
+    // nobody else to send the event, and a claim not told stays pending until its time is up.
+    const claim = (turn: ClaimTurn): Promise<boolean> =>
+      this.o.store.claimedBy({ ...ref, ttlMs: CLAIM_TTL_MS, pendingMs: this.pendingMs, turn }).then(
+        (holder) => holder === null || holder === ref.token,
+        () => true,
       );
     if (!config) {
       // Turned off between the claim and now: the claim is spent, so say what was not sent.

@@ -6,6 +6,9 @@
  * and a few attempts run at once. The queue is bounded: an event past it is dropped, logged
  * and counted as failed. No request ever waits on any of this. Each event tells its claim
  * what became of it (watch.ts, ClaimRef): one given up early is another instance's to send.
+ * Its claim is renewed before each attempt and, while it waits, every `claimRenewMs`: a
+ * claim left pending past its time is another instance's to take over, and an event whose
+ * claim another instance holds now is left to that instance (sent once, not twice).
  *
  * Logs name the holder, threshold and epoch, never the webhook URL (it may carry a token),
  * the secret or the body's signature.
@@ -26,6 +29,8 @@ export interface DeliveryTuning {
   maxQueued?: number;
   /** attempts in flight at once */
   concurrency?: number;
+  /** how often the claims of waiting events are renewed (below the time a claim stays pending) */
+  claimRenewMs?: number;
 }
 
 export const DELIVERY_DEFAULTS: Required<DeliveryTuning> = {
@@ -35,6 +40,7 @@ export const DELIVERY_DEFAULTS: Required<DeliveryTuning> = {
   attemptTimeoutMs: 10_000,
   maxQueued: 1_000,
   concurrency: 4,
+  claimRenewMs: 40_000,
 };
 
 /** One event, ready to send: its body is final, so every attempt carries the same bytes and signature. */
@@ -46,8 +52,11 @@ export interface Outgoing {
   lane: string;
   /** what logs say of it */
   about: Record<string, unknown>;
-  /** tells the event's claim (watch.ts, ClaimRef) what became of it; never rejects */
-  claim?: (turn: ClaimTurn) => Promise<void>;
+  /**
+   * Tells the event's claim (watch.ts, ClaimRef) what became of it; resolves false when another
+   * instance holds the claim now (it took the claim over), else true; never rejects.
+   */
+  claim?: (turn: ClaimTurn) => Promise<boolean>;
 }
 
 /** `renew`: still being delivered; `done`: delivered, or given up after its window; `release`: given up early (a shutdown, a full queue). */
@@ -64,6 +73,8 @@ interface Pending extends Outgoing {
   dueAt: number;
   /** its attempt started while closing: the last one */
   last: boolean;
+  /** an attempt (its claim's renewal included) is under way */
+  attempting: boolean;
 }
 
 export class Delivery {
@@ -76,6 +87,8 @@ export class Delivery {
   private queued = 0;
   private inFlight = 0;
   private timer: NodeJS.Timeout | null = null;
+  /** renews waiting events' claims while any event is queued */
+  private keeper: NodeJS.Timeout | null = null;
   private closing = false;
   /** past close's deadline: no attempt starts any more */
   private stopped = false;
@@ -84,7 +97,7 @@ export class Delivery {
   /** told once nothing is queued or in flight */
   private readonly emptied = new Set<() => void>();
   /** claims told what became of their events, awaited by close */
-  private readonly told = new Set<Promise<void>>();
+  private readonly told = new Set<Promise<boolean>>();
 
   constructor(
     private readonly log: LogSink,
@@ -97,15 +110,19 @@ export class Delivery {
     if (this.queued >= this.t.maxQueued || this.closing) {
       this.failed++;
       this.log.warn({ ...event.about, reason: this.closing ? 'shutting down' : 'alert queue full' }, 'budget alert not delivered');
-      this.tell(event, 'release');
+      void this.tell(event, 'release');
       return;
     }
     const now = performance.now();
-    const p: Pending = { ...event, firstAttemptAt: now, attempts: 0, dueAt: now, last: false };
+    const p: Pending = { ...event, firstAttemptAt: now, attempts: 0, dueAt: now, last: false, attempting: false };
     const lane = this.lanes.get(event.lane);
     if (lane) lane.push(p);
     else this.lanes.set(event.lane, [p]);
     this.queued++;
+    if (!this.keeper) {
+      this.keeper = setInterval(() => this.keepClaims(), this.t.claimRenewMs);
+      this.keeper.unref();
+    }
     this.pump();
   }
 
@@ -134,6 +151,8 @@ export class Delivery {
     }
     this.stopped = true;
     if (this.timer) clearTimeout(this.timer);
+    if (this.keeper) clearInterval(this.keeper);
+    this.keeper = null;
     // Attempts still under way are cut short and give their events up themselves.
     for (const a of this.aborts) a.abort();
     await Promise.all(this.attempts);
@@ -171,18 +190,23 @@ export class Delivery {
   }
 
   private async attempt(name: string, p: Pending): Promise<void> {
+    p.attempting = true;
     if (p.attempts === 0) p.firstAttemptAt = performance.now();
-    else this.tell(p, 'renew');
+    const ours = await this.tell(p, 'renew');
     p.attempts++;
     p.last = this.closing;
-    const problem = await this.post(p);
+    const problem = ours ? await this.post(p) : null;
     this.busy.delete(name);
     this.inFlight--;
+    p.attempting = false;
     const now = performance.now();
-    if (problem === null) {
+    if (!ours) {
+      this.leave(p);
+      this.done(name);
+    } else if (problem === null) {
       this.sent++;
       this.log.info({ ...p.about, attempts: p.attempts }, 'budget alert sent');
-      this.tell(p, 'done');
+      void this.tell(p, 'done');
       this.done(name);
     } else if (p.last || (!this.closing && now - p.firstAttemptAt >= this.t.retryWindowMs)) {
       this.giveUp(p, problem);
@@ -215,17 +239,40 @@ export class Delivery {
     }
   }
 
-  private done(name: string): void {
+  /** `p` (its lane's head unless given) is over. */
+  private done(name: string, p?: Pending): void {
     const lane = this.lanes.get(name)!;
-    lane.shift();
+    lane.splice(p ? lane.indexOf(p) : 0, 1);
     if (lane.length === 0) this.lanes.delete(name);
     this.queued--;
     this.wake();
   }
 
+  /** Renews the claim of every event waiting (not being attempted); one another instance took over is left to it. */
+  private keepClaims(): void {
+    for (const [name, lane] of this.lanes) {
+      for (const p of lane) {
+        if (p.attempting) continue;
+        void this.tell(p, 'renew').then((ours) => {
+          if (ours || p.attempting || !this.lanes.get(name)?.includes(p)) return;
+          this.leave(p);
+          this.done(name, p);
+          this.pump();
+        });
+      }
+    }
+  }
+
+  /** Another instance holds the event's claim now, and sends it: not sent here, nor failed. */
+  private leave(p: Pending): void {
+    this.log.info({ ...p.about, attempts: p.attempts }, 'budget alert left to the instance that took its claim over');
+  }
+
   /** Tells idle() waiters once nothing is left. */
   private wake(): void {
     if (this.queued > 0) return;
+    if (this.keeper) clearInterval(this.keeper);
+    this.keeper = null;
     for (const resolve of this.emptied) resolve();
     this.emptied.clear();
   }
@@ -234,13 +281,15 @@ export class Delivery {
   private giveUp(p: Pending, reason: string): void {
     this.failed++;
     this.log.warn({ ...p.about, attempts: p.attempts, reason }, 'budget alert not delivered');
-    this.tell(p, this.closing ? 'release' : 'done');
+    void this.tell(p, this.closing ? 'release' : 'done');
   }
 
-  private tell(event: Outgoing, turn: ClaimTurn): void {
-    if (!event.claim) return;
-    const told: Promise<void> = event.claim(turn).finally(() => this.told.delete(told));
+  /** Whether the claim is still this instance's (true when the event has none). */
+  private tell(event: Outgoing, turn: ClaimTurn): Promise<boolean> {
+    if (!event.claim) return Promise.resolve(true);
+    const told: Promise<boolean> = event.claim(turn).finally(() => this.told.delete(told));
     this.told.add(told);
+    return told;
   }
 }
 

@@ -11,8 +11,8 @@ export interface AlertStore {
   ledger(input: { tag: string; holders: Holder[]; sharedOnly: true }): Promise<AlertFigure[]>;
   /** `held`: another instance claimed it and has not delivered it yet (see ClaimRef) */
   claimOnce(input: ClaimRef & { ttlMs: number; pendingMs?: number; turn?: 'renew' | 'done' | 'release' }): Promise<'claimed' | 'taken' | 'held' | 'unavailable'>;
-  /** the Limiter's claimedBy: who holds a claim (rejects when the store cannot answer) */
-  claimedBy(input: { tag: string; holder: string; epoch: number; name: string; token: string; ttlMs: number }): Promise<string | null>;
+  /** the Limiter's claimedBy: who holds a claim, after `turn` when one is given (rejects when the store cannot answer) */
+  claimedBy(input: ClaimRef & { ttlMs: number; pendingMs?: number; turn?: 'renew' | 'done' | 'release' }): Promise<string | null>;
 }
 
 /**
