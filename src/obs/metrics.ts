@@ -114,7 +114,7 @@ function shadowCounts(registry: Registry): Map<string, number> {
   const counts = new Map<string, number>();
   new Counter({
     name: 'keyward_shadow_denials_total',
-    help: 'Requests a shadowed check would have refused, by the code it would have answered (DESIGN section 12)',
+    help: 'Forwarded requests a shadowed check would have refused, by the code it would have answered (DESIGN section 12)',
     labelNames: ['code'] as const,
     registers: [registry],
     collect() {

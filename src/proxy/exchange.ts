@@ -277,7 +277,8 @@ class ExchangeTable implements Exchanges, ForwardHooks {
   /** The request's metrics, access line and span, then its snapshot goes back. */
   private record(ctx: RequestContext, status: number): void {
     this.deps.metrics.request(ctx.route?.name ?? 'none', status, ctx.code ?? '');
-    if (ctx.shadow.length > 0) this.deps.metrics.shadowDenials(ctx.shadow);
+    // What enforcing would add: a request an enforced check refused anyway is not counted.
+    if (ctx.shadow.length > 0 && ctx.upstreamStart !== null) this.deps.metrics.shadowDenials(ctx.shadow);
     this.deps.access(accessLine(ctx, status, performance.now()), ctx.snapshot.accessLines);
     ctx.span?.end(spanFacts(ctx, status));
     this.deps.snapshots.release(ctx.snapshot);

@@ -98,6 +98,12 @@ for (const variant of VARIANTS) {
       assert.equal(up.received.length, before, 'nothing reached the upstream');
     });
 
+    /** keyward_shadow_denials_total for `code` on /metrics now */
+    const shadowCount = async (code: string): Promise<number> => {
+      const text = (await send(`http://127.0.0.1:${h.sidecar.adminPort}`, { path: '/metrics' })).body.toString();
+      return Number(new RegExp(`^keyward_shadow_denials_total\\{code="${code}"\\} (\\d+)$`, 'm').exec(text)?.[1] ?? 0);
+    };
+
     test('budget shadowed and spent live: its code comes first in x-keyward-shadow, forwarded or refused by an enforced RPM', async () => {
       const post = (key: string) =>
         send(h.url, { method: 'POST', path: '/v1/chat/completions', headers: { authorization: `Bearer ${key}`, 'content-type': 'application/json' }, body: JSON.stringify({ model: 'priced-model', max_tokens: 1, messages: [] }) });
@@ -114,6 +120,8 @@ for (const variant of VARIANTS) {
       const rpm = await post(h.keys.k_sh_budget!);
       assert.deepEqual([rpm.status, rpm.headers['x-keyward-error']], [429, 'rpm_exceeded']);
       assert.equal(rpm.headers['x-keyward-shadow'], 'key_budget_exhausted');
+      // The metric counts what enforcing would add: the forwarded request, not the refused one.
+      assert.equal(await shadowCount('key_budget_exhausted'), 1);
     });
 
     test('only RPM shadowed, budget spent live: the 402 names no shadowed RPM, which step 5 comes before', async () => {
@@ -122,10 +130,7 @@ for (const variant of VARIANTS) {
       const settled = waitForLine(h, (l) => l.msg === 'request' && l.key_id === 'k_sh_rpm');
       assert.equal((await post()).status, 200, 'the one request of the minute');
       assert.equal((await settled).input_tokens, 5000, 'its usage spends the budget of 1,000');
-      const shadowRpm = async () => {
-        const text = (await send(`http://127.0.0.1:${h.sidecar.adminPort}`, { path: '/metrics' })).body.toString();
-        return Number(/^keyward_shadow_denials_total\{code="rpm_exceeded"\} (\d+)$/m.exec(text)?.[1] ?? 0);
-      };
+      const shadowRpm = () => shadowCount('rpm_exceeded');
       const counted = await shadowRpm();
       const logged = waitForLine(h, (l) => l.msg === 'request' && l.key_id === 'k_sh_rpm' && l.status === 402);
       const late = await post();
