@@ -181,6 +181,20 @@ describe('createLimiter with onError: closed', { timeout: 30_000 }, () => {
   });
 });
 
+test('a Redis that never comes up is logged down with the reason its connection gave', { timeout: 10_000 }, async (t) => {
+  let told!: (fields: Record<string, unknown>) => void;
+  const down = new Promise<Record<string, unknown>>((r) => (told = r));
+  const lim = createLimiter({
+    redis: { url: `unix://${join(tmp.dir, 'nothing-listens.sock')}`, prefix: uid('kwfo'), timeoutMs: TIMEOUT_MS, onError: 'open', lease: { enabled: false, sliceMs: 1_000 } },
+    leaseMs: 5_000,
+    log: (event, fields) => {
+      if (event === 'limits_redis_down') told(fields);
+    },
+  });
+  t.after(() => lim.close());
+  assert.match(String((await down).error), /ENOENT/);
+});
+
 describe('redis limiter on a private server', () => {
   test('scripts come back after SCRIPT FLUSH (NOSCRIPT falls back to EVAL)', async () => {
     const redis = new Redis({ path: sock });

@@ -92,13 +92,18 @@ function clusterClient(target: Extract<RedisTarget, { kind: 'cluster' }>, common
 function reportState(client: Redis | Cluster, onState: RedisClientOptions['onState']): void {
   // Without an 'error' listener ioredis would crash the process on the first failure.
   let up = false;
+  // A connection that never came up is down too, and its first error says why (refused, a
+  // wrong password): the limits calls that fail meanwhile only say they found no connection.
+  let told = false;
   client.on('ready', () => {
     if (!up) onState?.('up', {});
     up = true;
+    told = true;
   });
   client.on('error', (err: Error) => {
-    if (up) onState?.('down', { error: err.message });
+    if (up || !told) onState?.('down', { error: err.message });
     up = false;
+    told = true;
   });
   client.on('close', () => {
     if (up) onState?.('down', { error: 'connection closed' });
