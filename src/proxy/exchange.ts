@@ -262,15 +262,20 @@ class ExchangeTable implements Exchanges, ForwardHooks {
 
   /**
    * The status logged for a response that did not end whole: its head's when the upstream
-   * stopped short (with a warning, as nginx logs it) or the shutdown grace cut it, what was
-   * written on the socket for a body the parser refused, else 499 (nginx's "client left").
+   * stopped short (with a warning, as nginx logs it) or the shutdown grace cut it (with a
+   * warning naming the request), what was written on the socket for a body the parser
+   * refused, else 499 (nginx's "client left").
    */
   private unfinishedStatus(res: ServerResponse, ctx: RequestContext): number {
     if (wasCutByUpstream(res)) {
       if (!this.cutting) this.deps.log.warn({ req_id: ctx.reqId, upstream: ctx.upstream, err: 'the upstream response stopped before its end' }, 'upstream failure');
       return res.statusCode;
     }
-    if (this.cutting && res.headersSent) return res.statusCode;
+    if (this.cutting) {
+      // The sidecar cut it, not the client: named here, since its status alone reads as an answer.
+      this.deps.log.warn({ req_id: ctx.reqId, upstream: ctx.upstream }, 'request cut at shutdown: the grace period ran out');
+      if (res.headersSent) return res.statusCode;
+    }
     return ctx.answeredOnSocket ?? 499;
   }
 

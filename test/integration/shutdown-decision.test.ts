@@ -94,7 +94,8 @@ test('a decision still waiting on Redis when the grace ends gives back its hold 
     await closing;
     const keys = await redis.keys(`{${prefix}*`);
     const left: string[] = [];
-    for (const key of keys) {
+    // the record of applied settlement calls (settle-batch.ts) holds no slot
+    for (const key of keys.filter((k) => !k.includes(':settled}'))) {
       const type = await redis.type(key);
       if (type === 'zset' && (await redis.zcard(key)) > 0) left.push(`${key}: ${await redis.zcard(key)} entries`);
       if (type === 'hash' && Object.keys(await redis.hgetall(key)).some((f) => f.startsWith('a:'))) left.push(`${key}: a hold`);

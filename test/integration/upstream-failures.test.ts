@@ -134,6 +134,8 @@ describe('shutdown', () => {
       const access = lines.filter((l) => l.msg === 'request');
       assert.equal(access.length, 1, 'its access line is written');
       assert.equal(access[0]!.status, 200, 'with the status its head carried: the client did not go away');
+      const cut = lines.filter((l) => l.msg === 'request cut at shutdown: the grace period ran out');
+      assert.deepEqual(cut.map((l) => l.req_id), [access[0]!.req_id], 'a warning names the request cut');
     } finally {
       release();
       h.replica.close();

@@ -113,7 +113,8 @@ const instance = (i: number): SidecarProcess => fleet[i % INSTANCES]!;
 /** Every lease set (slots) and hold set (spend holds) this fleet wrote, with its size. */
 async function leaseSets(): Promise<Record<string, number>> {
   const out: Record<string, number> = {};
-  for (const k of await redis.keys(`{${prefix}:*`)) {
+  // not the record of applied settlement calls (settle-batch.ts), which holds no slot
+  for (const k of (await redis.keys(`{${prefix}:*`)).filter((key) => !key.includes(':settled}'))) {
     if ((await redis.type(k)) === 'zset') out[k] = await redis.zcard(k);
   }
   return out;
