@@ -57,6 +57,8 @@ export class ConfigReloader {
   private hash: string;
   private readonly reloads = { ok: 0, error: 0 };
   private lastSuccessAt: number;
+  /** settings of the file in force that wait for a restart */
+  private restartPending = 0;
   /** the reload under way, and the one that will run after it (asked for meanwhile) */
   private busy: Promise<void> | null = null;
   private queued: Promise<void> | null = null;
@@ -89,7 +91,7 @@ export class ConfigReloader {
   }
 
   status(): ConfigStatus {
-    return { reloads: { ...this.reloads }, lastSuccessAt: this.lastSuccessAt, hash: this.hash };
+    return { reloads: { ...this.reloads }, lastSuccessAt: this.lastSuccessAt, hash: this.hash, restartPending: this.restartPending };
   }
 
   /**
@@ -136,6 +138,7 @@ export class ConfigReloader {
     const changed = changedSettings(this.running, plan.config);
     this.running = plan.config;
     this.hash = loaded.hash;
+    this.restartPending = plan.needsRestart.length;
     this.reloads.ok++;
     this.lastSuccessAt = this.now();
     this.o.log.info({ trigger, hash: loaded.hash, changed }, 'config reloaded');

@@ -26,6 +26,8 @@ export interface ConfigStatus {
   lastSuccessAt: number;
   /** sha256 of the file in force, first 12 hex digits */
   hash: string;
+  /** settings of that file the process does not run yet: they need a restart */
+  restartPending: number;
 }
 
 /** What /metrics serves: the registry's metrics and the decision histogram, as one text. */
@@ -184,6 +186,7 @@ function configMetrics(registry: Registry, read: () => ConfigStatus): void {
     },
   });
   mirror(registry, 'gauge', 'keyward_config_last_reload_success_timestamp_seconds', 'When the config in force was loaded: the start, or the last reload that succeeded (seconds since the epoch)', () => read().lastSuccessAt / 1000);
+  mirror(registry, 'gauge', 'keyward_config_restart_pending', 'Settings of the config file in force that wait for a restart (server.host/port, admin, replica, redis, console, keys): 0 when the process runs the whole file', () => read().restartPending);
   new Gauge({
     name: 'keyward_config_info',
     help: 'The config file in force: hash is the first 12 hex digits of its sha256',

@@ -170,6 +170,7 @@ describe('restart-only settings', () => {
     assert.equal(warnings.length, 1);
     assert.deepEqual(warnings[0]!.needs_restart, ['server.port', 'redis.url']);
     assert.match(warnings[0]!.msg as string, /server\.port needs a restart, redis\.url needs a restart/);
+    assert.equal((await scrape(kw)).get('keyward_config_restart_pending'), 2, 'the metric says the file in force is not all running');
 
     // The proxy still listens where it did.
     assert.equal((await ask(kw, secrets.k_rpm)).choices[0]!.message.content, 'A');

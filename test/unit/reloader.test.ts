@@ -80,11 +80,12 @@ test('restart-only settings reach apply at their running values; a failed apply 
   assert.deepEqual(lines.find((l) => l.msg === 'config reloaded')?.fields.changed, ['upstreams.default.url']);
   const hash = reloader.status().hash;
   assert.equal(hash, configHash(yaml({ port: 9999, url: 'http://127.0.0.1:4001' })));
+  assert.equal(reloader.status().restartPending, 1, 'the file in force has one setting waiting for a restart');
 
   fail = true;
   writeFileSync(file, yaml({ level: 'debug' }));
   await reloader.reload('SIGHUP');
-  assert.deepEqual(reloader.status(), { reloads: { ok: 1, error: 1 }, lastSuccessAt: 42_000, hash });
+  assert.deepEqual(reloader.status(), { reloads: { ok: 1, error: 1 }, lastSuccessAt: 42_000, hash, restartPending: 1 });
   assert.deepEqual(lines.filter((l) => l.level === 'error').map((l) => l.fields.problems), [['the tracer could not be loaded']]);
 });
 
