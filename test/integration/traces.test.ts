@@ -239,6 +239,29 @@ describe('traces', () => {
     stalled.close();
   });
 
+  test('a collector that hangs past the shutdown deadline: the spans under way to it are counted as dropped', { timeout: 20_000 }, async () => {
+    const stalled = createServer(() => {}); // takes the request, never answers
+    stalled.listen(0, '127.0.0.1');
+    await once(stalled, 'listening');
+    try {
+      // the export waits the SDK's 10 s for an answer, longer than shutdown's 2 s
+      const h = await sidecar({ otlpUrl: `http://127.0.0.1:${(stalled.address() as { port: number }).port}` }, { traceTuning: { scheduledDelayMs: 20 } });
+      const exporting = once(stalled, 'request');
+      const N = 5;
+      for (let i = 0; i < N; i++) {
+        const r = await send(h.url, { method: 'POST', path: '/v1/chat/completions', headers: { authorization: `Bearer ${h.keys.k_ok}`, 'content-type': 'application/json' }, body: JSON.stringify(chatBody) });
+        assert.equal(r.status, 200);
+      }
+      await exporting;
+      await closed(h);
+      assert.equal(h.sidecar.traces.stats().dropped, N, 'every span is counted: none reached the collector');
+      assert.ok(h.logs.some((l) => l.includes('trace export not done when the shutdown deadline came')));
+    } finally {
+      stalled.closeAllConnections();
+      stalled.close();
+    }
+  });
+
   test('sampling: ratio 0 exports no new trace, follows a sampled parent, and never exports an unsampled one', async () => {
     const h = await sidecar({ otlpUrl: rx.url, sampleRatio: 0 });
     const sampled = traceId(5);

@@ -1,7 +1,8 @@
 /**
  * keyward_trace_spans_dropped_total's count (src/obs/tracing/counting.ts) held against the
  * real BatchSpanProcessor: every span the processor drops because its queue is full, and
- * every span of a batch whose export failed, is counted once, and nothing else is.
+ * every span of a batch whose export failed, is counted once, and nothing else is; at
+ * shutdown, the export under way is waited for, and what is left when time is up is counted.
  */
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
@@ -29,7 +30,7 @@ class HeldExporter implements SpanExporter {
 }
 
 function setup(o: { maxQueueSize: number; maxExportBatchSize: number }) {
-  const counted = { queue_full: 0, export_failed: 0, exported: 0 };
+  const counted = { queue_full: 0, export_failed: 0, shutdown: 0, exported: 0 };
   const events: SinkEvents = {
     log: quiet,
     dropped: (n, reason) => (counted[reason] += n),
@@ -47,7 +48,7 @@ function setup(o: { maxQueueSize: number; maxExportBatchSize: number }) {
   const end = (n: number) => {
     for (let i = 0; i < n; i++) tracer.startSpan(`s${i}`).end();
   };
-  return { counted, exporter, provider, tracer, end };
+  return { counted, exporter, processor, provider, tracer, end };
 }
 
 test('spans the full queue drops and spans of a failed export are counted; exported ones are not', async () => {
@@ -70,7 +71,7 @@ test('spans the full queue drops and spans of a failed export are counted; expor
   const flushed = provider.forceFlush();
   (await exporter.batch(3)).answer({ code: ExportResultCode.SUCCESS });
   await flushed;
-  assert.deepEqual(counted, { queue_full: 2, export_failed: 3, exported: 2 });
+  assert.deepEqual(counted, { queue_full: 2, export_failed: 3, shutdown: 0, exported: 2 });
   await provider.shutdown();
 });
 
@@ -81,6 +82,29 @@ test('unsampled spans never join the queue and are not counted', async () => {
   tracer.startSpan('sampled').end();
   (await exporter.batch(1)).answer({ code: ExportResultCode.SUCCESS });
   assert.deepEqual(exporter.batches.map((b) => b.spans.map((s) => s.name)), [['sampled']]);
-  assert.deepEqual(counted, { queue_full: 0, export_failed: 0, exported: 1 });
+  assert.deepEqual(counted, { queue_full: 0, export_failed: 0, shutdown: 0, exported: 1 });
   await provider.shutdown();
+});
+
+test('shutdown waits for the export under way; what is still under way when it gives up is counted once', async () => {
+  const { counted, exporter, processor, provider, end } = setup({ maxQueueSize: 4, maxExportBatchSize: 2 });
+  end(2); // a full batch goes out at once, and its export hangs
+  const first = await exporter.batch(1);
+  await provider.shutdown(); // the processor's shutdown does not wait for it...
+  let idle = false;
+  const waited = processor.idle().then(() => (idle = true));
+  await Promise.resolve();
+  assert.equal(idle, false, '...the sink does');
+  first.answer({ code: ExportResultCode.SUCCESS });
+  await waited;
+  assert.deepEqual(counted, { queue_full: 0, export_failed: 0, shutdown: 0, exported: 1 });
+
+  const next = setup({ maxQueueSize: 4, maxExportBatchSize: 2 });
+  next.end(2);
+  const hung = await next.exporter.batch(1);
+  next.processor.abandon(); // the sink's time is up
+  assert.equal(next.counted.shutdown, 2);
+  hung.answer({ code: ExportResultCode.FAILED, error: new Error('too late') });
+  assert.deepEqual(next.counted, { queue_full: 0, export_failed: 0, shutdown: 2, exported: 0 }, 'not counted again');
+  await next.provider.shutdown().catch(() => undefined);
 });

@@ -89,6 +89,7 @@ class RecordingSink implements TraceSink {
     if (this.open > 0) await new Promise<void>((r) => (this.idle = r));
     this.closed = true;
   }
+  abandon(): void {}
 }
 
 const facts = (path: string): SpanFacts => ({

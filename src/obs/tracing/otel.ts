@@ -18,7 +18,7 @@ import { W3CTraceContextPropagator } from '@opentelemetry/core';
 import { OTLPTraceExporter } from '@opentelemetry/exporter-trace-otlp-http';
 import { defaultResource, detectResources, resourceAttributesEnvDetector, resourceFromAttributes, serviceNameEnvDetector } from '@opentelemetry/resources';
 import { BatchSpanProcessor, ParentBasedSampler, TraceIdRatioBasedSampler, TracerProvider } from '@opentelemetry/sdk-trace';
-import { countedExport } from './counting.js';
+import { type CountedProcessor, countedExport } from './counting.js';
 import type { RequestSpan, SinkEvents, SinkFactory, SpanFacts, TraceSink, TraceTuning, TracingConfig } from './span.js';
 
 const PROPAGATOR = new W3CTraceContextPropagator();
@@ -91,6 +91,7 @@ class OtelSink implements TraceSink {
   /** spans started and not yet ended: a replaced sink closes once this is 0 */
   private open = 0;
   private onIdle: (() => void) | null = null;
+  private readonly processor: CountedProcessor;
 
   constructor(o: { config: TracingConfig; tuning: TraceTuning; events: SinkEvents }) {
     const t = { ...DEFAULTS, ...o.tuning };
@@ -98,13 +99,13 @@ class OtelSink implements TraceSink {
       url: `${o.config.otlpUrl.replace(/\/+$/, '')}/v1/traces`,
       ...(t.exportTimeoutMs !== undefined ? { timeoutMillis: t.exportTimeoutMs } : {}),
     });
-    const processor = countedExport({
+    const processor = (this.processor = countedExport({
       exporter,
       events: o.events,
       capacity: t.maxQueueSize,
       batch: (counted) =>
         new BatchSpanProcessor({ exporter: counted, maxQueueSize: t.maxQueueSize, maxExportBatchSize: Math.min(t.maxExportBatchSize, t.maxQueueSize), scheduledDelayMillis: t.scheduledDelayMs }),
-    });
+    }));
     const resource = defaultResource()
       .merge(resourceFromAttributes({ 'service.name': 'keyward', 'process.pid': process.pid }))
       .merge(detectResources({ detectors: [resourceAttributesEnvDetector, serviceNameEnvDetector] }));
@@ -139,8 +140,14 @@ class OtelSink implements TraceSink {
   async close(): Promise<void> {
     if (this.open > 0) await new Promise<void>((resolve) => (this.onIdle = resolve));
     // Flushes the batch still queued, then lets go of the exporter's connections. A last
-    // export that fails is counted and logged like any other, not reported again here.
+    // export that fails is counted and logged like any other, not reported again here. The
+    // shutdown does not wait for an export already under way: that is waited for here.
     await this.provider.shutdown().catch(() => {});
+    await this.processor.idle();
+  }
+
+  abandon(): void {
+    this.processor.abandon();
   }
 }
 

@@ -65,6 +65,7 @@ export class Traces implements SpanSource {
           this.failing = true;
           o.log.warn({ spans, err: err?.message ?? null }, 'trace export failed; spans are dropped until the collector answers');
         }
+        if (reason === 'shutdown') o.log.warn({ spans }, 'trace export not done when the shutdown deadline came; spans are dropped');
       },
       exported: () => {
         // the next failure is worth a log line again
@@ -103,7 +104,7 @@ export class Traces implements SpanSource {
     return { dropped: this.droppedSpans };
   }
 
-  /** Sends what is left within `timeoutMs`; a collector that does not answer by then gets nothing more. */
+  /** Sends what is left within `timeoutMs`; a collector that does not answer by then gets nothing more, and what it did not get is counted as dropped. */
   async close(timeoutMs: number): Promise<void> {
     const sink = this.sink;
     this.sink = null;
@@ -111,8 +112,12 @@ export class Traces implements SpanSource {
     this.generation++;
     if (!sink) return;
     let timer: NodeJS.Timeout | undefined;
-    const gaveUp = new Promise<void>((resolve) => (timer = setTimeout(resolve, timeoutMs).unref()));
-    await Promise.race([sink.close().catch((err: Error) => this.o.log.warn({ err: err.message }, 'closing the tracer failed')), gaveUp]);
+    const gaveUp = new Promise<'late'>((resolve) => (timer = setTimeout(() => resolve('late'), timeoutMs).unref()));
+    const closed = sink.close().then(
+      () => 'closed' as const,
+      (err: Error) => (this.o.log.warn({ err: err.message }, 'closing the tracer failed'), 'closed' as const),
+    );
+    if ((await Promise.race([closed, gaveUp])) === 'late') sink.abandon();
     clearTimeout(timer);
   }
 }

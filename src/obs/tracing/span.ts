@@ -50,6 +50,8 @@ export interface TraceSink {
   start(headers: IncomingHttpHeaders): RequestSpan;
   /** waits for the spans still open, hands everything to the collector, lets go of the exporter */
   close(): Promise<void>;
+  /** close() ran out of time: what it had not got to the collector is counted as dropped */
+  abandon(): void;
 }
 
 /** Export settings that are not configuration: the SDK's defaults, shortened in tests. */
@@ -65,8 +67,8 @@ export interface TraceTuning {
 
 /** What a sink reports back to the holder, which outlives every sink it holds. */
 export interface SinkEvents {
-  /** spans that will never reach the collector: the queue was full, or their export failed */
-  dropped(spans: number, reason: 'queue_full' | 'export_failed', err?: Error): void;
+  /** spans that will never reach the collector: the queue was full, their export failed, or shutdown could not wait for it */
+  dropped(spans: number, reason: 'queue_full' | 'export_failed' | 'shutdown', err?: Error): void;
   /** a batch reached the collector */
   exported(): void;
   log: LogSink;
