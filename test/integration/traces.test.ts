@@ -316,6 +316,31 @@ describe('traces', () => {
     assert.deepEqual(got, sent.map(([n, v]) => (n === 'traceparent' ? [n, `00-${traceId(63)}-${kw.spanId}-01`] : [n, v])));
     for (const h of [...open]) await closed(h);
   });
+
+  test('a tracestate without a valid traceparent: the lines pass as they came; without a tracestate, keyward names its new trace', async () => {
+    const h = await sidecar({ otlpUrl: rx.url });
+    const body = '{"model":"gpt-4o-mini","messages":[]}';
+    const forward = async (extra: [string, string][]) => {
+      const sent: [string, string][] = [['host', 'traced.example'], ['authorization', `Bearer ${h.keys.k_ok}`], ...extra, ['content-type', 'application/json'], ['content-length', String(body.length)]];
+      const ex = await rawExchange(Number(new URL(h.url).port), [`POST /v1/chat/completions HTTP/1.1\r\n${sent.map(([n, v]) => `${n}: ${v}\r\n`).join('')}\r\n`, body], { expect: 1 });
+      assert.equal(ex.responses[0]!.status, 200);
+      const raw = up.received.at(-1)!.rawHeaders;
+      return { sent, got: raw.flatMap((v, i) => (i % 2 === 0 && v.toLowerCase() !== 'connection' ? [[v, raw[i + 1]!]] : [])) };
+    };
+    for (const extra of [
+      [['traceparent', `00-${traceId(71).toUpperCase()}-${PARENT}-01`], ['tracestate', TRACESTATE]],
+      [['traceparent', 'hello'], ['tracestate', TRACESTATE]],
+      [['tracestate', TRACESTATE]],
+    ] as [string, string][][]) {
+      const { sent, got } = await forward(extra);
+      assert.deepEqual(got, sent, extra.map(([n, v]) => `${n}: ${v}`).join(', '));
+    }
+    // an invalid traceparent alone is replaced by one naming keyward's span, in a new trace
+    const { got } = await forward([['traceparent', 'hello']]);
+    const tp = got.find(([n]) => n === 'traceparent')?.[1];
+    assert.match(String(tp), /^00-[0-9a-f]{32}-[0-9a-f]{16}-01$/);
+    await closed(h);
+  });
 });
 
 /** A port nothing listens on. */

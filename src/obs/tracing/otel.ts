@@ -124,7 +124,12 @@ class OtelSink implements TraceSink {
     try {
       const parent = PROPAGATOR.extract(ROOT_CONTEXT, headers, defaultTextMapGetter);
       span = this.tracer.startSpan('keyward', { kind: SpanKind.SERVER }, parent);
-      traceparent = this.propagate ? traceparentOf(span) : null;
+      // A tracestate that came without a valid traceparent belongs to no trace (W3C Trace
+      // Context discards it). Naming keyward's new trace beside it would hand the gateway
+      // another trace's vendor state as this one's, and tracestate is not keyward's to
+      // change: the lines pass as they came.
+      const orphanState = headers.tracestate !== undefined && trace.getSpanContext(parent) === undefined;
+      traceparent = this.propagate && !orphanState ? traceparentOf(span) : null;
     } catch {
       // A fault in the tracer leaves the request untraced, its headers as received.
       return UNTRACED;
