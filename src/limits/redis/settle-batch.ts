@@ -239,13 +239,16 @@ class Batch implements SettleBatch {
     call.tries++;
     this.opts.run('keywardSettle', call.keys, call.args).then(
       (reply) => {
-        // settle.lua: {applied, then the 1-based index of each void spend slice's operation}
-        const v = reply as number[];
-        for (let i = 1; i < v.length; i++) {
-          const op = call.ops[Number(v[i]) - 1];
-          if (op?.kind === 'spendSlice') op.onVoid?.();
+        try {
+          // settle.lua: {applied, then the 1-based index of each void spend slice's operation}
+          const v = reply as number[];
+          for (let i = 1; i < v.length; i++) {
+            const op = call.ops[Number(v[i]) - 1];
+            if (op?.kind === 'spendSlice') op.onVoid?.();
+          }
+        } finally {
+          this.ended();
         }
-        this.ended();
       },
       (err: unknown) => {
         for (const owner of new Set(call.ops.map((op) => op.owner))) owner?.(err);
