@@ -201,8 +201,7 @@ export class Delivery {
     p.attempting = false;
     const now = performance.now();
     if (!ours) {
-      this.leave(p);
-      this.done(name);
+      this.leave(name, p);
     } else if (problem === null) {
       this.sent++;
       this.log.info({ ...p.about, attempts: p.attempts }, 'budget alert sent');
@@ -255,8 +254,7 @@ export class Delivery {
         if (p.attempting) continue;
         void this.tell(p, 'renew').then((ours) => {
           if (ours || p.attempting || !this.lanes.get(name)?.includes(p)) return;
-          this.leave(p);
-          this.done(name, p);
+          this.leave(name, p);
           this.pump();
         });
       }
@@ -264,8 +262,9 @@ export class Delivery {
   }
 
   /** Another instance holds the event's claim now, and sends it: not sent here, nor failed. */
-  private leave(p: Pending): void {
+  private leave(name: string, p: Pending): void {
     this.log.info({ ...p.about, attempts: p.attempts }, 'budget alert left to the instance that took its claim over');
+    this.done(name, p);
   }
 
   /** Tells idle() waiters once nothing is left. */
