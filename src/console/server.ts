@@ -38,15 +38,32 @@ export function router(o: { config: ConsoleConfig; store: ConsoleStore; pricer: 
   };
 }
 
+/** How long a refused request's unread body may keep coming once the answer has gone (nginx's lingering close). */
+export const LINGER_MS = 2_000;
+
 /** A failed request's answer: the ApiError it threw, else a logged 500. */
 function answerFailure(res: ServerResponse, err: unknown, o: { path: string; log: LogSink }): void {
   if (res.headersSent) {
     res.destroy();
     return;
   }
+  if (!res.req.complete) closeAfter(res);
   if (err instanceof ApiError) return sendError(res, err);
   o.log.error({ err: err instanceof Error ? err.message : String(err), path: o.path }, 'console request failed');
   sendError(res, new ApiError(500, 'internal_error', 'internal error'));
+}
+
+/**
+ * A refusal before its body was read (no token, too large): the connection ends with the
+ * answer, and the rest of the body gets LINGER_MS to arrive and be thrown away, so the
+ * client reads the answer rather than a reset, and a client that never stops sending (or
+ * trickles) holds no connection past it.
+ */
+function closeAfter(res: ServerResponse): void {
+  const socket = res.req.socket;
+  res.setHeader('connection', 'close');
+  res.req.resume();
+  res.on('finish', () => setTimeout(() => socket.destroy(), LINGER_MS).unref());
 }
 
 /** The console's HTTP server: every request routed, answered and logged; 503 once `closing()`. */
@@ -66,7 +83,8 @@ export function consoleServer(o: { route: Route; log: LogSink; authenticate: (re
     const work = o.closing() ? Promise.reject(new ApiError(503, 'shutting_down', 'the console is shutting down')) : o.route(req, res, path, url.searchParams);
     work.catch((err: unknown) => answerFailure(res, err, { path, log: o.log }));
   });
-  server.requestTimeout = 0; // long polls may last up to a minute
+  // The time to receive a whole request (not to answer it: a long poll waits in its answer).
+  server.requestTimeout = 120_000;
   server.headersTimeout = 30_000;
   return server;
 }
