@@ -6,7 +6,7 @@
  */
 import type { SyncRecord } from '../protocol/records.js';
 import { periodStart, type BudgetPeriod } from '../policy/period.js';
-import { keyRecordOf, projectRecordOf, KEY_COLUMNS, type DB, type KeyRow, type KeyView, type ProjectRow, type ProjectView } from './db.js';
+import { keyRecordOf, money, projectRecordOf, KEY_COLUMNS, type DB, type KeyRow, type KeyView, type ProjectRow, type ProjectView } from './db.js';
 import { ApiError, invalid } from './errors.js';
 
 /**
@@ -31,14 +31,19 @@ export function personalBudgetCheck(s: { budget?: number | null; period?: Budget
 }
 
 /**
- * Columns for a budget or period change of a key or project. A new limit bumps the epoch;
- * a new period counts from the start of the current one, without resetting what was spent.
+ * Columns for a budget or period change of a key or project. A new limit bumps the epoch. A
+ * new period counts from the start of the current one, and `spent` becomes what the usage
+ * ledger holds since that start (`spentSince`): the spend of the period it is now in, not
+ * what the old period (or no period) had gathered. That bumps the epoch too. Dropping the
+ * period keeps `spent`.
  */
 export function budgetChange(opts: {
   row: { budget: number | null; period: BudgetPeriod | null; epoch: number };
   budget: number | null | undefined;
   period: BudgetPeriod | null | undefined;
   now: number;
+  /** the holder's usage cost recorded at or after `start` (ms) */
+  spentSince: (start: number) => number;
 }): Record<string, unknown> {
   const cols: Record<string, unknown> = {};
   if (opts.budget !== undefined && opts.budget !== opts.row.budget) {
@@ -48,9 +53,22 @@ export function budgetChange(opts: {
   if (opts.period !== undefined && opts.period !== opts.row.period) {
     cols.period = opts.period;
     cols.period_start = opts.period === null ? null : periodStart(opts.period, opts.now);
+    if (opts.period !== null) {
+      cols.spent = money(opts.spentSince(cols.period_start as number));
+      cols.epoch = opts.row.epoch + 1;
+    }
   }
   return cols;
 }
+
+/** What a key's usage cost since `start` comes to, from the usage ledger. */
+export const keySpentSince = (db: DB, keyId: string) => (start: number): number =>
+  db.prepare('SELECT COALESCE(SUM(cost), 0) FROM usage WHERE key_id = ? AND at >= ?').pluck().get(keyId, start) as number;
+
+/** What a project's team keys' usage cost since `start` comes to, from the usage ledger. */
+export const projectSpentSince = (db: DB, projectId: string) => (start: number): number =>
+  db.prepare(`SELECT COALESCE(SUM(u.cost), 0) FROM usage u JOIN keys k ON k.id = u.key_id
+    WHERE k.project_id = ? AND k.kind = 'team' AND u.at >= ?`).pluck().get(projectId, start) as number;
 
 /** Sets a key's or project's `spent` back to 0 now (an operator's reset), bumping its epoch. */
 export function resetSpent(store: BudgetStore, target: { type: 'key' | 'project'; id: string }): { key?: KeyView; project?: ProjectView } {

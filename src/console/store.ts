@@ -10,7 +10,7 @@ import type { KeyHasher } from '../auth/hash.js';
 import type { DeleteChange, SyncRecord } from '../protocol/records.js';
 import { periodStart, type BudgetPeriod } from '../policy/period.js';
 import { shadowColumn } from '../policy/shadow.js';
-import { budgetChange, jsonOrNull, personalBudgetCheck } from './budgets.js';
+import { budgetChange, jsonOrNull, keySpentSince, personalBudgetCheck, projectSpentSince } from './budgets.js';
 import { open, seal, verifyKeyHashing, verifyMasterKey } from './crypto.js';
 import {
   BUSY_TIMEOUT_MS, keyRecordOf, keyViewOf, money, projectRecordOf, projectViewOf, walletRecordOf, walletViewOf,
@@ -135,7 +135,7 @@ export class ConsoleStore {
       if (patch.modelLimits !== undefined) cols.model_limits = jsonOrNull(patch.modelLimits);
       if (patch.allowBrowser !== undefined) cols.allow_browser = patch.allowBrowser ? 1 : 0;
       if (patch.shadow !== undefined) cols.shadow = shadowColumn(patch.shadow);
-      Object.assign(cols, budgetChange({ row, budget: patch.budget, period: patch.period, now: this.now() }));
+      Object.assign(cols, budgetChange({ row, budget: patch.budget, period: patch.period, now: this.now(), spentSince: keySpentSince(this.db, id) }));
       const names = Object.keys(cols);
       if (names.length > 0) {
         this.db.prepare(`UPDATE keys SET ${names.map((n) => `${n} = @${n}`).join(', ')} WHERE id = @id`).run({ ...cols, id });
@@ -227,7 +227,7 @@ export class ConsoleStore {
   updateProject(id: string, patch: { status?: 'enabled' | 'disabled'; budget?: number | null; period?: BudgetPeriod | null }): ProjectView {
     return this.write(() => {
       const before = this.projectRow(id);
-      const cols: Record<string, unknown> = budgetChange({ row: before, budget: patch.budget, period: patch.period, now: this.now() });
+      const cols: Record<string, unknown> = budgetChange({ row: before, budget: patch.budget, period: patch.period, now: this.now(), spentSince: projectSpentSince(this.db, id) });
       if (patch.status !== undefined) cols.status = patch.status;
       const names = Object.keys(cols);
       if (names.length > 0) this.db.prepare(`UPDATE projects SET ${names.map((n) => `${n} = @${n}`).join(', ')} WHERE id = @id`).run({ ...cols, id });

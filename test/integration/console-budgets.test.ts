@@ -176,9 +176,19 @@ test('budget periods restart at the UTC boundary (injected clock): spent 0, epoc
   assert.deepEqual([w.spent, w.epoch], [0.35, 1]);
   assert.equal((await c.call('GET', '/admin/v1/projects/p_w')).body.project.spent, 0.35);
 
-  // Changing the period starts counting from the current period without a reset.
+  // Changing the period counts from the start of the current one: `spent` is the usage
+  // recorded since then (the month's 'c', not November's 'b'), and the epoch moves.
   const changed = (await c.call('PATCH', `/admin/v1/keys/${weekly.id}`, { period: 'month' })).body.key;
-  assert.deepEqual([changed.spent, changed.epoch, changed.period, changed.resetsAt], [0.35, 1, 'month', '2027-01-01T00:00:00.000Z']);
+  assert.deepEqual([changed.spent, changed.epoch, changed.period, changed.resetsAt], [0.35, 2, 'month', '2027-01-01T00:00:00.000Z']);
+  const project = (await c.call('PATCH', '/admin/v1/projects/p_w', { period: 'day' })).body.project;
+  assert.deepEqual([project.spent, project.epoch], [0.35, 2], 'today\'s usage of its keys');
+  // A key without a period that spent in November: a daily budget set today starts at 0.
+  c.clock.now = Date.parse('2026-12-07T12:00:00Z');
+  const lifetime = (await c.call('POST', '/admin/v1/keys', { kind: 'team', project: 'p_m', budget: 5 })).body.key;
+  await c.usage([ev(lifetime.id, 'd', { at: '2026-11-20T10:00:00Z' })]);
+  assert.equal((await c.call('GET', `/admin/v1/keys/${lifetime.id}`)).body.key.spent, 0.35);
+  const daily2 = (await c.call('PATCH', `/admin/v1/keys/${lifetime.id}`, { period: 'day' })).body.key;
+  assert.deepEqual([daily2.spent, daily2.epoch], [0, 1], 'November\'s spend is not today\'s');
   const none = (await c.call('PATCH', `/admin/v1/keys/${weekly.id}`, { period: null })).body.key;
   assert.deepEqual([none.period, none.resetsAt], [null, null]);
 });
