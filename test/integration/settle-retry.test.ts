@@ -140,3 +140,31 @@ test('closing sends a waiting settlement once more at once, and waits for it', {
   assert.equal(counted.calls(), 2);
   assert.equal(await direct.zscore(op.set, op.leaseId), null, 'the slot is free');
 });
+
+test('on a Cluster a blip leaves a call per hash slot: every one is sent again, however many slots', { timeout: 30_000 }, async () => {
+  // Cluster batching over the single node: one call per hash slot of the operations' tags
+  const counted = countedRun();
+  let owner!: (err: unknown) => void;
+  const failed = new Promise<unknown>((r) => (owner = r));
+  const batch = createSettleBatch({ run: counted.run, cluster: true, prefix, everyMs: 1, retryFirstMs: 20 });
+  const ops = Array.from({ length: 2_000 }, (_, i) => {
+    const t = `{${prefix}:k:slot${i}}`;
+    return { kind: 'buckets' as const, tag: t, leaseId: `lease-${i}`, buckets: [], sets: [`${t}:conc`], owner };
+  });
+  const seed = direct.pipeline();
+  for (const op of ops) seed.zadd(op.sets[0]!, Date.now() + 60_000, op.leaseId);
+  await seed.exec();
+  proxy.frozen = true;
+  for (const op of ops) batch.add(op);
+  batch.flush();
+  assert.ok(counted.calls() > 1_500, `one call per hash slot: ${counted.calls()}`);
+  await failed;
+  const back = once(viaProxy, 'ready');
+  proxy.cut();
+  await back;
+  await batch.close();
+  const left = direct.pipeline();
+  for (const op of ops) left.zcard(op.sets[0]!);
+  const held = (await left.exec())!.filter(([, n]) => n !== 0).length;
+  assert.equal(held, 0, 'every slot freed');
+});

@@ -112,8 +112,12 @@ const RETRY_MAX_MS = 2_000;
 export const RETRY_WINDOW_MS = 60_000;
 /** How long Redis remembers an applied call: past its last resend, with room for that resend's way there. */
 const KEEP_MS = RETRY_WINDOW_MS + 15_000;
-/** Calls waiting to be sent again; past it the oldest is given up (its owners were told of its failure). */
-const MAX_WAITING = 1_024;
+/**
+ * Operations waiting to be sent again; past it the oldest calls are given up (their owners were
+ * told of their failure). Counted in operations, not calls: on a Cluster a tick's settlements
+ * are a call per hash slot, so a shard away for a moment leaves as many calls as slots it served.
+ */
+const MAX_WAITING_OPS = 65_536;
 
 /** Errors after which the call may not have run, and a resend can apply it; a script's own error is not one. */
 const TRANSIENT_REPLY = /^(CLUSTERDOWN|TRYAGAIN|LOADING|MASTERDOWN|BUSY|READONLY|MOVED|ASK)\b/;
@@ -187,8 +191,9 @@ class Batch implements SettleBatch {
   // them (see src/dense-set.ts).
   private inFlight = 0;
   private onIdle: (() => void)[] = [];
-  /** Calls waiting to be sent again, oldest first (rare: only while Redis is away). */
-  private waiting: Call[] = [];
+  /** Calls waiting to be sent again, oldest first (rare: only while Redis is away), and their operations. */
+  private readonly waiting = new Set<Call>();
+  private waitingOps = 0;
   private closing = false;
   /** Names this instance's record of applied calls; the count tells its calls apart. */
   private readonly idBase = randomBytes(9).toString('base64url');
@@ -221,7 +226,10 @@ class Batch implements SettleBatch {
   async close(): Promise<void> {
     this.closing = true;
     this.flush();
-    for (const call of this.waiting.splice(0)) {
+    const last = [...this.waiting];
+    this.waiting.clear();
+    this.waitingOps = 0;
+    for (const call of last) {
       if (call.timer) clearTimeout(call.timer);
       this.attempt(call);
     }
@@ -262,16 +270,18 @@ class Batch implements SettleBatch {
   private resend(call: Call, err: unknown): boolean {
     const wait = Math.min(RETRY_MAX_MS, (this.opts.retryFirstMs ?? RETRY_FIRST_MS) * 2 ** (call.tries - 1));
     if (this.closing || !transient(err) || performance.now() + wait - call.firstAt > RETRY_WINDOW_MS) return false;
-    if (this.waiting.length >= MAX_WAITING) {
-      const oldest = this.waiting.shift()!;
+    for (const oldest of this.waiting) {
+      if (this.waitingOps + call.ops.length <= MAX_WAITING_OPS) break;
+      this.waiting.delete(oldest);
+      this.waitingOps -= oldest.ops.length;
       if (oldest.timer) clearTimeout(oldest.timer);
       this.ended();
     }
-    this.waiting.push(call);
+    this.waiting.add(call);
+    this.waitingOps += call.ops.length;
     call.timer = setTimeout(() => {
       call.timer = null;
-      const at = this.waiting.indexOf(call);
-      if (at >= 0) this.waiting.splice(at, 1);
+      if (this.waiting.delete(call)) this.waitingOps -= call.ops.length;
       this.attempt(call);
     }, wait);
     call.timer.unref();
