@@ -22,6 +22,15 @@ const PRIMARY_ONLY = /^keyward_(replica|config)_/;
 
 type MetricsJson = MetricObjectWithValues<MetricValue<string>>[];
 
+/**
+ * A limit of each process, which prom-client's aggregation would add up (its default for a
+ * gauge): the lowest is what holds for each process. Event-loop lag keeps prom-client's own
+ * rules (mean, with the min and max series beside it).
+ */
+const LIMITS = new Set(['keyward_process_max_fds']);
+const aggregatedAsLimits = (metrics: MetricsJson): MetricsJson =>
+  metrics.map((m) => (LIMITS.has(m.name) ? { ...m, aggregator: 'min' } : m));
+
 /** One worker's answer to a scrape. */
 interface Scrape {
   metrics: MetricsJson;
@@ -64,7 +73,7 @@ export class WorkerScrapes implements Exposition {
     const retired = [...this.retired];
     const fromWorkers = [...(await Promise.all([...this.o.workers()].map((w) => this.ask(w)))), ...retired];
     const own = await this.o.own.getMetricsAsJSON();
-    const parts = [own, ...fromWorkers.map((s) => s.metrics.filter((metric) => !PRIMARY_ONLY.test(metric.name)))];
+    const parts = [own, ...fromWorkers.map((s) => s.metrics.filter((metric) => !PRIMARY_ONLY.test(metric.name)))].map(aggregatedAsLimits);
     // The primary forwards nothing, so the decisions are the workers' alone.
     return withDecisions(AggregatorRegistry.aggregate(parts), addCounts(fromWorkers.map((s) => s.decisions)));
   }

@@ -29,6 +29,18 @@ before(() => {
 });
 after(() => rmSync(base, { recursive: true, force: true }));
 
+/** A Node.js binary older than the supported lines, where the machine has one (Debian's is 20). */
+const OLD_NODE = ['/usr/bin/node', '/usr/local/bin/node'].find((p) => {
+  const v = spawnSync(p, ['-p', 'process.versions.node'], { encoding: 'utf8' });
+  return v.status === 0 && Number(v.stdout.split('.')[0]) < 22;
+});
+
+test('on a Node.js line before 22, bin/keyward.mjs says which lines it needs', { skip: OLD_NODE ? false : 'no Node.js before 22 on this machine' }, () => {
+  const r = spawnSync(OLD_NODE!, [bin, 'serve', '--config', 'x.yaml'], { cwd: ROOT, env, encoding: 'utf8', timeout: 60_000 });
+  assert.equal(r.status, 1);
+  assert.match(r.stderr, /^keyward: Node\.js 22, 24 or 26 is required; this is v\d+\./);
+});
+
 test('without a build, bin/keyward.mjs says how to make one', () => {
   const r = node([bin, '--help']);
   assert.equal(r.status, 1);

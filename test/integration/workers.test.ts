@@ -8,7 +8,7 @@ import assert from 'node:assert/strict';
 import { spawnSync } from 'node:child_process';
 import { once } from 'node:events';
 import { randomBytes } from 'node:crypto';
-import { mkdirSync, mkdtempSync, renameSync, rmSync, writeFileSync } from 'node:fs';
+import { mkdirSync, mkdtempSync, readFileSync, renameSync, rmSync, writeFileSync } from 'node:fs';
 import net from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -122,6 +122,9 @@ describe('serve --workers 2', () => {
     assert.equal((await metric(served200)) - before200, 8);
     // each worker keeps its own decision histogram; the primary adds them up
     assert.equal((await metric(allowed)) - beforeAllowed, 8);
+    // a per-process limit is each process's, not their sum
+    const fds = Number(/^Max open files\s+(\d+)/m.exec(readFileSync(`/proc/${kw.child.pid}/limits`, 'utf8'))?.[1]);
+    assert.equal(await metric('keyward_process_max_fds'), fds);
   });
 
   test('one RPM limit in Redis holds across both workers: 8 at once with rpm 5 admit exactly 5', async () => {
