@@ -267,15 +267,13 @@ class ExchangeTable implements Exchanges, ForwardHooks {
    * refused, else 499 (nginx's "client left").
    */
   private unfinishedStatus(res: ServerResponse, ctx: RequestContext): number {
+    // The sidecar cut it, not the client: named here, since its status alone reads as an answer.
+    if (this.cutting) this.deps.log.warn({ req_id: ctx.reqId, upstream: ctx.upstream }, 'request cut at shutdown: the grace period ran out');
     if (wasCutByUpstream(res)) {
       if (!this.cutting) this.deps.log.warn({ req_id: ctx.reqId, upstream: ctx.upstream, err: 'the upstream response stopped before its end' }, 'upstream failure');
       return res.statusCode;
     }
-    if (this.cutting) {
-      // The sidecar cut it, not the client: named here, since its status alone reads as an answer.
-      this.deps.log.warn({ req_id: ctx.reqId, upstream: ctx.upstream }, 'request cut at shutdown: the grace period ran out');
-      if (res.headersSent) return res.statusCode;
-    }
+    if (this.cutting && res.headersSent) return res.statusCode;
     return ctx.answeredOnSocket ?? 499;
   }
 
