@@ -17,8 +17,13 @@ export function promptTokens(bodyBytes: number): number {
 export interface Estimate {
   prompt: number;
   output: number;
+  /** a background response: its answer comes before the generation, so it never shows it */
+  deferred: boolean;
   bytesSeen?: () => number;
 }
+
+/** A reported figure past any real request's (a lying or broken upstream) is held to this, and marked estimated. */
+export const MAX_REPORTED_TOKENS = 10_000_000;
 
 /** The prompt tokens a settlement counts: the admission's, or more when the body turned out larger. */
 export function settledPrompt(e: Estimate): number {
@@ -51,18 +56,37 @@ export interface FinishedRequest {
   upstreamStatus: number | null;
   /** the upstream failed before any output: unreachable, timed out, or cut before its headers */
   upstreamFailed: boolean;
+  /** a background response (Estimate.deferred): what it shows is not what it will generate */
+  deferred: boolean;
 }
 
 /**
  * The settlement rule (DESIGN section 6), written once: the usage the response reported;
  * else prompt estimate plus ceil(generated characters / 4), at least one output token; or
- * the whole reservation where the text could not be read. Nothing is charged — null —
- * when the upstream failed before any output or answered with an error status and no usage,
- * since nothing was generated.
+ * the whole reservation where the text could not be read, or will come after the answer (a
+ * background response). Nothing is charged — null — when the upstream failed before any
+ * output or answered with an error status and no usage, since nothing was generated.
  */
 export function settleUsage(r: FinishedRequest): Settled | null {
-  if (r.usage) return { input_tokens: r.usage.input_tokens, output_tokens: r.usage.output_tokens, estimated: false };
+  if (r.usage) return asReported(r.usage, r.textChars);
   if (r.upstreamFailed || (r.upstreamStatus !== null && r.upstreamStatus >= 400)) return null;
-  const output = r.textChars === null ? r.reservedOutput : Math.ceil(r.textChars / 4);
+  const output = r.textChars === null || r.deferred ? r.reservedOutput : Math.ceil(r.textChars / 4);
   return { input_tokens: r.promptTokens, output_tokens: Math.max(1, output), estimated: true };
+}
+
+/**
+ * Reported usage, unless it cannot be so (then estimated): no figure past
+ * MAX_REPORTED_TOKENS, and no zero output beside generated text the tap saw (section 6:
+ * nothing is settled at zero output).
+ */
+function asReported(u: { input_tokens: number; output_tokens: number }, textChars: number | null): Settled {
+  let estimated = false;
+  const held = (n: number): number => (n > MAX_REPORTED_TOKENS ? ((estimated = true), MAX_REPORTED_TOKENS) : n);
+  const input = held(u.input_tokens);
+  let output = held(u.output_tokens);
+  if (output === 0 && textChars !== null && textChars > 0) {
+    output = Math.ceil(textChars / 4);
+    estimated = true;
+  }
+  return { input_tokens: input, output_tokens: output, estimated };
 }

@@ -102,7 +102,7 @@ export function adoptSeen(ctx: RequestContext): void {
 }
 
 /** before admission nothing is estimated (shared: estimates are replaced, never written to) */
-const NO_ESTIMATE: { readonly prompt: number; readonly output: number } = Object.freeze({ prompt: 0, output: 0 });
+const NO_ESTIMATE: Readonly<Estimate> = Object.freeze({ prompt: 0, output: 0, deferred: false });
 /** no shadowed check refused (shared: replaced, never written to) */
 const NO_SHADOW: readonly string[] = Object.freeze([]);
 

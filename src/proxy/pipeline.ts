@@ -140,7 +140,7 @@ function allowed(seen: Allow['seen'], f: Omit<Allow, 'allow' | 'seen'>): Allow {
 }
 
 /** the estimate of a request that is not metered (shared: estimates are only read) */
-const NONE: { readonly prompt: number; readonly output: number } = Object.freeze({ prompt: 0, output: 0 });
+const NONE: Readonly<Estimate> = Object.freeze({ prompt: 0, output: 0, deferred: false });
 
 /** What steps 6 and 7 leave: the body to forward, and the request's estimate when it is metered. */
 type BodyStep = { denial: Denial } | { body: BodySource | null; estimate: Estimate; metered: boolean };
@@ -171,7 +171,9 @@ async function bodyStep(input: RequestInput, o: { snap: Snapshot; admitted: Allo
   const scope = bodiless && route.storedCall ? null : (checkModel(key, read.body.model, shown) ?? checkModels(key, read.body.models, shown));
   if (scope) return { denial: scope };
   const metered = body !== null && !route.countTokens;
-  const estimate: Estimate = metered ? { prompt: promptTokens(read.body.estimateBytes), output: outputCap(read.body.maxOutputTokens, limits.defaultOutputTokens) } : NONE;
+  const estimate: Estimate = metered
+    ? { prompt: promptTokens(read.body.estimateBytes), output: outputCap(read.body.maxOutputTokens, limits.defaultOutputTokens), deferred: read.body.background }
+    : NONE;
   if (metered && read.body.bytesSeen) estimate.bytesSeen = read.body.bytesSeen;
   return { body, estimate, metered };
 }

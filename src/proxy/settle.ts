@@ -29,6 +29,7 @@ export function settle(ctx: RequestContext): void {
       reservedOutput: ctx.estimate.output,
       upstreamStatus: ctx.upstreamStatus,
       upstreamFailed: ctx.upstreamFailed,
+      deferred: ctx.estimate.deferred,
     });
   }
   const settled = ctx.settled;

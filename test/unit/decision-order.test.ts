@@ -42,7 +42,7 @@ function bodyResult(c: BodyCase): BodyResult {
   if (c === 'invalid') return { ok: false, denial: deny('invalid_request', { detail: 'The request body is not valid JSON.' }), closeConnection: false };
   if (c === 'too-large') return { ok: false, denial: deny('body_too_large', { params: { limit: 10 } }), closeConnection: true };
   const model = c === 'ok' ? 'gpt-4o-mini' : 'gpt-4o';
-  return { ok: true, body: { model, models: [], maxOutputTokens: 16, estimateBytes: 100, replay: { pipe: (d) => d }, bytesSeen: null } };
+  return { ok: true, body: { model, models: [], maxOutputTokens: 16, background: false, estimateBytes: 100, replay: { pipe: (d) => d }, bytesSeen: null } };
 }
 
 interface Row {

@@ -4,7 +4,7 @@ import { settleUsage, type FinishedRequest } from '../../src/policy/estimate.js'
 import { keyView, periodResetsAt } from '../../src/policy/key-view.js';
 import type { KeyFacts } from '../../src/policy/facts.js';
 
-const base: FinishedRequest = { usage: null, textChars: 0, promptTokens: 100, reservedOutput: 1024, upstreamStatus: 200, upstreamFailed: false };
+const base: FinishedRequest = { usage: null, textChars: 0, promptTokens: 100, reservedOutput: 1024, upstreamStatus: 200, upstreamFailed: false, deferred: false };
 
 // [what, request, expected settlement]
 const CASES: [string, Partial<FinishedRequest>, ReturnType<typeof settleUsage>][] = [
@@ -17,6 +17,11 @@ const CASES: [string, Partial<FinishedRequest>, ReturnType<typeof settleUsage>][
   ['upstream 5xx without usage: nothing', { upstreamStatus: 503 }, null],
   ['upstream 4xx without usage: nothing was generated', { upstreamStatus: 400 }, null],
   ['an error status that still reports usage is billed', { upstreamStatus: 500, usage: { input_tokens: 5, output_tokens: 0 } }, { input_tokens: 5, output_tokens: 0, estimated: false }],
+  ['a background response (answered before its generation): the whole reservation', { deferred: true, textChars: 0 }, { input_tokens: 100, output_tokens: 1024, estimated: true }],
+  ['a background response that reports usage after all is billed at it', { deferred: true, usage: { input_tokens: 7, output_tokens: 30 } }, { input_tokens: 7, output_tokens: 30, estimated: false }],
+  ['reported zero output beside generated text: the text counts', { usage: { input_tokens: 11, output_tokens: 0 }, textChars: 400 }, { input_tokens: 11, output_tokens: 100, estimated: true }],
+  ['reported zero output, no text seen (embeddings): zero', { usage: { input_tokens: 11, output_tokens: 0 }, textChars: 0 }, { input_tokens: 11, output_tokens: 0, estimated: false }],
+  ['a figure past any real request is held to 10 M', { usage: { input_tokens: 2 ** 40, output_tokens: 2 ** 40 } }, { input_tokens: 10_000_000, output_tokens: 10_000_000, estimated: true }],
 ];
 
 for (const [what, over, expected] of CASES) {

@@ -130,7 +130,7 @@ test('inspectJson: error messages never echo the body', () => {
 test('inspectJson: a large body with many nested "model" keys keeps the top-level one', () => {
   const messages = Array.from({ length: 2000 }, (_, i) => ({ role: 'user', content: [{ type: 'text', text: `m${i}`, model: `n${i}` }] }));
   const body = JSON.stringify({ messages, model: 'big', max_tokens: 7 });
-  assert.deepEqual(inspectJson(Buffer.from(body)), { ok: true, model: 'big', maxOutputTokens: 7, models: [] });
+  assert.deepEqual(inspectJson(Buffer.from(body)), { ok: true, model: 'big', maxOutputTokens: 7, models: [], background: false });
   const dup = body.slice(0, -1) + ',"model":"other"}';
   assert.equal(inspectJson(Buffer.from(dup)).ok, false);
 });

@@ -158,10 +158,19 @@ describe('usage tap: SSE', () => {
     assert.deepEqual(read(sse(messagesEvents), { contentType: SSE_CT }), { input_tokens: 500, output_tokens: 15 });
   });
 
-  test('messages: counts repeated in message_delta replace those of message_start', () => {
+  test('messages: each count message_delta gives replaces message_start\'s, the others stay (as the official SDK reads them)', () => {
     const events = [...messagesEvents];
     events[6] = { event: 'message_delta', data: { type: 'message_delta', delta: { stop_reason: 'end_turn', stop_sequence: null }, usage: { input_tokens: 600, cache_read_input_tokens: 8, output_tokens: 15 } } };
-    assert.deepEqual(read(sse(events), { contentType: SSE_CT }), { input_tokens: 608, output_tokens: 15 });
+    // 600 + message_start's cache_creation_input_tokens 20 + 8
+    assert.deepEqual(read(sse(events), { contentType: SSE_CT }), { input_tokens: 628, output_tokens: 15 });
+    // null is no count: message_start's stand (the SDK's types allow null there)
+    events[6] = { event: 'message_delta', data: { type: 'message_delta', delta: { stop_reason: 'end_turn', stop_sequence: null }, usage: { input_tokens: null, cache_creation_input_tokens: null, cache_read_input_tokens: null, output_tokens: 9 } } };
+    assert.deepEqual(read(sse(events), { contentType: SSE_CT }), { input_tokens: 500, output_tokens: 9 });
+  });
+
+  test('a stream that opens with a byte order mark is read from its first event', () => {
+    const one = sse([{ data: { id: 'chatcmpl-1', object: 'chat.completion.chunk', choices: [], usage: { prompt_tokens: 11, completion_tokens: 3 } } }]);
+    assert.deepEqual(read(`\ufeff${one}`, { contentType: SSE_CT }), { input_tokens: 11, output_tokens: 3 });
   });
 
   test('streams cut short give null', () => {
@@ -238,6 +247,18 @@ describe('generated text seen, for responses that report no usage', () => {
       { data: '[DONE]' },
     ]);
     assert.deepEqual(tapped(body, { contentType: SSE_CT }), { usage: null, textChars: 12 + 7 });
+  });
+
+  test('reasoning deltas (`delta.reasoning`) and transcription deltas count', () => {
+    const chat = sse([{ data: { object: 'chat.completion.chunk', choices: [{ delta: { reasoning: 'Let me think' } }] } }, { data: '[DONE]' }]);
+    assert.deepEqual(tapped(chat, { contentType: SSE_CT }), { usage: null, textChars: 12 });
+    const transcript = sse([{ data: { type: 'transcript.text.delta', delta: 'Hello there' } }]);
+    assert.deepEqual(tapped(transcript, { contentType: SSE_CT }), { usage: null, textChars: 11 });
+  });
+
+  test('a JSON body reporting zero output: its text is counted too (billing holds the two together)', () => {
+    const body = JSON.stringify({ choices: [{ message: { content: 'Forty characters of generated text here.' } }], usage: { prompt_tokens: 11, completion_tokens: 0 } });
+    assert.deepEqual(tapped(body, { contentType: 'application/json' }), { usage: { input_tokens: 11, output_tokens: 0 }, textChars: 40 });
   });
 
   test('messages stream: text deltas count, the start and stop events do not; cut before message_delta', () => {

@@ -12,7 +12,7 @@
 import { collectModels, modelNamesProblem, TOO_DEEP } from './model-names.js';
 
 export type JsonInspection =
-  | { ok: true; model: string | null; maxOutputTokens: number | null; models: string[] }
+  | { ok: true; model: string | null; maxOutputTokens: number | null; models: string[]; background: boolean }
   | { ok: false; message: string };
 
 const OUTPUT_CAPS = ['max_tokens', 'max_completion_tokens', 'max_output_tokens'];
@@ -219,7 +219,8 @@ export function inspectJson(buf: Buffer): JsonInspection {
   const model = named ? (body.model as string) : null;
   const names = modelNamesProblem(model, models);
   if (names) return refused(names);
-  return { ok: true, model, maxOutputTokens: cap.cap, models };
+  // A background response answers at once, before anything is generated (DESIGN section 6).
+  return { ok: true, model, maxOutputTokens: cap.cap, models, background: body.background === true };
 }
 
 /**

@@ -33,6 +33,8 @@ export interface ModelBody {
   /** further models the body selects (`models`, `fallbacks`): held to the key's scope too */
   models: string[];
   maxOutputTokens: number | null;
+  /** `"background": true`: the answer comes before the generation, without its usage */
+  background: boolean;
   /** bytes that count towards the TPM estimate: the whole body (a chunked multipart body: what was read before admission) */
   estimateBytes: number;
   /** what to forward instead of `req`; null when nothing was consumed */
@@ -189,10 +191,10 @@ async function readJson(req: IncomingMessage, limit: number): Promise<BodyResult
   if (read.cut) return cutShort();
   if (read.overLimit) return tooLarge(req, limit);
   const buf = read.chunks.length === 1 ? read.chunks[0]! : Buffer.concat(read.chunks);
-  if (buf.length === 0) return { ok: true, body: { model: null, models: [], maxOutputTokens: null, estimateBytes: 0, replay: new BufferSource(buf), bytesSeen: null } };
+  if (buf.length === 0) return { ok: true, body: { model: null, models: [], maxOutputTokens: null, background: false, estimateBytes: 0, replay: new BufferSource(buf), bytesSeen: null } };
   const found = inspectJson(buf);
   if (!found.ok) return invalid(found.message);
-  return { ok: true, body: { model: found.model, models: found.models, maxOutputTokens: found.maxOutputTokens, estimateBytes: buf.length, replay: new BufferSource(buf), bytesSeen: null } };
+  return { ok: true, body: { model: found.model, models: found.models, maxOutputTokens: found.maxOutputTokens, background: found.background, estimateBytes: buf.length, replay: new BufferSource(buf), bytesSeen: null } };
 }
 
 /**
@@ -234,7 +236,7 @@ async function readMultipart(req: IncomingMessage, boundary: string, uploadLimit
   const estimateBytes = Number.isSafeInteger(declared) && declared > read.total ? declared : read.total;
   const bytesSeen = read.ended || Number.isSafeInteger(declared) ? null : bytesFrom(req, read.total);
   const replay = replayStream(req, read, read.ended ? null : reader, uploadLimit);
-  return { ok: true, body: { model, models, maxOutputTokens: null, estimateBytes, replay, bytesSeen } };
+  return { ok: true, body: { model, models, maxOutputTokens: null, background: false, estimateBytes, replay, bytesSeen } };
 }
 
 /** The bytes of `req`'s body read so far: `already`, and what it emits from now on (an extra listener takes nothing from the pipe). */
@@ -275,7 +277,7 @@ export async function readModelBody(req: IncomingMessage, opts: ReadOptions, pro
   if (declaredOver(req, limit)) return tooLarge(req, limit);
   if (!hasBody(req)) {
     if (opts.modelRequired) return invalid('The request needs a JSON body that names "model".');
-    return { ok: true, body: { model: null, models: [], maxOutputTokens: null, estimateBytes: 0, replay: null, bytesSeen: null } };
+    return { ok: true, body: { model: null, models: [], maxOutputTokens: null, background: false, estimateBytes: 0, replay: null, bytesSeen: null } };
   }
   const encoding = req.headers['content-encoding'];
   if (encoding !== undefined && encoding.toLowerCase() !== 'identity') {

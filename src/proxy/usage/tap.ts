@@ -14,11 +14,9 @@
 import { bodyText, eventText } from './text.js';
 import { compressedTap, type Tap } from './encoding.js';
 import { lastUsageObject, topLevelSpans } from './scan.js';
+import { given, isObj, normalize, type Obj, type Usage } from './usage-object.js';
 
-export interface Usage {
-  input_tokens: number;
-  output_tokens: number;
-}
+export type { Usage } from './usage-object.js';
 
 /** What a response showed of its usage. */
 export interface Tapped {
@@ -57,41 +55,6 @@ export function createUsageTap(opts: UsageTapOptions): UsageTap | null {
   const encoding = (opts.contentEncoding ?? '').trim().toLowerCase();
   if (encoding === '' || encoding === 'identity') return make();
   return compressedTap(encoding, make, UNREADABLE);
-}
-
-// ---- usage objects ----------------------------------------------------------------------
-
-type Obj = Record<string, unknown>;
-const isObj = (v: unknown): v is Obj => typeof v === 'object' && v !== null && !Array.isArray(v);
-/**
- * Whole tokens, bounded: the console accepts only safe non-negative integers in a usage
- * event. A field left out or null counts none; any other value that is not a number of 0
- * or more (a negative, a string, 1e400) is NaN, and makes its usage object unusable.
- */
-const count = (v: unknown): number => {
-  if (v === undefined || v === null) return 0;
-  return typeof v === 'number' && Number.isFinite(v) && v >= 0 ? Math.min(Math.ceil(v), 2 ** 40) : NaN;
-};
-/** A usage object whose figures cannot be read is no report at all: the estimate rule bills it (section 6). */
-const readable = (u: Usage): Usage | null => (Number.isNaN(u.input_tokens) || Number.isNaN(u.output_tokens) ? null : u);
-
-/**
- * One `usage` object, any of the supported shapes. Messages-style cache writes and reads
- * are input the upstream processed, so they count as input. (The responses API's
- * `input_tokens` already includes its cached tokens.)
- */
-function normalize(u: unknown): Usage | null {
-  if (!isObj(u)) return null;
-  if ('input_tokens' in u || 'output_tokens' in u) {
-    return readable({
-      input_tokens: count(u.input_tokens) + count(u.cache_creation_input_tokens) + count(u.cache_read_input_tokens),
-      output_tokens: count(u.output_tokens),
-    });
-  }
-  if ('prompt_tokens' in u || 'completion_tokens' in u) {
-    return readable({ input_tokens: count(u.prompt_tokens), output_tokens: count(u.completion_tokens) });
-  }
-  return null;
 }
 
 // ---- bounded text -----------------------------------------------------------------------
@@ -175,8 +138,9 @@ class JsonTap implements UsageTap {
     const body = this.body;
     const whole = body.whole();
     const reported = whole === null ? null : reportedUsage(whole);
-    // Reported usage is what is billed: the generated text is counted only without it.
-    if (reported !== null) return { usage: reported, textChars: null };
+    // Reported usage is what is billed: the generated text is counted only without it, or
+    // beside a reported zero output (which the text may contradict: policy/estimate.ts).
+    if (reported !== null && reported.output_tokens > 0) return { usage: reported, textChars: null };
     const v = body.value(whole);
     const usage = isObj(v) ? normalize(isObj(v.response) && !('usage' in v) ? v.response.usage : v.usage) : null;
     // Past the window only the usage survives; a body that does not parse was cut or is not JSON.
@@ -192,6 +156,7 @@ function createJsonTap(): UsageTap {
 // ---- SSE --------------------------------------------------------------------------------
 
 const DATA = Buffer.from('data:');
+const BOM = Buffer.from([0xef, 0xbb, 0xbf]);
 
 /**
  * A server-sent event stream, read line by line: only `data:` lines are kept, one event at
@@ -199,8 +164,10 @@ const DATA = Buffer.from('data:');
  */
 class SseTap implements UsageTap {
   private final: Usage | null = null; // chat/completions usage chunk, responses events
-  private started: Usage | null = null; // messages: message_start
-  private delta: Obj | null = null; // messages: latest message_delta usage (cumulative)
+  private started: Obj | null = null; // messages: message_start's usage
+  private delta: Obj | null = null; // messages: the message_delta usage fields given so far (cumulative)
+  /** bytes of a leading byte order mark matched so far; BOM.length once past the stream's start */
+  private bomAt = 0;
   private textChars = 0;
   /** an event past the window's bounds showed neither text nor usage: the text seen is not all there was */
   private textLost = false;
@@ -212,6 +179,7 @@ class SseTap implements UsageTap {
   private skipSpace = false;
 
   push(chunk: Buffer): void {
+    if (this.bomAt < BOM.length) chunk = this.skipBom(chunk);
     let start = 0;
     for (let nl = chunk.indexOf(0x0a); nl >= 0; nl = chunk.indexOf(0x0a, start)) {
       this.segment(chunk.subarray(start, nl));
@@ -219,6 +187,22 @@ class SseTap implements UsageTap {
       start = nl + 1;
     }
     if (start < chunk.length) this.segment(chunk.subarray(start));
+  }
+
+  /** An event stream may open with a byte order mark, which readers skip (the SSE standard). */
+  private skipBom(chunk: Buffer): Buffer {
+    let i = 0;
+    while (this.bomAt < BOM.length && i < chunk.length) {
+      if (chunk[i] !== BOM[this.bomAt]) {
+        // not a mark after all: what looked like its start is the stream's
+        const seen = this.bomAt;
+        this.bomAt = BOM.length;
+        return seen === 0 ? chunk.subarray(i) : Buffer.concat([BOM.subarray(0, seen), chunk.subarray(i)]);
+      }
+      this.bomAt++;
+      i++;
+    }
+    return chunk.subarray(i);
   }
 
   end(): Tapped {
@@ -230,17 +214,16 @@ class SseTap implements UsageTap {
     const textChars = this.textLost ? null : this.textChars;
     if (final) return { usage: final, textChars };
     if (!delta) return { usage: null, textChars }; // messages stream cut before its final counts
-    const fromDelta = normalize(delta);
-    const input = 'input_tokens' in delta ? (fromDelta?.input_tokens ?? NaN) : (this.started?.input_tokens ?? 0);
-    return { usage: readable({ input_tokens: input, output_tokens: count(delta.output_tokens) }), textChars };
+    // Each figure the deltas gave replaces message_start's, as the official SDK reads them.
+    return { usage: normalize({ ...this.started, ...delta }), textChars };
   }
 
   private onEvent(o: unknown): void {
     if (!isObj(o)) return;
     this.textChars += eventText(o);
     const type = typeof o.type === 'string' ? o.type : '';
-    if (type === 'message_start' && isObj(o.message)) this.started = normalize(o.message.usage) ?? this.started;
-    else if (type === 'message_delta' && isObj(o.usage)) this.delta = { ...(this.delta ?? {}), ...o.usage };
+    if (type === 'message_start' && isObj(o.message)) this.started = isObj(o.message.usage) ? o.message.usage : this.started;
+    else if (type === 'message_delta' && isObj(o.usage)) this.delta = { ...this.delta, ...given(o.usage) };
     else if (type.startsWith('response.') && isObj(o.response)) this.final = normalize(o.response.usage) ?? this.final;
     else if (isObj(o.usage)) this.final = normalize(o.usage) ?? this.final;
   }

@@ -24,7 +24,7 @@ function choices(o: Obj): number {
     n += len(c.text);
     for (const part of [c.delta, c.message]) {
       if (!isObj(part)) continue;
-      n += len(part.content) + len(part.reasoning_content) + len(part.refusal) + toolCalls(part.tool_calls);
+      n += len(part.content) + len(part.reasoning_content) + len(part.reasoning) + len(part.refusal) + toolCalls(part.tool_calls);
     }
   }
   return n;
@@ -36,6 +36,7 @@ const RESPONSES_DELTAS = new Set([
   'response.reasoning_summary_text.delta',
   'response.reasoning_text.delta',
   'response.refusal.delta',
+  'transcript.text.delta',
 ]);
 
 /** One SSE event's generated characters. */
