@@ -259,6 +259,9 @@ describe('generated text seen, for responses that report no usage', () => {
   test('a JSON body reporting zero output: its text is counted too (billing holds the two together)', () => {
     const body = JSON.stringify({ choices: [{ message: { content: 'Forty characters of generated text here.' } }], usage: { prompt_tokens: 11, completion_tokens: 0 } });
     assert.deepEqual(tapped(body, { contentType: 'application/json' }), { usage: { input_tokens: 11, output_tokens: 0 }, textChars: 40 });
+    // a usage that names no output (embeddings) is not a zero to check: the body is not parsed
+    const embeddings = JSON.stringify({ object: 'list', data: [{ embedding: [0.1, 0.2] }], usage: { prompt_tokens: 8, total_tokens: 8 } });
+    assert.deepEqual(tapped(embeddings, { contentType: 'application/json' }), { usage: { input_tokens: 8, output_tokens: 0 }, textChars: null });
   });
 
   test('messages stream: text deltas count, the start and stop events do not; cut before message_delta', () => {

@@ -112,15 +112,21 @@ class Window {
 
 // ---- JSON -------------------------------------------------------------------------------
 
-/** The usage a whole JSON body reports at its top level (or in `response`), read without parsing the rest; null: parse it whole. */
-function reportedUsage(whole: Buffer): Usage | null {
+/**
+ * The usage a whole JSON body reports at its top level (or in `response`), read without
+ * parsing the rest, and whether that usage names an output figure at all (embeddings name
+ * none); null: parse it whole.
+ */
+function reportedUsage(whole: Buffer): { usage: Usage; namesOutput: boolean } | null {
   const spans = topLevelSpans(whole);
   if (spans === null) return null;
   const span = spans.usage ?? spans.response;
   if (span === null) return null;
   try {
     const v: unknown = JSON.parse(whole.toString('utf8', span[0], span[1]));
-    return normalize(spans.usage !== null ? v : isObj(v) ? v.usage : undefined);
+    const u = spans.usage !== null ? v : isObj(v) ? v.usage : undefined;
+    const usage = normalize(u);
+    return usage && { usage, namesOutput: isObj(u) && ('completion_tokens' in u || 'output_tokens' in u) };
   } catch {
     return null; // not JSON after all: the whole parse says what it is
   }
@@ -139,8 +145,8 @@ class JsonTap implements UsageTap {
     const whole = body.whole();
     const reported = whole === null ? null : reportedUsage(whole);
     // Reported usage is what is billed: the generated text is counted only without it, or
-    // beside a reported zero output (which the text may contradict: policy/estimate.ts).
-    if (reported !== null && reported.output_tokens > 0) return { usage: reported, textChars: null };
+    // beside a reported output of zero (which the text may contradict: policy/estimate.ts).
+    if (reported !== null && (reported.usage.output_tokens > 0 || !reported.namesOutput)) return { usage: reported.usage, textChars: null };
     const v = body.value(whole);
     const usage = isObj(v) ? normalize(isObj(v.response) && !('usage' in v) ? v.response.usage : v.usage) : null;
     // Past the window only the usage survives; a body that does not parse was cut or is not JSON.
