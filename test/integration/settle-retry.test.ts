@@ -14,7 +14,7 @@ import { startFreezeProxy, type FreezeProxy } from '../helpers/freeze-proxy.js';
 import { createRedisClient } from '../../src/limits/redis/client.js';
 import { Deadlines } from '../../src/limits/redis/deadlines.js';
 import { scriptRunner, type RunScript } from '../../src/limits/redis/scripts.js';
-import { createSettleBatch, type SettleBatch, type SettleOp } from '../../src/limits/redis/settle-batch.js';
+import { createSettleBatch, type SettleOp } from '../../src/limits/redis/settle-batch.js';
 
 const prefix = `kwretry${process.pid}`;
 const tag = `{${prefix}:k:a}`;
@@ -62,11 +62,21 @@ function countedRun(): { run: RunScript; calls: () => number; answered: () => Pr
   return { run, calls: () => calls, answered: () => new Promise<void>((r) => (waiter = r)) };
 }
 
-/** A batch sending each settlement at once, resending after 20 ms, and the first error it reports. */
-function batchOf(run: RunScript): { batch: SettleBatch; failed: Promise<unknown>; owner: (err: unknown) => void } {
+/**
+ * One settlement (chargeAndFree) of a held slot, sent at once into a frozen link by a batch
+ * that resends after `retryFirstMs`; `failed` is the first error its owner hears.
+ */
+async function sentIntoBlip(name: string, retryFirstMs = 20) {
+  const counted = countedRun();
   let owner!: (err: unknown) => void;
   const failed = new Promise<unknown>((r) => (owner = r));
-  return { batch: createSettleBatch({ run, cluster: false, prefix, everyMs: 1, retryFirstMs: 20 }), failed, owner };
+  const batch = createSettleBatch({ run: counted.run, cluster: false, prefix, everyMs: 1, retryFirstMs });
+  const op = chargeAndFree(name, owner);
+  await direct.zadd(op.set, Date.now() + 60_000, op.leaseId);
+  proxy.frozen = true;
+  batch.add(op);
+  batch.flush();
+  return { counted, batch, op, failed };
 }
 
 test('one call sent twice under its id is applied once', async () => {
@@ -84,13 +94,7 @@ test('one call sent twice under its id is applied once', async () => {
 });
 
 test('a settlement Redis ran after its deadline is not applied again when it is resent', { timeout: 10_000 }, async () => {
-  const counted = countedRun();
-  const { batch, failed, owner } = batchOf(counted.run);
-  const op = chargeAndFree('late', owner);
-  await direct.zadd(op.set, Date.now() + 60_000, op.leaseId);
-  proxy.frozen = true;
-  batch.add(op);
-  batch.flush();
+  const { counted, batch, op, failed } = await sentIntoBlip('late');
   assert.equal((await failed as Error).name, 'CallTimeoutError');
   const resent = counted.answered();
   proxy.thaw(); // Redis runs the first send now, and the resend follows it
@@ -103,13 +107,7 @@ test('a settlement Redis ran after its deadline is not applied again when it is 
 });
 
 test('a settlement lost with its connection is applied once Redis is back', { timeout: 10_000 }, async () => {
-  const counted = countedRun();
-  const { batch, failed, owner } = batchOf(counted.run);
-  const op = chargeAndFree('lost', owner);
-  await direct.zadd(op.set, Date.now() + 60_000, op.leaseId);
-  proxy.frozen = true;
-  batch.add(op);
-  batch.flush();
+  const { counted, batch, op, failed } = await sentIntoBlip('lost');
   await failed;
   const applied = counted.answered();
   proxy.cut(); // the first send never reaches Redis; the client reconnects
@@ -122,16 +120,8 @@ test('a settlement lost with its connection is applied once Redis is back', { ti
 });
 
 test('closing sends a waiting settlement once more at once, and waits for it', { timeout: 10_000 }, async () => {
-  const counted = countedRun();
-  let owner!: (err: unknown) => void;
-  const failed = new Promise<unknown>((r) => (owner = r));
   // a first resend 30 s away: only close() can send it before the test ends
-  const batch = createSettleBatch({ run: counted.run, cluster: false, prefix, everyMs: 1, retryFirstMs: 30_000 });
-  const op = chargeAndFree('close', owner);
-  await direct.zadd(op.set, Date.now() + 60_000, op.leaseId);
-  proxy.frozen = true;
-  batch.add(op);
-  batch.flush();
+  const { counted, batch, op, failed } = await sentIntoBlip('close', 30_000);
   await failed;
   const back = once(viaProxy, 'ready');
   proxy.cut();
