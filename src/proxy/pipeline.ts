@@ -201,14 +201,15 @@ function liveBudget(deps: PipelineDeps, o: { snap: Snapshot; admitted: Allow['se
 }
 
 /**
- * Step 9 refused the hold while shadowed checks of steps 6 to 8 recorded codes: when the
- * live ledger shows a budget spent before this request's cost, step 5 refused it, which
- * those steps come after, so their codes go (enforcing them would have changed nothing).
- * Null: the request's own cost is what did not fit, and the codes stand.
+ * Step 9 refused the hold. When the live ledger shows a budget spent before this request's
+ * cost, step 5 refused it: that holder's code and "used up", not the first holder the cost
+ * did not fit and "ask for fewer tokens"; and the codes shadowed steps 6 to 8 recorded go,
+ * as those steps come after. Null: the request's own cost is what did not fit. A hold of 0
+ * (not metered) was that question already.
  */
-async function spentBeforeLaterSteps(deps: PipelineDeps, o: { snap: Snapshot; admitted: Allow['seen']; wait: RedisWait }): Promise<Denial | null> {
+async function spentBeforeHold(deps: PipelineDeps, o: { snap: Snapshot; admitted: Allow['seen']; wait: RedisWait; metered: boolean }): Promise<Denial | null> {
   const codes = o.admitted.shadow;
-  if (!hasLaterStepCodes(codes)) return null;
+  if (!o.metered && !hasLaterStepCodes(codes)) return null;
   const spent = await liveBudget(deps, o);
   if (spent !== null) dropLaterStepCodes(codes);
   return spent;
@@ -273,7 +274,7 @@ export async function decide(input: RequestInput, deps: PipelineDeps, snap: Snap
   if (!held.ok) {
     lease?.cancel(); // refused before forwarding: the admission took nothing
     if (held.code === 'limits_unavailable') return denied(seen, deny(held.code, { retryAfterMs: held.retryAfterMs }));
-    return denied(seen, (await spentBeforeLaterSteps(deps, { snap, admitted, wait })) ?? deny(held.code, metered ? { variant: 'hold' } : {}));
+    return denied(seen, (await spentBeforeHold(deps, { snap, admitted, wait, metered })) ?? deny(held.code, metered ? { variant: 'hold' } : {}));
   }
   if (metered) return allowed(admitted, { body, bodyRead, lease, quota, hold: held.hold, price, tokens, estimate, metered });
   held.hold.settle(0);

@@ -49,8 +49,18 @@ for (const variant of VARIANTS) {
           k_sh_budget: { kind: 'team', project: 'p_1', budget: 1000, spent: 0, rpm: 1, shadow: ['budget'] },
           k_sh_rpm: { kind: 'team', project: 'p_1', budget: 1000, spent: 0, rpm: 1, shadow: ['rpm'] },
           k_sh_rpm_small: { kind: 'team', project: 'p_1', budget: 1, spent: 0, rpm: 1, shadow: ['rpm'] },
+          // One key spends what it draws on, the other has a budget of its own too small for its hold.
+          k_p2_spender: { kind: 'team', project: 'p_2' },
+          k_p2_small: { kind: 'team', project: 'p_2', budget: 3, spent: 0 },
+          k_w_spender: { kind: 'personal', user: 'u_2' },
+          k_w_small: { kind: 'personal', user: 'u_2', budget: 3, spent: 0 },
         },
-        records: [{ type: 'project', id: 'p_1', status: 'enabled', budget: null, spent: 0 }, { type: 'price', model: 'priced-*', input: 1, output: 1, per: 1 }],
+        records: [
+          { type: 'project', id: 'p_1', status: 'enabled', budget: null, spent: 0 },
+          { type: 'project', id: 'p_2', status: 'enabled', budget: 1000, spent: 0 },
+          { type: 'wallet', user: 'u_2', balance: 1000 },
+          { type: 'price', model: 'priced-*', input: 1, output: 1, per: 1 },
+        ],
         config: variant.config,
       });
     });
@@ -149,6 +159,30 @@ for (const variant of VARIANTS) {
       assert.deepEqual([priced.status, priced.headers['x-keyward-error'], priced.headers['x-keyward-shadow']], [402, 'key_budget_exhausted', 'rpm_exceeded']);
       const message = (JSON.parse(priced.body.toString()) as { error: { message: string } }).error.message;
       assert.match(message, /could cost more than is left of this key's budget.*max_tokens/, 'not "used up": nothing is spent yet');
+    });
+
+    test('a holder spent live answers step 5 before a key budget the hold does not fit: the holder\'s code, "used up"', async () => {
+      const chat = (key: string, maxTokens: number) =>
+        send(h.url, {
+          method: 'POST',
+          path: '/v1/chat/completions',
+          headers: { authorization: `Bearer ${h.keys[key]}`, 'content-type': 'application/json' },
+          body: JSON.stringify({ model: 'priced-model', max_tokens: maxTokens, messages: [] }),
+        });
+      for (const [spender, small, code, usedUp] of [
+        ['k_p2_spender', 'k_p2_small', 'project_budget_exhausted', /project's budget is used up/],
+        ['k_w_spender', 'k_w_small', 'insufficient_balance', /wallet balance is used up/],
+      ] as const) {
+        const settled = waitForLine(h, (l) => l.msg === 'request' && l.key_id === spender);
+        assert.equal((await chat(spender, 1)).status, 200);
+        assert.equal((await settled).input_tokens, 5000, 'its usage spends the 1,000 its holder had');
+        // About 100 tokens do not fit the key's own budget of 3, which nothing has spent.
+        const before = up.received.length;
+        const res = await chat(small, 100);
+        assert.deepEqual([res.status, res.headers['x-keyward-error']], [402, code], 'the holder spent before this request comes first');
+        assert.match((JSON.parse(res.body.toString()) as { error: { message: string } }).error.message, usedUp);
+        assert.equal(up.received.length, before, 'nothing reached the upstream');
+      }
     });
 
     test('a request refused 402 at its spend hold takes no request from the key\'s RPM', async () => {
