@@ -80,6 +80,8 @@ export interface RequestContext {
   seen: Seen | null;
   /** the status written straight on the socket when the parser refused its body (null: none) */
   answeredOnSocket: number | null;
+  /** keyward cut it for a body that stalled (cutStalledBody) */
+  stalled: boolean;
   /** the leading parts of the keys the request carries, kept out of the fields it chose (key-in-fields.ts) */
   keyPrefixes: readonly string[];
 }
@@ -201,9 +203,13 @@ export function newContext(req: IncomingMessage, opts: { snapshot: Snapshot; now
     span: null,
     seen: null,
     answeredOnSocket: null,
+    stalled: false,
     keyPrefixes: keys,
   };
 }
+
+/** No output: the upstream has not answered, or sent a head without a body byte, which is no more a response than none (DESIGN section 6). */
+export const producedNoOutput = (ctx: RequestContext): boolean => ctx.upstreamStatus === null || ctx.upstreamBody?.readableDidRead === false;
 
 /** The logged path: as received (it was checked, not normalised), never the query, at most 512 characters. */
 const loggedPath = (path: string): string => (path.length > 512 ? path.slice(0, 512) : path);

@@ -8,7 +8,7 @@ import type { IncomingMessage, ServerResponse } from 'node:http';
 import { deny, renderError, type Denial, type ErrorStyle } from '../errors.js';
 import type { Quota } from '../limits/limiter.js';
 import { hasBody } from './body/read.js';
-import { adoptSeen, type RequestContext } from './context.js';
+import { adoptSeen, producedNoOutput, type RequestContext } from './context.js';
 import { addQuotaHeaders } from './quota-headers.js';
 import { settle } from './settle.js';
 import { closesAfter } from './last-response.js';
@@ -91,8 +91,10 @@ export const failureDenial = (kind: ForwardFailure, err: Error): Denial => FAILU
  */
 export function cutStalledBody(req: IncomingMessage, res: ServerResponse, ctx: RequestContext): void {
   adoptSeen(ctx);
+  // Output already relayed is billed as any response cut short is; none, and nothing is.
+  if (producedNoOutput(ctx)) ctx.upstreamFailed = true;
+  ctx.stalled = true;
   ctx.forwarding?.abort();
-  ctx.upstreamFailed = true; // nothing the upstream generated is billed
   settle(ctx);
   // Read nothing more: a body completed after the 408 must not go on to admission.
   req.socket.pause();

@@ -14,7 +14,7 @@ import { Arrival, clientIpOf } from './arrival.js';
 import { answerConnect } from './upstream/framing.js';
 import { ANSWERED_AT, CURRENT, refuseUnparsed, type MarkedSocket, type RefusalDeps } from './refusals.js';
 import { refusedBeforeDecision } from './preflight.js';
-import { accessLine, adoptSeen, newContext, spanFacts, unparsedLine, type RequestContext } from './context.js';
+import { accessLine, adoptSeen, newContext, producedNoOutput, spanFacts, unparsedLine, type RequestContext } from './context.js';
 import type { ForwardFailure, ForwardHooks } from './upstream/forward.js';
 import { markCutByUpstream, wasCutByUpstream, type BodyWatcher, type ResponseHead } from './upstream/relay.js';
 import { addQuotaHeaders } from './quota-headers.js';
@@ -212,8 +212,7 @@ class ExchangeTable implements Exchanges, ForwardHooks {
   /** Forwarding hook: the call failed (see ForwardFailure). */
   onFailure(res: ServerResponse, kind: ForwardFailure, err: Error): void {
     const ctx = contextOf(res);
-    // No output: a head without a body byte is no more a response than no head at all (DESIGN section 6).
-    if (ctx.upstreamStatus === null || ctx.upstreamBody?.readableDidRead === false) ctx.upstreamFailed = true;
+    if (producedNoOutput(ctx)) ctx.upstreamFailed = true;
     // mid-response: the client must see a broken response, not a truncated "success"
     if (res.headersSent) {
       markCutByUpstream(res);
@@ -262,8 +261,8 @@ class ExchangeTable implements Exchanges, ForwardHooks {
 
   /**
    * The status logged for a response that did not end whole: its head's when the upstream
-   * stopped short (with a warning, as nginx logs it) or the shutdown grace cut it (with a
-   * warning naming the request), what was written on the socket for a body the parser
+   * stopped short (with a warning, as nginx logs it), or the shutdown grace or a stalled body
+   * cut it (with a warning naming the request), what was written on the socket for a body the parser
    * refused, else 499 (nginx's "client left").
    */
   private unfinishedStatus(res: ServerResponse, ctx: RequestContext): number {
@@ -274,6 +273,10 @@ class ExchangeTable implements Exchanges, ForwardHooks {
       return res.statusCode;
     }
     if (this.cutting && res.headersSent) return res.statusCode;
+    if (ctx.stalled && res.headersSent) {
+      this.deps.log.warn({ req_id: ctx.reqId, upstream: ctx.upstream }, 'request cut: its body stalled after the response began');
+      return res.statusCode;
+    }
     return ctx.answeredOnSocket ?? 499;
   }
 

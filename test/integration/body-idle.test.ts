@@ -114,3 +114,49 @@ describe('stalled bodies', () => {
     assert.equal(parseResponses(Buffer.concat(chunks)).responses[0]?.status, 200);
   });
 });
+
+describe('a body that stalls while the upstream streams its answer', () => {
+  let streaming: FakeUpstream;
+  let paid: Harness;
+  const DELTA = 'abcdefgh'.repeat(5);
+  before(async () => {
+    streaming = await startFakeUpstream();
+    // Answers as soon as the head arrives, while the upload is still coming in.
+    streaming.arrivals.on('head', (_req: unknown, res: import('node:http').ServerResponse) => {
+      res.writeHead(200, { 'content-type': 'text/event-stream' });
+      for (let i = 0; i < 4; i++) res.write(`data: ${JSON.stringify({ type: 'transcript.text.delta', delta: DELTA })}\n\n`);
+    });
+    paid = await startHarness({
+      upstream: streaming.url,
+      keys: { k_paid: {} },
+      records: [{ type: 'price', model: 'priced-*', input: 1, output: 1, per: 1_000_000 }],
+      config: { server: { port: 0, bodyIdleTimeoutMs: IDLE_MS } },
+    });
+  });
+  after(async () => {
+    await paid.close();
+    await streaming.close();
+  });
+
+  test('the output relayed before the cut is billed, and the line keeps the status the client saw', { timeout: 20_000 }, async () => {
+    const line = waitForLine(paid, (l) => l.msg === 'request' && l.route === 'audio');
+    const b = 'kwb';
+    const part = `--${b}\r\nContent-Disposition: form-data; name="model"\r\n\r\npriced-transcribe\r\n--${b}\r\nContent-Disposition: form-data; name="file"; filename="a.wav"\r\nContent-Type: application/octet-stream\r\n\r\n${'x'.repeat(2000)}`;
+    const socket = net.connect(paid.sidecar.port, '127.0.0.1');
+    await once(socket, 'connect');
+    socket.write(`POST /v1/audio/transcriptions HTTP/1.1\r\nHost: kw\r\nAuthorization: Bearer ${paid.keys.k_paid}\r\nContent-Type: multipart/form-data; boundary=${b}\r\nContent-Length: ${part.length + 5000}\r\n\r\n${part}`);
+    const chunks: Buffer[] = [];
+    socket.on('data', (c: Buffer) => chunks.push(c));
+    await once(socket, 'close');
+    assert.equal(Buffer.concat(chunks).toString().split(DELTA).length - 1, 4, 'the client got the four deltas before the cut');
+    const logged = await line;
+    assert.equal(logged.status, 200, 'the status the client saw, not 499');
+    assert.equal(logged.usage_estimated, true);
+    assert.ok((logged.output_tokens as number) >= (4 * DELTA.length) / 4, `the text relayed is billed (${String(logged.output_tokens)})`);
+    // logged before the access line, and naming the request
+    const warned = paid.logs.map((l) => JSON.parse(l) as Record<string, unknown>).find((l) => l.msg === 'request cut: its body stalled after the response began');
+    assert.equal(warned?.req_id, logged.req_id);
+    const event = paid.usage.find((u) => u.request_id === logged.req_id);
+    assert.ok(event && event.output_tokens > 0, 'a usage event carries it to the console');
+  });
+});
