@@ -9,6 +9,18 @@ import type { ReplicaStore } from '../replica/store.js';
 import { replicaWriter } from '../replica/writer.js';
 import { createSyncClient, createUsagePusher, type SyncClient, type UsagePusher } from '../sync/client.js';
 
+/**
+ * The process that syncs the replica repairs it: a damaged file found by a lookup goes
+ * aside (store.ts, quarantine) and the next snapshot fills a new one. A process that only
+ * reads the file (a `--workers` worker) or one filled by `keyward import` leaves it be.
+ */
+export function replicaRepair(config: Config, logger: Logger): { quarantine: boolean; onDamaged: (movedTo: string) => void } {
+  return {
+    quarantine: config.console != null,
+    onDamaged: (movedTo) => logger.error({ moved_to: movedTo }, 'the replica file is damaged: moved aside; not ready until a snapshot fills a new one'),
+  };
+}
+
 /** Usage events kept while the console is away (drops are counted). */
 const USAGE_BUFFER = 100_000;
 
@@ -21,6 +33,10 @@ export function consoleClients(o: { config: Config; replica: ReplicaStore; logge
   const sync = createSyncClient({
     url: c.url, token: c.token, waitMs: c.waitMs, target: replicaWriter(o.replica), log: o.logger,
     onConnected: () => usage?.nudge(),
+  });
+  // A replica that lost its data (quarantine) waits for no long poll to end before its snapshot.
+  o.replica.onChange((status) => {
+    if (status.version === null) sync.snapshotNow();
   });
   return { sync, usage };
 }

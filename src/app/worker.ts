@@ -77,7 +77,7 @@ class WorkerProcess {
   heard(msg: ToWorker): void {
     if (msg.type === 'keyward:drain') this.drain(msg.graceMs);
     else if (msg.type === 'keyward:config') this.configMessage(msg);
-    else if (msg.type === 'keyward:replica-changed') this.sidecar?.replica.checkExternalWrites();
+    else if (msg.type === 'keyward:replica-changed') this.replicaChanged();
     else if (msg.type === 'keyward:metrics') this.answerScrape(msg.id);
   }
 
@@ -138,6 +138,14 @@ class WorkerProcess {
         void send({ type: 'keyward:configured', generation: msg.generation, error: err.message });
       },
     );
+  }
+
+  /** The primary wrote the replica: a file it put in the place of this one's is taken up. */
+  private replicaChanged(): void {
+    const replica = this.sidecar?.replica;
+    if (!replica) return;
+    if (replica.detached()) replica.reattach();
+    else replica.checkExternalWrites();
   }
 
   private answerScrape(id: number): void {

@@ -34,6 +34,8 @@ export interface ReplicaWriter {
    * null when the console named none. Optional: writers that keep no tag still fit.
    */
   tag?(): string | null;
+  /** the replica cannot take change batches as it is now, only a whole snapshot (optional) */
+  needsSnapshot?(): boolean;
   /** applies a whole snapshot atomically; a bad one is rejected whole and the old data stays */
   applySnapshot(opts: { body: AsyncIterable<Uint8Array>; signal?: AbortSignal; source: string }): Promise<SnapshotApplied>;
   /** applies one `/changes` answer, given as received; throws InvalidBatchError when it can never apply */

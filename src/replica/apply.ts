@@ -155,7 +155,8 @@ export function applySnapshot(db: Database.Database, snap: SnapshotSource): Snap
 export function applyChanges(db: Database.Database, batch: ChangeBatch, opts: { source: string; now?: number }): boolean {
   const run = db.transaction(() => {
     const row = db.prepare('SELECT version FROM meta WHERE id = 1').get() as { version: number } | undefined;
-    if (row && batch.version <= row.version) return false;
+    // Changes apply on top of a snapshot: a replica without one (a new file) takes none.
+    if (!row || batch.version <= row.version) return false;
     batch.changes.forEach((c, i) => {
       try {
         writeChange(db, c);

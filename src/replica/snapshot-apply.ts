@@ -179,7 +179,9 @@ export async function applySnapshotStream(opts: ApplySnapshotStreamOptions): Pro
   const it = opts.body[Symbol.asyncIterator]();
   const rest: AsyncIterable<Uint8Array> = { [Symbol.asyncIterator]: () => it };
   const { head, done } = await readHead(it, SMALL_SNAPSHOT_BYTES);
-  if (opts.replica.db.memory || (done && replicaBytes(opts.replica) <= SMALL_REPLICA_BYTES)) return applyInThread({ ...opts, body: rest }, started, head);
+  // A detached replica's snapshot goes to the file at the path, which a worker opens (store.ts, detached).
+  const small = done && replicaBytes(opts.replica) <= SMALL_REPLICA_BYTES && !opts.replica.detached();
+  if (opts.replica.db.memory || small) return applyInThread({ ...opts, body: rest }, started, head);
   return applyInWorker({ ...opts, body: rest }, started, head);
 }
 
@@ -276,7 +278,10 @@ async function applyInWorker(opts: ApplySnapshotStreamOptions, started: number, 
     const result = await w.finished;
     // Readers see the new data now; the caller's next write waits until the worker has also
     // folded the WAL back, or that write would block this thread on the worker's checkpoint.
-    if (result.t === 'done') opts.replica.checkExternalWrites();
+    if (result.t === 'done') {
+      if (opts.replica.detached()) opts.replica.reattach();
+      else opts.replica.checkExternalWrites();
+    }
     await w.exited;
     if (result.t !== 'done') throw new SnapshotApplyError(result.t === 'error' ? result.message : 'unexpected worker answer', result.t === 'error' ? result.line : undefined);
     return { version: result.version, keys: result.keys, projects: result.projects, wallets: result.wallets, prices: result.prices, totalMs: Math.round(performance.now() - started), offThread: true };

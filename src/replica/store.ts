@@ -8,6 +8,7 @@ import { applyChanges, applySnapshot, type SnapshotSource } from './apply.js';
 import { prepareDatabase } from './schema.js';
 import { holderLookup } from './holders.js';
 import { openPrivateDatabase } from '../sqlite-file.js';
+import { fileAt, isDamage, moveAside, sameFile, type FileIdentity } from './replica-file.js';
 import type { ChangeBatch } from '../protocol/records.js';
 import type { KeyFacts, ModelLimit } from '../policy/facts.js';
 import type { Holder } from '../policy/holders.js';
@@ -31,6 +32,13 @@ export interface ReplicaOptions {
   cacheSize?: number;
   /** how often to look for writes by other processes */
   watchMs?: number;
+  /**
+   * This process writes the file (the sync client's): a damaged one found by a lookup is
+   * moved aside and replaced (quarantine). Processes that only read it leave that to it.
+   */
+  quarantine?: boolean;
+  /** told where a damaged replica's files went */
+  onDamaged?: (movedTo: string) => void;
 }
 
 interface Row {
@@ -82,52 +90,110 @@ export function openDatabase(path: string): Database.Database {
   return openPrivateDatabase(path, prepareDatabase);
 }
 
+/** The statements the store reads with, prepared on one connection. */
+interface Reads {
+  byHash: Database.Statement;
+  holder: (id: string) => Holder | null;
+  allPrices: Database.Statement;
+  meta: Database.Statement;
+  dataVersion: Database.Statement;
+}
+
+function openReplica(path: string): { db: Database.Database; reads: Reads } {
+  let db: Database.Database;
+  try {
+    db = openDatabase(path);
+    // Checkpoints run on a worker (snapshot-apply.ts, foldSoon): inside a commit here they stall the event loop.
+    if (!db.memory) db.pragma('wal_autocheckpoint = 0');
+  } catch (err) {
+    throw unusableReplica(path, err);
+  }
+  try {
+    const byHash = db.prepare(`SELECT k.*, p.id AS p_id, p.status AS p_status, p.budget AS p_budget, p.spent AS p_spent,
+        p.epoch AS p_epoch, p.period AS p_period, w.balance AS w_balance, w.epoch AS w_epoch
+      FROM keys k LEFT JOIN projects p ON p.id = k.project_id LEFT JOIN wallets w ON w.user_id = k.user_id
+      WHERE k.hash = ?`);
+    return {
+      db,
+      reads: {
+        byHash,
+        holder: holderLookup(db),
+        allPrices: db.prepare('SELECT model, input, output, per FROM prices'),
+        meta: db.prepare('SELECT version, tag, applied_at, source FROM meta WHERE id = 1'),
+        dataVersion: db.prepare('PRAGMA data_version').pluck(),
+      },
+    };
+  } catch (err) {
+    db.close();
+    throw unusableReplica(path, err);
+  }
+}
+
 export class ReplicaStore {
-  readonly db: Database.Database;
+  /** the connection served from; replaced when the file at the path is taken up again (reattach) */
+  db: Database.Database;
+  private reads: Reads;
+  /** the file `db` opened (null in memory) */
+  private file: FileIdentity | null;
   private cache = new Map<string, KeyFacts | null>();
   private oldCache = new Map<string, KeyFacts | null>();
   /** the price table (small: one row per priced glob), read once per replica change */
   private prices: PriceEntry[] | null = null;
   private readonly priceCache = new Map<string, Price | null>();
-  private readonly allPrices: Database.Statement;
   /** entries the young generation takes before it becomes the old one: half of cacheSize */
   private readonly youngMax: number;
-  private readonly byHash: Database.Statement;
-  /** a budget holder by id, as the replica has it now (replica/holders.ts) */
-  readonly holder: (id: string) => Holder | null;
-  private readonly metaStmt: Database.Statement;
-  private readonly dataVersion: Database.Statement;
   private lastDataVersion: number;
   private statusCache: ReplicaStatus;
   private readonly timer: NodeJS.Timeout;
   private readonly listeners = new Set<(s: ReplicaStatus) => void>();
 
-  constructor(opts: ReplicaOptions) {
+  constructor(private readonly opts: ReplicaOptions) {
     this.youngMax = Math.max(1, Math.floor((opts.cacheSize ?? 50_000) / 2));
-    try {
-      this.db = openDatabase(opts.path);
-      // Checkpoints run on a worker (snapshot-apply.ts, foldSoon): inside a commit here they stall the event loop.
-      if (!this.db.memory) this.db.pragma('wal_autocheckpoint = 0');
-    } catch (err) {
-      throw unusableReplica(opts.path, err);
-    }
-    try {
-      this.byHash = this.db.prepare(`SELECT k.*, p.id AS p_id, p.status AS p_status, p.budget AS p_budget, p.spent AS p_spent,
-        p.epoch AS p_epoch, p.period AS p_period, w.balance AS w_balance, w.epoch AS w_epoch
-      FROM keys k LEFT JOIN projects p ON p.id = k.project_id LEFT JOIN wallets w ON w.user_id = k.user_id
-      WHERE k.hash = ?`);
-      this.holder = holderLookup(this.db);
-      this.allPrices = this.db.prepare('SELECT model, input, output, per FROM prices');
-      this.metaStmt = this.db.prepare('SELECT version, tag, applied_at, source FROM meta WHERE id = 1');
-      this.dataVersion = this.db.prepare('PRAGMA data_version').pluck();
-      this.lastDataVersion = this.dataVersion.get() as number;
-      this.statusCache = this.readStatus();
-    } catch (err) {
-      this.db.close();
-      throw unusableReplica(opts.path, err);
-    }
+    ({ db: this.db, reads: this.reads } = openReplica(opts.path));
+    this.file = this.db.memory ? null : fileAt(opts.path);
+    this.lastDataVersion = this.reads.dataVersion.get() as number;
+    this.statusCache = this.readStatus();
     this.timer = setInterval(() => this.checkExternalWrites(), opts.watchMs ?? 200);
     this.timer.unref();
+  }
+
+  /** A budget holder by id, as the replica has it now (replica/holders.ts). */
+  holder(id: string): Holder | null {
+    return this.reads.holder(id);
+  }
+
+  /**
+   * Whether the file open is no longer the one at the path (deleted, or another moved over
+   * it): what worker threads write would not reach it (replica-file.ts).
+   */
+  detached(): boolean {
+    return this.file !== null && !sameFile(this.file, fileAt(this.opts.path));
+  }
+
+  /**
+   * Serves the file now at the path in place of the one open: after a snapshot was written
+   * there while detached, or (in a worker process) once the writer has done so. The open
+   * connection stays when the new file cannot be opened.
+   */
+  reattach(): void {
+    const old = this.db;
+    ({ db: this.db, reads: this.reads } = openReplica(this.opts.path));
+    this.file = this.db.memory ? null : fileAt(this.opts.path);
+    old.close();
+    this.lastDataVersion = this.reads.dataVersion.get() as number;
+    this.changed();
+  }
+
+  /**
+   * A replica whose pages are damaged answers nothing right: its files go aside and an
+   * empty one takes its place, so the sidecar is not ready until a snapshot fills it
+   * (the replica only caches the console's data). Returns where the damaged file went.
+   */
+  quarantine(): string {
+    const to = moveAside(this.opts.path, Date.now());
+    this.reattach();
+    this.opts.onDamaged?.(to);
+    return to;
   }
 
   /**
@@ -142,7 +208,7 @@ export class ReplicaStore {
     if (young !== undefined) return young;
     let facts = this.oldCache.get(hash);
     if (facts === undefined) {
-      const row = this.byHash.get(hash) as Row | undefined;
+      const row = this.readKey(hash);
       facts = row ? toFacts(row) : null;
     }
     if (this.cache.size >= this.youngMax) {
@@ -153,6 +219,15 @@ export class ReplicaStore {
     return facts;
   }
 
+  private readKey(hash: string): Row | undefined {
+    try {
+      return this.reads.byHash.get(hash) as Row | undefined;
+    } catch (err) {
+      if (isDamage(err) && this.file !== null && this.opts.quarantine) this.quarantine();
+      throw err;
+    }
+  }
+
   /**
    * The console's price for a model (the most specific record), or null when unpriced.
    * Cached per model name until the replica changes; the bound keeps clients that send
@@ -161,7 +236,7 @@ export class ReplicaStore {
   priceFor(model: string): Price | null {
     const hit = this.priceCache.get(model);
     if (hit !== undefined) return hit;
-    this.prices ??= this.allPrices.all() as PriceEntry[];
+    this.prices ??= this.reads.allPrices.all() as PriceEntry[];
     const price = pickPrice(this.prices, model);
     if (this.priceCache.size >= 10_000) this.priceCache.clear();
     this.priceCache.set(model, price);
@@ -191,7 +266,7 @@ export class ReplicaStore {
 
   /** Called after another connection (a worker, another process) committed. */
   checkExternalWrites(): void {
-    const v = this.dataVersion.get() as number;
+    const v = this.reads.dataVersion.get() as number;
     if (v !== this.lastDataVersion) {
       this.lastDataVersion = v;
       this.changed();
@@ -213,7 +288,7 @@ export class ReplicaStore {
   }
 
   private readStatus(): ReplicaStatus {
-    const m = this.metaStmt.get() as { version: number; tag: string | null; applied_at: number; source: string } | undefined;
+    const m = this.reads.meta.get() as { version: number; tag: string | null; applied_at: number; source: string } | undefined;
     return m
       ? { ready: true, version: m.version, tag: m.tag, appliedAt: m.applied_at, source: m.source }
       : { ready: false, version: null, tag: null, appliedAt: null, source: null };

@@ -7,6 +7,7 @@
 import { parseChangeBatch } from '../protocol/records.js';
 import { InvalidBatchError, type ReplicaWriter } from '../protocol/writer.js';
 import { applyChangeTextOffThread, applySnapshotStream, foldSoon } from './snapshot-apply.js';
+import { isDamage } from './replica-file.js';
 import type { ReplicaStore } from './store.js';
 
 /** A change batch larger than this is parsed and applied on a worker thread. */
@@ -18,9 +19,21 @@ export function replicaWriter(replica: ReplicaStore): ReplicaWriter {
   return {
     version: () => replica.status().version,
     tag: () => replica.status().tag,
-    applySnapshot: ({ body, signal, source }) => applySnapshotStream({ replica, body, source, transferChunks: true, ...(signal ? { signal } : {}) }),
+    // The file open was deleted or replaced: only a whole snapshot, written to the path, puts it right.
+    needsSnapshot: () => replica.detached(),
+    async applySnapshot({ body, signal, source }) {
+      try {
+        return await applySnapshotStream({ replica, body, source, transferChunks: true, ...(signal ? { signal } : {}) });
+      } catch (err) {
+        // Damaged pages fail every snapshot the same way: the next one goes to a new file.
+        if (isDamage(err)) replica.quarantine();
+        throw err;
+      }
+    },
     async applyChangeText(text, source) {
-      if (text.length > OFF_THREAD_CHARS && !replica.db.memory) {
+      // Worker threads open the path, which no longer names the file served: apply here.
+      const offThread = !replica.db.memory && !replica.detached();
+      if (text.length > OFF_THREAD_CHARS && offThread) {
         return { ...(await applyChangeTextOffThread({ replica, text, source })), offThread: true };
       }
       let value: unknown;
@@ -32,7 +45,7 @@ export function replicaWriter(replica: ReplicaStore): ReplicaWriter {
       const parsed = parseChangeBatch(value);
       if (!parsed.ok) throw new InvalidBatchError(`invalid change batch: ${parsed.error}`);
       const batch = parsed.value;
-      if (batch.changes.length > OFF_THREAD_CHANGES && !replica.db.memory) {
+      if (batch.changes.length > OFF_THREAD_CHANGES && offThread) {
         return { ...(await applyChangeTextOffThread({ replica, text, source })), offThread: true };
       }
       try {

@@ -6,57 +6,15 @@
  */
 import { backoffDelay, sleep, type BackoffOptions } from './backoff.js';
 import { CHANGES_PATH, SNAPSHOT_PATH } from '../protocol/records.js';
-import { InvalidBatchError, UnusableDataError, type ChangesApplied, type ReplicaWriter } from '../protocol/writer.js';
+import { InvalidBatchError, UnusableDataError, type ChangesApplied } from '../protocol/writer.js';
 import { quiet, type LogSink } from '../log.js';
 import { MAX_CHANGES_BYTES, textUpTo, watched } from './bodies.js';
 
 export { createUsagePusher, type UsagePusher, type UsagePusherOptions, type UsageStats } from './usage-pusher.js';
 
-export interface SyncClientOptions {
-  /** console base URL, e.g. http://127.0.0.1:7000 */
-  url: string;
-  token: string;
-  /** long-poll wait the console is asked for (0..60000) */
-  waitMs: number;
-  /** where snapshots and batches go; the composition root hands in the replica's sync target */
-  target: ReplicaWriter;
-  log?: LogSink;
-  now?: () => number;
-  fetch?: typeof fetch;
-  backoff?: BackoffOptions;
-  /** a snapshot that sends no byte for this long is abandoned (and retried) */
-  idleTimeoutMs?: number;
-  /** called when the console answers after it was away (and at the first success) */
-  onConnected?: () => void;
-}
+import type { SyncClient, SyncClientOptions, SyncStatus } from './sync-client-api.js';
 
-export interface SyncStatus {
-  /** replica version (null before the first snapshot or import) */
-  version: number | null;
-  /** when the console last answered successfully (ms since epoch), empty long polls included */
-  lastSyncAt: number | null;
-  /**
-   * Up to when the replica is known to hold what the console holds: now while a connected
-   * console holds a long poll open (it answers at once with any change), no longer than
-   * waitMs and a margin past its start; else lastSyncAt.
-   */
-  currentAsOf: number | null;
-  lastError: string | null;
-  /** the last exchange with the console succeeded */
-  connected: boolean;
-  /** consecutive failures since the last success */
-  failures: number;
-  snapshots: number;
-  lastSnapshot: { version: number; keys: number; totalMs: number } | null;
-}
-
-export interface SyncClient {
-  /** Starts syncing; resolves after the first successful sync, or when stopped first. Never rejects. */
-  start(): Promise<void>;
-  /** Ends the loop, abandoning a long poll or a snapshot in progress (the replica keeps its last good state). */
-  stop(): Promise<void>;
-  status(): SyncStatus;
-}
+export type { SyncClient, SyncClientOptions, SyncStatus } from './sync-client-api.js';
 
 /** How long past waitMs a long poll may stay open and still count as the console's "nothing new". */
 const POLL_MARGIN_MS = 5_000;
@@ -116,6 +74,9 @@ class SyncLoop implements SyncClient {
   private loop: Promise<void> | null = null;
   /** when the long poll in flight was sent, while the exchange before it succeeded */
   private pollSentAt: number | null = null;
+  /** ends the long poll in flight early (snapshotNow) */
+  private pollCut: AbortController | null = null;
+  private snapshotAsked = false;
   private markFirst: () => void = () => {};
   /** resolves after the first successful sync, or when stopped first */
   private readonly first = new Promise<void>((resolve) => (this.markFirst = resolve));
@@ -149,6 +110,11 @@ class SyncLoop implements SyncClient {
     return { version: this.opts.target.version(), ...this.st, currentAsOf: held ? t : this.st.lastSyncAt };
   }
 
+  snapshotNow(): void {
+    this.snapshotAsked = true;
+    this.pollCut?.abort(new Error('a snapshot is needed now'));
+  }
+
   private async run(): Promise<void> {
     let needSnapshot = true;
     while (!this.stopper.signal.aborted) {
@@ -156,6 +122,10 @@ class SyncLoop implements SyncClient {
         const version = this.opts.target.version();
         // Read with the version, before any await: the pair names one place in one history.
         const tag = this.opts.target.tag?.() ?? null;
+        if (!needSnapshot && version !== null && this.opts.target.needsSnapshot?.()) {
+          this.log.error({ version }, 'the replica file was deleted or replaced while running: serving the file still open, and taking a snapshot into the one at replica.path');
+          needSnapshot = true;
+        }
         if (needSnapshot || version === null) {
           await this.snapshot();
           needSnapshot = false;
@@ -180,6 +150,11 @@ class SyncLoop implements SyncClient {
         this.succeeded();
       } catch (err) {
         if (this.stopper.signal.aborted) break;
+        if (this.snapshotAsked) {
+          this.snapshotAsked = false;
+          needSnapshot = true;
+          continue;
+        }
         // The console sent a batch this replica cannot apply; retrying it would fail again, so a snapshot follows.
         if (err instanceof InvalidBatchError) needSnapshot = true;
         await sleep(this.failed(err), this.stopper.signal);
@@ -267,7 +242,8 @@ class SyncLoop implements SyncClient {
     // After a failure, ask without waiting: an answer at once tells the console is back
     // (and the usage pusher can deliver) instead of after a whole long poll.
     const waitMs = this.st.connected ? this.opts.waitMs : 0;
-    const signal = AbortSignal.any([this.stopper.signal, AbortSignal.timeout(waitMs + 15_000)]);
+    this.pollCut = new AbortController();
+    const signal = AbortSignal.any([this.stopper.signal, this.pollCut.signal, AbortSignal.timeout(waitMs + 15_000)]);
     // With the tag, a console restored from a backup answers 410 to a version of the history it lost.
     const query = `after=${after}${tag === null ? '' : `&tag=${encodeURIComponent(tag)}`}&waitMs=${waitMs}`;
     const res = await this.doFetch(`${this.base}${CHANGES_PATH}?${query}`, { headers: this.headers, signal });
@@ -284,6 +260,8 @@ class SyncLoop implements SyncClient {
       this.log.debug({ version: r.version, changes: r.changes, ms: Math.round(performance.now() - t), offThread: r.offThread }, 'changes applied');
     }
     if (!r.applied && r.version < after) return 'older';
+    // Said "not newer" of a batch past the version served: the replica's writes reach another file.
+    if (!r.applied && r.version > after) throw new Error(`change batch ${r.version} was not applied, though the replica serves version ${after}`);
     if (!r.applied && r.version === after) {
       // An answer that moves nothing forward long before waitMs (a console shutting down, or
       // one that ignores waitMs): do not spin.

@@ -303,3 +303,23 @@ test('a sidecar that fell behind by hundreds of changes catches up through a wor
     await big.close();
   }
 });
+
+test('a replica that lost its data (a damaged file set aside) is snapshotted at once, not after the long poll under way', async () => {
+  const replica = new ReplicaStore({ path: join(dir, 'lost.sqlite') });
+  const client = createSyncClient({ url: fx.url, token: fx.tokens.sync, waitMs: 30_000, target: replicaWriter(replica), backoff: { baseMs: 20, maxMs: 200 } });
+  replicas.push(replica);
+  clients.push(client);
+  // As the composition root wires it (app/console-clients.ts).
+  replica.onChange((s) => {
+    if (s.version === null) client.snapshotNow();
+  });
+  await client.start();
+  const version = replica.status().version;
+  await until(() => client.status().currentAsOf !== null && client.status().failures === 0);
+  replica.quarantine();
+  assert.equal(replica.status().ready, false);
+  const started = performance.now();
+  await whenReplica(replica, () => replica.status().version === version, 5_000);
+  assert.ok(performance.now() - started < 5_000, 'well before the 30 s long poll would have ended');
+  assert.equal(client.status().failures, 0, 'not counted as a failure');
+});

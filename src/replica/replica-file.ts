@@ -1,0 +1,41 @@
+/**
+ * The replica's file as a path names it. An open SQLite connection keeps the file it
+ * opened even after that file is deleted or replaced, while the worker threads that apply
+ * large batches and snapshots open the path: the two would then write different files,
+ * and the one served would stop receiving what they write. Telling the two apart is a
+ * comparison of device and inode.
+ */
+import { renameSync, statSync } from 'node:fs';
+
+export interface FileIdentity {
+  dev: number;
+  ino: number;
+}
+
+/** The file at `path` now, or null when there is none. */
+export function fileAt(path: string): FileIdentity | null {
+  const s = statSync(path, { throwIfNoEntry: false });
+  return s ? { dev: s.dev, ino: s.ino } : null;
+}
+
+export const sameFile = (a: FileIdentity, b: FileIdentity | null): boolean => b !== null && a.dev === b.dev && a.ino === b.ino;
+
+/** SQLite's answers for a file whose pages are damaged or that is not a database at all. */
+export function isDamage(err: unknown): boolean {
+  const code = (err as { code?: unknown } | null)?.code;
+  if (code === 'SQLITE_CORRUPT' || code === 'SQLITE_NOTADB') return true;
+  return err instanceof Error && /database disk image is malformed|file is not a database/.test(err.message);
+}
+
+/** Moves a damaged replica's files (and its -wal and -shm) aside; returns where the database went. */
+export function moveAside(path: string, at: number): string {
+  const to = `${path}.damaged-${at}`;
+  for (const ext of ['', '-wal', '-shm']) {
+    try {
+      renameSync(path + ext, to + ext);
+    } catch (err) {
+      if ((err as NodeJS.ErrnoException).code !== 'ENOENT') throw err;
+    }
+  }
+  return to;
+}

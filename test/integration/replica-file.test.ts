@@ -1,0 +1,90 @@
+/**
+ * The replica's file changing under a running sidecar: deleted or replaced (the open
+ * connection keeps the old file, while worker threads open the path), or damaged. Either
+ * way the sidecar must not go on serving data its writes no longer reach (DESIGN sections 7
+ * and 8: a deletion is in force within a second), nor answer every request with an error.
+ */
+import { test, after } from 'node:test';
+import assert from 'node:assert/strict';
+import { createHash } from 'node:crypto';
+import { closeSync, existsSync, fstatSync, mkdtempSync, openSync, readdirSync, rmSync, writeSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { ReplicaStore } from '../../src/replica/store.js';
+import { foldSoon } from '../../src/replica/snapshot-apply.js';
+import { replicaWriter } from '../../src/replica/writer.js';
+import { buildSnapshot } from '../helpers/console-replica.js';
+
+const dir = mkdtempSync(join(tmpdir(), 'kw-replica-file-'));
+after(() => rmSync(dir, { recursive: true, force: true }));
+
+const hashOf = (i: number) => createHash('sha256').update(`key-${i}`).digest('hex');
+async function* chunks(bufs: Buffer[]): AsyncGenerator<Uint8Array> {
+  yield* bufs;
+}
+const deletes = (from: number, n: number) => Array.from({ length: n }, (_, i) => ({ op: 'delete', type: 'key', id: `k_${from + i}` }));
+
+test('a replica file deleted while running: batches still reach the file served, and a snapshot moves to the new one', async () => {
+  const path = join(dir, 'deleted.sqlite');
+  const replica = new ReplicaStore({ path });
+  const writer = replicaWriter(replica);
+  await writer.applySnapshot({ body: chunks(buildSnapshot({ keys: 1_000, version: 1 })), source: 'test' });
+  for (const ext of ['', '-wal', '-shm']) rmSync(path + ext, { force: true });
+  await foldSoon(replica); // a checkpoint worker opens the path: a new, empty file is there now
+  // 300 changes would go to a worker, which would write the new file: applied to the one served instead.
+  const r = await writer.applyChangeText(JSON.stringify({ version: 2, changes: deletes(0, 300) }), 'test');
+  assert.equal(replica.lookup(hashOf(0))?.key.status, 'deleted', 'the deletion is in force');
+  assert.equal(replica.status().version, 2);
+  assert.deepEqual([r.applied, r.offThread], [true, false]);
+  assert.equal(writer.needsSnapshot?.(), true, 'the file served is no longer at the path');
+  // The snapshot goes to the file at the path, and the store serves that file from then on.
+  await writer.applySnapshot({ body: chunks(buildSnapshot({ keys: 1_000, version: 7 })), source: 'test' });
+  assert.equal(writer.needsSnapshot?.(), false);
+  assert.equal(replica.status().version, 7);
+  assert.equal(replica.lookup(hashOf(999))?.key.id, 'k_999');
+  const big = await writer.applyChangeText(JSON.stringify({ version: 8, changes: deletes(0, 300) }), 'test');
+  assert.deepEqual([big.applied, big.offThread], [true, true], 'workers write the file served again');
+  assert.equal(replica.lookup(hashOf(1))?.key.status, 'deleted');
+  replica.close();
+});
+
+test('a damaged replica is moved aside at the first lookup that meets the damage, and a snapshot fills a new one', async () => {
+  const path = join(dir, 'damaged.sqlite');
+  const first = new ReplicaStore({ path });
+  first.applySnapshot({ ...(await import('../../src/protocol/ndjson.js')).parseSnapshotText(Buffer.concat(buildSnapshot({ keys: 3_000, version: 3 })).toString()), source: 'test' });
+  await foldSoon(first);
+  first.close();
+  // Every page past the first 8 (the schema and the meta row survive) overwritten.
+  const fd = openSync(path, 'r+');
+  const size = fstatSync(fd).size;
+  for (let at = 8 * 4096; at < size; at += 4096) writeSync(fd, Buffer.alloc(4096, 0x5a), 0, 4096, at);
+  closeSync(fd);
+  const moved: string[] = [];
+  const replica = new ReplicaStore({ path, quarantine: true, onDamaged: (to) => moved.push(to) });
+  assert.equal(replica.status().ready, true, 'the meta row still reads');
+  let failures = 0;
+  for (let i = 2_999; i >= 0 && moved.length === 0; i -= 97) {
+    try {
+      replica.lookup(hashOf(i));
+    } catch {
+      failures++;
+    }
+  }
+  assert.equal(failures, 1, 'one lookup met the damage');
+  assert.equal(moved.length, 1);
+  assert.ok(existsSync(moved[0]!), 'the damaged file is kept aside');
+  assert.ok(readdirSync(dir).some((f) => f.startsWith('damaged.sqlite.damaged-')));
+  assert.equal(replica.status().ready, false, 'not ready: nothing is served from a damaged file');
+  await replicaWriter(replica).applySnapshot({ body: chunks(buildSnapshot({ keys: 3_000, version: 4 })), source: 'test' });
+  assert.equal(replica.status().ready, true);
+  assert.equal(replica.lookup(hashOf(2_999))?.key.id, 'k_2999');
+  replica.close();
+});
+
+test('a replica without a snapshot takes no change batch: partial data would read as ready', async () => {
+  const replica = new ReplicaStore({ path: join(dir, 'empty.sqlite') });
+  const r = await replicaWriter(replica).applyChangeText(JSON.stringify({ version: 9, changes: deletes(0, 3) }), 'test');
+  assert.equal(r.applied, false);
+  assert.deepEqual([replica.status().ready, replica.status().version], [false, null]);
+  replica.close();
+});
