@@ -95,6 +95,24 @@ interface ExpandContext {
   problems: string[];
   /** paths whose value a missing variable left out: the schema's complaints there are noise */
   missingAt?: Set<string>;
+  /** key names a reference gave, to the text written for them (shown) */
+  written: Map<string, string>;
+}
+
+/**
+ * A path as problems name it. A key a reference gave is shown as written (`${NAME}`): its
+ * value may be a secret (`token:${TOKEN}`, a colon without its space, is one key). A key
+ * with a colon in it is shown up to the colon, for the same reason.
+ */
+function shown(path: readonly PropertyKey[], written: ReadonlyMap<string, string>): string {
+  const segs = path.map((seg) => {
+    const s = String(seg);
+    const w = written.get(s);
+    if (w !== undefined) return w;
+    const colon = s.indexOf(':');
+    return colon === -1 ? s : `${s.slice(0, colon)}:… (a space missing after ':'?)`;
+  });
+  return segs.join('.') || '(root)';
 }
 
 /** A string's references put in; undefined (each problem reported) when one cannot be. */
@@ -109,20 +127,20 @@ function expandString(value: string, ctx: ExpandContext): string | undefined {
     }
     // `${A:-${B}}` would give the literal text `${B}` (the default ends at the first `}`).
     if (ref.fallback?.includes('${')) {
-      ctx.problems.push(`${ctx.path.join('.') || '(root)'}: the default of \${${ref.name}:-...} holds another reference; nested references are not expanded`);
+      ctx.problems.push(`${shown(ctx.path, ctx.written)}: the default of \${${ref.name}:-...} holds another reference; nested references are not expanded`);
       missing = true;
       return '';
     }
     const v = ctx.env[ref.name];
     if (v !== undefined && v !== '') return v;
     if (ref.fallback !== undefined) return ref.fallback;
-    ctx.problems.push(`${ctx.path.join('.') || '(root)'}: environment variable ${ref.name} is ${v === '' ? 'empty' : 'not set'} and has no default`);
+    ctx.problems.push(`${shown(ctx.path, ctx.written)}: environment variable ${ref.name} is ${v === '' ? 'empty' : 'not set'} and has no default`);
     missing = true;
     return '';
   });
   // Any other form (`${VAR:?msg}`, `${VAR-x}`, `${ VAR }`) would stay as literal text, a token or URL no one meant.
   if (unsupported || value.includes('${')) {
-    ctx.problems.push(`${ctx.path.join('.') || '(root)'}: "\${" starts no supported reference; only \${VAR} and \${VAR:-default} are expanded`);
+    ctx.problems.push(`${shown(ctx.path, ctx.written)}: "\${" starts no supported reference; only \${VAR} and \${VAR:-default} are expanded`);
     missing = true;
   }
   if (missing) ctx.missingAt?.add(ctx.path.join('.') || '(root)');
@@ -141,12 +159,14 @@ function expand(value: unknown, ctx: ExpandContext): unknown {
       // the entry, reported, after its value's own references are checked.
       const referenced = k.includes(`__${ctx.hidden.mark}`);
       const name = referenced ? (expand(k, { ...ctx, missingAt: undefined }) as string | undefined) : k;
+      const written = referenced ? k.replace(ctx.hidden.placeholder, (_m, i: string) => `\${${ctx.hidden.refs[Number(i)]!.name ?? '...'}}`) : k;
       if (name === undefined) {
-        expand(v, { ...ctx, path: [...ctx.path, k.replace(ctx.hidden.placeholder, (_m, i: string) => `\${${ctx.hidden.refs[Number(i)]!.name ?? '...'}}`)] });
+        expand(v, { ...ctx, path: [...ctx.path, written] });
         continue;
       }
+      if (referenced) ctx.written.set(name, written);
       if (Object.hasOwn(out, name) && (referenced || referencedNames.has(name))) {
-        ctx.problems.push(`${[...ctx.path, name].join('.')}: named twice once references are expanded`);
+        ctx.problems.push(`${shown([...ctx.path, name], ctx.written)}: named twice once references are expanded`);
         continue;
       }
       if (referenced) referencedNames.add(name);
@@ -161,17 +181,19 @@ function expand(value: unknown, ctx: ExpandContext): unknown {
 
 const UNKNOWN_KEY = ': unknown key';
 
-function zodProblems(error: z.ZodError): string[] {
-  const out: string[] = [];
+/** The schema's problems, each with the path it is at (as the tree has it) and its line (as shown). */
+function zodProblems(error: z.ZodError, written: ReadonlyMap<string, string>): { at: string; line: string }[] {
+  const out: { at: string; line: string }[] = [];
   for (const issue of error.issues) {
-    const path = issue.path.map(String).join('.') || '(root)';
+    const at = issue.path.map(String).join('.') || '(root)';
+    const path = shown(issue.path, written);
     if (issue.code === 'unrecognized_keys') {
-      for (const k of issue.keys) out.push(`${path === '(root)' ? k : `${path}.${k}`}${UNKNOWN_KEY}`);
+      for (const k of issue.keys) out.push({ at: '', line: `${shown([...issue.path, k], written)}${UNKNOWN_KEY}` });
     } else if (issue.code === 'invalid_key') {
       // zod's own message says only "Invalid key in record"; what was expected is in the issue under it
-      out.push(`${path}: ${issue.issues[0]?.message ?? issue.message}`);
+      out.push({ at, line: `${path}: ${issue.issues[0]?.message ?? issue.message}` });
     } else {
-      out.push(`${path}: ${issue.message}`);
+      out.push({ at, line: `${path}: ${issue.message}` });
     }
   }
   return out;
@@ -226,14 +248,14 @@ export function parseConfigText<T>(opts: { text: string; file: string; schema: z
   if (tree === undefined) throw new ConfigError(opts.file, problems);
   const env = opts.env ?? process.env;
   const missingAt = new Set<string>();
-  const expanded = expand(tree, { path: [], hidden, env, problems, missingAt });
+  const written = new Map<string, string>();
+  const expanded = expand(tree, { path: [], hidden, env, problems, missingAt, written });
   applyEnvDefaults(expanded, opts.envDefaults ?? [], env);
   const result = opts.schema.safeParse(expanded);
   if (!result.success) {
     // A missing variable is already reported; the schema's "required" for the value it left
     // out would be noise. A key that is unknown is a problem of its own, whatever its value.
-    const noise = (p: string) => !p.endsWith(UNKNOWN_KEY) && missingAt.has(p.slice(0, p.indexOf(':')));
-    problems.push(...zodProblems(result.error).filter((p) => !noise(p)));
+    problems.push(...zodProblems(result.error, written).filter((p) => !missingAt.has(p.at)).map((p) => p.line));
   }
   if (problems.length > 0 || !result.success) throw new ConfigError(opts.file, problems);
   return result.data;

@@ -70,12 +70,26 @@ test('an alias to no anchor is a ConfigError naming the file', () => {
 
 test('a key named by a reference: a clash with a written key is a problem; an unset one hides nothing', () => {
   const clash = problems(`upstreams:\n  default: { url: http://127.0.0.1:4000 }\n  \${KW_MODE}: { url: http://10.9.9.9:1 }\n`, { KW_MODE: 'default' });
-  hasProblem(clash, 'upstreams.default', /named twice/);
+  // named as written: a name a reference gives may be a secret
+  hasProblem(clash, 'upstreams.${KW_MODE}', /named twice/);
   // the written key after the reference's, too
   const after = problems(`upstreams:\n  default: { url: http://127.0.0.1:4000 }\n  \${KW_MODE}: { url: http://10.9.9.9:1 }\n  batch: { url: http://127.0.0.1:4001 }\n`, { KW_MODE: 'batch' });
-  hasProblem(after, 'upstreams.batch', /named twice/);
+  hasProblem(after, 'upstreams.${KW_MODE}', /named twice/);
   const unset = problems(`upstreams:\n  \${KW_MODE}: { url: http://127.0.0.1:4000, timeoutMs: \${KW_T} }\n`);
   hasProblem(unset, 'upstreams', /KW_MODE/);
   hasProblem(unset, 'upstreams.${KW_MODE}.timeoutMs', /KW_T/);
   assert.ok(unset.some((p) => /default/.test(p) && !/KW_MODE/.test(p)), `the missing default upstream is reported too:\n${unset.join('\n')}`);
+});
+
+test('a key a reference gave is named as written, never by its value: `token:${VAR}` (no space) is one key', () => {
+  const env = { KEYWARD_SYNC_TOKEN: 'synctok-LEAK-1234567890', REDIS_URL: 'redis://:pw-LEAK-0987654321@127.0.0.1:6379/0' };
+  const list = problems(`${MINIMAL}console: { url: "http://127.0.0.1:7000", token:\${KEYWARD_SYNC_TOKEN} }\nredis: { url:\${REDIS_URL} }\n`, env);
+  const text = list.join('\n');
+  assert.ok(!text.includes('LEAK'), text);
+  assert.ok(list.includes('console.token:${KEYWARD_SYNC_TOKEN}: unknown key'), text);
+  assert.ok(list.includes('redis.url:${REDIS_URL}: unknown key'), text);
+  // A literal key with a colon in it is shown up to the colon.
+  const literal = problems(`${MINIMAL}console: { url: "http://127.0.0.1:7000", token:synctok-LEAK-2 }\n`);
+  assert.ok(!literal.join('\n').includes('LEAK'), literal.join('\n'));
+  assert.ok(literal.some((p) => p.startsWith("console.token:… (a space missing after ':'?)")), literal.join('\n'));
 });
