@@ -53,3 +53,12 @@ export function isWellFormedKey(key: string): boolean {
   const m = KEY_RE.exec(key);
   return m !== null && checksum(m[1]!) === m[2];
 }
+
+/** Anything shaped like a key of this format, checksum or not. */
+const KEY_SHAPE = /kw_[0-9A-Za-z]{43}_[0-9A-Za-z]{6}/g;
+
+/** Whether text holds something shaped like a key: never an id, a name or a glob. */
+export const holdsKeyShape = (text: string): boolean => text.search(KEY_SHAPE) !== -1;
+
+/** Text with every key-shaped run replaced, for log lines built from what a caller sent. */
+export const withoutKeys = (text: string): string => text.replace(KEY_SHAPE, '[redacted]');

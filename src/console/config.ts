@@ -7,6 +7,7 @@
  * file can be shared or printed without exposing the key that decrypts every stored secret.
  */
 import { z } from 'zod';
+import { holdsKeyShape } from '../auth/keyformat.js';
 import { host } from '../config/listen.js';
 import { always, bearerToken, fraction, isRecord, num } from '../config/schema.js';
 
@@ -15,6 +16,11 @@ const port = num().pipe(z.number().min(0).max(65535));
 /** Long enough that a guessed or truncated token is not plausible. */
 const token = bearerToken(z.string().min(16, 'tokens must be at least 16 characters'));
 export const idPattern = /^[A-Za-z0-9][A-Za-z0-9._@-]{0,127}$/;
+/** A key pasted where an id, a name or a glob belongs would go to every replica and log line. */
+export const KEY_SHAPED = 'holds what looks like a keyward key: a key is never an id, a name or a model';
+export function notKeyShaped(text: string): boolean {
+  return !holdsKeyShape(text);
+}
 /**
  * A model glob (key scopes, per-model limits, prices). The sidecar refuses model names with
  * a comma, whitespace or a control character (gateways read them as lists), so a glob with
@@ -24,8 +30,9 @@ export const modelGlob = z
   .string()
   .min(1)
   .max(256)
-  .regex(/^[^\s,\x00-\x1f\x7f-\x9f]+$/, 'expected a model glob without commas, whitespace or control characters'); // eslint-disable-line no-control-regex
-const principalId = z.string().regex(idPattern, 'expected an id of letters, digits, and . _ @ -');
+  .regex(/^[^\s,\x00-\x1f\x7f-\x9f]+$/, 'expected a model glob without commas, whitespace or control characters') // eslint-disable-line no-control-regex
+  .refine(notKeyShaped, KEY_SHAPED);
+const principalId = z.string().regex(idPattern, 'expected an id of letters, digits, and . _ @ -').refine(notKeyShaped, KEY_SHAPED);
 const price = fraction.pipe(z.number().finite().nonnegative());
 
 const priceEntry = z.strictObject({
@@ -69,6 +76,16 @@ function checkUnique(c: unknown, ctx: z.RefinementCtx): void {
   once(field(auth, 'users'), 'id', ['auth', 'users'], (id) => `user ${id} is listed twice`);
 }
 
+/**
+ * A master key where its variable's name belongs (the file says `${KEYWARD_MASTER_KEY}`):
+ * 32 or more hex digits, or a long run of mixed-case letters and digits as base64 gives. A
+ * message naming the variable would print it.
+ */
+function looksLikeKeyMaterial(name: string): boolean {
+  if (/^[0-9a-fA-F]{32,}$/.test(name)) return true;
+  return name.length >= 40 && /[a-z]/.test(name) && /[A-Z]/.test(name) && /[0-9]/.test(name);
+}
+
 export const consoleConfigSchema = z
   .strictObject({
     listen: z
@@ -76,7 +93,11 @@ export const consoleConfigSchema = z
       .prefault({}),
     store: z.strictObject({ path: z.string().min(1).default('./data/console.sqlite') }).prefault({}),
     /** Name of the environment variable holding the AES-256-GCM master key (32 bytes: 64 hex, or base64). */
-    masterKeyEnv: z.string().regex(/^[A-Za-z_][A-Za-z0-9_]*$/, 'expected an environment variable name').default('KEYWARD_MASTER_KEY'),
+    masterKeyEnv: z
+      .string()
+      .regex(/^[A-Za-z_][A-Za-z0-9_]*$/, 'expected an environment variable name')
+      .refine((name) => !looksLikeKeyMaterial(name), 'holds what looks like the master key itself (`${KEYWARD_MASTER_KEY}` puts the value here): name the variable, e.g. KEYWARD_MASTER_KEY')
+      .default('KEYWARD_MASTER_KEY'),
     /** Must match the sidecars' `keys.hash` and `keys.pepper`, or no key will authenticate. */
     keys: z
       .strictObject({

@@ -4,6 +4,7 @@
  * answered and logged, 503 while it closes.
  */
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
+import { withoutKeys } from '../auth/keyformat.js';
 import type { LogSink } from '../log.js';
 import { handleAdmin } from './admin-api.js';
 import type { ConsoleConfig } from './config.js';
@@ -72,16 +73,18 @@ export function consoleServer(o: { route: Route; log: LogSink; authenticate: (re
     const started = performance.now();
     const url = new URL(req.url ?? '/', 'http://console');
     const path = url.pathname;
+    // A key pasted where an id belongs (`keys show <the key>`) stays out of the log.
+    const logged = withoutKeys(path);
     res.on('finish', () => {
       // While shutting down, a connection whose answer went out is not kept alive for another request.
       if (o.closing()) server.closeIdleConnections();
-      // Path only: ids are not secrets, and the query string is never logged.
-      const line = { method: req.method, path, status: res.statusCode, ms: Math.round(performance.now() - started), by: principalName(o.authenticate(req)), remote_addr: req.socket.remoteAddress ?? null };
+      // Path only: the query string is never logged.
+      const line = { method: req.method, path: logged, status: res.statusCode, ms: Math.round(performance.now() - started), by: principalName(o.authenticate(req)), remote_addr: req.socket.remoteAddress ?? null };
       if (path.startsWith('/sync/') || path === '/healthz') o.log.debug(line, 'request');
       else o.log.info(line, 'request');
     });
     const work = o.closing() ? Promise.reject(new ApiError(503, 'shutting_down', 'the console is shutting down')) : o.route(req, res, path, url.searchParams);
-    work.catch((err: unknown) => answerFailure(res, err, { path, log: o.log }));
+    work.catch((err: unknown) => answerFailure(res, err, { path: logged, log: o.log }));
   });
   // The time to receive a whole request (not to answer it: a long poll waits in its answer).
   server.requestTimeout = 120_000;

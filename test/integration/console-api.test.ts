@@ -303,3 +303,31 @@ test('the audit trail tells admin tokens apart and names where each call came fr
     rmSync(dir, { recursive: true, force: true });
   }
 });
+
+test('a key pasted where an id, a name or a glob belongs: refused, and kept out of the request log', async () => {
+  const dir = mkdtempSync(join(tmpdir(), 'kw-console-keyshaped-'));
+  const tokens = { admin: tok('admin'), sync: tok('sync'), alice: tok('alice'), bob: tok('bob') };
+  const lines: string[] = [];
+  const log = { debug() {}, info: (o: object) => void lines.push(JSON.stringify(o)), warn: (o: object) => void lines.push(JSON.stringify(o)), error: (o: object) => void lines.push(JSON.stringify(o)) };
+  const running = await startConsole({ config: makeConsoleConfig({ dir, tokens }), env: { TEST_MASTER_KEY: randomBytes(32).toString('hex') }, log });
+  try {
+    const call = async (method: string, path: string, body?: unknown) => {
+      const res = await fetch(`http://127.0.0.1:${running.port}${path}`, { method, headers: { authorization: `Bearer ${tokens.admin}`, 'content-type': 'application/json' }, ...(body ? { body: JSON.stringify(body) } : {}) });
+      return { status: res.status, text: await res.text() };
+    };
+    const secret = JSON.parse((await call('POST', '/admin/v1/keys', { kind: 'personal', user: 'alice' })).text).secret as string;
+    assert.equal((await call('GET', `/admin/v1/keys/${secret}`)).status, 404);
+    assert.equal((await call('DELETE', `/admin/v1/keys/${secret}`)).status, 404);
+    for (const body of [{ kind: 'personal', user: secret }, { kind: 'personal', user: 'bob', name: `mine ${secret}` }, { kind: 'personal', user: 'bob', models: [secret] }, { kind: 'personal', user: 'bob', routing: secret }]) {
+      const res = await call('POST', '/admin/v1/keys', body);
+      assert.equal(res.status, 400, JSON.stringify(Object.keys(body)));
+      assert.match(res.text, /looks like a keyward key/);
+      assert.ok(!res.text.includes(secret));
+    }
+    assert.ok(lines.some((l) => l.includes('/admin/v1/keys/[redacted]')), 'the requests are logged');
+    assert.ok(!lines.join('\n').includes(secret.slice(3, 30)), lines.join('\n'));
+  } finally {
+    await running.close();
+    rmSync(dir, { recursive: true, force: true });
+  }
+});

@@ -61,3 +61,20 @@ test('console config: one token, one role', () => {
     (e: ConfigError) => e.problems.some((p) => p.startsWith('auth.adminTokens.0: same token as auth.syncTokens.0')),
   );
 });
+
+test('masterKeyEnv holding the master key itself (`${KEYWARD_MASTER_KEY}`) is refused without printing it', () => {
+  for (const key of ['a1b2c3d4e5f60718293a4b5c6d7e8f90a1b2c3d4e5f60718293a4b5c6d7e8f90', 'Zm9vYmFyYmF6cXV1eDAxMjM0NTY3ODlhYmNkZWZnaGlq']) {
+    assert.throws(
+      () => parseConfigText({ text: `${minimal}masterKeyEnv: \${MK}\n`, file: 'c.yaml', schema: consoleConfigSchema, env: { MK: key } }),
+      (e: ConfigError) => {
+        const text = e.problems.join('\n');
+        assert.match(text, /masterKeyEnv: holds what looks like the master key itself/);
+        assert.ok(!text.includes(key.slice(0, 12)), text);
+        return true;
+      },
+    );
+  }
+  // long variable names are still names
+  const named = parseConfigText({ text: `${minimal}masterKeyEnv: KEYWARD_CONSOLE_MASTER_KEY_FOR_THE_EU_WEST_REGION_2\n`, file: 'c.yaml', schema: consoleConfigSchema, env: {} });
+  assert.equal(named.masterKeyEnv, 'KEYWARD_CONSOLE_MASTER_KEY_FOR_THE_EU_WEST_REGION_2');
+});
