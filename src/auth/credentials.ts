@@ -105,7 +105,7 @@ const missing = (variant: MissingVariant) => ({ ok: false as const, denial: deny
  * The key as the client's bytes spell it in UTF-8: Node reads header values as latin1, one
  * character a byte, so a key with characters outside ASCII arrives spelled otherwise.
  */
-function utf8Of(value: string): string {
+export function utf8Of(value: string): string {
   // eslint-disable-next-line no-control-regex
   return /[^\x00-\x7f]/.test(value) ? Buffer.from(value, 'latin1').toString('utf8') : value;
 }

@@ -15,6 +15,7 @@ import { answerConnect } from './upstream/framing.js';
 import { ANSWERED_AT, CURRENT, refuseUnparsed, type MarkedSocket, type RefusalDeps } from './refusals.js';
 import { refusedBeforeDecision } from './preflight.js';
 import { accessLine, adoptSeen, newContext, producedNoOutput, spanFacts, unparsedLine, type RequestContext } from './context.js';
+import { traceHeaders } from './key-in-fields.js';
 import type { ForwardFailure, ForwardHooks } from './upstream/forward.js';
 import { markCutByUpstream, wasCutByUpstream, type BodyWatcher, type ResponseHead } from './upstream/relay.js';
 import { addQuotaHeaders } from './quota-headers.js';
@@ -79,7 +80,7 @@ class ExchangeTable implements Exchanges, ForwardHooks {
     const snapshot = this.deps.snapshots.take();
     const clientIp = clientIpOf(req, snapshot.trustedProxies);
     const ctx = newContext(req, { snapshot, now: performance.now(), clientIp });
-    ctx.span = this.deps.traces.start(req.headers);
+    ctx.span = this.deps.traces.start(traceHeaders(req.headers, ctx.keyPrefixes));
     ctx.openIndex = this.open.add(res);
     (req.socket as TrackedSocket)[CURRENT] = res;
     // Only a body still to come can stall; watchBodyIdle watches nothing otherwise.
@@ -103,7 +104,7 @@ class ExchangeTable implements Exchanges, ForwardHooks {
   refuseConnect(req: IncomingMessage, socket: Duplex): void {
     const snapshot = this.deps.snapshots.take();
     const ctx = newContext(req, { snapshot, now: performance.now(), clientIp: clientIpOf(req, snapshot.trustedProxies) });
-    ctx.span = this.deps.traces.start(req.headers);
+    ctx.span = this.deps.traces.start(traceHeaders(req.headers, ctx.keyPrefixes));
     ctx.code = 'invalid_path';
     answerConnect(socket, ctx.reqId);
     this.record(ctx, 400);

@@ -9,7 +9,8 @@
  * (`kw_` and what follows) is REDACTED too, carried or not. An attribution URL loses its
  * user-info, as a request target does. Pure.
  */
-import { BEARER } from '../auth/credentials.js';
+import type { IncomingHttpHeaders } from 'node:http';
+import { BEARER, utf8Of } from '../auth/credentials.js';
 import { KEY_PREFIX } from '../auth/keyformat.js';
 
 export const REDACTED = '[redacted]';
@@ -67,10 +68,17 @@ function credentialParts(value: string, out: string[]): string[] {
  * characters (`kw_` dropped) still holds its secret.
  */
 function withPrefix(key: string, out: string[], min = 1): string[] {
-  if (key.length < min) return out;
+  pushParts(key, out, min);
+  // A header is read a byte a character; fields decoded as UTF-8 (a JSON body, attribution) spell a non-ASCII key otherwise.
+  const decoded = utf8Of(key);
+  if (decoded !== key) pushParts(decoded, out, min);
+  return out;
+}
+
+function pushParts(key: string, out: string[], min: number): void {
+  if (key.length < min) return;
   out.push(key.slice(0, KEY_PREFIX_CHARS));
   if (key.length >= 2 * KEY_PREFIX_CHARS) out.push(key.slice(KEY_PREFIX_CHARS, 2 * KEY_PREFIX_CHARS));
-  return out;
 }
 
 /** A console key's prefix and enough of its body to be one, not a word that starts alike. */
@@ -109,3 +117,14 @@ const USER_INFO = /^([A-Za-z][A-Za-z0-9+.-]*:\/\/)[^/?#]*@/;
 
 /** An attribution URL without its user-info (`https://user:secret@host/` -> `https://host/`). */
 export const withoutUserInfo = (url: string | null): string | null => (url === null || !url.includes('@') ? url : url.replace(USER_INFO, '$1'));
+
+/**
+ * The headers a request's span starts from: a `tracestate` holding a key the request
+ * carries is left out of the span, whose context an exporter sends (DESIGN section 13:
+ * never a key in span data). The header itself is forwarded as received.
+ */
+export function traceHeaders(headers: IncomingHttpHeaders, prefixes: readonly string[]): IncomingHttpHeaders {
+  const state = headers.tracestate;
+  if (state === undefined || keyless(Array.isArray(state) ? state.join(',') : state, prefixes) !== REDACTED) return headers;
+  return { ...headers, tracestate: undefined };
+}

@@ -142,3 +142,12 @@ test('a console-shaped key in a path sent with no credential is not logged', asy
   await line;
   assert.ok(!h.logs.join('\n').includes(key.slice(0, 8)));
 });
+
+test('a key outside ASCII is hidden in fields decoded as UTF-8: the header was read a byte a character', () => {
+  const key = 'ÄäÖöÜüßÄäÖöÜüßÄäÖöÜüß';
+  const asRead = Buffer.from(`Bearer ${key}`, 'utf8').toString('latin1');
+  const keys = keyPrefixes(['Authorization', asRead]);
+  assert.equal(keyless(`app ${key}`, keys), '[redacted]', 'an attribution header or a model as JSON decodes it');
+  assert.equal(keyless(key.slice(8, 20), keys), '[redacted]', 'its second part too');
+  assert.equal(keyless('Äpfel und Birnen', keys), 'Äpfel und Birnen');
+});

@@ -169,10 +169,12 @@ describe('traces', () => {
     await openai(h, `${secret}x`).models.list().catch(() => {});
     await send(h.url, { method: 'POST', path: '/v1/messages', headers: { 'x-api-key': secret, 'content-type': 'application/json' }, body: JSON.stringify({ model: 'claude-x', max_tokens: 5, messages: [{ role: 'user', content: secret }] }) });
     await send(h.url, { path: `/v1/models?key=${secret}`, headers: { authorization: `Bearer ${secret.slice(0, 12)}` } });
+    // A key a client put into its tracestate: the span, whose context carries the trace state, leaves it out.
+    await send(h.url, { path: '/v1/models', headers: { authorization: `Bearer ${secret}`, traceparent: '00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01', tracestate: `vendor=${secret}` } });
     await closed(h);
     const posted = rx.bodies.slice(before);
     const spans = posted.flatMap((b: any) => b.resourceSpans.flatMap((rs: any) => rs.scopeSpans.flatMap((ss: any) => ss.spans)));
-    assert.equal(spans.length, 5, 'every request has its span');
+    assert.equal(spans.length, 6, 'every request has its span');
     // Every fragment of the key six characters long, so prefixes, suffixes and the key itself.
     const fragments = [...Array.from({ length: secret.length - 5 }, (_, i) => secret.slice(i, i + 6)), hash.slice(0, 8)];
     const strings: string[] = [];
