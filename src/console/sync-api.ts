@@ -67,7 +67,8 @@ async function changes(c: SyncContext): Promise<void> {
 async function usage(c: SyncContext): Promise<void> {
   const body = await readBody(c.req, c.maxUsageBytes);
   const { events, errors } = parseUsageLines(body.toString('utf8'));
-  const result = ingestUsage({ store: c.store, pricer: c.pricer, events });
+  const date = c.req.headers.date;
+  const result = ingestUsage({ store: c.store, pricer: c.pricer, events, ...(date !== undefined ? { sentDate: date } : {}) });
   if (errors.length > 0) c.log.warn({ invalid: errors.length, first: errors[0] }, 'usage lines rejected');
   // Valid lines are charged even when others are not: retrying cannot fix a malformed line.
   sendJson(c.res, 200, { ...result, invalid: errors.length, errors: errors.slice(0, 20) });

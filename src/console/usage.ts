@@ -43,6 +43,8 @@ interface Batch {
   pricer: Pricer;
   sql: ReturnType<typeof statements>;
   received: number;
+  /** added to each event's `at`: how far the sending sidecar's clock is behind this one's (clockSkew) */
+  skewMs: number;
   result: IngestResult;
   touched: { keys: Set<string>; projects: Set<string>; wallets: Set<string> };
 }
@@ -66,7 +68,7 @@ function ingestEvent(b: Batch, ev: UsageEvent): void {
   }
   // Estimated usage (a response without usage, section 6) is priced like any other.
   const cost = b.pricer({ model: ev.model, inputTokens: ev.input_tokens, outputTokens: ev.output_tokens });
-  const parsed = Date.parse(ev.at);
+  const parsed = Date.parse(ev.at) + b.skewMs;
   // A sidecar clock far ahead must not make a key look used in the future.
   const at = Number.isFinite(parsed) ? Math.min(parsed, received) : received;
   const inserted = sql.ledger.run(eventId(ev), ev.request_id, ev.key_id, ev.model, ev.input_tokens, ev.output_tokens, ev.status, cost, at, received, ev.estimated ? 1 : 0);
@@ -118,12 +120,26 @@ function changedRecords(b: Batch, records: SyncRecord[]): SyncRecord[] {
   return records;
 }
 
-export function ingestUsage(opts: { store: ConsoleStore; pricer: Pricer; events: UsageEvent[] }): IngestResult {
+/**
+ * How far a sidecar's clock is behind this console's, from the `Date` its push was sent
+ * with: usage made after a budget period's UTC boundary by this console's clock counts
+ * toward the new period, whatever the sidecar's clock says. `Date` has whole seconds, so
+ * less than 2 s apart is taken as none.
+ */
+export function clockSkew(dateHeader: string | undefined, received: number): number {
+  const sent = dateHeader === undefined ? NaN : Date.parse(dateHeader);
+  if (!Number.isFinite(sent)) return 0;
+  const skew = received - sent;
+  return Math.abs(skew) < 2_000 ? 0 : skew;
+}
+
+export function ingestUsage(opts: { store: ConsoleStore; pricer: Pricer; events: UsageEvent[]; sentDate?: string }): IngestResult {
   const { store } = opts;
   const sql = statements(store.db);
   return store.write(() => {
+    const received = store.now();
     const b: Batch = {
-      store, pricer: opts.pricer, sql, received: store.now(),
+      store, pricer: opts.pricer, sql, received, skewMs: clockSkew(opts.sentDate, received),
       result: { accepted: 0, duplicates: 0, unknownKeys: 0, cost: 0 },
       touched: { keys: new Set(), projects: new Set(), wallets: new Set() },
     };

@@ -173,7 +173,8 @@ class BatchPusher implements UsagePusher {
     try {
       const res = await this.doFetch(this.endpoint, {
         method: 'POST',
-        headers: { authorization: `Bearer ${this.opts.token}`, 'content-type': 'application/x-ndjson' },
+        // The wall clock that stamped the events' `at`: the console reads the two clocks' skew from it.
+        headers: { authorization: `Bearer ${this.opts.token}`, 'content-type': 'application/x-ndjson', date: new Date().toUTCString() },
         body: batch.map((e) => JSON.stringify(e)).join('\n') + '\n',
         signal: AbortSignal.timeout(this.opts.timeoutMs ?? 10_000),
       });

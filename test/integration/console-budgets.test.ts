@@ -41,9 +41,9 @@ async function clocked(startIso: string, opts: { periodCheckMs?: number } = {}) 
     return { status: res.status, body: text && res.headers.get('content-type')?.includes('json') ? JSON.parse(text) : text };
   };
   // An event made now on the console's clock, unless it says when it was made.
-  const usage = (events: object[]) =>
+  const usage = (events: object[], headers: Record<string, string> = {}) =>
     fetch(`${running.url}/sync/v1/usage`, {
-      method: 'POST', headers: { authorization: `Bearer ${tokens.sync}` }, body: events.map((e) => JSON.stringify({ at: new Date(clock.now).toISOString(), ...e })).join('\n'),
+      method: 'POST', headers: { authorization: `Bearer ${tokens.sync}`, ...headers }, body: events.map((e) => JSON.stringify({ at: new Date(clock.now).toISOString(), ...e })).join('\n'),
     }).then((r) => r.json() as Promise<Record<string, number>>);
   /** the feed's changes after `after`, parsed as a sidecar would */
   const changes = async (after: number, waitMs = 0): Promise<{ version: number; changes: Change[] }> => {
@@ -94,6 +94,23 @@ test('usage made before a UTC boundary and pushed after it is recorded, not coun
   assert.equal((await c.call('GET', '/admin/v1/projects/p_late')).body.project.spent, 0.35);
   const recent = (await c.call('GET', `/admin/v1/keys/${key.id}/usage`)).body.usage as { requestId: string }[];
   assert.deepEqual(recent.map((u) => u.requestId).sort(), ['after', 'before'], 'the late one is in the key\'s usage');
+});
+
+test('a sidecar whose clock is behind: its usage after the boundary by the console\'s clock counts toward the new period', async () => {
+  const c = await clocked('2026-11-30T23:50:00Z');
+  await c.call('POST', '/admin/v1/projects', { id: 'p_skew', budget: 100, period: 'day' });
+  const key = (await c.call('POST', '/admin/v1/keys', { kind: 'team', project: 'p_skew', budget: 5, period: 'day' })).body.key;
+  c.clock.now = Date.parse('2026-12-01T00:01:00Z');
+  // Five minutes behind: made at 00:00:30 by the console's clock, stamped 23:55:30 the day before, sent at 23:56:00.
+  const behind = { date: new Date(Date.parse('2026-11-30T23:56:00Z')).toUTCString() };
+  const out = await c.usage([ev(key.id, 'skewed', { at: '2026-11-30T23:55:30Z' })], behind);
+  assert.equal(out.accepted, 1);
+  const k = (await c.call('GET', `/admin/v1/keys/${key.id}`)).body.key;
+  assert.deepEqual([k.spent, k.epoch], [0.35, 1], 'counted in the new day');
+  // A sidecar in step (or one that sends no Date): its `at` as it says.
+  const late = await c.usage([ev(key.id, 'late', { at: '2026-11-30T23:59:30Z' })], { date: new Date(c.clock.now).toUTCString() });
+  assert.equal(late.accepted, 1);
+  assert.equal((await c.call('GET', `/admin/v1/keys/${key.id}`)).body.key.spent, 0.35, 'made the day before: recorded, not counted');
 });
 
 test('epochs: bumped by top-ups, resets and budget changes, never by usage; the feed carries them', async () => {

@@ -38,6 +38,20 @@ test('events are sent in batches and charged', async () => {
   await p.stop();
 });
 
+test('a push says when it was sent (Date), so the console can read the two clocks\' skew', async () => {
+  const dates: (string | null)[] = [];
+  const watching: typeof fetch = async (input, init) => {
+    dates.push(new Headers(init?.headers).get('date'));
+    return fetch(input, init);
+  };
+  const p = pusher({ fetch: watching });
+  p.push(ev());
+  await p.flush();
+  assert.equal(dates.length, 1);
+  assert.ok(Math.abs(Date.parse(dates[0]!) - Date.now()) < 5_000, String(dates[0]));
+  await p.stop();
+});
+
 test('a flush with nothing buffered leaves the pusher sending what comes after', async () => {
   const before = await spent();
   const p = pusher({ flushMs: 60_000 });
