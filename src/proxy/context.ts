@@ -82,6 +82,8 @@ export interface RequestContext {
   answeredOnSocket: number | null;
   /** keyward cut it for a body that stalled (cutStalledBody) */
   stalled: boolean;
+  /** the upstream connection's failure after its response head (the response's close decides what it cost) */
+  upstreamError: string | null;
   /** the leading parts of the keys the request carries, kept out of the fields it chose (key-in-fields.ts) */
   keyPrefixes: readonly string[];
 }
@@ -204,6 +206,7 @@ export function newContext(req: IncomingMessage, opts: { snapshot: Snapshot; now
     seen: null,
     answeredOnSocket: null,
     stalled: false,
+    upstreamError: null,
     keyPrefixes: keys,
   };
 }

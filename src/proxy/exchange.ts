@@ -18,6 +18,7 @@ import { accessLine, adoptSeen, newContext, producedNoOutput, spanFacts, unparse
 import { traceHeaders } from './key-in-fields.js';
 import type { ForwardFailure, ForwardHooks } from './upstream/forward.js';
 import { markCutByUpstream, wasCutByUpstream, type BodyWatcher, type ResponseHead } from './upstream/relay.js';
+import { loggedStatus } from './logged-status.js';
 import { addQuotaHeaders } from './quota-headers.js';
 import { cutStalledBody, failureDenial, sendDenial, SHADOW_HEADER } from './denial.js';
 import { settle, usageEvent } from './settle.js';
@@ -87,9 +88,10 @@ class ExchangeTable implements Exchanges, ForwardHooks {
     ctx.bodyWatch = watchBodyIdle(req, { idleMs: snapshot.config.server.bodyIdleTimeoutMs, onIdle: this.cutStalledResponse, subject: res });
     (res as ContextResponse)[CONTEXT] = ctx;
     res.on('close', this.onResponseClose); // once: a plain listener, without `once`'s wrapper
-    // The answer closes the connection: to an HTTP/1.0 client, while draining, and after an
-    // unmet expectation (the client may be holding its body back, or sending it anyway).
-    const last = this.draining || expect === 'unmet' || req.httpVersion === '1.0';
+    // The answer closes the connection: to an HTTP/1.0 client, while draining, after an
+    // unmet expectation (the client may be holding its body back, or sending it anyway), and
+    // to an upgrade request, whose following bytes Node takes for the new protocol's and drops.
+    const last = this.draining || expect === 'unmet' || req.httpVersion === '1.0' || asksUpgrade(req);
     placeOnSocket(res, { last });
     const keyMemo = ((req.socket as TrackedSocket)[KEY_MEMO] ??= newKeyMemo());
     ctx.arrival = new Arrival({ req, res, expectContinue: expect === 'continue', clientIp, method: ctx.method, keyMemo });
@@ -213,6 +215,13 @@ class ExchangeTable implements Exchanges, ForwardHooks {
   /** Forwarding hook: the call failed (see ForwardFailure). */
   onFailure(res: ServerResponse, kind: ForwardFailure, err: Error): void {
     const ctx = contextOf(res);
+    // The upstream's response has begun: its close decides whether it came whole (relay.ts
+    // cuts it if not; finish() bills it). Node's parser can report bytes past a whole answer
+    // before it hands over that answer's body, which cutting here would lose.
+    if (ctx.upstreamBody !== null && kind === 'unavailable') {
+      ctx.upstreamError = err.message;
+      return;
+    }
     if (producedNoOutput(ctx)) ctx.upstreamFailed = true;
     // mid-response: the client must see a broken response, not a truncated "success"
     if (res.headersSent) {
@@ -251,34 +260,13 @@ class ExchangeTable implements Exchanges, ForwardHooks {
     if (ctx.upstreamBody?.readableDidRead === false && wasCutByUpstream(res)) ctx.upstreamFailed = true;
     settle(ctx);
     adoptSeen(ctx);
-    const status = res.writableFinished ? res.statusCode : this.unfinishedStatus(res, ctx);
+    const status = loggedStatus(res, ctx, { cutting: this.cutting, log: this.deps.log });
     if (ctx.settled && ctx.facts && this.deps.usageSink) this.deps.usageSink(usageEvent(ctx, ctx.settled, ctx.facts, status));
     this.record(ctx, status);
     // A keep-alive connection whose answer began before the drain would otherwise stay
     // open, and in use by its client, until the drain ends and every connection is cut.
     if (this.draining) this.closeIdle?.();
     if (this.open.size === 0) this.onIdle?.();
-  }
-
-  /**
-   * The status logged for a response that did not end whole: its head's when the upstream
-   * stopped short (with a warning, as nginx logs it), or the shutdown grace or a stalled body
-   * cut it (with a warning naming the request), what was written on the socket for a body the parser
-   * refused, else 499 (nginx's "client left").
-   */
-  private unfinishedStatus(res: ServerResponse, ctx: RequestContext): number {
-    // The sidecar cut it, not the client: named here, since its status alone reads as an answer.
-    if (this.cutting) this.deps.log.warn({ req_id: ctx.reqId, upstream: ctx.upstream }, 'request cut at shutdown: the grace period ran out');
-    if (wasCutByUpstream(res)) {
-      if (!this.cutting) this.deps.log.warn({ req_id: ctx.reqId, upstream: ctx.upstream, err: 'the upstream response stopped before its end' }, 'upstream failure');
-      return res.statusCode;
-    }
-    if (this.cutting && res.headersSent) return res.statusCode;
-    if (ctx.stalled && res.headersSent) {
-      this.deps.log.warn({ req_id: ctx.reqId, upstream: ctx.upstream }, 'request cut: its body stalled after the response began');
-      return res.statusCode;
-    }
-    return ctx.answeredOnSocket ?? 499;
   }
 
   /** The request's metrics, access line and span, then its snapshot goes back. */
@@ -290,6 +278,12 @@ class ExchangeTable implements Exchanges, ForwardHooks {
     ctx.span?.end(spanFacts(ctx, status));
     this.deps.snapshots.release(ctx.snapshot);
   }
+}
+
+/** `Connection: upgrade` with an `Upgrade` line (h2c from curl --http2, a WebSocket handshake). */
+function asksUpgrade(req: IncomingMessage): boolean {
+  const { upgrade, connection } = req.headers;
+  return upgrade !== undefined && connection !== undefined && /(?:^|[\s,])upgrade(?:$|[\s,])/i.test(connection);
 }
 
 export function createExchanges(deps: ExchangeDeps): Exchanges {

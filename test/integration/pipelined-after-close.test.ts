@@ -109,3 +109,12 @@ test('behind a request in flight when the drain starts: not forwarded, not bille
     rmSync(drained.dir, { recursive: true, force: true });
   }
 });
+
+test('an upgrade request (curl --http2\'s h2c) is answered with close: Node drops what follows it, which would otherwise hang', async () => {
+  const received = up.received.length;
+  const upgrade = `GET /v1/models HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer ${h.keys.k_ok}\r\nConnection: Upgrade, HTTP2-Settings\r\nUpgrade: h2c\r\nHTTP2-Settings: AAMAAABkAAQCAAAAAAIAAAAA\r\n\r\n`;
+  const ex = await rawExchange(port, [upgrade + chat('1.1')]);
+  assert.deepEqual(ex.responses.map((r) => [r.status, r.headers.connection]), [[200, 'close']]);
+  assert.ok(ex.closed, 'the connection ends: the client sends its next request again');
+  assert.equal(up.received.length - received, 1, 'only the first reached the upstream');
+});

@@ -28,6 +28,7 @@ before(async () => {
       res.flushHeaders();
       return void releaseBody.then(() => res.end('data: {"ok":true}\n\n'));
     }
+    if (req.url === '/v1/models/noreason') return void res.writeHead(200, '', ['X-Mixed-Case', 'yes']).end('{}');
     if (req.url === '/v1/models/big') {
       res.writeHead(200, { 'content-type': 'application/octet-stream', 'content-length': BIG.length });
       return void res.end(BIG);
@@ -95,6 +96,15 @@ describe('response relay', () => {
     assert.deepEqual(named('x-keyward-error'), []);
     assert.deepEqual(named('transfer-encoding'), ['chunked'], 'framed by the sidecar for its own connection');
     assert.equal(ex.responses[0]!.body.toString(), '{"object":"list","data":[]}');
+    // names as the upstream wrote them
+    assert.deepEqual(lines.filter((l) => /^set-cookie:|^x-upstream:/i.test(l)).map((l) => l.slice(0, l.indexOf(':'))), ['Set-Cookie', 'Set-Cookie', 'X-Upstream']);
+  });
+
+  test('an empty reason stays empty, not the one Node would put there', async () => {
+    const ex = await rawExchange(h.sidecar.port, [request(h.keys.k_ok!, '/v1/models/noreason')], { expect: 1 });
+    const lines = headLines(ex.bytes);
+    assert.equal(lines[0], 'HTTP/1.1 200 ');
+    assert.ok(lines.includes('X-Mixed-Case: yes'), lines.join('\n'));
   });
 
   test('an HTTP/1.0 client is answered close, its body delimited by the close', async () => {

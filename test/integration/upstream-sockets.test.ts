@@ -7,7 +7,7 @@ import { after, before, describe, test } from 'node:test';
 import assert from 'node:assert/strict';
 import net from 'node:net';
 import { once } from 'node:events';
-import { startHarness, type Harness } from '../helpers/sidecar.js';
+import { startHarness, waitForLine, type Harness } from '../helpers/sidecar.js';
 import { bearer, send } from '../helpers/http.js';
 import { rawExchange } from '../helpers/raw.js';
 import { IDLE_MAX_MS } from '../../src/proxy/upstream/agent.js';
@@ -90,6 +90,26 @@ describe('upstream socket hygiene', () => {
     assert.equal(r2.body.toString(), 'fresh');
     assert.ok(up.sockets.length > count);
   });
+});
+
+describe('bytes past the end of a whole answer', () => {
+  for (const [name, write, status, body] of [
+    ['a body longer than its content-length', `HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\ncontent-length: 2\r\n\r\nokEXTRA`, 200, 'ok'],
+    ['a 204 with a body', `HTTP/1.1 204 No Content\r\ncontent-length: 2\r\n\r\nok`, 204, ''],
+  ] as const) {
+    test(`${name}: the answer goes out whole, the socket is dropped, and a warning says so`, { timeout: 10_000 }, async () => {
+      up.onRequest = (s) => s.write(write);
+      const warned = h.logs.length;
+      const r = await send(h.url, { path: '/v1/models', headers: bearer(h.keys.k_ok!) });
+      assert.deepEqual([r.status, r.body.toString()], [status, body], 'not a silent close');
+      up.onRequest = (s) => s.write(response('fresh'));
+      assert.equal((await send(h.url, { path: '/v1/models', headers: bearer(h.keys.k_ok!) })).body.toString(), 'fresh');
+      const logged = await waitForLine(h, (l) => l.req_id === r.headers['x-request-id']);
+      assert.equal(logged.status, status);
+      const lines = h.logs.slice(warned).map((l) => JSON.parse(l) as Record<string, unknown>);
+      assert.ok(lines.some((l) => l.msg === 'upstream failure after a whole response; it went out whole' && l.req_id === logged.req_id), h.logs.slice(warned).join('\n'));
+    });
+  }
 });
 
 describe('upstream socket pool', () => {

@@ -25,8 +25,10 @@ export const responseDrops = (replaced: readonly string[]): NameSet => new NameS
 
 /** The response head to send: the upstream's lines less what is dropped, then the sidecar's own. */
 export class ResponseHead {
-  /** name, value, name, value, ... with names in lower case: what writeHead takes */
+  /** name, value, name, value, ... as the upstream wrote them: what writeHead takes */
   readonly lines: string[] = [];
+  /** each line's name in lower case, for lookups */
+  private readonly names: string[] = [];
   /** the upstream's first Keep-Alive line (hop-by-hop, so not relayed), for its agent */
   readonly keepAlive: string | null = null;
   /**
@@ -49,21 +51,23 @@ export class ResponseHead {
       if (name === 'keep-alive') this.keepAlive ??= raw[i + 1]!;
       else if (name === 'transfer-encoding' && raw[i + 1]!.trim().toLowerCase() !== 'chunked') this.foreignCoding = true;
       if (drops.has(name)) continue;
-      this.lines.push(name, raw[i + 1]!);
+      this.lines.push(raw[i]!, raw[i + 1]!);
+      this.names.push(name);
     }
     if (named !== null) this.drop(named);
   }
 
   /** The upstream's first value of a header (name in lower case), or undefined. */
   get(name: string): string | undefined {
-    const lines = this.lines;
-    for (let i = 0; i < lines.length; i += 2) if (lines[i] === name) return lines[i + 1];
+    const names = this.names;
+    for (let j = 0; j < names.length; j++) if (names[j] === name) return this.lines[2 * j + 1];
     return undefined;
   }
 
-  /** A header sent after the upstream's. */
+  /** A header sent after the upstream's (its name in lower case). */
   add(name: string, value: string): void {
     this.lines.push(name, value);
+    this.names.push(name);
   }
 
   /**
@@ -76,15 +80,17 @@ export class ResponseHead {
 
   /** Removes every line whose name is listed (headers the upstream's Connection named) or passes the test. */
   private drop(names: readonly string[] | ((name: string) => boolean)): void {
-    const lines = this.lines;
+    const { lines, names: lower } = this;
     const dropped = typeof names === 'function' ? names : (name: string) => names.includes(name);
     let kept = 0;
-    for (let i = 0; i < lines.length; i += 2) {
-      if (dropped(lines[i]!)) continue;
-      lines[kept++] = lines[i]!;
-      lines[kept++] = lines[i + 1]!;
+    for (let j = 0; j < lower.length; j++) {
+      if (dropped(lower[j]!)) continue;
+      lines[2 * kept] = lines[2 * j]!;
+      lines[2 * kept + 1] = lines[2 * j + 1]!;
+      lower[kept++] = lower[j]!;
     }
-    lines.length = kept;
+    lines.length = 2 * kept;
+    lower.length = kept;
   }
 }
 
@@ -149,9 +155,8 @@ export function relay(proxyRes: IncomingMessage, res: ServerResponse, opts: { he
   proxyRes.on('close', cutClientIfIncomplete);
   if (!res.headersSent) {
     try {
-      const reason = proxyRes.statusMessage;
-      if (reason) res.writeHead(proxyRes.statusCode!, reason, opts.head.lines);
-      else res.writeHead(proxyRes.statusCode!, opts.head.lines);
+      // The reason as the upstream gave it, an empty one included (Node would put its own there).
+      res.writeHead(proxyRes.statusCode!, proxyRes.statusMessage ?? '', opts.head.lines);
     } catch {
       res.destroy();
       proxyRes.destroy();
