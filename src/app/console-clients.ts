@@ -10,13 +10,14 @@ import { replicaWriter } from '../replica/writer.js';
 import { createSyncClient, createUsagePusher, type SyncClient, type UsagePusher } from '../sync/client.js';
 
 /**
- * The process that syncs the replica repairs it: a damaged file found by a lookup goes
- * aside (store.ts, quarantine) and the next snapshot fills a new one. A process that only
- * reads the file (a `--workers` worker) or one filled by `keyward import` leaves it be.
+ * The process that syncs the replica owns it: it holds the path against a second syncing
+ * process, and a damaged file found by a lookup goes aside (store.ts, quarantine) for the
+ * next snapshot to fill a new one. A process that only reads the file (a `--workers`
+ * worker) or one filled by `keyward import` does neither.
  */
-export function replicaRepair(config: Config, logger: Logger): { quarantine: boolean; onDamaged: (movedTo: string) => void } {
+export function replicaOwnership(config: Config, logger: Logger): { owner: boolean; onDamaged: (movedTo: string) => void } {
   return {
-    quarantine: config.console != null,
+    owner: config.console != null,
     onDamaged: (movedTo) => logger.error({ moved_to: movedTo }, 'the replica file is damaged: moved aside; not ready until a snapshot fills a new one'),
   };
 }

@@ -21,7 +21,7 @@ import type { TraceTuning } from '../obs/tracing/span.js';
 import type { UsageEvent } from '../protocol/usage.js';
 import { ReplicaStore } from '../replica/store.js';
 import type { SyncClient, UsagePusher } from '../sync/client.js';
-import { consoleClients, replicaRepair } from './console-clients.js';
+import { consoleClients, replicaOwnership } from './console-clients.js';
 import { createExchanges, type ExchangeDeps, type Exchanges } from '../proxy/exchange.js';
 import { createForwarder, type Forwarder } from '../proxy/upstream/forward.js';
 import { snapshotOf, Snapshots } from '../proxy/snapshot.js';
@@ -230,7 +230,7 @@ function reconfigurer(o: { logger: Logger; snapshots: Snapshots; forwarder: Forw
 
 export async function startSidecar(opts: SidecarOptions): Promise<Sidecar> {
   const { config, logger } = opts;
-  const replica = opts.replica ?? new ReplicaStore({ path: config.replica.path, ...replicaRepair(config, logger) });
+  const replica = opts.replica ?? new ReplicaStore({ path: config.replica.path, ...replicaOwnership(config, logger) });
   const limiter = opts.limiter ?? limiterFor(config, logger);
   const { sync, usage } = consoleClients({ config, replica, logger, pushUsage: !opts.usageSink });
   const forwarder = createForwarder({ replacedResponseHeaders: [...QUOTA_HEADER_NAMES, SHADOW_HEADER, ERROR_HEADER] });

@@ -28,7 +28,7 @@ import type { Logger } from '../obs/logger.js';
 import { createMetrics, type Metrics } from '../obs/metrics.js';
 import { ReplicaStore } from '../replica/store.js';
 import type { UsagePusher } from '../sync/client.js';
-import { consoleClients, replicaRepair } from './console-clients.js';
+import { consoleClients, replicaOwnership } from './console-clients.js';
 import { httpUrl } from './listen.js';
 import { WorkerConfigs } from './worker-configs.js';
 import { isMessage, sendTo, type ToPrimary, type ToWorker } from './worker-messages.js';
@@ -223,7 +223,7 @@ export async function startWorkers(opts: WorkersOptions): Promise<WorkerPool> {
     throw new Error(`--workers ${opts.workers} needs redis.url in the config: without Redis each worker would enforce every limit on its own`);
   }
   // Opened before any worker starts, so the schema exists before N processes open the file at once.
-  const replica = new ReplicaStore({ path: config.replica.path, ...replicaRepair(config, logger) });
+  const replica = new ReplicaStore({ path: config.replica.path, ...replicaOwnership(config, logger) });
   const { sync, usage } = consoleClients({ config, replica, logger, pushUsage: true });
   const metrics = createMetrics({
     replica: () => replica.status(),

@@ -5,7 +5,9 @@
  * and the one served would stop receiving what they write. Telling the two apart is a
  * comparison of device and inode.
  */
+import type Database from 'better-sqlite3';
 import { renameSync, statSync } from 'node:fs';
+import { openPrivateDatabase } from '../sqlite-file.js';
 
 export interface FileIdentity {
   dev: number;
@@ -38,4 +40,26 @@ export function moveAside(path: string, at: number): string {
     }
   }
   return to;
+}
+
+/**
+ * Holds the replica's path for the process that syncs it, until the connection returned is
+ * closed: a second syncing process on the same path (a volume two pods share) would stall
+ * this one's event loop for seconds on SQLite's write lock whenever either applied a
+ * snapshot. It is SQLite's own file lock on `<path>.owner`, which goes with the process
+ * however it ends. Throws SQLite's SQLITE_BUSY when another process holds it.
+ */
+export function claimPath(path: string): Database.Database {
+  const lock = openPrivateDatabase(`${path}.owner`, (db) => {
+    db.pragma('busy_timeout = 0');
+    db.pragma('locking_mode = EXCLUSIVE');
+  });
+  try {
+    // The first write takes the lock, and exclusive mode keeps it until the connection closes.
+    lock.exec(`CREATE TABLE IF NOT EXISTS owner (pid INTEGER); DELETE FROM owner; INSERT INTO owner VALUES (${process.pid})`);
+    return lock;
+  } catch (err) {
+    lock.close();
+    throw err;
+  }
 }

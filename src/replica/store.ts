@@ -5,16 +5,13 @@
  */
 import type Database from 'better-sqlite3';
 import { applyChanges, applySnapshot, type SnapshotSource } from './apply.js';
-import { prepareDatabase } from './schema.js';
-import { holderLookup } from './holders.js';
-import { openPrivateDatabase } from '../sqlite-file.js';
 import { fileAt, isDamage, moveAside, sameFile, type FileIdentity } from './replica-file.js';
+import { claimOwned, openReplica, type Reads } from './open.js';
 import type { ChangeBatch } from '../protocol/records.js';
 import type { KeyFacts, ModelLimit } from '../policy/facts.js';
 import type { Holder } from '../policy/holders.js';
 import { pickPrice, type Price, type PriceEntry } from '../policy/pricing.js';
 import { knownShadowChecks, type ShadowCheck } from '../protocol/shadow-checks.js';
-
 
 export interface ReplicaStatus {
   ready: boolean;
@@ -33,10 +30,11 @@ export interface ReplicaOptions {
   /** how often to look for writes by other processes */
   watchMs?: number;
   /**
-   * This process writes the file (the sync client's): a damaged one found by a lookup is
-   * moved aside and replaced (quarantine). Processes that only read it leave that to it.
+   * This process syncs the file, and alone writes it: it holds the path (claimPath), and a
+   * damaged file a lookup meets is moved aside and replaced (quarantine). Processes that
+   * only read it (a `--workers` worker) or fill it by `keyward import` leave both be.
    */
-  quarantine?: boolean;
+  owner?: boolean;
   /** told where a damaged replica's files went */
   onDamaged?: (movedTo: string) => void;
 }
@@ -71,64 +69,6 @@ function toFacts(r: Row): KeyFacts {
   };
 }
 
-/**
- * An error naming the file and what to do: the replica only caches the console's data, so
- * a file that is not one (another program's, damaged, of an unknown schema) can go. A file
- * another process holds locked (SQLITE_BUSY) is in use, not broken: that process is named
- * as the thing to look for.
- */
-function unusableReplica(path: string, err: unknown): Error {
-  const why = err instanceof Error ? err.message : String(err);
-  const busy = (err instanceof Error && (err as { code?: unknown }).code === 'SQLITE_BUSY') || /database is locked/.test(why);
-  const todo = busy
-    ? 'another process holds it locked (a second keyward on the same file, a backup, a sqlite3 shell): stop that process, or give this one its own replica.path'
-    : 'it only caches the console\'s data: fix its permissions, or move it away and the next sync or import rebuilds it';
-  return new Error(`replica.path ${path} cannot be used as the replica (${why}); ${todo}`);
-}
-
-export function openDatabase(path: string): Database.Database {
-  return openPrivateDatabase(path, prepareDatabase);
-}
-
-/** The statements the store reads with, prepared on one connection. */
-interface Reads {
-  byHash: Database.Statement;
-  holder: (id: string) => Holder | null;
-  allPrices: Database.Statement;
-  meta: Database.Statement;
-  dataVersion: Database.Statement;
-}
-
-function openReplica(path: string): { db: Database.Database; reads: Reads } {
-  let db: Database.Database;
-  try {
-    db = openDatabase(path);
-    // Checkpoints run on a worker (snapshot-apply.ts, foldSoon): inside a commit here they stall the event loop.
-    if (!db.memory) db.pragma('wal_autocheckpoint = 0');
-  } catch (err) {
-    throw unusableReplica(path, err);
-  }
-  try {
-    const byHash = db.prepare(`SELECT k.*, p.id AS p_id, p.status AS p_status, p.budget AS p_budget, p.spent AS p_spent,
-        p.epoch AS p_epoch, p.period AS p_period, w.balance AS w_balance, w.epoch AS w_epoch
-      FROM keys k LEFT JOIN projects p ON p.id = k.project_id LEFT JOIN wallets w ON w.user_id = k.user_id
-      WHERE k.hash = ?`);
-    return {
-      db,
-      reads: {
-        byHash,
-        holder: holderLookup(db),
-        allPrices: db.prepare('SELECT model, input, output, per FROM prices'),
-        meta: db.prepare('SELECT version, tag, applied_at, source FROM meta WHERE id = 1'),
-        dataVersion: db.prepare('PRAGMA data_version').pluck(),
-      },
-    };
-  } catch (err) {
-    db.close();
-    throw unusableReplica(path, err);
-  }
-}
-
 export class ReplicaStore {
   /** the connection served from; replaced when the file at the path is taken up again (reattach) */
   db: Database.Database;
@@ -146,10 +86,18 @@ export class ReplicaStore {
   private statusCache: ReplicaStatus;
   private readonly timer: NodeJS.Timeout;
   private readonly listeners = new Set<(s: ReplicaStatus) => void>();
+  /** the path's claim while this process owns the file */
+  private readonly claim: Database.Database | null;
 
   constructor(private readonly opts: ReplicaOptions) {
     this.youngMax = Math.max(1, Math.floor((opts.cacheSize ?? 50_000) / 2));
-    ({ db: this.db, reads: this.reads } = openReplica(opts.path));
+    this.claim = claimOwned(opts);
+    try {
+      ({ db: this.db, reads: this.reads } = openReplica(opts.path));
+    } catch (err) {
+      this.claim?.close();
+      throw err;
+    }
     this.file = this.db.memory ? null : fileAt(opts.path);
     this.lastDataVersion = this.reads.dataVersion.get() as number;
     this.statusCache = this.readStatus();
@@ -223,7 +171,7 @@ export class ReplicaStore {
     try {
       return this.reads.byHash.get(hash) as Row | undefined;
     } catch (err) {
-      if (isDamage(err) && this.file !== null && this.opts.quarantine) this.quarantine();
+      if (isDamage(err) && this.file !== null && this.opts.owner) this.quarantine();
       throw err;
     }
   }
@@ -276,6 +224,7 @@ export class ReplicaStore {
   close(): void {
     clearInterval(this.timer);
     this.db.close();
+    this.claim?.close();
   }
 
   private changed(): void {

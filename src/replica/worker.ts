@@ -17,7 +17,7 @@
  */
 import { isMainThread, parentPort, receiveMessageOnPort, workerData, type MessagePort } from 'node:worker_threads';
 import { applyChanges, applySnapshot } from './apply.js';
-import { openDatabase } from './store.js';
+import { openDatabase } from './open.js';
 import { LineSplitter, readSnapshot, SnapshotError, type NumberedLine, type SnapshotItem } from '../protocol/ndjson.js';
 import { parseChangeBatch, type SyncRecord } from '../protocol/records.js';
 

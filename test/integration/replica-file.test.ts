@@ -60,7 +60,7 @@ test('a damaged replica is moved aside at the first lookup that meets the damage
   for (let at = 8 * 4096; at < size; at += 4096) writeSync(fd, Buffer.alloc(4096, 0x5a), 0, 4096, at);
   closeSync(fd);
   const moved: string[] = [];
-  const replica = new ReplicaStore({ path, quarantine: true, onDamaged: (to) => moved.push(to) });
+  const replica = new ReplicaStore({ path, owner: true, onDamaged: (to) => moved.push(to) });
   assert.equal(replica.status().ready, true, 'the meta row still reads');
   let failures = 0;
   for (let i = 2_999; i >= 0 && moved.length === 0; i -= 97) {
@@ -87,4 +87,15 @@ test('a replica without a snapshot takes no change batch: partial data would rea
   assert.equal(r.applied, false);
   assert.deepEqual([replica.status().ready, replica.status().version], [false, null]);
   replica.close();
+});
+
+test('one syncing process to a replica path: a second is refused at start, and the path is free again once the first closes', () => {
+  const path = join(dir, 'owned.sqlite');
+  const first = new ReplicaStore({ path, owner: true });
+  assert.throws(() => new ReplicaStore({ path, owner: true }), /another process holds it locked .*give this one its own replica\.path/);
+  const reader = new ReplicaStore({ path });
+  assert.equal(reader.status().ready, false, 'a process that only reads it (a worker, `keyward import`) is not refused');
+  reader.close();
+  first.close();
+  new ReplicaStore({ path, owner: true }).close();
 });
