@@ -14,6 +14,7 @@ import type { Limiter } from './limiter.js';
 import { createMemoryLimiter } from './memory.js';
 import { closeRedisClient, createRedisClient } from './redis/client.js';
 import { createRedisLimiter } from './redis/limiter.js';
+import { evictionRisks } from './redis/eviction.js';
 
 /** The config's `redis` section (DESIGN section 2). */
 export interface RedisLimitsConfig {
@@ -53,11 +54,29 @@ export function createLimiter(opts: CreateLimiterOptions): Limiter {
  */
 const staleAfterMs = (timeoutMs: number): number => Math.max(1, Math.floor(timeoutMs * 0.75));
 
+/** A warning for each node whose settings may evict keyward's keys (redis/eviction.ts), once per node. */
+async function warnOfEviction(client: Parameters<typeof evictionRisks>[0], o: { log: LimitsLog; warned: Set<string> }): Promise<void> {
+  for (const risk of await evictionRisks(client)) {
+    if (o.warned.has(risk.node)) continue;
+    o.warned.add(risk.node);
+    o.log('limits_redis_may_evict', { ...risk, hint: 'set maxmemory-policy noeviction (or no maxmemory): an evicted key is a limit or budget not enforced' });
+  }
+}
+
 function failoverLimiter(cfg: RedisLimitsConfig, local: Limiter, opts: CreateLimiterOptions): Limiter {
   const { timeoutMs } = cfg;
   // A single node is one shard; a Cluster's shards report through the calls that use them.
-  const client = createRedisClient({ url: cfg.url, timeoutMs, onState: (state, fields) => shards.connection(state, fields.error) });
-  const shards = new Shards(client, opts.log ?? (() => undefined));
+  const log = opts.log ?? (() => undefined);
+  const warned = new Set<string>();
+  const client = createRedisClient({
+    url: cfg.url,
+    timeoutMs,
+    onState: (state, fields) => {
+      shards.connection(state, fields.error);
+      if (state === 'up') void warnOfEviction(client, { log, warned });
+    },
+  });
+  const shards = new Shards(client, log);
   const guard = new RedisGuard(client, timeoutMs);
   const shared = createRedisLimiter({
     redis: client,
