@@ -10,6 +10,7 @@ import assert from 'node:assert/strict';
 import { createHash } from 'node:crypto';
 import { once } from 'node:events';
 import http, { createServer } from 'node:http';
+import net from 'node:net';
 import { performance } from 'node:perf_hooks';
 import OpenAI, { APIError } from 'openai';
 import { ROOT_CONTEXT, SpanKind, defaultTextMapSetter, trace } from '@opentelemetry/api';
@@ -75,6 +76,7 @@ after(async () => {
   for (const h of [...open]) await h.close();
   await up.close();
   await rx.close();
+  for (const s of resetters) s.close();
 });
 
 describe('traces', () => {
@@ -115,7 +117,7 @@ describe('traces', () => {
   });
 
   test('denials are spans with their code and status; only a 5xx is an error', async () => {
-    const deadPort = await closedPort();
+    const deadPort = await resettingPort();
     const h = await sidecar({ otlpUrl: rx.url }, {
       keys: { k_ok: { project: 'p_traces' }, k_rpm: { rpm: 1 }, k_dead: { routing: 'dead' }, k_shadow: { rpm: 1, shadow: ['rpm'] } },
       config: { upstreams: { default: { url: up.url }, dead: { url: `http://127.0.0.1:${deadPort}` } } },
@@ -197,7 +199,7 @@ describe('traces', () => {
     await once(stalled, 'listening');
     const tuning = { scheduledDelayMs: 20, exportTimeoutMs: 200 };
     const off = await sidecar(null);
-    const dead = await sidecar({ otlpUrl: `http://127.0.0.1:${await closedPort()}` }, { traceTuning: tuning });
+    const dead = await sidecar({ otlpUrl: `http://127.0.0.1:${await resettingPort()}` }, { traceTuning: tuning });
     const hung = await sidecar({ otlpUrl: `http://127.0.0.1:${(stalled.address() as { port: number }).port}` }, { traceTuning: tuning });
     const failed = new Promise<void>((resolve) => {
       const onLine = (line: string) => {
@@ -346,11 +348,16 @@ describe('traces', () => {
 });
 
 /** A port nothing listens on. */
-async function closedPort(): Promise<number> {
-  const s = createServer();
+const resetters: net.Server[] = [];
+/**
+ * A peer that takes each connection and resets it: an upstream or collector that is down.
+ * It keeps its port for the whole file, so no other server here can be given that port
+ * (a port bound, let go and named later could be).
+ */
+async function resettingPort(): Promise<number> {
+  const s = net.createServer((socket) => socket.resetAndDestroy());
+  resetters.push(s);
   s.listen(0, '127.0.0.1');
   await once(s, 'listening');
-  const port = (s.address() as { port: number }).port;
-  await new Promise((r) => s.close(r));
-  return port;
+  return (s.address() as net.AddressInfo).port;
 }
