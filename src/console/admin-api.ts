@@ -99,6 +99,8 @@ function audit(ctx: Ctx, action: string, fields: Record<string, unknown>) {
 function userParam(ctx: Ctx): string {
   const user = ctx.params.user!;
   if (!idPattern.test(user)) throw invalid('user: expected an id of letters, digits, and . _ @ -');
+  // A wallet's user id goes to every replica, as any other id does.
+  if (!notKeyShaped(user)) throw invalid(`user: ${KEY_SHAPED}`);
   return user;
 }
 

@@ -54,8 +54,8 @@ export interface RequestContext {
   upstreamBody: IncomingMessage | null;
   /** the upstream failed before any output (unreachable, timeout) */
   upstreamFailed: boolean;
-  /** what the request was settled and billed at (null: nothing) */
-  settled: Settled | null;
+  /** what the request was settled and billed at (null: nothing; undefined: not settled yet) */
+  settled: Settled | null | undefined;
   lease: Lease | null;
   /** the upstream call once forwarded (to abort it when the client's body stalls) */
   forwarding: Forwarding | null;
@@ -191,7 +191,7 @@ export function newContext(req: IncomingMessage, opts: { snapshot: Snapshot; now
     upstreamStatus: null,
     upstreamBody: null,
     upstreamFailed: false,
-    settled: null,
+    settled: undefined,
     lease: null,
     forwarding: null,
     quota: null,

@@ -17,7 +17,8 @@ import { keyless } from './key-in-fields.js';
  * every limit it holds is settled to that, and its concurrency slots are freed.
  */
 export function settle(ctx: RequestContext): void {
-  if (ctx.metered && ctx.upstreamStart !== null) {
+  // Once: a stalled body settles at the cut, and the response's end must not bill it again without the tap.
+  if (ctx.settled === undefined && ctx.metered && ctx.upstreamStart !== null) {
     // A stream cut short still shows what it had generated so far.
     const tapped = ctx.tap?.end() ?? null;
     ctx.tap = null;

@@ -324,6 +324,15 @@ test('a key pasted where an id, a name or a glob belongs: refused, and kept out 
       assert.match(res.text, /looks like a keyward key/);
       assert.ok(!res.text.includes(secret));
     }
+    // a wallet's or a member's user id goes to every replica too
+    const project = 'p1';
+    assert.equal((await call('POST', '/admin/v1/projects', { id: project })).status, 201);
+    for (const [method, path, body] of [['POST', `/admin/v1/wallets/${secret}/credit`, { amount: 5 }], ['PUT', `/admin/v1/wallets/${secret}`, { balance: 5 }], ['PUT', `/admin/v1/projects/${project}/members/${secret}`]] as const) {
+      const res = await call(method, path, body);
+      assert.equal(res.status, 400, path);
+      assert.match(res.text, /looks like a keyward key/);
+    }
+    assert.ok(!(await call('GET', '/admin/v1/wallets')).text.includes(secret), 'no wallet under the key');
     assert.ok(lines.some((l) => l.includes('/admin/v1/keys/[redacted]')), 'the requests are logged');
     assert.ok(!lines.join('\n').includes(secret.slice(3, 30)), lines.join('\n'));
   } finally {
