@@ -144,8 +144,13 @@ class WorkerProcess {
   private replicaChanged(): void {
     const replica = this.sidecar?.replica;
     if (!replica) return;
-    if (replica.detached()) replica.reattach();
-    else replica.checkExternalWrites();
+    try {
+      if (replica.detached()) replica.reattach();
+      else replica.checkExternalWrites();
+    } catch (err) {
+      // The file open stays served (store.ts, reattach); the primary's next write tells again.
+      this.logger?.error({ err: (err as Error).message }, 'the replica file the primary wrote could not be taken up: serving the one open');
+    }
   }
 
   private answerScrape(id: number): void {

@@ -135,9 +135,13 @@ export class ReplicaStore {
   /**
    * A replica whose pages are damaged answers nothing right: its files go aside and an
    * empty one takes its place, so the sidecar is not ready until a snapshot fills it
-   * (the replica only caches the console's data). Returns where the damaged file went.
+   * (the replica only caches the console's data). Returns where the damaged file went
+   * (null: nothing moved).
    */
-  quarantine(): string {
+  quarantine(): string | null {
+    // Not this process's file to move (a worker, `keyward import`), or the damaged file is
+    // no longer the one at the path: the snapshot under way writes a new one there.
+    if (!this.opts.owner || this.file === null || this.detached()) return null;
     const to = moveAside(this.opts.path, Date.now());
     this.reattach();
     this.opts.onDamaged?.(to);
@@ -171,7 +175,7 @@ export class ReplicaStore {
     try {
       return this.reads.byHash.get(hash) as Row | undefined;
     } catch (err) {
-      if (isDamage(err) && this.file !== null && this.opts.owner) this.quarantine();
+      if (isDamage(err)) this.quarantine();
       throw err;
     }
   }

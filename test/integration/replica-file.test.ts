@@ -7,13 +7,15 @@
 import { test, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { createHash } from 'node:crypto';
-import { closeSync, existsSync, fstatSync, mkdtempSync, openSync, readdirSync, rmSync, writeSync } from 'node:fs';
+import { closeSync, existsSync, fstatSync, mkdtempSync, openSync, readdirSync, rmSync, writeFileSync, writeSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { ReplicaStore } from '../../src/replica/store.js';
 import { foldSoon } from '../../src/replica/snapshot-apply.js';
 import { replicaWriter } from '../../src/replica/writer.js';
 import { buildSnapshot } from '../helpers/console-replica.js';
+import { parseSnapshotText } from '../../src/protocol/ndjson.js';
+import { importSnapshotFile } from '../../src/app/import.js';
 
 const dir = mkdtempSync(join(tmpdir(), 'kw-replica-file-'));
 after(() => rmSync(dir, { recursive: true, force: true }));
@@ -48,17 +50,22 @@ test('a replica file deleted while running: batches still reach the file served,
   replica.close();
 });
 
-test('a damaged replica is moved aside at the first lookup that meets the damage, and a snapshot fills a new one', async () => {
-  const path = join(dir, 'damaged.sqlite');
+/** A replica of 3,000 keys whose every page past the first 8 (the schema and the meta row survive) is overwritten. */
+async function damagedReplica(name: string): Promise<string> {
+  const path = join(dir, name);
   const first = new ReplicaStore({ path });
-  first.applySnapshot({ ...(await import('../../src/protocol/ndjson.js')).parseSnapshotText(Buffer.concat(buildSnapshot({ keys: 3_000, version: 3 })).toString()), source: 'test' });
+  first.applySnapshot({ ...parseSnapshotText(Buffer.concat(buildSnapshot({ keys: 3_000, version: 3 })).toString()), source: 'test' });
   await foldSoon(first);
   first.close();
-  // Every page past the first 8 (the schema and the meta row survive) overwritten.
   const fd = openSync(path, 'r+');
   const size = fstatSync(fd).size;
   for (let at = 8 * 4096; at < size; at += 4096) writeSync(fd, Buffer.alloc(4096, 0x5a), 0, 4096, at);
   closeSync(fd);
+  return path;
+}
+
+test('a damaged replica is moved aside at the first lookup that meets the damage, and a snapshot fills a new one', async () => {
+  const path = await damagedReplica('damaged.sqlite');
   const moved: string[] = [];
   const replica = new ReplicaStore({ path, owner: true, onDamaged: (to) => moved.push(to) });
   assert.equal(replica.status().ready, true, 'the meta row still reads');
@@ -79,6 +86,19 @@ test('a damaged replica is moved aside at the first lookup that meets the damage
   assert.equal(replica.status().ready, true);
   assert.equal(replica.lookup(hashOf(2_999))?.key.id, 'k_2999');
   replica.close();
+});
+
+test('`keyward import` into a damaged replica fails and leaves its files where they are: only the syncing process moves them', async () => {
+  const path = await damagedReplica('imported.sqlite');
+  const file = join(dir, 'imported.ndjson');
+  writeFileSync(file, Buffer.concat(buildSnapshot({ keys: 3_000, version: 4 })));
+  await assert.rejects(importSnapshotFile({ replicaPath: path, file }), /is damaged \(.*(malformed|corrupt).*\): move it and its -wal and -shm files away, then import again/i);
+  assert.deepEqual(readdirSync(dir).filter((f) => f.startsWith('imported.sqlite.damaged-')), [], 'nothing moved aside');
+  const reader = new ReplicaStore({ path });
+  assert.throws(() => { for (let i = 0; i < 3_000; i += 97) reader.lookup(hashOf(i)); }, /malformed|corrupt/i);
+  assert.ok(existsSync(path), 'a reader leaves it too');
+  assert.deepEqual(readdirSync(dir).filter((f) => f.startsWith('imported.sqlite.damaged-')), []);
+  reader.close();
 });
 
 test('a replica without a snapshot takes no change batch: partial data would read as ready', async () => {

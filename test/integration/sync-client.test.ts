@@ -305,7 +305,7 @@ test('a sidecar that fell behind by hundreds of changes catches up through a wor
 });
 
 test('a replica that lost its data (a damaged file set aside) is snapshotted at once, not after the long poll under way', async () => {
-  const replica = new ReplicaStore({ path: join(dir, 'lost.sqlite') });
+  const replica = new ReplicaStore({ path: join(dir, 'lost.sqlite'), owner: true });
   const client = createSyncClient({ url: fx.url, token: fx.tokens.sync, waitMs: 30_000, target: replicaWriter(replica), backoff: { baseMs: 20, maxMs: 200 } });
   replicas.push(replica);
   clients.push(client);
