@@ -65,10 +65,12 @@ async function changes(c: SyncContext): Promise<void> {
 }
 
 async function usage(c: SyncContext): Promise<void> {
+  // The clocks are compared when the head arrives: reading the body and waiting for the store are not skew.
+  const arrived = c.store.now();
   const body = await readBody(c.req, c.maxUsageBytes);
   const { events, errors } = parseUsageLines(body.toString('utf8'));
   const date = c.req.headers.date;
-  const result = ingestUsage({ store: c.store, pricer: c.pricer, events, ...(date !== undefined ? { sentDate: date } : {}) });
+  const result = ingestUsage({ store: c.store, pricer: c.pricer, events, ...(date !== undefined ? { sent: { date, arrived } } : {}) });
   if (errors.length > 0) c.log.warn({ invalid: errors.length, first: errors[0] }, 'usage lines rejected');
   // Valid lines are charged even when others are not: retrying cannot fix a malformed line.
   sendJson(c.res, 200, { ...result, invalid: errors.length, errors: errors.slice(0, 20) });

@@ -133,13 +133,19 @@ export function clockSkew(dateHeader: string | undefined, received: number): num
   return Math.abs(skew) < 2_000 ? 0 : skew;
 }
 
-export function ingestUsage(opts: { store: ConsoleStore; pricer: Pricer; events: UsageEvent[]; sentDate?: string }): IngestResult {
+/** A push's `Date` and when this console had its head. */
+export interface PushSent {
+  date: string;
+  arrived: number;
+}
+
+export function ingestUsage(opts: { store: ConsoleStore; pricer: Pricer; events: UsageEvent[]; sent?: PushSent }): IngestResult {
   const { store } = opts;
   const sql = statements(store.db);
   return store.write(() => {
     const received = store.now();
     const b: Batch = {
-      store, pricer: opts.pricer, sql, received, skewMs: clockSkew(opts.sentDate, received),
+      store, pricer: opts.pricer, sql, received, skewMs: opts.sent ? clockSkew(opts.sent.date, opts.sent.arrived) : 0,
       result: { accepted: 0, duplicates: 0, unknownKeys: 0, cost: 0 },
       touched: { keys: new Set(), projects: new Set(), wallets: new Set() },
     };

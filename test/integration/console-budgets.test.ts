@@ -5,6 +5,9 @@ import { randomBytes } from 'node:crypto';
 import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
+import http from 'node:http';
+import { once } from 'node:events';
+import { text } from 'node:stream/consumers';
 import { parseChangeBatch, type Change } from '../../src/protocol/records.js';
 import { startConsole, type RunningConsole } from '../../src/app/console.js';
 import { rollPeriods } from '../../src/console/budgets.js';
@@ -23,11 +26,11 @@ async function clocked(startIso: string, opts: { periodCheckMs?: number } = {}) 
   const dir = mkdtempSync(join(tmpdir(), 'kw-budgets-'));
   dirs.push(dir);
   const tokens = { admin: tok('admin'), sync: tok('sync'), alice: tok('alice'), bob: tok('bob') };
-  const clock = { now: Date.parse(startIso) };
+  const clock = { now: Date.parse(startIso), reads: 0 };
   const running = await startConsole({
     config: makeConsoleConfig({ dir, tokens }),
     env: { TEST_MASTER_KEY: randomBytes(32).toString('hex') },
-    now: () => clock.now,
+    now: () => (clock.reads++, clock.now),
     periodCheckMs: opts.periodCheckMs ?? 60_000,
   });
   consoles.push(running);
@@ -52,7 +55,7 @@ async function clocked(startIso: string, opts: { periodCheckMs?: number } = {}) 
     assert.ok(parsed.ok);
     return parsed.value;
   };
-  return { running, clock, call, usage, changes, version: () => running.store.feed.version() };
+  return { running, clock, call, usage, changes, version: () => running.store.feed.version(), tokens };
 }
 
 const ev = (key_id: string, request_id: string, extra: object = {}) => ({
@@ -111,6 +114,25 @@ test('a sidecar whose clock is behind: its usage after the boundary by the conso
   const late = await c.usage([ev(key.id, 'late', { at: '2026-11-30T23:59:30Z' })], { date: new Date(c.clock.now).toUTCString() });
   assert.equal(late.accepted, 1);
   assert.equal((await c.call('GET', `/admin/v1/keys/${key.id}`)).body.key.spent, 0.35, 'made the day before: recorded, not counted');
+});
+
+test('a push whose body is slow to arrive, from a sidecar in step: the time it took is not taken for clock skew', async () => {
+  const c = await clocked('2026-11-30T23:50:00Z');
+  await c.call('POST', '/admin/v1/projects', { id: 'p_slow', budget: 100, period: 'day' });
+  const key = (await c.call('POST', '/admin/v1/keys', { kind: 'team', project: 'p_slow', budget: 5, period: 'day' })).body.key;
+  c.clock.now = Date.parse('2026-11-30T23:59:58.000Z');
+  const req = http.request(`${c.running.url}/sync/v1/usage`, { method: 'POST', headers: { authorization: `Bearer ${c.tokens.sync}`, date: new Date(c.clock.now).toUTCString(), 'transfer-encoding': 'chunked' } });
+  const answered = once(req, 'response') as Promise<[http.IncomingMessage]>;
+  const reads = c.clock.reads;
+  req.flushHeaders();
+  // the console has the head (it read its clock): the body takes three seconds more
+  while (c.clock.reads === reads) await new Promise((r) => setImmediate(r));
+  c.clock.now = Date.parse('2026-12-01T00:00:01.000Z');
+  req.end(JSON.stringify({ ...ev(key.id, 'slow'), at: '2026-11-30T23:59:58.500Z' }));
+  const [res] = await answered;
+  assert.equal((JSON.parse(await text(res)) as { accepted: number }).accepted, 1);
+  const k = (await c.call('GET', `/admin/v1/keys/${key.id}`)).body.key;
+  assert.deepEqual([k.spent, k.epoch], [0, 1], 'made the day before (a new day began): recorded, not counted');
 });
 
 test('epochs: bumped by top-ups, resets and budget changes, never by usage; the feed carries them', async () => {
