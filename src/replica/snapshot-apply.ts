@@ -85,7 +85,8 @@ const folding = new WeakMap<ReplicaStore, { running: boolean; last: number }>();
  * passive checkpoint blocks no reader or writer; one runs at a time, at most one a second.
  */
 export function foldSoon(replica: ReplicaStore): Promise<void> | null {
-  if (replica.db.memory) return null;
+  // A worker opens the path: while the file served is not the one there, it would fold another file.
+  if (replica.db.memory || replica.detached()) return null;
   const state = folding.get(replica) ?? { running: false, last: -Infinity };
   folding.set(replica, state);
   const now = performance.now();

@@ -118,6 +118,11 @@ class SyncLoop implements SyncClient {
   private async run(): Promise<void> {
     let needSnapshot = true;
     while (!this.stopper.signal.aborted) {
+      // Asked for during a poll (which it cut), a snapshot, or a wait after a failure.
+      if (this.snapshotAsked) {
+        this.snapshotAsked = false;
+        needSnapshot = true;
+      }
       try {
         const version = this.opts.target.version();
         // Read with the version, before any await: the pair names one place in one history.
@@ -150,11 +155,8 @@ class SyncLoop implements SyncClient {
         this.succeeded();
       } catch (err) {
         if (this.stopper.signal.aborted) break;
-        if (this.snapshotAsked) {
-          this.snapshotAsked = false;
-          needSnapshot = true;
-          continue;
-        }
+        // The long poll was cut for a snapshot (snapshotNow): not a failure.
+        if (this.snapshotAsked) continue;
         // The console sent a batch this replica cannot apply; retrying it would fail again, so a snapshot follows.
         if (err instanceof InvalidBatchError) needSnapshot = true;
         await sleep(this.failed(err), this.stopper.signal);
@@ -260,8 +262,9 @@ class SyncLoop implements SyncClient {
       this.log.debug({ version: r.version, changes: r.changes, ms: Math.round(performance.now() - t), offThread: r.offThread }, 'changes applied');
     }
     if (!r.applied && r.version < after) return 'older';
-    // Said "not newer" of a batch past the version served: the replica's writes reach another file.
-    if (!r.applied && r.version > after) throw new Error(`change batch ${r.version} was not applied, though the replica serves version ${after}`);
+    // Said "not newer" of a batch past the version polled after: the file was written meanwhile
+    // (a `keyward import`), or the replica's writes reach another file.
+    if (!r.applied && r.version > after) throw new Error(`change batch ${r.version} was not applied, though the replica served version ${after} when it was asked for: the replica file was written by another process meanwhile, or its writes reach another file`);
     if (!r.applied && r.version === after) {
       // An answer that moves nothing forward long before waitMs (a console shutting down, or
       // one that ignores waitMs): do not spin.

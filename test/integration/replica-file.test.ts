@@ -32,7 +32,7 @@ test('a replica file deleted while running: batches still reach the file served,
   const writer = replicaWriter(replica);
   await writer.applySnapshot({ body: chunks(buildSnapshot({ keys: 1_000, version: 1 })), source: 'test' });
   for (const ext of ['', '-wal', '-shm']) rmSync(path + ext, { force: true });
-  await foldSoon(replica); // a checkpoint worker opens the path: a new, empty file is there now
+  assert.equal(foldSoon(replica), null, 'no checkpoint worker: it would open (and create) a file at the path');
   // 300 changes would go to a worker, which would write the new file: applied to the one served instead.
   const r = await writer.applyChangeText(JSON.stringify({ version: 2, changes: deletes(0, 300) }), 'test');
   assert.equal(replica.lookup(hashOf(0))?.key.status, 'deleted', 'the deletion is in force');
@@ -112,7 +112,7 @@ test('a replica without a snapshot takes no change batch: partial data would rea
 test('one syncing process to a replica path: a second is refused at start, and the path is free again once the first closes', () => {
   const path = join(dir, 'owned.sqlite');
   const first = new ReplicaStore({ path, owner: true });
-  assert.throws(() => new ReplicaStore({ path, owner: true }), /another process holds it locked .*give this one its own replica\.path/);
+  assert.throws(() => new ReplicaStore({ path, owner: true }), /is synced by another keyward \(it holds .*owned\.sqlite\.owner locked\): give this one its own replica\.path/);
   const reader = new ReplicaStore({ path });
   assert.equal(reader.status().ready, false, 'a process that only reads it (a worker, `keyward import`) is not refused');
   reader.close();

@@ -304,6 +304,26 @@ test('a sidecar that fell behind by hundreds of changes catches up through a wor
   }
 });
 
+test('a snapshot asked for between polls is taken at the next turn, not left for a later failure', async () => {
+  const replica = new ReplicaStore({ path: join(dir, 'between.sqlite') });
+  // Short polls: most of the time is spent between them, where there is no poll to cut.
+  let polled = 0;
+  const counting: typeof fetch = async (url, init) => {
+    const res = await fetch(url, init);
+    if (String(url).includes('/changes')) polled++;
+    return res;
+  };
+  const client = createSyncClient({ url: fx.url, token: fx.tokens.sync, waitMs: 0, target: replicaWriter(replica), backoff: { baseMs: 20, maxMs: 200 }, fetch: counting });
+  replicas.push(replica);
+  clients.push(client);
+  await client.start();
+  await until(() => polled > 0); // answered: the client waits before its next poll
+  const before = client.status().snapshots;
+  client.snapshotNow();
+  assert.ok(await until(() => client.status().snapshots === before + 1, 3_000), 'the snapshot was taken');
+  assert.equal(client.status().failures, 0);
+});
+
 test('a replica that lost its data (a damaged file set aside) is snapshotted at once, not after the long poll under way', async () => {
   const replica = new ReplicaStore({ path: join(dir, 'lost.sqlite'), owner: true });
   const client = createSyncClient({ url: fx.url, token: fx.tokens.sync, waitMs: 30_000, target: replicaWriter(replica), backoff: { baseMs: 20, maxMs: 200 } });
