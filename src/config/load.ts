@@ -95,9 +95,12 @@ interface ExpandContext {
   problems: string[];
   /** paths whose value a missing variable left out: the schema's complaints there are noise */
   missingAt?: Set<string>;
-  /** key names a reference gave, to the text written for them (shown) */
+  /** key paths (pathKey) whose last name a reference gave, to the text written for it (shown) */
   written: Map<string, string>;
 }
+
+/** A path as the map of written names keys it: the same name elsewhere in the tree is another key. */
+const pathKey = (path: readonly PropertyKey[]): string => path.map(String).join('\u0000');
 
 /**
  * A path as problems name it. A key a reference gave is shown as written (`${NAME}`): its
@@ -105,9 +108,9 @@ interface ExpandContext {
  * with a colon in it is shown up to the colon, for the same reason.
  */
 function shown(path: readonly PropertyKey[], written: ReadonlyMap<string, string>): string {
-  const segs = path.map((seg) => {
+  const segs = path.map((seg, i) => {
     const s = String(seg);
-    const w = written.get(s);
+    const w = written.get(pathKey(path.slice(0, i + 1)));
     if (w !== undefined) return w;
     const colon = s.indexOf(':');
     return colon === -1 ? s : `${s.slice(0, colon)}:… (a space missing after ':'?)`;
@@ -164,7 +167,7 @@ function expand(value: unknown, ctx: ExpandContext): unknown {
         expand(v, { ...ctx, path: [...ctx.path, written] });
         continue;
       }
-      if (referenced) ctx.written.set(name, written);
+      if (referenced) ctx.written.set(pathKey([...ctx.path, name]), written);
       if (Object.hasOwn(out, name) && (referenced || referencedNames.has(name))) {
         ctx.problems.push(`${shown([...ctx.path, name], ctx.written)}: named twice once references are expanded`);
         continue;

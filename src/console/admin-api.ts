@@ -8,7 +8,7 @@ import { z } from 'zod';
 import { budgetPeriod, cidr } from '../protocol/records.js';
 import { SHADOW_CHECKS } from '../protocol/shadow-checks.js';
 import { resetSpent } from './budgets.js';
-import { idPattern, KEY_SHAPED, modelGlob, notKeyShaped } from './config.js';
+import { idPattern, KEY_SHAPED_MESSAGE, modelGlob, notKeyShaped } from './config.js';
 import { ApiError, MethodNotAllowed, invalid } from './errors.js';
 import { forbidden, intParam, match, principalName, readJson, sendJson, type Principal } from './http.js';
 import { KEY_PAGE_MAX, listKeys } from './key-list.js';
@@ -17,7 +17,7 @@ import type { WalletView } from './db.js';
 import type { ConsoleStore } from './store.js';
 import { recentUsage } from './usage.js';
 
-const ident = z.string().regex(idPattern, 'expected an id of letters, digits, and . _ @ -').refine(notKeyShaped, KEY_SHAPED);
+const ident = z.string().regex(idPattern, 'expected an id of letters, digits, and . _ @ -').refine(notKeyShaped, KEY_SHAPED_MESSAGE);
 const count = z.number().int().nonnegative().nullable().optional();
 /**
  * Amounts stay far inside what the store's rounding (`money`) and the sync feed's JSON can
@@ -28,7 +28,7 @@ const amount = () => z.number().finite().min(-MAX_AMOUNT).max(MAX_AMOUNT);
 const budget = amount().nonnegative().nullable().optional();
 /** Text people read (a key's name, its routing tag): no control characters, which terminals act on. */
 const plainText = (max: number) =>
-  z.string().max(max).regex(/^[^\x00-\x1f\x7f-\x9f]*$/, 'expected text without control characters').refine(notKeyShaped, KEY_SHAPED); // eslint-disable-line no-control-regex
+  z.string().max(max).regex(/^[^\x00-\x1f\x7f-\x9f]*$/, 'expected text without control characters').refine(notKeyShaped, KEY_SHAPED_MESSAGE); // eslint-disable-line no-control-regex
 const settings = {
   name: plainText(200).nullable().optional(),
   models: z.array(modelGlob).max(1000).nullable().optional(),
@@ -100,7 +100,7 @@ function userParam(ctx: Ctx): string {
   const user = ctx.params.user!;
   if (!idPattern.test(user)) throw invalid('user: expected an id of letters, digits, and . _ @ -');
   // A wallet's user id goes to every replica, as any other id does.
-  if (!notKeyShaped(user)) throw invalid(`user: ${KEY_SHAPED}`);
+  if (!notKeyShaped(user)) throw invalid(`user: ${KEY_SHAPED_MESSAGE}`);
   return user;
 }
 

@@ -17,7 +17,7 @@ const port = num().pipe(z.number().min(0).max(65535));
 const token = bearerToken(z.string().min(16, 'tokens must be at least 16 characters'));
 export const idPattern = /^[A-Za-z0-9][A-Za-z0-9._@-]{0,127}$/;
 /** A key pasted where an id, a name or a glob belongs would go to every replica and log line. */
-export const KEY_SHAPED = 'holds what looks like a keyward key: a key is never an id, a name or a model';
+export const KEY_SHAPED_MESSAGE = 'holds what looks like a keyward key: a key is never an id, a name or a model';
 export function notKeyShaped(text: string): boolean {
   return !holdsKeyShape(text);
 }
@@ -31,8 +31,8 @@ export const modelGlob = z
   .min(1)
   .max(256)
   .regex(/^[^\s,\x00-\x1f\x7f-\x9f]+$/, 'expected a model glob without commas, whitespace or control characters') // eslint-disable-line no-control-regex
-  .refine(notKeyShaped, KEY_SHAPED);
-const principalId = z.string().regex(idPattern, 'expected an id of letters, digits, and . _ @ -').refine(notKeyShaped, KEY_SHAPED);
+  .refine(notKeyShaped, KEY_SHAPED_MESSAGE);
+const principalId = z.string().regex(idPattern, 'expected an id of letters, digits, and . _ @ -').refine(notKeyShaped, KEY_SHAPED_MESSAGE);
 const price = fraction.pipe(z.number().finite().nonnegative());
 
 const priceEntry = z.strictObject({

@@ -75,6 +75,10 @@ test('a key named by a reference: a clash with a written key is a problem; an un
   // the written key after the reference's, too
   const after = problems(`upstreams:\n  default: { url: http://127.0.0.1:4000 }\n  \${KW_MODE}: { url: http://10.9.9.9:1 }\n  batch: { url: http://127.0.0.1:4001 }\n`, { KW_MODE: 'batch' });
   hasProblem(after, 'upstreams.${KW_MODE}', /named twice/);
+  // only that key: the same name elsewhere in the tree is named as it is written there
+  const elsewhere = problems(`upstreams:\n  default: { url: http://127.0.0.1:4000, timeoutMs: -1 }\n  \${KW_MODE}: { url: http://127.0.0.1:4001 }\n`, { KW_MODE: 'timeoutMs' });
+  hasProblem(elsewhere, 'upstreams.default.timeoutMs', /./);
+  assert.ok(!elsewhere.some((p) => p.includes('default.${KW_MODE}')), elsewhere.join('\n'));
   const unset = problems(`upstreams:\n  \${KW_MODE}: { url: http://127.0.0.1:4000, timeoutMs: \${KW_T} }\n`);
   hasProblem(unset, 'upstreams', /KW_MODE/);
   hasProblem(unset, 'upstreams.${KW_MODE}.timeoutMs', /KW_T/);
