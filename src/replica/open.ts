@@ -32,7 +32,7 @@ export function claimOwned(o: { owner?: boolean | undefined; path: string }): Da
     return claimPath(o.path);
   } catch (err) {
     if ((err as { code?: unknown }).code !== 'SQLITE_BUSY') throw unusableReplica(`${o.path}.owner`, err);
-    throw new Error(`replica.path ${o.path} is synced by another keyward (it holds ${o.path}.owner locked): give this one its own replica.path, or stop that one`);
+    throw new Error(`replica.path ${o.path} is synced by another keyward (it holds ${o.path}.owner locked): give this one its own replica.path, or stop that one`, { cause: err });
   }
 }
 
