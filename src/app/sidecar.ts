@@ -30,10 +30,13 @@ import { SHADOW_HEADER } from '../proxy/denial.js';
 import { ERROR_HEADER } from '../errors.js';
 import { describeKey } from '../proxy/self.js';
 import { httpUrl, listen } from './listen.js';
+import type { FileIdentity } from '../replica/replica-file.js';
 
 export interface SidecarOptions {
   config: Config;
   logger: Logger;
+  /** a `--workers` worker: damage its lookups meet in the replica file, for the primary (store.ts) */
+  onReplicaDamage?: (file: FileIdentity) => void;
   /** injected in tests; by default built from `config.redis` */
   limiter?: Limiter;
   /** injected in tests; by default opened at `config.replica.path` */
@@ -230,7 +233,7 @@ function reconfigurer(o: { logger: Logger; snapshots: Snapshots; forwarder: Forw
 
 export async function startSidecar(opts: SidecarOptions): Promise<Sidecar> {
   const { config, logger } = opts;
-  const replica = opts.replica ?? new ReplicaStore({ path: config.replica.path, ...replicaOwnership(config, logger) });
+  const replica = opts.replica ?? new ReplicaStore({ path: config.replica.path, ...replicaOwnership(config, logger), ...(opts.onReplicaDamage ? { onDamageMet: opts.onReplicaDamage } : {}) });
   const limiter = opts.limiter ?? limiterFor(config, logger);
   const { sync, usage } = consoleClients({ config, replica, logger, pushUsage: !opts.usageSink });
   const forwarder = createForwarder({ replacedResponseHeaders: [...QUOTA_HEADER_NAMES, SHADOW_HEADER, ERROR_HEADER] });

@@ -8,6 +8,7 @@ import type { MetricObjectWithValues, MetricValue } from 'prom-client';
 import type { Config } from '../config/schema.js';
 import type { DecisionCounts } from '../obs/decision-histogram.js';
 import type { UsageEvent } from '../protocol/usage.js';
+import type { FileIdentity } from '../replica/replica-file.js';
 
 /** primary -> worker */
 export type ToWorker =
@@ -34,6 +35,8 @@ export type ToPrimary =
   | { type: 'keyward:usage'; events: UsageEvent[] }
   /** the worker's view of the replica, at start and after every change: /readyz waits for every worker */
   | { type: 'keyward:replica'; ready: boolean; version: number | null }
+  /** a lookup met damage in the replica file (its device and inode): the primary, which owns it, moves it aside */
+  | { type: 'keyward:replica-damaged'; file: FileIdentity }
   /**
    * sent last: every earlier message of this worker has been delivered (IPC keeps order);
    * with what it counted at the end, which the primary keeps in its totals

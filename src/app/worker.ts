@@ -88,7 +88,10 @@ class WorkerProcess {
     const logger = (this.logger = this.o.logger(first.config));
     this.usage = first.config.console ? usageToPrimary() : null;
     // Without `console` the sidecar starts neither a sync client nor a usage pusher: both live in the primary.
-    const sidecar = await startSidecar({ config: own(first.config), logger, admin: false, ...(this.usage ? { usageSink: this.usage.sink } : {}) });
+    const sidecar = await startSidecar({
+      config: own(first.config), logger, admin: false, ...(this.usage ? { usageSink: this.usage.sink } : {}),
+      onReplicaDamage: (file) => void send({ type: 'keyward:replica-damaged', file }),
+    });
     this.sidecar = sidecar;
     void send({ type: 'keyward:configured', generation: first.generation });
     // A reload that arrived while the sidecar was starting.

@@ -33,6 +33,7 @@ import { httpUrl } from './listen.js';
 import { WorkerConfigs } from './worker-configs.js';
 import { isMessage, sendTo, type ToPrimary, type ToWorker } from './worker-messages.js';
 import { WorkerScrapes } from './worker-scrapes.js';
+import type { FileIdentity } from '../replica/replica-file.js';
 
 const RESTART_DELAY_MS = 1_000;
 /** A worker that cannot stay up (a replica file gone bad) is started again less and less often, up to this. */
@@ -92,7 +93,7 @@ class Workers {
   readonly scrapes: WorkerScrapes;
   readonly configs: WorkerConfigs;
 
-  constructor(private readonly o: { config: Config; logger: Logger; usage: UsagePusher | null; registry: Registry }) {
+  constructor(private readonly o: { config: Config; logger: Logger; usage: UsagePusher | null; registry: Registry; replicaDamaged: (file: FileIdentity) => void }) {
     this.scrapes = new WorkerScrapes({ own: o.registry, workers: () => this.live.values() });
     this.configs = new WorkerConfigs(o.config, { workers: () => this.live.values(), log: o.logger });
     const listening = () => this.listening.size;
@@ -181,6 +182,7 @@ class Workers {
       if (this.o.usage) for (const e of msg.events) this.o.usage.push(e);
     } else if (msg.type === 'keyward:metrics') this.scrapes.answered(msg.id, msg);
     else if (msg.type === 'keyward:replica') this.ready.set(w.id, msg.ready);
+    else if (msg.type === 'keyward:replica-damaged') this.o.replicaDamaged(msg.file);
     else if (msg.type === 'keyward:drained') {
       if (msg.final) this.scrapes.final(w.id, msg.final);
       this.drainedSelf.add(w.id);
@@ -231,7 +233,8 @@ export async function startWorkers(opts: WorkersOptions): Promise<WorkerPool> {
     ...(sync ? { sync: () => sync.status() } : {}),
     ...(usage ? { usage: () => usage.stats() } : {}),
   });
-  const workers = new Workers({ config, logger, usage, registry: metrics.registry });
+  // Workers only read the file: damage one of them meets is the primary's to move aside.
+  const workers = new Workers({ config, logger, usage, registry: metrics.registry, replicaDamaged: (file) => void replica.quarantine({ ifFile: file }) });
   const admin = await startAdmin({
     host: config.admin.host,
     port: config.admin.port,

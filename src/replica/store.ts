@@ -37,6 +37,11 @@ export interface ReplicaOptions {
   owner?: boolean;
   /** told where a damaged replica's files went */
   onDamaged?: (movedTo: string) => void;
+  /**
+   * In a process that does not own the file: told, once per file, that a lookup met damage
+   * in it, with the file's identity, to tell the process that does (quarantine's ifFile).
+   */
+  onDamageMet?: (file: FileIdentity) => void;
 }
 
 interface Row {
@@ -86,6 +91,8 @@ export class ReplicaStore {
   private statusCache: ReplicaStatus;
   private readonly timer: NodeJS.Timeout;
   private readonly listeners = new Set<(s: ReplicaStatus) => void>();
+  /** onDamageMet was called for the file open */
+  private damageTold = false;
   /** the path's claim while this process owns the file */
   private readonly claim: Database.Database | null;
 
@@ -127,6 +134,7 @@ export class ReplicaStore {
     const old = this.db;
     ({ db: this.db, reads: this.reads } = openReplica(this.opts.path));
     this.file = this.db.memory ? null : fileAt(this.opts.path);
+    this.damageTold = false;
     old.close();
     this.lastDataVersion = this.reads.dataVersion.get() as number;
     this.changed();
@@ -138,10 +146,12 @@ export class ReplicaStore {
    * (the replica only caches the console's data). Returns where the damaged file went
    * (null: nothing moved).
    */
-  quarantine(): string | null {
+  quarantine(o: { ifFile?: FileIdentity } = {}): string | null {
     // Not this process's file to move (a worker, `keyward import`), or the damaged file is
-    // no longer the one at the path: the snapshot under way writes a new one there.
+    // no longer the one at the path: the snapshot under way writes a new one there. A
+    // worker's report names its file: a late one must not move the new file aside.
     if (!this.opts.owner || this.file === null || this.detached()) return null;
+    if (o.ifFile && !sameFile(o.ifFile, this.file)) return null;
     const to = moveAside(this.opts.path, Date.now());
     this.reattach();
     this.opts.onDamaged?.(to);
@@ -175,9 +185,16 @@ export class ReplicaStore {
     try {
       return this.reads.byHash.get(hash) as Row | undefined;
     } catch (err) {
-      if (isDamage(err)) this.quarantine();
+      if (isDamage(err)) this.damageMet();
       throw err;
     }
+  }
+
+  private damageMet(): void {
+    if (this.opts.owner) return void this.quarantine();
+    if (this.file === null || this.damageTold || this.detached()) return;
+    this.damageTold = true;
+    this.opts.onDamageMet?.(this.file);
   }
 
   /**

@@ -13,6 +13,7 @@ import { join } from 'node:path';
 import { ReplicaStore } from '../../src/replica/store.js';
 import { foldSoon } from '../../src/replica/snapshot-apply.js';
 import { replicaWriter } from '../../src/replica/writer.js';
+import { fileAt, sameFile, type FileIdentity } from '../../src/replica/replica-file.js';
 import { buildSnapshot } from '../helpers/console-replica.js';
 import { parseSnapshotText } from '../../src/protocol/ndjson.js';
 import { importSnapshotFile } from '../../src/app/import.js';
@@ -98,6 +99,30 @@ test('`keyward import` into a damaged replica fails and leaves its files where t
   assert.throws(() => { for (let i = 0; i < 3_000; i += 97) reader.lookup(hashOf(i)); }, /malformed|corrupt/i);
   assert.ok(existsSync(path), 'a reader leaves it too');
   assert.deepEqual(readdirSync(dir).filter((f) => f.startsWith('imported.sqlite.damaged-')), []);
+  reader.close();
+});
+
+test('a reader meets damage: it tells the owner once, naming its file; the owner moves only that file aside', async () => {
+  const path = await damagedReplica('reported.sqlite');
+  const told: FileIdentity[] = [];
+  const reader = new ReplicaStore({ path, onDamageMet: (file) => told.push(file) });
+  let failures = 0;
+  for (let i = 0; i < 3_000; i += 97) {
+    try {
+      reader.lookup(hashOf(i));
+    } catch {
+      failures++;
+    }
+  }
+  assert.ok(failures > 1, `lookups met the damage (${failures})`);
+  assert.equal(told.length, 1, 'once per file');
+  const owner = new ReplicaStore({ path, owner: true });
+  assert.equal(owner.quarantine({ ifFile: { dev: told[0]!.dev, ino: told[0]!.ino + 1 } }), null, 'a report about another file moves nothing');
+  assert.ok(existsSync(path) && sameFile(told[0]!, fileAt(path)));
+  assert.match(owner.quarantine({ ifFile: told[0]! }) ?? '', /reported\.sqlite\.damaged-/);
+  assert.equal(owner.quarantine({ ifFile: told[0]! }), null, 'a late report about the file moved aside moves nothing');
+  assert.equal(owner.status().ready, false);
+  owner.close();
   reader.close();
 });
 

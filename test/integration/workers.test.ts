@@ -8,7 +8,8 @@ import assert from 'node:assert/strict';
 import { spawnSync } from 'node:child_process';
 import { once } from 'node:events';
 import { randomBytes } from 'node:crypto';
-import { mkdirSync, mkdtempSync, readFileSync, renameSync, rmSync, writeFileSync } from 'node:fs';
+import { closeSync, fstatSync, mkdirSync, mkdtempSync, openSync, readdirSync, readFileSync, renameSync, rmSync, writeFileSync, writeSync } from 'node:fs';
+import Database from 'better-sqlite3';
 import net from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -289,6 +290,55 @@ describe('serve --workers 2 with a console', () => {
     } finally {
       await proc?.stop('SIGKILL');
       await upUsage.close();
+      await fx.close();
+      rmSync(sub, { recursive: true, force: true });
+    }
+  });
+
+  test('damage a worker meets in the replica file: the primary moves the file aside and fills a new one from the console', { timeout: 60_000 }, async () => {
+    const fx = await startConsoleFixture();
+    const sub = mkdtempSync(join(tmpdir(), 'kw-workers-damage-'));
+    const path = join(sub, 'replica.sqlite');
+    let proc: SidecarProcess | null = null;
+    try {
+      await fx.api('POST', '/admin/v1/wallets/u_d/credit', { body: { amount: 100 } });
+      const secrets: string[] = [];
+      for (let i = 0; i < 300; i++) secrets.push(((await fx.api('POST', '/admin/v1/keys', { body: { kind: 'personal', user: 'u_d' } })).body as { secret: string }).secret);
+      const yaml =
+        `server: { port: 0 }\nadmin: { port: 0 }\nupstreams: { default: { url: ${up.url} } }\nreplica: { path: ${path} }\n` +
+        `console: { url: ${fx.url}, token: ${fx.tokens.sync}, waitMs: 1000 }\nredis: { url: ${REDIS}, prefix: ${prefix}d, timeoutMs: 1000 }\nlogging: { level: info }\n`;
+      const ready = async (p: SidecarProcess) => {
+        while ((await send(`http://127.0.0.1:${p.adminPort}`, { path: '/readyz' })).status !== 200);
+      };
+      proc = await spawnSidecar({ dir: sub, name: 'damage', yaml, args: ['--workers', '2'] });
+      const p = proc;
+      await ready(p);
+      // While it runs: the snapshot folded into the main file, then the pages of the keys past the tables' roots overwritten.
+      const db = new Database(path);
+      db.pragma('wal_checkpoint(TRUNCATE)');
+      const firstData = 1 + Math.max(...db.prepare('SELECT rootpage FROM sqlite_schema').pluck().all() as number[]);
+      db.close();
+      const fd = openSync(path, 'r+');
+      for (let at = firstData * 4096; at < fstatSync(fd).size; at += 4096) writeSync(fd, Buffer.alloc(4096, 0x5a), 0, 4096, at);
+      closeSync(fd);
+      const chatAs = (secret: string) => send(p.url, { method: 'POST', path: '/v1/chat/completions', headers: { ...bearer(secret), 'content-type': 'application/json' }, body: JSON.stringify({ model: 'gpt-4o-mini', messages: [] }) });
+      let damaged: string | null = null;
+      for (const secret of secrets) {
+        if ((await chatAs(secret)).status === 500) {
+          damaged = secret;
+          break;
+        }
+      }
+      assert.ok(damaged, 'a worker met the damage');
+      const moved = () => p.lines.some((l) => (JSON.parse(l) as { msg?: string }).msg === 'the replica file is damaged: moved aside; not ready until a snapshot fills a new one');
+      await until(moved, 'the primary moved the file aside', 10_000, p);
+      assert.ok(readdirSync(sub).some((f) => f.startsWith('replica.sqlite.damaged-')));
+      let status = 0;
+      while (status !== 200) status = (await chatAs(damaged)).status;
+      const all = await Promise.all(secrets.slice(0, 40).map(chatAs));
+      assert.deepEqual(all.map((r) => r.status), Array(40).fill(200), 'both workers serve the new file');
+    } finally {
+      await proc?.stop('SIGKILL');
       await fx.close();
       rmSync(sub, { recursive: true, force: true });
     }
