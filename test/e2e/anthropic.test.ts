@@ -275,6 +275,23 @@ describe('@anthropic-ai/sdk@1: denials surface as the SDK error classes and are 
 });
 
 describe('@anthropic-ai/sdk@1 against the demo upstream', () => {
+  test('messages.vendor names the version header (DESIGN section 2): `anthropic` reads the SDK\'s own anthropic-version, not keyward-version', async () => {
+    const hv = await startHarness({ upstream: up.url, keys: { k_v: {} }, config: { messages: { vendor: 'anthropic' } } });
+    try {
+      const c = new Anthropic({ apiKey: hv.keys.k_v!, baseURL: hv.url, maxRetries: 0, timeout: 5_000, defaultHeaders: { 'keyward-version': '1999-01-01' } });
+      const { response } = await c.messages.create(params(), { headers: { 'x-request-id': 'e2e-vendor' } }).withResponse();
+      assert.equal(response.status, 200);
+      const rec = up.received.at(-1)!;
+      const sdkVersion = rec.headers['anthropic-version'];
+      assert.equal(typeof sdkVersion, 'string');
+      assert.equal(rec.headers['keyward-version'], '1999-01-01', 'forwarded unchanged all the same');
+      const line = await waitForLine(hv, (l) => l.req_id === 'e2e-vendor');
+      assert.equal(line.api_version, sdkVersion);
+    } finally {
+      await hv.close();
+    }
+  });
+
   test('messages.create JSON and stream, and countTokens parse', async () => {
     const demo = await startDemoUpstream();
     const hd = await startHarness({ upstream: demo.url, keys: { k_demo: {} } });

@@ -9,7 +9,7 @@ import { test } from 'node:test';
 import { createMemoryLimiter } from '../../src/limits/memory.js';
 import type { ClaimInput } from '../../src/limits/limiter.js';
 import { quiet } from '../../src/log.js';
-import { Delivery, type DeliveryTuning, type Outgoing } from '../../src/obs/alerts/delivery.js';
+import { Delivery, DELIVERY_DEFAULTS, type DeliveryTuning, type Outgoing } from '../../src/obs/alerts/delivery.js';
 import { eventBody, holderRef, signature, standing } from '../../src/obs/alerts/event.js';
 import { AlertWatch } from '../../src/obs/alerts/watch.js';
 import type { Crossing } from '../../src/obs/alerts/event.js';
@@ -177,4 +177,9 @@ test('watch: a claim the store cannot answer is asked again later with the same 
   assert.equal(asked.length, 3);
   await watch.close();
   await limiter.close();
+});
+
+test('by default an alert is retried for at least 10 minutes (DESIGN section 13), with backoff that reaches past one attempt a minute', () => {
+  assert.ok(DELIVERY_DEFAULTS.retryWindowMs >= 10 * 60_000);
+  assert.ok(DELIVERY_DEFAULTS.firstRetryMs < DELIVERY_DEFAULTS.maxRetryMs && DELIVERY_DEFAULTS.maxRetryMs <= DELIVERY_DEFAULTS.retryWindowMs / 10, 'many attempts in the window');
 });

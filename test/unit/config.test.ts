@@ -17,6 +17,9 @@ test('defaults are the ones in DESIGN section 2', () => {
   assert.equal(c.server.host, '127.0.0.1');
   assert.equal(c.server.port, 8080);
   assert.equal(c.server.maxJsonBodyBytes, 33_554_432);
+  assert.equal(c.server.maxUploadBytes, 0);
+  assert.deepEqual(c.server.trustedProxies, []);
+  assert.equal(c.server.refuseBrowsers, true);
   assert.deepEqual(c.admin, { host: '127.0.0.1', port: 9090 });
   assert.deepEqual(c.upstreams, { default: { url: 'http://127.0.0.1:4000', timeoutMs: 600_000, capacity: { concurrency: 0, rpm: 0 } } });
   assert.deepEqual(c.replica, { path: './data/replica.sqlite' });

@@ -1,6 +1,6 @@
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { randomBytes } from 'node:crypto';
+import { createDecipheriv, randomBytes } from 'node:crypto';
 import { MasterKeyError, open, readMasterKey, seal } from '../../src/console/crypto.js';
 import { makePricer } from '../../src/console/pricing.js';
 import { globMatch } from '../../src/policy/glob.js';
@@ -17,6 +17,19 @@ test('sealed secrets round-trip and are bound to the key id', () => {
   const tampered = { ...sealed, ciphertext: Buffer.from(sealed.ciphertext) };
   tampered.ciphertext[0]! ^= 1;
   assert.throws(() => open({ masterKey, sealed: tampered, aad: 'k_1' }), MasterKeyError);
+});
+
+test('sealed with AES-256-GCM (DESIGN section 8): node:crypto opens it as such, and no other cipher does', () => {
+  const masterKey = randomBytes(32);
+  const sealed = seal({ masterKey, plaintext: 'kw_secret', aad: 'k_1' });
+  const openAs = (cipher: string) => {
+    const d = createDecipheriv(cipher as 'aes-256-gcm', masterKey, sealed.iv);
+    d.setAAD(Buffer.from('k_1'));
+    d.setAuthTag(sealed.tag);
+    return Buffer.concat([d.update(sealed.ciphertext), d.final()]).toString('utf8');
+  };
+  assert.equal(openAs('aes-256-gcm'), 'kw_secret');
+  assert.throws(() => openAs('chacha20-poly1305'));
 });
 
 test('the master key is read as 64 hex or base64 of 32 bytes; errors name the variable, never the value', () => {
