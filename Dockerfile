@@ -1,10 +1,12 @@
 # syntax=docker/dockerfile:1
 # Build stage: compiles TypeScript to dist/. better-sqlite3 13 ships N-API prebuilds for
-# linux x64 and arm64 (glibc and musl), so no compiler toolchain is needed.
+# linux x64 and arm64 (glibc and musl) and loads them without an install script, so
+# scripts are skipped: npm would otherwise run node-gyp for its binding.gyp, which needs
+# Python and make, and the slim image has neither.
 FROM node:24-bookworm-slim AS build
 WORKDIR /app
 COPY package.json package-lock.json ./
-RUN npm ci --no-audit --no-fund
+RUN npm ci --no-audit --no-fund --ignore-scripts
 COPY tsconfig.json tsconfig.build.json ./
 COPY scripts ./scripts
 COPY src ./src
