@@ -257,13 +257,21 @@ export async function startSidecar(opts: SidecarOptions): Promise<Sidecar> {
   metrics.trackInFlight(() => exchanges.inFlight());
 
   const server = proxyServer(exchanges);
-  const port = await listen(server, config.server.port, config.server.host);
+  const running: Running = { server, exchanges, logger, forwarder, admin: null, usage, sync, limiter, traces, alerts, stopRechecks, ownReplica: opts.replica ? null : replica };
   let draining = false;
-  const admin = await adminFor(opts, { server, metrics, notReadyReason: () => (draining ? 'draining' : replica.status().ready ? null : 'replica not loaded: no sync or import yet') });
+  let port: number;
+  try {
+    port = await listen(server, config.server.port, config.server.host);
+    running.admin = await adminFor(opts, { server, metrics, notReadyReason: () => (draining ? 'draining' : replica.status().ready ? null : 'replica not loaded: no sync or import yet') });
+  } catch (err) {
+    // A port taken: what was built lets go (the replica path's claim, Redis, timers), so a caller may try other ports.
+    await shutdown(running, 0);
+    throw err;
+  }
+  const admin = running.admin;
   // Not awaited: the replica serves what it has (a previous run's data) while the first sync runs.
   void sync?.start();
 
-  const running: Running = { server, exchanges, logger, forwarder, admin, usage, sync, limiter, traces, alerts, stopRechecks, ownReplica: opts.replica ? null : replica };
   return {
     port,
     adminPort: admin?.port ?? 0,

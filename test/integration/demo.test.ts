@@ -5,6 +5,8 @@
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { readdirSync } from 'node:fs';
+import net, { type AddressInfo } from 'node:net';
+import { once } from 'node:events';
 import { tmpdir } from 'node:os';
 import { runDemo } from '../../src/app/demo.js';
 import { send } from '../helpers/http.js';
@@ -27,6 +29,25 @@ test('the demo shows a 200, a 401, a 402 and a 403, with keys made through the c
     assert.ok(lines.some((l) => l.includes(demo.keys.ok)), 'the demo prints its keys');
   } finally {
     await demo.close();
+  }
+});
+
+test('the demo\'s ports taken (another program on 8080 or 9090): it falls back to free ones and works', { timeout: 20_000 }, async () => {
+  const held = await Promise.all([0, 1].map(async () => {
+    const s = net.createServer();
+    s.listen(0, '127.0.0.1');
+    await once(s, 'listening');
+    return s;
+  }));
+  const [port, adminPort] = held.map((s) => (s.address() as AddressInfo).port);
+  const demo = await runDemo({ port: port!, adminPort: adminPort!, consolePort: 0, log: () => undefined });
+  try {
+    assert.notEqual(demo.sidecar.port, port);
+    const r = await send(demo.sidecar.url, { path: '/v1/models', headers: { authorization: `Bearer ${demo.keys.ok}` } });
+    assert.equal(r.status, 200);
+  } finally {
+    await demo.close();
+    for (const s of held) s.close();
   }
 });
 
