@@ -85,7 +85,7 @@ function introduce(say: (line: string) => void, o: { sidecar: Sidecar; consoleUr
   say(`  401  curl -s ${base}/v1/models -H 'authorization: Bearer not-a-real-key'`);
   say(`  402  curl -s ${base}/v1/chat/completions -H 'authorization: Bearer ${keys.broke}' ${body('demo-model')}`);
   say(`  403  curl -s ${base}/v1/chat/completions -H 'authorization: Bearer ${keys.scoped}' ${body('gpt-4o')}`);
-  say('The console, from another shell:');
+  say(`The console, from another shell (admin token: ${o.adminToken}):`);
   say(`  export KEYWARD_CONSOLE_URL=${o.consoleUrl} KEYWARD_ADMIN_TOKEN=${o.adminToken}`);
   say('  npx keyward keys list        # then: npx keyward keys delete <id>  -> that key answers 401 api_key_deleted');
   say(`  curl -s http://127.0.0.1:${o.sidecar.adminPort}/metrics`);

@@ -45,8 +45,16 @@ export function loadConfigFile<T>(opts: { file: string; schema: z.ZodType<T>; en
 /** The console's: its pepper as the sidecar's, since the two must hash keys alike. */
 export const CONSOLE_ENV_DEFAULTS: readonly EnvDefault[] = SIDECAR_ENV_DEFAULTS.filter((d) => d.block === 'keys');
 
+/** Top-level keys only the console's config has: a file with them was given to the wrong verb. */
+const CONSOLE_ONLY = ['listen: unknown key', 'store: unknown key', 'pricing: unknown key'];
+
 /** Reads and validates the file; throws ConfigError naming every problem. */
 export function loadConfig(file: string, env: NodeJS.ProcessEnv = process.env): LoadedConfig {
   const bytes = readConfigFile(file);
-  return { config: parseConfigText({ text: bytes.toString('utf8'), file, schema: configSchema, env, envDefaults: SIDECAR_ENV_DEFAULTS }), hash: configHash(bytes) };
+  try {
+    return { config: parseConfigText({ text: bytes.toString('utf8'), file, schema: configSchema, env, envDefaults: SIDECAR_ENV_DEFAULTS }), hash: configHash(bytes) };
+  } catch (err) {
+    if (!(err instanceof ConfigError) || !err.problems.some((p) => CONSOLE_ONLY.includes(p))) throw err;
+    throw new ConfigError(file, [...err.problems, 'this looks like the console\'s config: check it with `keyward check-config --console --config FILE`, run it with `keyward console --config FILE`']);
+  }
 }

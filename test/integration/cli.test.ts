@@ -66,7 +66,10 @@ describe('keyward CLI', () => {
     const r = run(['check-config', '--console', '--config', sidecar]);
     assert.equal(r.status, 1);
     assert.match(r.stderr, /upstreams: unknown key/);
-    assert.equal(spawnSync(process.execPath, [...KEYWARD_ARGS, 'check-config', '--config', example], { encoding: 'utf8', timeout: 30_000, env }).status, 1);
+    const wrongVerb = spawnSync(process.execPath, [...KEYWARD_ARGS, 'check-config', '--config', example], { encoding: 'utf8', timeout: 30_000, env });
+    assert.equal(wrongVerb.status, 1);
+    assert.match(wrongVerb.stderr, /this looks like the console's config: check it with `keyward check-config --console --config FILE`/);
+    assert.doesNotMatch(r.stderr, /looks like/, 'a sidecar file checked as a console one gets no such hint');
   });
 
   test('check-config refuses what serve would refuse at start, all at once, and serve refuses the same file', () => {

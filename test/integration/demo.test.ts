@@ -27,6 +27,7 @@ test('the demo shows a 200, a 401, a 402 and a 403, with keys made through the c
     assert.equal((await chat(demo.keys.scoped, 'gpt-4o')).status, 403);
     for (const status of ['200', '401', '402', '403']) assert.ok(lines.some((l) => l.trimStart().startsWith(`${status}  curl`)), status);
     assert.ok(lines.some((l) => l.includes(demo.keys.ok)), 'the demo prints its keys');
+    assert.ok(lines.some((l) => /admin token: \S{20,}\)/.test(l)), 'and the console\'s admin token, named as such');
   } finally {
     await demo.close();
   }
