@@ -106,9 +106,10 @@ test('an instance that stops renewing its claim (it hangs or died) loses it once
 });
 
 test('an event waiting behind its holder\'s earlier one keeps its claim: the other instance does not send it too', async () => {
-  // a's receiver hangs: a retries its first event for 1.5 s, far past the claim's 400 ms, while
-  // its second waits; then each attempt of the second waits 300 ms for an answer
-  const a = await instance({ retryWindowMs: 1_500, attemptTimeoutMs: 300 });
+  // a's receiver hangs: a retries its first event for 4.5 s, far past the claim's 1.2 s, while
+  // its second waits; then each attempt of the second waits 900 ms for an answer. (A pending
+  // time of 1.2 s, renewed every 400 ms, outlasts the event-loop stalls of a loaded machine.)
+  const a = await instance({ retryWindowMs: 4_500, attemptTimeoutMs: 900, claimPendingMs: 1_200 });
   const b = await instance();
   a.hook.hang(true);
   assert.equal(await spend(a.h, 'k_queued', 2_100), 200); // 7.5 + 2.2: past 0.8 and 0.95 at once
@@ -119,8 +120,8 @@ test('an event waiting behind its holder\'s earlier one keeps its claim: the oth
       const e = JSON.parse(d.body) as { holder: { id: string }; threshold: number };
       return e.holder.id === 'k_queued' && e.threshold === threshold;
     }).length;
-  // the second event's claim was made 1.5 s ago; b asks again through its first two attempts
-  await a.hook.until(() => tried(0.95) >= 2, 'two attempts of the second event', 10_000);
+  // the second event's claim was made 4.5 s ago; b asks again through its first two attempts
+  await a.hook.until(() => tried(0.95) >= 2, 'two attempts of the second event', 20_000);
   a.hook.hang(false);
   await alertsIdle(a.h, b.h);
   assert.deepEqual(eventsOf(a.hook.accepted(), 'key:k_queued').map((e) => e.threshold), [0.95]);
