@@ -116,7 +116,7 @@ const routeEntry = z.strictObject({
   modelRequired: bool().default(false),
 }).superRefine((entry, ctx) => {
   // Operator routes extend the table: one whose every method the built-in table answers would never be reached.
-  if (entry.path.endsWith('/*') || routePathProblem(entry.path)) return;
+  if (entry.path.endsWith('/*') || routePathProblem(entry.path) || entry.methods?.length === 0) return;
   const taken = (entry.methods ?? HTTP_METHODS).map((m) => builtInRoute(m, entry.path));
   if (taken.every((name) => name !== null)) {
     const names = [...new Set(taken)].join(', ');

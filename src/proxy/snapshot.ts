@@ -21,7 +21,7 @@ export interface Capacity {
 export interface Snapshot {
   /** the config in force when the request arrived */
   readonly config: Config;
-  /** route table: operator routes, then the built-in ones */
+  /** route table: the built-in routes, then the operator's (routes.ts) */
   readonly rules: readonly RouteRule[];
   /** capacity of each upstream, by routing mode */
   readonly capacity: ReadonlyMap<string, Capacity>;

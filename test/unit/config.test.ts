@@ -199,6 +199,12 @@ for (const [name, text, path, re] of SINGLE) {
   test(`invalid: ${name} -> ${path}`, () => hasProblem(problems(text), path, re));
 }
 
+test('a route with an empty methods list: that one problem, not also a built-in route of no name', () => {
+  const list = problems(`${MINIMAL}routes:\n  - { path: /v1/rerank, methods: [], class: model }\n`);
+  hasProblem(list, 'routes.0.methods');
+  assert.equal(list.length, 1, list.join('\n'));
+});
+
 test(
   'the admin listener may not share the proxy port when either host is a wildcard',
   () => {
