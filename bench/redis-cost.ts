@@ -115,7 +115,7 @@ async function startSidecarUnder(target: { url: string }) {
   const sidecar = await startSidecar({ config, logger, replica });
   const close = async (): Promise<void> => {
     await sidecar.close({ graceMs: 500 });
-    replica.close();
+    await replica.close();
     await up.close();
     rmSync(dir, { recursive: true, force: true });
   };

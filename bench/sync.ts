@@ -138,7 +138,7 @@ async function main(): Promise<void> {
     }
     console.log(`single change console -> replica (${changes} changes): p50 ${pct(lat, 0.5).toFixed(1)} ms, p90 ${pct(lat, 0.9).toFixed(1)} ms, max ${Math.max(...lat).toFixed(1)} ms`);
     await again.stop();
-    replica.close();
+    await replica.close();
   } finally {
     child.kill('SIGTERM');
     await new Promise((r) => child.once('exit', r));

@@ -94,7 +94,7 @@ replica.applySnapshot({ version: 1, records: records.map((record, i) => ({ line:
 const logger = createLogger({ level: process.env.KW_BENCH_LOG_LEVEL ?? 'info', destination: logDestination(process.env.KW_BENCH_LOG ? `${process.env.KW_BENCH_LOG}.${mode}` : '/dev/null') });
 let close: () => Promise<void>;
 if (workers > 1) {
-  replica.close();
+  await replica.close();
   // The workers run keyward-worker.ts with the config startWorkers sends them.
   cluster.setupPrimary({ exec: join(import.meta.dirname, 'keyward-worker.ts'), execArgv: process.execArgv });
   const pool = await startWorkers({ config, logger, workers });
@@ -106,7 +106,7 @@ if (workers > 1) {
   close = async () => {
     process.stdout.write(`${JSON.stringify({ stats: sidecar.limiter.stats() })}\n`);
     await sidecar.close({ graceMs: 500 });
-    replica.close();
+    await replica.close();
   };
 }
 

@@ -27,7 +27,7 @@ export async function importSnapshotFile(opts: { replicaPath: string; file: stri
     if (isDamage(err)) throw new ImportError(`the replica file ${opts.replicaPath} is damaged (${(err as Error).message}): move it and its -wal and -shm files away, then import again`);
     throw err;
   } finally {
-    replica.close();
+    await replica.close();
     // An empty replica left behind would look like one to serve from, to a later `serve`.
     if (created && !applied) for (const p of [opts.replicaPath, `${opts.replicaPath}-wal`, `${opts.replicaPath}-shm`]) rmSync(p, { force: true });
   }

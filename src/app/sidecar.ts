@@ -198,7 +198,7 @@ async function shutdown(r: Running, graceMs: number): Promise<void> {
   await r.usage?.stop();
   await r.sync?.stop();
   await r.limiter.close();
-  r.ownReplica?.close();
+  await r.ownReplica?.close();
 }
 
 /** The admin listener (none in a cluster worker: the primary answers for every worker); a failure closes the proxy server. */

@@ -250,7 +250,7 @@ export async function startWorkers(opts: WorkersOptions): Promise<WorkerPool> {
   } catch (err) {
     workers.kill();
     await admin.close();
-    replica.close();
+    await replica.close();
     throw err;
   }
   // Not awaited: workers serve what the replica file holds while the first sync runs.
@@ -274,7 +274,7 @@ export async function startWorkers(opts: WorkersOptions): Promise<WorkerPool> {
       // Last: the workers' final usage events arrived before their "drained".
       await usage?.stop();
       await sync?.stop();
-      replica.close();
+      await replica.close();
     },
   };
 }

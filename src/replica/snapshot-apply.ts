@@ -86,7 +86,7 @@ const folding = new WeakMap<ReplicaStore, { running: boolean; last: number }>();
  */
 export function foldSoon(replica: ReplicaStore): Promise<void> | null {
   // A worker opens the path: while the file served is not the one there, it would fold another file.
-  if (replica.db.memory || replica.detached()) return null;
+  if (!replica.db.open || replica.db.memory || replica.detached()) return null;
   const state = folding.get(replica) ?? { running: false, last: -Infinity };
   folding.set(replica, state);
   const now = performance.now();
@@ -96,7 +96,9 @@ export function foldSoon(replica: ReplicaStore): Promise<void> | null {
   // Not unref'd: the process waits for a passive checkpoint (milliseconds) before it exits.
   const worker = spawn({ kind: 'keyward-fold', data: { dbPath: replica.db.name } });
   worker.once('error', () => {});
-  return new Promise((resolve) => worker.once('exit', () => resolve(void (state.running = false))));
+  const folded = new Promise<void>((resolve) => worker.once('exit', () => resolve(void (state.running = false))));
+  replica.track(folded);
+  return folded;
 }
 
 /**

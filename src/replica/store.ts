@@ -95,6 +95,8 @@ export class ReplicaStore {
   private damageTold = false;
   /** the path's claim while this process owns the file */
   private readonly claim: Database.Database | null;
+  /** work on other threads that has this replica's path open (a checkpoint) */
+  private readonly elsewhere = new Set<Promise<void>>();
 
   constructor(private readonly opts: ReplicaOptions) {
     this.youngMax = Math.max(1, Math.floor((opts.cacheSize ?? 50_000) / 2));
@@ -242,10 +244,23 @@ export class ReplicaStore {
     }
   }
 
-  close(): void {
+  /** Tells close() to wait for `work`, a thread that opened this replica's path. */
+  track(work: Promise<void>): void {
+    this.elsewhere.add(work);
+    const done = (): void => void this.elsewhere.delete(work);
+    work.then(done, done);
+  }
+
+  /**
+   * Closes this process's connections at once. Resolves when no thread it started has the
+   * path open any longer: a caller that then moves or removes the files does not race one
+   * that would reopen them.
+   */
+  async close(): Promise<void> {
     clearInterval(this.timer);
     this.db.close();
     this.claim?.close();
+    await Promise.allSettled([...this.elsewhere]);
   }
 
   private changed(): void {

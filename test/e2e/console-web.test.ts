@@ -73,7 +73,7 @@ after(async () => {
   if (skip) return;
   await browser?.close();
   await sidecar?.close({ graceMs: 100 });
-  replica?.close();
+  await replica?.close();
   await upstream?.close();
   await fx?.close();
   rmSync(dir, { recursive: true, force: true });

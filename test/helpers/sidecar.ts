@@ -106,7 +106,7 @@ export async function startHarness(opts: HarnessOptions): Promise<Harness> {
     sidecar, url: sidecar.url, replica, dir, keys, logs, logEvents, usage, config,
     async close() {
       await sidecar.close({ graceMs: 500 });
-      replica.close();
+      await replica.close();
       rmSync(dir, { recursive: true, force: true });
     },
   };

@@ -111,7 +111,7 @@ describe('keyward CLI', () => {
     }
   });
 
-  test('import applies a snapshot; a bad line rejects the whole file by line number and the old replica stays', () => {
+  test('import applies a snapshot; a bad line rejects the whole file by line number and the old replica stays', async () => {
     const replica = join(dir, 'replica.sqlite');
     const ok = join(dir, 'ok.ndjson');
     writeFileSync(ok, snapshot(7, [keyLine('k1', 'secret-one')]));
@@ -136,11 +136,11 @@ describe('keyward CLI', () => {
       assert.equal(store.lookup(hash('secret-one'))?.key.id, 'k1');
       assert.equal(store.lookup(hash('secret-two')), null);
     } finally {
-      store.close();
+      await store.close();
     }
   });
 
-  test('import without --config or --replica writes the default replica path, under the working directory', () => {
+  test('import without --config or --replica writes the default replica path, under the working directory', async () => {
     const cwd = mkdtempSync(join(dir, 'cwd-'));
     const file = join(dir, 'default.ndjson');
     writeFileSync(file, snapshot(3, [keyLine('k9', 'secret-nine')]));
@@ -153,7 +153,7 @@ describe('keyward CLI', () => {
     try {
       assert.equal(store.lookup(hash('secret-nine'))?.key.id, 'k9');
     } finally {
-      store.close();
+      await store.close();
     }
   });
 

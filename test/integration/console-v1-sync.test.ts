@@ -28,7 +28,7 @@ before(async () => {
 });
 after(async () => {
   await client.stop();
-  replica.close();
+  await replica.close();
   await fx.close();
   rmSync(dir, { recursive: true, force: true });
 });
@@ -106,7 +106,7 @@ test("a key's shadow list: set by the CLI, in the snapshot and the change feed, 
   const fresh = new ReplicaStore({ path: join(dir, 'from-snapshot.sqlite') });
   fresh.applySnapshot({ ...snap, source: 'test' });
   assert.deepEqual(lookupSecret(fresh, secret)!.key.shadow, ['rpm', 'tpm']);
-  fresh.close();
+  await fresh.close();
 
   assert.match((await cli('keys', 'show', key.id)).stdout, /shadow\s+rpm,tpm/);
   assert.match((await cli('keys', 'list', '--user', 'sam')).stdout, /SHADOW[\s\S]*rpm,tpm/);

@@ -71,7 +71,7 @@ before(async () => {
 after(async () => {
   reloader?.close();
   await sidecar?.close({ graceMs: 100 });
-  replica?.close();
+  await replica?.close();
   await upstream?.close();
   await fx?.close();
   rmSync(dir, { recursive: true, force: true });

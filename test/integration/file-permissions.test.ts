@@ -22,7 +22,7 @@ function withUmask<T>(mask: number, fn: () => T): T {
   }
 }
 
-test('the replica, its -wal and -shm are 0600', () => {
+test('the replica, its -wal and -shm are 0600', async () => {
   const dir = mkdtempSync(join(tmpdir(), 'kw-perm-'));
   try {
     const path = join(dir, 'sub', 'replica.sqlite');
@@ -33,25 +33,25 @@ test('the replica, its -wal and -shm are 0600', () => {
       assert.equal(mode(p).toString(8), '600', p);
     }
     assert.equal(mode(join(dir, 'sub')).toString(8), '700');
-    store.close();
+    await store.close();
   } finally {
     rmSync(dir, { recursive: true, force: true });
   }
 });
 
-test('a replica left world-readable by an earlier run is narrowed', () => {
+test('a replica left world-readable by an earlier run is narrowed', async () => {
   const dir = mkdtempSync(join(tmpdir(), 'kw-perm-'));
   try {
     const path = join(dir, 'replica.sqlite');
     const first = new ReplicaStore({ path });
-    first.close();
+    await first.close();
     chmodSync(path, 0o644);
     writeFileSync(`${path}-shm`, '');
     chmodSync(`${path}-shm`, 0o666);
     const store = new ReplicaStore({ path });
     assert.equal(mode(path).toString(8), '600');
     assert.equal(mode(`${path}-shm`).toString(8), '600');
-    store.close();
+    await store.close();
   } finally {
     rmSync(dir, { recursive: true, force: true });
   }

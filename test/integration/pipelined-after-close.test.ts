@@ -105,7 +105,7 @@ test('behind a request in flight when the drain starts: not forwarded, not bille
   } finally {
     release();
     await slow.close();
-    drained.replica.close();
+    await drained.replica.close();
     rmSync(drained.dir, { recursive: true, force: true });
   }
 });

@@ -34,7 +34,7 @@ test('commits on the main connection leave the WAL to a worker, which folds it i
   await folded;
   assert.equal(fileBytes(replica), pageBytes(replica), 'the worker copied every page into the file');
   assert.equal(replica.lookup(replica.db.prepare("SELECT hash FROM keys WHERE id = 'k_19999'").pluck().get() as string)?.key.id, 'k_19999');
-  replica.close();
+  await replica.close();
 });
 
 test('a change batch of many short changes goes to the worker, whatever its length in characters', async () => {
@@ -50,5 +50,18 @@ test('a change batch of many short changes goes to the worker, whatever its leng
   assert.deepEqual([many.offThread, many.changes, many.applied], [true, 900, true]);
   // a deleted key stays as a tombstone (it answers api_key_deleted)
   assert.equal(replica.db.prepare("SELECT COUNT(*) FROM keys WHERE status = 'deleted'").pluck().get(), 910);
-  replica.close();
+  await replica.close();
+});
+
+test('close resolves once no checkpoint worker has the path open, and none starts after it', async () => {
+  const replica = new ReplicaStore({ path: join(dir, 'closing.sqlite') });
+  replica.applySnapshot({ ...parseSnapshotText(Buffer.concat(buildSnapshot({ keys: 10, version: 1 })).toString()), source: 'test' });
+  const fold = foldSoon(replica);
+  assert.ok(fold, 'a checkpoint is running on a worker');
+  let folded = false;
+  void fold.then(() => (folded = true));
+  // A caller that removes the replica's directory next must not race a worker that reopens its files.
+  await replica.close();
+  assert.equal(folded, true, 'close waited for the worker');
+  assert.equal(foldSoon(replica), null, 'a closed replica is not checkpointed');
 });

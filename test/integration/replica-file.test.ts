@@ -48,7 +48,7 @@ test('a replica file deleted while running: batches still reach the file served,
   const big = await writer.applyChangeText(JSON.stringify({ version: 8, changes: deletes(0, 300) }), 'test');
   assert.deepEqual([big.applied, big.offThread], [true, true], 'workers write the file served again');
   assert.equal(replica.lookup(hashOf(1))?.key.status, 'deleted');
-  replica.close();
+  await replica.close();
 });
 
 /** A replica of 3,000 keys whose every page past the first 8 (the schema and the meta row survive) is overwritten. */
@@ -57,7 +57,7 @@ async function damagedReplica(name: string): Promise<string> {
   const first = new ReplicaStore({ path });
   first.applySnapshot({ ...parseSnapshotText(Buffer.concat(buildSnapshot({ keys: 3_000, version: 3 })).toString()), source: 'test' });
   await foldSoon(first);
-  first.close();
+  await first.close();
   const fd = openSync(path, 'r+');
   const size = fstatSync(fd).size;
   for (let at = 8 * 4096; at < size; at += 4096) writeSync(fd, Buffer.alloc(4096, 0x5a), 0, 4096, at);
@@ -86,7 +86,7 @@ test('a damaged replica is moved aside at the first lookup that meets the damage
   await replicaWriter(replica).applySnapshot({ body: chunks(buildSnapshot({ keys: 3_000, version: 4 })), source: 'test' });
   assert.equal(replica.status().ready, true);
   assert.equal(replica.lookup(hashOf(2_999))?.key.id, 'k_2999');
-  replica.close();
+  await replica.close();
 });
 
 test('`keyward import` into a damaged replica fails and leaves its files where they are: only the syncing process moves them', async () => {
@@ -99,7 +99,7 @@ test('`keyward import` into a damaged replica fails and leaves its files where t
   assert.throws(() => { for (let i = 0; i < 3_000; i += 97) reader.lookup(hashOf(i)); }, /malformed|corrupt/i);
   assert.ok(existsSync(path), 'a reader leaves it too');
   assert.deepEqual(readdirSync(dir).filter((f) => f.startsWith('imported.sqlite.damaged-')), []);
-  reader.close();
+  await reader.close();
 });
 
 test('a reader meets damage: it tells the owner once, naming its file; the owner moves only that file aside', async () => {
@@ -122,8 +122,8 @@ test('a reader meets damage: it tells the owner once, naming its file; the owner
   assert.match(owner.quarantine({ ifFile: told[0]! }) ?? '', /reported\.sqlite\.damaged-/);
   assert.equal(owner.quarantine({ ifFile: told[0]! }), null, 'a late report about the file moved aside moves nothing');
   assert.equal(owner.status().ready, false);
-  owner.close();
-  reader.close();
+  await owner.close();
+  await reader.close();
 });
 
 test('a replica without a snapshot takes no change batch: partial data would read as ready', async () => {
@@ -131,16 +131,16 @@ test('a replica without a snapshot takes no change batch: partial data would rea
   const r = await replicaWriter(replica).applyChangeText(JSON.stringify({ version: 9, changes: deletes(0, 3) }), 'test');
   assert.equal(r.applied, false);
   assert.deepEqual([replica.status().ready, replica.status().version], [false, null]);
-  replica.close();
+  await replica.close();
 });
 
-test('one syncing process to a replica path: a second is refused at start, and the path is free again once the first closes', () => {
+test('one syncing process to a replica path: a second is refused at start, and the path is free again once the first closes', async () => {
   const path = join(dir, 'owned.sqlite');
   const first = new ReplicaStore({ path, owner: true });
   assert.throws(() => new ReplicaStore({ path, owner: true }), /is synced by another keyward \(it holds .*owned\.sqlite\.owner locked\): give this one its own replica\.path/);
   const reader = new ReplicaStore({ path });
   assert.equal(reader.status().ready, false, 'a process that only reads it (a worker, `keyward import`) is not refused');
-  reader.close();
-  first.close();
-  new ReplicaStore({ path, owner: true }).close();
+  await reader.close();
+  await first.close();
+  await new ReplicaStore({ path, owner: true }).close();
 });

@@ -39,7 +39,7 @@ test('a replica file from schema 3 gains the tag column in place: version kept, 
   const path = join(dir, 'schema3.sqlite');
   const made = new ReplicaStore({ path });
   await replicaWriter(made).applySnapshot({ body: once(snapshot({ version: 6 })), source: 'test' });
-  made.close();
+  await made.close();
   const older = new Database(path);
   older.exec('ALTER TABLE meta DROP COLUMN tag; PRAGMA user_version = 3;');
   older.close();
@@ -52,10 +52,10 @@ test('a replica file from schema 3 gains the tag column in place: version kept, 
   await writer.applySnapshot({ body: once(snapshot({ version: 2, tag: '0a1b2c3d4e5f6071' }, [wallet, key('k_2')])), source: 'test' });
   assert.deepEqual([replica.status().version, writer.tag?.()], [2, '0a1b2c3d4e5f6071']);
   assert.equal(replica.lookup(sha256('k_1')), null);
-  replica.close();
+  await replica.close();
   const again = new ReplicaStore({ path });
   assert.deepEqual([again.status().version, again.status().tag], [2, '0a1b2c3d4e5f6071'], 'kept across a reopen');
-  again.close();
+  await again.close();
 });
 
 test('change batches on this thread and on the worker keep the tag they carry, or none', async () => {
@@ -71,7 +71,7 @@ test('change batches on this thread and on the worker keep the tag they carry, o
   const text = JSON.stringify({ version: 4, tag: 'cccc', changes: [{ op: 'upsert', ...key('k_3') }] });
   assert.deepEqual(await applyChangeTextOffThread({ replica, text, source: 'test' }), { version: 4, changes: 1, applied: true });
   assert.deepEqual([replica.status().version, replica.status().tag], [4, 'cccc']);
-  replica.close();
+  await replica.close();
 });
 
 test('the snapshot worker keeps the meta line tag', async () => {
@@ -81,7 +81,7 @@ test('the snapshot worker keeps the meta line tag', async () => {
   const applied = await applySnapshotStream({ replica, body: (async function* () { yield* chunks; })(), source: 'test' });
   assert.equal(applied.offThread, true);
   assert.deepEqual([replica.status().version, replica.status().tag], [9, 'dddd']);
-  replica.close();
+  await replica.close();
 });
 
 test('keyward import keeps the tag of the file', async () => {
@@ -91,12 +91,12 @@ test('keyward import keeps the tag of the file', async () => {
   await importSnapshotFile({ replicaPath: path, file });
   const replica = new ReplicaStore({ path });
   assert.deepEqual([replica.status().version, replica.status().tag], [12, 'eeee']);
-  replica.close();
+  await replica.close();
   writeFileSync(file, snapshot({ version: 13 }));
   await importSnapshotFile({ replicaPath: path, file });
   const untagged = new ReplicaStore({ path });
   assert.deepEqual([untagged.status().version, untagged.status().tag], [13, null]);
-  untagged.close();
+  await untagged.close();
 });
 
 test('a malformed tag refuses the snapshot whole, or the batch, and the replica stays', async () => {
@@ -108,5 +108,5 @@ test('a malformed tag refuses the snapshot whole, or the batch, and the replica 
     await assert.rejects(writer.applyChangeText(JSON.stringify({ version: 2, tag, changes: [] }), 'test'), InvalidBatchError);
   }
   assert.deepEqual([replica.status().version, replica.status().tag], [1, 'ffff']);
-  replica.close();
+  await replica.close();
 });

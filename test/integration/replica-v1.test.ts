@@ -39,7 +39,7 @@ INSERT INTO wallets VALUES ('u_1', 5);
 PRAGMA user_version = 1;
 `;
 
-test('a replica file from schema 1 is migrated in place: rows kept, ready, v1 fields at their defaults', () => {
+test('a replica file from schema 1 is migrated in place: rows kept, ready, v1 fields at their defaults', async () => {
   const path = join(dir, 'old.sqlite');
   const old = new Database(path);
   old.exec(SCHEMA_1);
@@ -63,17 +63,17 @@ test('a replica file from schema 1 is migrated in place: rows kept, ready, v1 fi
   // the migrated file takes v1 records, and a second open finds nothing left to do
   replica.applyChanges({ version: 8, changes: [{ op: 'upsert', ...(parseSnapshotText(lines(0, [key('k_old', { epoch: 2, allowBrowser: true })])).records[0]!.record) }] }, 'test');
   assert.equal(replica.lookup(sha256('k_old'))!.key.epoch, 2);
-  replica.close();
+  await replica.close();
   const again = new ReplicaStore({ path });
   assert.equal(again.lookup(sha256('k_old'))!.key.allowBrowser, true);
-  again.close();
+  await again.close();
 });
 
-test("a replica file from schema 2 gains the keys' shadow column in place: rows kept, no key shadowed, shadow lists then stored", () => {
+test("a replica file from schema 2 gains the keys' shadow column in place: rows kept, no key shadowed, shadow lists then stored", async () => {
   const path = join(dir, 'schema2.sqlite');
   const made = new ReplicaStore({ path });
   made.applySnapshot({ ...parseSnapshotText(lines(4, [key('k_two')])), source: 'test' });
-  made.close();
+  await made.close();
   const older = new Database(path);
   older.exec('ALTER TABLE keys DROP COLUMN shadow; PRAGMA user_version = 2;');
   older.close();
@@ -83,10 +83,10 @@ test("a replica file from schema 2 gains the keys' shadow column in place: rows 
   assert.deepEqual(replica.lookup(sha256('k_two'))!.key.shadow, []);
   replica.applyChanges({ version: 5, changes: [{ op: 'upsert', ...(parseSnapshotText(lines(0, [key('k_two', { shadow: ['concurrency'] })])).records[0]!.record) }] }, 'test');
   assert.deepEqual(replica.lookup(sha256('k_two'))!.key.shadow, ['concurrency']);
-  replica.close();
+  await replica.close();
 });
 
-test('a v1 snapshot: every new field reaches lookup; old-style records load with defaults; prices served by priceFor', () => {
+test('a v1 snapshot: every new field reaches lookup; old-style records load with defaults; prices served by priceFor', async () => {
   const replica = new ReplicaStore({ path: join(dir, 'v1.sqlite') });
   const snap = parseSnapshotText(lines(3, [
     { type: 'project', id: 'p_1', status: 'enabled', budget: 50, spent: 2, epoch: 4, period: 'week' },
@@ -118,7 +118,7 @@ test('a v1 snapshot: every new field reaches lookup; old-style records load with
   assert.deepEqual(replica.priceFor('gpt-4o-mini-2024-07-18'), { input: 0.15, output: 0.6, per: 1e6 });
   assert.deepEqual(replica.priceFor('gpt-4o'), { input: 2.5, output: 10, per: 1e6 });
   assert.equal(replica.priceFor('claude-3'), null);
-  replica.close();
+  await replica.close();
 });
 
 test('change batches: a price upsert changes priceFor at once, a price delete removes it, other prices stay', async () => {
@@ -139,7 +139,7 @@ test('change batches: a price upsert changes priceFor at once, a price delete re
   assert.equal(replica.lookup(sha256('k_w'))!.walletEpoch, 2);
   await writer.applyChangeText(JSON.stringify({ version: 6, changes: [{ op: 'delete', type: 'wallet', id: 'u' }] }), 'test');
   assert.deepEqual([replica.lookup(sha256('k_w'))!.walletBalance, replica.lookup(sha256('k_w'))!.walletEpoch], [null, null]);
-  replica.close();
+  await replica.close();
 });
 
 test('the snapshot worker and the change worker apply prices and v1 fields too', async () => {
@@ -164,7 +164,7 @@ test('the snapshot worker and the change worker apply prices and v1 fields too',
   assert.deepEqual(await applyChangeTextOffThread({ replica, text, source: 'test' }), { version: 3, changes: 2, applied: true });
   assert.equal(replica.priceFor('o1-preview'), null);
   assert.deepEqual(replica.priceFor('o3'), { input: 2, output: 8, per: 1e6 });
-  replica.close();
+  await replica.close();
 });
 
 test('a bad CIDR in a snapshot rejects it whole and the old replica stays', async () => {
@@ -174,7 +174,7 @@ test('a bad CIDR in a snapshot rejects it whole and the old replica stays', asyn
   await assert.rejects(applySnapshotStream({ replica, body: (async function* () { yield Buffer.from(text); })(), source: 'test' }), /line 3: ips\.0: expected a CIDR/);
   assert.equal(replica.status().version, 1);
   assert.equal(replica.lookup(sha256('k_b')), null);
-  replica.close();
+  await replica.close();
 });
 
 test('a small snapshot that is not UTF-8 is bad data (not fetched again at once), and the old replica stays', async () => {
@@ -185,10 +185,10 @@ test('a small snapshot that is not UTF-8 is bad data (not fetched again at once)
   assert.ok(err instanceof UnusableDataError, String(err));
   assert.match((err as Error).message, /not UTF-8 text/);
   assert.equal(replica.status().version, 1);
-  replica.close();
+  await replica.close();
 });
 
-test('lookup cache: a key in use stays cached, a cold one is read again, at most cacheSize entries', () => {
+test('lookup cache: a key in use stays cached, a cold one is read again, at most cacheSize entries', async () => {
   const path = join(dir, 'cache.sqlite');
   // watchMs: the change of another connection below is not noticed, so a cached answer shows itself as stale
   const replica = new ReplicaStore({ path, cacheSize: 4, watchMs: 3_600_000 });
@@ -204,7 +204,7 @@ test('lookup cache: a key in use stays cached, a cold one is read again, at most
   for (const id of ['k_b', 'k_hot', 'k_c', 'k_hot', 'k_d', 'k_hot', 'k_e', 'k_hot']) rpm(id);
   assert.equal(rpm('k_hot'), 1, 'a key in use is answered from the cache');
   assert.equal(rpm('k_a'), 2, 'a key that went cold is read from the replica again');
-  replica.close();
+  await replica.close();
 });
 
 test('a file that cannot be the replica is refused with its path and what to do', () => {
@@ -220,9 +220,9 @@ test('a file that cannot be the replica is refused with its path and what to do'
   }
 });
 
-test('a replica file another process holds locked is named as in use, not as one to move away', () => {
+test('a replica file another process holds locked is named as in use, not as one to move away', async () => {
   const path = join(dir, 'locked.sqlite');
-  new ReplicaStore({ path }).close();
+  await new ReplicaStore({ path }).close();
   const holder = new Database(path);
   holder.pragma('locking_mode = EXCLUSIVE');
   holder.exec('BEGIN EXCLUSIVE');

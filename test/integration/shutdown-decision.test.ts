@@ -104,6 +104,6 @@ test('a decision still waiting on Redis when the grace ends gives back its hold 
     assert.equal(up.received.length, 0, 'nothing was forwarded');
   } finally {
     gate.close();
-    h.replica.close();
+    await h.replica.close();
   }
 });

@@ -21,7 +21,7 @@ before(async () => {
 });
 after(async () => {
   await Promise.all(clients.map((c) => c.stop()));
-  for (const r of replicas) r.close();
+  await Promise.all(replicas.map((r) => r.close()));
   await fx.close();
   rmSync(dir, { recursive: true, force: true });
 });

@@ -58,7 +58,7 @@ after(async () => {
     await n.client.stop();
     await n.pusher.stop();
     await n.sidecar.close({ graceMs: 100 });
-    n.replica.close();
+    await n.replica.close();
   }
   nodes = [];
   await upstream.close();

@@ -28,7 +28,7 @@ before(async () => {
 });
 after(async () => {
   await client?.stop();
-  replica?.close();
+  await replica?.close();
   await fx.close();
   rmSync(dir, { recursive: true, force: true });
 });

@@ -75,7 +75,7 @@ test(`a ${KEYS}-key snapshot is applied off the event loop: old data served unti
     assert.equal(seen.mixed, 0, 'never a mix of old and new');
     assert.equal(seen.oldAfterSwap, 0);
     assert.ok(seen.reads > 10);
-    replica.close();
+    await replica.close();
     if (maxStallMs < 50) break;
   }
   assert.ok(Math.min(...stalls) < 50, `event loop stalled ${stalls.map((s) => s.toFixed(1)).join(', ')} ms`);
@@ -93,8 +93,8 @@ test('a small snapshot replacing a large replica is applied off the event loop t
   assert.equal(large.lookup(sha256(`key-${KEYS - 1}`)), null);
   const overSmall = await applySnapshotStream({ replica: small, body: stream(tiny), source: 'test' });
   assert.deepEqual([overSmall.keys, overSmall.offThread], [3, false]);
-  large.close();
-  small.close();
+  await large.close();
+  await small.close();
 });
 
 test('a bad line near the end rejects the whole snapshot in the worker; the old replica stays', async () => {
@@ -113,7 +113,7 @@ test('a bad line near the end rejects the whole snapshot in the worker; the old 
   const dup = [...big, Buffer.from(`{"type":"project","id":"p_big","status":"enabled","budget":null,"spent":0}\n`)];
   await assert.rejects(applySnapshotStream({ replica, body: stream(dup), source: 'test' }), /duplicate project p_big/);
   assert.equal(replica.status().version, 1);
-  replica.close();
+  await replica.close();
 });
 
 test('a source that fails mid-stream rolls back; the same replica then takes a good snapshot', async () => {
@@ -124,7 +124,7 @@ test('a source that fails mid-stream rolls back; the same replica then takes a g
   const ok = await applySnapshotStream({ replica, body: stream(big), source: 'test' });
   assert.deepEqual({ version: ok.version, keys: ok.keys, projects: ok.projects }, { version: 2, keys: KEYS, projects: 1 });
   assert.equal(replica.lookup(sha256('old')), null);
-  replica.close();
+  await replica.close();
 });
 
 test('an aborted apply (client stopping) rolls back and leaves no worker behind', async () => {
@@ -139,7 +139,7 @@ test('an aborted apply (client stopping) rolls back and leaves no worker behind'
   }
   await assert.rejects(applySnapshotStream({ replica, body: slow(), source: 'test', signal: ac.signal }), /stopping/);
   assert.equal(replica.status().version, 1);
-  replica.close();
+  await replica.close();
 });
 
 test('a large change batch is parsed, validated and applied on a worker, atomically', async (t) => {
@@ -159,5 +159,5 @@ test('a large change batch is parsed, validated and applied on a worker, atomica
   await assert.rejects(applyChangeTextOffThread({ replica, text: JSON.stringify(bad), source: 'test' }), InvalidBatchError);
   assert.equal(replica.status().version, 5);
   assert.equal(replica.lookup(sha256('change-1'))?.key.rpm, 5, 'nothing of a rejected batch applied');
-  replica.close();
+  await replica.close();
 });

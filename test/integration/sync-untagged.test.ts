@@ -116,7 +116,7 @@ before(async () => {
 });
 after(async () => {
   await client.stop();
-  replica.close();
+  await replica.close();
   await fake.close();
   rmSync(dir, { recursive: true, force: true });
 });

@@ -112,7 +112,7 @@ describe('shutdown', () => {
     assert.match(Buffer.concat(chunks).toString(), /DONE/);
     await closing;
     await assert.rejects(send(h.url, { path: '/v1/models', headers: bearer(h.keys.k!) }));
-    h.replica.close();
+    await h.replica.close();
     await up.close();
   });
 
@@ -138,7 +138,7 @@ describe('shutdown', () => {
       assert.deepEqual(cut.map((l) => l.req_id), [access[0]!.req_id], 'a warning names the request cut');
     } finally {
       release();
-      h.replica.close();
+      await h.replica.close();
       await up.close();
     }
   });
@@ -197,7 +197,7 @@ describe('shutdown', () => {
       releaseLate();
       agent.destroy();
       await (closing ?? h.sidecar.close({ graceMs: 0 }));
-      h.replica.close();
+      await h.replica.close();
       await up.close();
     }
   });

@@ -107,7 +107,7 @@ test(`after a ${OUTAGE_MS / 1000} s outage under traffic, every buffered event a
     assert.equal(usage.status, 200);
   } finally {
     await sidecar.close({ graceMs: 200 });
-    replica.close();
+    await replica.close();
   }
 });
 

@@ -85,7 +85,7 @@ before(async () => {
   }
   const store = new ReplicaStore({ path: seed });
   store.applySnapshot({ version: 1, records: records.map((record, i) => ({ line: i + 2, record })), source: 'test' });
-  store.close();
+  await store.close();
   fleet = await Promise.all(
     Array.from({ length: INSTANCES }, (_, i) => {
       copyFileSync(seed, join(dir, `replica-${i}.sqlite`));
