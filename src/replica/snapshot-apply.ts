@@ -68,10 +68,20 @@ try {
 const TSX_API = FROM_SOURCE ? import.meta.resolve('tsx/esm/api') : null;
 const WORKER_ENTRY = new URL(FROM_SOURCE ? './worker.ts' : './worker.js', HERE).href;
 
-function spawn(opts: { kind: 'keyward-snapshot' | 'keyward-changes' | 'keyward-fold'; data: Record<string, unknown>; transfer?: MessagePort[] }): Worker {
-  return new Worker(BOOT, { eval: true, workerData: { ...opts.data, entry: WORKER_ENTRY, tsx: TSX_API, kind: opts.kind }, transferList: opts.transfer ?? [] });
+interface SpawnOptions {
+  replica: ReplicaStore;
+  kind: 'keyward-snapshot' | 'keyward-changes' | 'keyward-fold';
+  data: Record<string, unknown>;
+  transfer?: MessagePort[];
 }
 
+/** A worker on the replica's path; the replica's close() waits until it has exited. */
+function spawn(opts: SpawnOptions): Worker {
+  const workerData = { ...opts.data, dbPath: opts.replica.db.name, entry: WORKER_ENTRY, tsx: TSX_API, kind: opts.kind };
+  const worker = new Worker(BOOT, { eval: true, workerData, transferList: opts.transfer ?? [] });
+  opts.replica.track(new Promise<void>((resolve) => worker.once('exit', () => resolve())));
+  return worker;
+}
 
 /** The least time between two checkpoints handed to a worker. */
 const FOLD_EVERY_MS = 1_000;
@@ -94,11 +104,9 @@ export function foldSoon(replica: ReplicaStore): Promise<void> | null {
   state.running = true;
   state.last = now;
   // Not unref'd: the process waits for a passive checkpoint (milliseconds) before it exits.
-  const worker = spawn({ kind: 'keyward-fold', data: { dbPath: replica.db.name } });
+  const worker = spawn({ replica, kind: 'keyward-fold', data: {} });
   worker.once('error', () => {});
-  const folded = new Promise<void>((resolve) => worker.once('exit', () => resolve(void (state.running = false))));
-  replica.track(folded);
-  return folded;
+  return new Promise((resolve) => worker.once('exit', () => resolve(void (state.running = false))));
 }
 
 /**
@@ -109,7 +117,7 @@ export function foldSoon(replica: ReplicaStore): Promise<void> | null {
  */
 export async function applyChangeTextOffThread(opts: { replica: ReplicaStore; text: string; source: string }): Promise<{ version: number; changes: number; applied: boolean }> {
   if (opts.replica.db.memory) throw new Error('an in-memory replica cannot be written by another thread');
-  const worker = spawn({ kind: 'keyward-changes', data: { dbPath: opts.replica.db.name, source: opts.source, text: opts.text } });
+  const worker = spawn({ replica: opts.replica, kind: 'keyward-changes', data: { source: opts.source, text: opts.text } });
   const result = await new Promise<ChangesResult>((resolve) => {
     worker.once('message', resolve);
     worker.once('error', (err) => resolve({ t: 'error', message: `change worker failed: ${err.message}` }));
@@ -208,8 +216,9 @@ class SnapshotWorker {
     this.port = port1;
     this.counter = new Int32Array(signal);
     const worker = spawn({
+      replica: opts.replica,
       kind: 'keyward-snapshot',
-      data: { dbPath: opts.replica.db.name, source: opts.source, port: port2, signal, maxLineBytes: opts.maxLineBytes ?? 1 << 20, cacheMb: opts.cacheMb ?? 128 },
+      data: { source: opts.source, port: port2, signal, maxLineBytes: opts.maxLineBytes ?? 1 << 20, cacheMb: opts.cacheMb ?? 128 },
       transfer: [port2],
     });
     this.exited = new Promise<void>((resolve) => worker.once('exit', () => resolve()));
