@@ -85,9 +85,10 @@ test('an instance that shuts down with a crossing undelivered releases it; the n
 });
 
 test('an instance that stops renewing its claim (it hangs or died) loses it once its time is up; the other sends the event, once', async () => {
-  // a's receiver never answers, and its attempt waits far longer than the claim's time
-  const a = await instance({ attemptTimeoutMs: 60_000 });
-  const b = await instance();
+  // a's receiver never answers, and its attempt waits far longer than the claim's time. The
+  // claim's 1.2 s leave room for a stalled machine between a's claim and its attempt's arrival.
+  const a = await instance({ attemptTimeoutMs: 60_000, claimPendingMs: 1_200 });
+  const b = await instance({ claimPendingMs: 1_200 });
   a.hook.hang(true);
   assert.equal(await spend(a.h, 'k_lapse', 200), 200);
   await a.hook.until(() => attemptsFor(a.hook, 'k_lapse') === 1, 'the claiming instance\'s attempt');
@@ -95,7 +96,7 @@ test('an instance that stops renewing its claim (it hangs or died) loses it once
   // b checks at once: the claim is a's, pending; b asks again until it lapses, then sends.
   assert.equal(await spend(b.h, 'k_lapse', 10), 200);
   await b.hook.until(() => eventsOf(b.hook.accepted(), 'key:k_lapse').length === 1, 'the event from the other instance');
-  assert.ok(Date.now() - asked >= 200, 'not before the claim\'s time (400 ms from its first attempt) was up');
+  assert.ok(Date.now() - asked >= 600, 'not before the claim\'s time (1.2 s from its claim) was up');
   assert.deepEqual(eventsOf(b.hook.accepted(), 'key:k_lapse').map((e) => e.threshold), [0.8]);
   a.hook.hang(false);
   await a.h.close(); // its hanging attempt is cut: its release no longer names its claim

@@ -197,50 +197,57 @@ describe('traces', () => {
     const stalled = createServer(() => {}); // takes the request, never answers
     stalled.listen(0, '127.0.0.1');
     await once(stalled, 'listening');
-    const tuning = { scheduledDelayMs: 20, exportTimeoutMs: 200 };
-    const off = await sidecar(null);
-    const dead = await sidecar({ otlpUrl: `http://127.0.0.1:${await resettingPort()}` }, { traceTuning: tuning });
-    const hung = await sidecar({ otlpUrl: `http://127.0.0.1:${(stalled.address() as { port: number }).port}` }, { traceTuning: tuning });
-    const failed = new Promise<void>((resolve) => {
-      const onLine = (line: string) => {
-        if (!(JSON.parse(line) as { msg: string }).msg.startsWith('trace export failed')) return;
-        dead.logEvents.off('line', onLine);
-        resolve();
-      };
-      dead.logEvents.on('line', onLine);
-    });
-    const N = 150;
-    const times = new Map<Harness, number[]>([[off, []], [dead, []], [hung, []]]);
-    const agents = new Map([...times.keys()].map((h) => [h, new http.Agent({ keepAlive: true, maxSockets: 1 })]));
-    const body = JSON.stringify(chatBody);
-    // Interleaved, so load on the machine falls on all three alike.
-    for (let i = 0; i < N; i++) {
-      for (const [h, list] of times) {
-        const t0 = performance.now();
-        const r = await send(h.url, { method: 'POST', path: '/v1/chat/completions', headers: { authorization: `Bearer ${h.keys.k_ok}`, 'content-type': 'application/json' }, body, agent: agents.get(h)! });
-        list.push(performance.now() - t0);
-        assert.equal(r.status, 200);
+    try {
+      const tuning = { scheduledDelayMs: 20, exportTimeoutMs: 200 };
+      // The baseline traces too, to a collector that answers: what is compared is the collector's state alone.
+      const healthy = await sidecar({ otlpUrl: rx.url }, { traceTuning: tuning });
+      const dead = await sidecar({ otlpUrl: `http://127.0.0.1:${await resettingPort()}` }, { traceTuning: tuning });
+      const hung = await sidecar({ otlpUrl: `http://127.0.0.1:${(stalled.address() as { port: number }).port}` }, { traceTuning: tuning });
+      const failed = new Promise<void>((resolve) => {
+        const onLine = (line: string) => {
+          if (!(JSON.parse(line) as { msg: string }).msg.startsWith('trace export failed')) return;
+          dead.logEvents.off('line', onLine);
+          resolve();
+        };
+        dead.logEvents.on('line', onLine);
+      });
+      const [WARM, N] = [30, 150];
+      const times = new Map<Harness, number[]>([[healthy, []], [dead, []], [hung, []]]);
+      const agents = new Map([...times.keys()].map((h) => [h, new http.Agent({ keepAlive: true, maxSockets: 1 })]));
+      const body = JSON.stringify(chatBody);
+      // Interleaved, so load on the machine falls on all three alike; the first rounds (code
+      // not yet optimised) are not measured.
+      for (let i = 0; i < WARM + N; i++) {
+        for (const [h, list] of times) {
+          const t0 = performance.now();
+          const r = await send(h.url, { method: 'POST', path: '/v1/chat/completions', headers: { authorization: `Bearer ${h.keys.k_ok}`, 'content-type': 'application/json' }, body, agent: agents.get(h)! });
+          if (i >= WARM) list.push(performance.now() - t0);
+          assert.equal(r.status, 200);
+        }
       }
+      for (const a of agents.values()) a.destroy();
+      const p50 = (xs: number[]) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)]!;
+      const base = p50(times.get(healthy)!);
+      // A request that waited on the export would take its 200 ms timeout.
+      for (const [h, name] of [[dead, 'down'], [hung, 'hanging']] as const) {
+        const p = p50(times.get(h)!);
+        assert.ok(p < base * 1.5 + 2, `p50 with the collector ${name}: ${p.toFixed(3)} ms, with one that answers: ${base.toFixed(3)} ms`);
+      }
+      // The first failed export is logged; by then the counter on /metrics has risen.
+      await failed;
+      const scraped = await send(`http://127.0.0.1:${dead.sidecar.adminPort}`, { path: '/metrics' });
+      const dropped = Number(/^keyward_trace_spans_dropped_total (\d+)/m.exec(scraped.body.toString('utf8'))?.[1]);
+      assert.ok(dropped > 0, `dropped spans on /metrics: ${dropped}`);
+      // Closing flushes what is left: then every span is counted, once.
+      await closed(dead);
+      await closed(hung);
+      assert.equal(dead.sidecar.traces.stats().dropped, WARM + N);
+      assert.equal(hung.sidecar.traces.stats().dropped, WARM + N);
+      assert.equal(healthy.sidecar.traces.stats().dropped, 0);
+    } finally {
+      stalled.closeAllConnections();
+      stalled.close();
     }
-    for (const a of agents.values()) a.destroy();
-    const p50 = (xs: number[]) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)]!;
-    const base = p50(times.get(off)!);
-    for (const [h, name] of [[dead, 'down'], [hung, 'hanging']] as const) {
-      const p = p50(times.get(h)!);
-      assert.ok(p - base < 2, `p50 with the collector ${name}: ${p.toFixed(3)} ms, without tracing: ${base.toFixed(3)} ms`);
-    }
-    // The first failed export is logged; by then the counter on /metrics has risen.
-    await failed;
-    const scraped = await send(`http://127.0.0.1:${dead.sidecar.adminPort}`, { path: '/metrics' });
-    const dropped = Number(/^keyward_trace_spans_dropped_total (\d+)/m.exec(scraped.body.toString('utf8'))?.[1]);
-    assert.ok(dropped > 0, `dropped spans on /metrics: ${dropped}`);
-    // Closing flushes what is left: then every span is counted, once.
-    await closed(dead);
-    await closed(hung);
-    assert.equal(dead.sidecar.traces.stats().dropped, N);
-    assert.equal(hung.sidecar.traces.stats().dropped, N);
-    stalled.closeAllConnections();
-    stalled.close();
   });
 
   test('a collector that hangs past the shutdown deadline: the spans under way to it are counted as dropped', { timeout: 20_000 }, async () => {

@@ -16,6 +16,7 @@ import { join } from 'node:path';
 import { Redis } from 'ioredis';
 import { makeKeyHasher } from '../../src/auth/hash.js';
 import { KEYWARD_ARGS, spawnSidecar, type SidecarProcess } from '../helpers/process.js';
+import { untilLogged } from '../helpers/instance.js';
 import { bearer, send, type RawResponse } from '../helpers/http.js';
 import { echoJson, startFakeUpstream, type FakeUpstream } from '../helpers/upstream.js';
 import { startConsoleFixture } from '../helpers/console-fixture.js';
@@ -200,7 +201,10 @@ describe('serve --workers 2', () => {
     const deadline = Date.now() + 15_000;
     while ((await metric('keyward_worker_restarts_total')) < restarts + 1) assert.ok(Date.now() < deadline, 'the exit was not noticed');
     assert.equal(await metric(served200), before200 + 6, 'the stopped worker\'s last requests stay counted');
-    const line = kw.lines.map((l) => JSON.parse(l) as Record<string, unknown>).find((l) => l.msg === 'worker drained and exited; starting another');
+    const drainedLine = () => kw.lines.map((l) => JSON.parse(l) as Record<string, unknown>).find((l) => l.msg === 'worker drained and exited; starting another');
+    // The line goes out through the log stream, which can reach this process after the scrape did.
+    await untilLogged(kw, () => drainedLine() !== undefined || kw.lines.some((l) => l.includes('exited unexpectedly')), 'the exit logged');
+    const line = drainedLine();
     assert.ok(line, 'an info line, not "exited unexpectedly"');
     assert.deepEqual([line.level, line.code, line.restart_in_ms], ['info', 0, 1_000]);
     while ((await metric('keyward_workers')) < 2) assert.ok(Date.now() < deadline, 'no replacement worker within 15 s');
