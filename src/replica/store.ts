@@ -95,7 +95,7 @@ export class ReplicaStore {
   private damageTold = false;
   /** the path's claim while this process owns the file */
   private readonly claim: Database.Database | null;
-  /** work on other threads that has this replica's path open (a checkpoint) */
+  /** work on other threads that has this replica's path open (snapshot, change batch, checkpoint) */
   private readonly elsewhere = new Set<Promise<void>>();
 
   constructor(private readonly opts: ReplicaOptions) {
