@@ -10,7 +10,7 @@ import { mkdtempSync, rmSync, statSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { ReplicaStore } from '../../src/replica/store.js';
-import { foldSoon } from '../../src/replica/snapshot-apply.js';
+import { applyChangeTextOffThread, foldSoon } from '../../src/replica/snapshot-apply.js';
 import { replicaWriter } from '../../src/replica/writer.js';
 import { parseSnapshotText } from '../../src/protocol/ndjson.js';
 import { buildSnapshot } from '../helpers/console-replica.js';
@@ -64,4 +64,6 @@ test('close resolves once no checkpoint worker has the path open, and none start
   await replica.close();
   assert.equal(folded, true, 'close waited for the worker');
   assert.equal(foldSoon(replica), null, 'a closed replica is not checkpointed');
+  const batch = JSON.stringify({ version: 2, changes: [{ op: 'delete', type: 'key', id: 'k_1' }] });
+  await assert.rejects(applyChangeTextOffThread({ replica, text: batch, source: 'test' }), /the replica is closed/, 'nor given a worker close() could not wait for');
 });

@@ -199,8 +199,9 @@ describe('traces', () => {
     await once(stalled, 'listening');
     try {
       const tuning = { scheduledDelayMs: 20, exportTimeoutMs: 200 };
-      // The baseline traces too, to a collector that answers: what is compared is the collector's state alone.
-      const healthy = await sidecar({ otlpUrl: rx.url }, { traceTuning: tuning });
+      // The baseline traces too, to a collector that answers: what is compared is the collector's
+      // state alone. Its exports may wait out a stalled machine: only the request path is compared.
+      const healthy = await sidecar({ otlpUrl: rx.url }, { traceTuning: { ...tuning, exportTimeoutMs: 10_000 } });
       const dead = await sidecar({ otlpUrl: `http://127.0.0.1:${await resettingPort()}` }, { traceTuning: tuning });
       const hung = await sidecar({ otlpUrl: `http://127.0.0.1:${(stalled.address() as { port: number }).port}` }, { traceTuning: tuning });
       const failed = new Promise<void>((resolve) => {
@@ -243,6 +244,7 @@ describe('traces', () => {
       await closed(hung);
       assert.equal(dead.sidecar.traces.stats().dropped, WARM + N);
       assert.equal(hung.sidecar.traces.stats().dropped, WARM + N);
+      await closed(healthy);
       assert.equal(healthy.sidecar.traces.stats().dropped, 0);
     } finally {
       stalled.closeAllConnections();
