@@ -10,7 +10,8 @@ import { type Harness, uid } from './redis-limits-conformance.js';
 
 export async function redisHarness(opts: { url: string; leaseMs?: number; lease?: { sliceMs: number } }): Promise<Harness & { prefix: string }> {
   const sliced = opts.lease ? { lease: opts.lease } : {};
-  const leaseMs = opts.leaseMs ?? 500;
+  // Long enough that a stalled machine between a refresh and the next does not lapse a lease the test keeps live.
+  const leaseMs = opts.leaseMs ?? 1_500;
   const longLeaseMs = 30_000;
   const prefix = uid('kwtest');
   const clients: (Redis | Cluster)[] = [];

@@ -38,7 +38,8 @@ test('a long poll answers as soon as a change is committed, well before waitMs',
   assert.ok(batch.ok);
   assert.ok(batch.value.version > v);
   assert.deepEqual(batch.value.changes, [{ op: 'upsert', type: 'project', id: 'p_wake', status: 'enabled', budget: null, spent: 0, epoch: 0, period: null }]);
-  assert.ok(latency < 500, `answered ${latency.toFixed(1)} ms after the change`);
+  // DESIGN section 8's second for a deletion to reach every sidecar: the wake-up is part of it.
+  assert.ok(latency < 1_000, `answered ${latency.toFixed(1)} ms after the change`);
   assert.ok(performance.now() - started < 5000);
   t.diagnostic(`long-poll wake-up: ${latency.toFixed(1)} ms from the start of the admin write to the answer`);
 });

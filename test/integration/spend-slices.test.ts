@@ -101,7 +101,8 @@ describe('spend slices on one Redis', { timeout: 60_000 }, () => {
   after(() => fleet.close());
 
   test('a slice is at most 1/16 of what is left, and none is granted within 32 holds of exhaustion', async () => {
-    const { lim, client } = await fleet.instance({ sliceMs: 200 });
+    // A window of a second: the demand it records must outlast a stalled machine's pause.
+    const { lim, client } = await fleet.instance({ sliceMs: 1_000 });
     const tag = uid('t');
     const key = keyBudget(uid('k'), { base: 90, limit: 100 }); // 10 left
     // Demand of 2 in a window (200 holds of 0.01, released at 0: the slice's record stays what
