@@ -67,9 +67,9 @@ export function foldSoon(replica: ReplicaStore): Promise<void> | null {
   state.running = true;
   state.last = now;
   // Not unref'd: the process waits for a passive checkpoint (milliseconds) before it exits.
-  const worker = spawn({ replica, kind: 'keyward-fold', data: {} });
+  const { worker, exited } = spawn({ replica, kind: 'keyward-fold', data: {} });
   worker.once('error', () => {});
-  return new Promise((resolve) => worker.once('exit', () => resolve(void (state.running = false))));
+  return exited.then(() => void (state.running = false));
 }
 
 /**
@@ -80,7 +80,7 @@ export function foldSoon(replica: ReplicaStore): Promise<void> | null {
  */
 export async function applyChangeTextOffThread(opts: { replica: ReplicaStore; text: string; source: string }): Promise<{ version: number; changes: number; applied: boolean }> {
   if (opts.replica.db.memory) throw new Error('an in-memory replica cannot be written by another thread');
-  const worker = spawn({ replica: opts.replica, kind: 'keyward-changes', data: { source: opts.source, text: opts.text } });
+  const { worker } = spawn({ replica: opts.replica, kind: 'keyward-changes', data: { source: opts.source, text: opts.text } });
   const result = await new Promise<ChangesResult>((resolve) => {
     worker.once('message', resolve);
     worker.once('error', (err) => resolve({ t: 'error', message: `change worker failed: ${err.message}` }));
@@ -178,13 +178,13 @@ class SnapshotWorker {
     const signal = new SharedArrayBuffer(4);
     this.port = port1;
     this.counter = new Int32Array(signal);
-    const worker = spawn({
+    const { worker, exited } = spawn({
       replica: opts.replica,
       kind: 'keyward-snapshot',
       data: { source: opts.source, port: port2, signal, maxLineBytes: opts.maxLineBytes ?? 1 << 20, cacheMb: opts.cacheMb ?? 128 },
       transfer: [port2],
     });
-    this.exited = new Promise<void>((resolve) => worker.once('exit', () => resolve()));
+    this.exited = exited;
     this.finished = new Promise<WorkerMessage>((resolve) => {
       const settle = (m: WorkerMessage) => {
         this.outcome ??= m;

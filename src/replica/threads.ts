@@ -34,12 +34,13 @@ interface SpawnOptions {
   transfer?: MessagePort[];
 }
 
-/** A worker on the replica's path; the replica's close() waits until it has exited. */
-export function spawn(opts: SpawnOptions): Worker {
+/** A worker on the replica's path, and its exit, which the replica's close() waits for. */
+export function spawn(opts: SpawnOptions): { worker: Worker; exited: Promise<void> } {
   // A closed replica's close() has already resolved: it could not wait for this worker.
   if (!opts.replica.db.open) throw new Error('the replica is closed');
   const workerData = { ...opts.data, dbPath: opts.replica.db.name, entry: WORKER_ENTRY, tsx: TSX_API, kind: opts.kind };
   const worker = new Worker(BOOT, { eval: true, workerData, transferList: opts.transfer ?? [] });
-  opts.replica.track(new Promise<void>((resolve) => worker.once('exit', () => resolve())));
-  return worker;
+  const exited = new Promise<void>((resolve) => worker.once('exit', () => resolve()));
+  opts.replica.track(exited);
+  return { worker, exited };
 }
