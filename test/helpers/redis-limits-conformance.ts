@@ -75,7 +75,7 @@ const finishAll = (rs: AdmitResult[], tokens: number | null = null): void => {
 };
 
 export function runLimiterConformance(name: string, setup: () => Promise<Harness>): void {
-  describe(`Limiter conformance: ${name}`, { timeout: 30_000 }, () => {
+  describe(`Limiter conformance: ${name}`, { timeout: 120_000 }, () => {
     let h: Harness;
     let lim: TestLimiter;
     before(async () => {
