@@ -87,9 +87,13 @@ function cidrs(list: readonly string[]): Cidr[] {
   return parsed;
 }
 
-/** Step 3b: the key's `ips`, then the browser rule. */
+/**
+ * Step 3b: the key's `ips`, then the browser rule. An empty `ips` list is set (null is not):
+ * no address falls in it, so it refuses every client, as a list whose last range was
+ * removed should; the console's admin API never sends one, another console may.
+ */
 export function checkNetwork(key: NetworkFacts, request: { clientIp: string | null; browser: boolean; refuseBrowsers: boolean }): Denial | null {
-  if (key.ips !== null && key.ips.length > 0) {
+  if (key.ips !== null) {
     const ip = request.clientIp === null ? null : parseIp(request.clientIp);
     if (!ip || !inAny(ip, cidrs(key.ips))) return deny('ip_not_allowed');
   }

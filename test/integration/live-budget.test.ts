@@ -148,6 +148,9 @@ for (const variant of VARIANTS) {
       assert.equal(late.headers['x-keyward-shadow'], undefined, 'enforcing RPM would have changed nothing');
       assert.equal((await logged).shadow, undefined);
       assert.equal(await shadowRpm(), counted, 'nor does the shadow count');
+      // The same for a request that is not metered: count_tokens holds 0 at step 9.
+      const counting = await send(h.url, { method: 'POST', path: '/v1/messages/count_tokens', headers: { 'x-api-key': h.keys.k_sh_rpm!, 'content-type': 'application/json' }, body: JSON.stringify({ model: 'priced-model', messages: [] }) });
+      assert.deepEqual([counting.status, counting.headers['x-keyward-error'], counting.headers['x-keyward-shadow']], [402, 'key_budget_exhausted', undefined]);
     });
 
     test('only RPM shadowed, a hold that does not fit an unspent budget: the 402 still names the shadowed RPM', async () => {

@@ -149,3 +149,20 @@ test(
     }
   },
 );
+
+// Node reads header values as latin1: a client's UTF-8 bytes arrive a character a byte.
+const asNodeReadsIt = (s: string) => Buffer.from(s).toString('latin1');
+
+test('extractCredential (bearer): another key outside ASCII is given as the UTF-8 its bytes spell', () => {
+  for (const header of ['api-key', 'x-goog-api-key', 'x-api-key', 'x_api_key'] as const) {
+    const e = extractCredential(['Authorization', `Bearer ${K1}`, header, asNodeReadsIt('kw-clé-456')], 'bearer');
+    assert.deepEqual(e, { ok: true, key: K1, header: 'authorization', others: [{ header, value: 'kw-clé-456' }] }, header);
+  }
+  const litellm = extractCredential(['Authorization', `Bearer ${K1}`, 'x-litellm-api-key', `Bearer ${asNodeReadsIt('kw-clé-456')}`], 'bearer');
+  assert.deepEqual(litellm, { ok: true, key: K1, header: 'authorization', others: [{ header: 'x-litellm-api-key', value: 'kw-clé-456' }] });
+});
+
+test('extractCredential (bearer): the same key outside ASCII in another header is no other key', () => {
+  const key = asNodeReadsIt('kw-clé-123');
+  assert.deepEqual(extractCredential(['Authorization', `Bearer ${key}`, 'api-key', key], 'bearer'), { ok: true, key: 'kw-clé-123', header: 'authorization', others: [] });
+});

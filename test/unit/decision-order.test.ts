@@ -18,8 +18,9 @@ import { configSchema } from '../../src/config/schema.js';
 
 const hashKey = makeKeyHasher({ hash: 'sha256' });
 /** The config the requests arrive under: the schema's defaults, a smaller JSON body limit, and a row's `limits.shadow`. */
-function snapshotWith(shadow: string[] = []) {
-  const config = configSchema.parse({ server: { maxJsonBodyBytes: 1 << 20, maxUploadBytes: 0, refuseBrowsers: true }, limits: { defaultOutputTokens: 1024, shadow }, upstreams: { default: { url: 'http://127.0.0.1:9' } } });
+function snapshotWith(shadow: string[] = [], capacity?: { concurrency: number; rpm: number }) {
+  const upstreams = { default: { url: 'http://127.0.0.1:9', ...(capacity ? { capacity } : {}) } };
+  const config = configSchema.parse({ server: { maxJsonBodyBytes: 1 << 20, maxUploadBytes: 0, refuseBrowsers: true }, limits: { defaultOutputTokens: 1024, shadow }, upstreams });
   return snapshotOf(config, TargetSet.build({ upstreams: config.upstreams, previous: null, created: () => {}, destroyed: () => {} }));
 }
 
@@ -38,11 +39,11 @@ const personal = (wallet: number, key: Partial<FactsKey> = {}) =>
 
 type BodyCase = 'ok' | 'gpt-4o' | 'invalid' | 'too-large';
 
-function bodyResult(c: BodyCase): BodyResult {
+function bodyResult(c: BodyCase, maxOutputTokens: number | null = 16): BodyResult {
   if (c === 'invalid') return { ok: false, denial: deny('invalid_request', { detail: 'The request body is not valid JSON.' }), closeConnection: false };
   if (c === 'too-large') return { ok: false, denial: deny('body_too_large', { params: { limit: 10 } }), closeConnection: true };
   const model = c === 'ok' ? 'gpt-4o-mini' : 'gpt-4o';
-  return { ok: true, body: { model, models: [], maxOutputTokens: 16, background: false, estimateBytes: 100, replay: { pipe: (d) => d }, bytesSeen: null } };
+  return { ok: true, body: { model, models: [], maxOutputTokens, background: false, estimateBytes: 100, replay: { pipe: (d) => d }, bytesSeen: null } };
 }
 
 interface Row {
@@ -64,6 +65,7 @@ interface Row {
   shadowed?: string;
 }
 
+const NON_ASCII_KEY = 'kw-clé-456';
 const deleted = { key: { status: 'deleted' as const } };
 const everyLaterFailure = { key: { models: ['claude-*'], budget: 1, spent: 5, rpm: 1 }, project: { status: 'disabled' as const } };
 
@@ -80,6 +82,12 @@ const ROWS: Row[] = [
   { name: 'a second known key in x-api-key on a Bearer route', headers: ['Authorization', 'Bearer sk-good', 'x-api-key', 'sk-second'], expect: '401 conflicting_api_keys' },
   { name: 'a second known key in x-litellm-api-key, even beside an unknown Bearer key', headers: ['Authorization', 'Bearer sk-unknown', 'x-litellm-api-key', 'Bearer sk-second'], state: null, expect: '401 conflicting_api_keys' },
   { name: 'messages: a second known key in x-goog-api-key', url: '/v1/messages', headers: ['x-api-key', 'sk-good', 'x-goog-api-key', 'sk-second'], state: personal(5), expect: '401 conflicting_api_keys' },
+  // Every other header is looked up, not only the first: a provider key in one hides no key of the replica's in the next.
+  { name: 'a provider key in x-goog-api-key, a known key in api-key', headers: ['Authorization', 'Bearer sk-good', 'x-goog-api-key', 'AIzaSyProviderKey', 'api-key', 'sk-second'], expect: '401 conflicting_api_keys' },
+  { name: 'a provider key in api-key, a known key in x-litellm-api-key', headers: ['Authorization', 'Bearer sk-good', 'api-key', 'sk-provider-0123456789', 'x-litellm-api-key', 'Bearer sk-second'], expect: '401 conflicting_api_keys' },
+  { name: 'a provider key in x-api-key, a known key in x_api_key', headers: ['Authorization', 'Bearer sk-good', 'x-api-key', 'sk-ant-provider', 'x_api_key', 'sk-second'], expect: '401 conflicting_api_keys' },
+  // Node reads header values as latin1: the client's UTF-8 bytes arrive a character a byte, and are looked up as the key they spell.
+  { name: 'a second known key outside ASCII in api-key', headers: ['Authorization', 'Bearer sk-good', 'api-key', Buffer.from(NON_ASCII_KEY).toString('latin1')], expect: '401 conflicting_api_keys' },
   { name: 'a provider key in x-goog-api-key is no credential', headers: ['Authorization', 'Bearer sk-good', 'x-goog-api-key', 'AIzaSyProviderKey'], expect: 'allow' },
   { name: 'the same key in api-key', headers: ['Authorization', 'Bearer sk-good', 'api-key', 'sk-good'], expect: 'allow' },
   { name: 'unknown key', state: null, expect: '401 invalid_api_key' },
@@ -116,21 +124,27 @@ const ROWS: Row[] = [
   { name: 'shadow: tpm shadowed does not cover rpm', state: facts({ key: { rpm: 1 } }), shadow: ['tpm', 'budget'], rpmUsed: true, expect: '429 rpm_exceeded' },
 ];
 
+/** The pipeline's dependencies: `sk-good` is `state`, `sk-second` and the non-ASCII key are other keys of the replica's. */
+function depsFor(state: KeyFacts | null, limiter: PipelineDeps['limiter'], o: { ready?: boolean; unknownRouting?: string[] } = {}): PipelineDeps {
+  const second = facts({ key: { id: 'k_2' } });
+  return {
+    hashKey,
+    keyFormat: 'any',
+    lookup: (hash) => (hash === hashKey('sk-good') ? state : hash === hashKey('sk-second') || hash === hashKey(NON_ASCII_KEY) ? second : null),
+    ready: () => o.ready ?? true,
+    limiter,
+    priceFor: () => ({ input: 1, output: 1, per: 1_000_000 }),
+    onUnknownRouting: (mode) => o.unknownRouting?.push(mode),
+  };
+}
+
 const BODY_ROUTES = new Set(['/v1/chat/completions', '/v1/messages']);
 
 for (const row of ROWS) {
   test(`decision order: ${row.name} -> ${row.expect}`, async () => {
     const limiter = createMemoryLimiter({ leaseMs: 30_000 });
     const state = row.state === undefined ? facts() : row.state;
-    const deps: PipelineDeps = {
-      hashKey,
-      keyFormat: 'any',
-      lookup: (hash) => (hash === hashKey('sk-good') ? state : hash === hashKey('sk-second') ? facts({ key: { id: 'k_2' } }) : null),
-      ready: () => row.ready ?? true,
-      limiter,
-      priceFor: () => ({ input: 1, output: 1, per: 1_000_000 }),
-      onUnknownRouting: () => {},
-    };
+    const deps = depsFor(state, limiter, { ready: row.ready ?? true });
     if (row.rpmUsed && state) {
       const first = await limiter.admit({ keyId: state.key.id, limits: { rpm: 1, tpm: null, concurrency: null }, tokens: 0, route: { name: 'default', concurrency: 0, rpm: 0 } });
       assert.ok(first.ok, 'the earlier request uses up the minute');
@@ -163,6 +177,40 @@ for (const row of ROWS) {
     await limiter.close();
   });
 }
+
+/** A model request with the default key and the given body, as the table's rows send it. */
+const modelRequest = (body: BodyResult) => ({
+  method: 'POST', url: '/v1/chat/completions', rawHeaders: ['Authorization', 'Bearer sk-good'], clientIp: '127.0.0.1',
+  readBody: async () => body, openUpload: () => ({ ok: true as const, source: null }),
+});
+
+test("decision order: a routing mode that names no upstream goes to default, held to default's capacity", async () => {
+  const limiter = createMemoryLimiter({ leaseMs: 30_000 });
+  const unknownRouting: string[] = [];
+  const deps = depsFor(facts({ key: { routing: 'nope' } }), limiter, { unknownRouting });
+  const snap = snapshotWith([], { concurrency: 0, rpm: 1 });
+  const first = await decide(modelRequest(bodyResult('ok')), deps, snap);
+  assert.ok(first.allow, 'the first request of the minute is admitted');
+  assert.equal(first.seen.upstream, 'default', 'routed, counted and logged as default');
+  assert.deepEqual(unknownRouting, ['nope']);
+  first.lease?.finish({ tokens: null });
+  const second = await decide(modelRequest(bodyResult('ok')), deps, snap);
+  assert.equal(second.allow ? 'allow' : second.denial.code, 'route_capacity_exceeded', "default's capacity holds a key routed there by fallback");
+  await limiter.close();
+});
+
+test('decision order: an output cap of 0 reserves the configured default output, as no cap does', async () => {
+  const limiter = createMemoryLimiter({ leaseMs: 30_000 });
+  const deps = depsFor(facts(), limiter);
+  for (const [cap, output] of [[null, 1024], [0, 1024], [16, 16]] as const) {
+    const d = await decide(modelRequest(bodyResult('ok', cap)), deps, snapshotWith());
+    assert.ok(d.allow);
+    assert.equal(d.estimate.output, output, `max_tokens ${cap}`);
+    assert.equal(d.tokens, d.estimate.prompt + output, `the TPM reservation for max_tokens ${cap}`);
+    d.lease?.finish({ tokens: null });
+  }
+  await limiter.close();
+});
 
 function statusOf(d: Denial): number {
   return d.status ?? STATUS[d.code];

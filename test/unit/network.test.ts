@@ -64,12 +64,23 @@ test('checkNetwork: ips, then the browser rule', () => {
   assert.equal(checkNetwork({ ips: null, allowBrowser: false }, { clientIp: null, browser: true, refuseBrowsers: false }), null);
 });
 
+test('checkNetwork: an empty ips list is set, and no address falls in it', () => {
+  for (const clientIp of ['10.0.0.1', '2001:db8::1', '127.0.0.1', null]) {
+    assert.equal(checkNetwork({ ips: [], allowBrowser: false }, { clientIp, browser: false, refuseBrowsers: true })?.code, 'ip_not_allowed', String(clientIp));
+  }
+});
+
 test('browser detection: Origin or Sec-Fetch-*, but not the bare sec-fetch-mode of server-side fetch', () => {
   assert.ok(looksLikeBrowser(['Origin', 'https://x.example']));
   assert.ok(looksLikeBrowser(['Sec-Fetch-Mode', 'cors', 'Sec-Fetch-Site', 'cross-site']));
   assert.ok(looksLikeBrowser(['sec-fetch-mode', 'navigate']));
   assert.ok(!looksLikeBrowser(['sec-fetch-mode', 'cors', 'accept-language', '*']));
   assert.ok(!looksLikeBrowser(['Authorization', 'Bearer x']));
+  // header names and values in any letter case
+  assert.ok(!looksLikeBrowser(['Sec-Fetch-Mode', 'CORS']));
+  assert.ok(!looksLikeBrowser(['SEC-FETCH-MODE', ' Cors ']));
+  assert.ok(looksLikeBrowser(['Sec-Fetch-Mode', 'CORS', 'SEC-FETCH-DEST', 'empty']));
+  assert.ok(looksLikeBrowser(['Sec-Fetch-Mode', 'NAVIGATE']));
 });
 
 test('cleanAttribution: C0, DEL and C1 control characters are removed, the rest trimmed and kept', () => {

@@ -165,3 +165,23 @@ test('glob results do not depend on evaluation order (cache)', () => {
     assert.equal(modelInScope(['gpt-4o*'], 'xgpt-4o'), false);
   }
 });
+
+// A literal between two stars is found in characters of its own: reusing the anchored
+// suffix's characters would admit models the scope does not name.
+const OVERLAP: [string[], string, boolean][] = [
+  [['a*b*bc'], 'abc', false],
+  [['a*b*bc'], 'abbc', true],
+  [['*mini*mini'], 'gpt-4o-mini', false],
+  [['*mini*mini'], 'mini-mini', true],
+  [['gpt-*4o*4o'], 'gpt-4o', false],
+  [['gpt-*4o*4o'], 'gpt-4o-4o', true],
+  [['*o1*o1-mini'], 'o1-mini', false],
+  [['*o1*o1-mini'], 'ft:o1:o1-mini', true],
+];
+
+test('modelInScope: a middle literal never borrows the suffix\'s characters', () => {
+  for (const [scope, model, want] of OVERLAP) {
+    assert.equal(modelInScope(scope, model), want, `${scope[0]} ~ ${model}`);
+    assert.equal(summary(checkModel(key({ models: scope }), model)), want ? null : '403 model_not_allowed', `${scope[0]} ~ ${model}`);
+  }
+});

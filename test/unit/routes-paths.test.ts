@@ -134,3 +134,24 @@ test('query strings do not affect classification and are not part of the path', 
   assert.equal(!miss.ok && miss.code, 'not_found');
   assert.equal(classify(DEFAULT_RULES, 'GET', '/v1/../models?x=1').ok, false);
 });
+
+// Each refusal names its own reason (without these checks the URL-rewrite fallback still
+// refuses the target, but tells the client about "#, quotes, <>").
+const REASONS: [string, RegExp][] = [
+  ['/v1/../x', /dot segments/],
+  ['/v1/files/../../etc/passwd', /dot segments/],
+  ['/./v1/models', /dot segments/],
+  ['http://host/v1/models', /absolute-form/],
+  ['host/v1/models', /absolute-form/],
+  ['*', /absolute-form/],
+  ['/v1/chat completions', /control characters and spaces/],
+  ['/v1/models\x7f', /control characters and spaces/],
+];
+
+test('checkPath: a refused target is told the reason it has', () => {
+  for (const [target, reason] of REASONS) {
+    const c = checkPath(target);
+    assert.ok(!c.ok, target);
+    assert.match(c.message, reason, target);
+  }
+});
