@@ -73,6 +73,24 @@ test("a late answer is dropped and does not free the cell another call took sinc
   assert.equal(d.size, 0);
 });
 
+test("a late answer goes to the caller's `late`, once, and never an answer in time", async () => {
+  let now = 0;
+  const d = new Deadlines({ timeoutMs: 100, now: () => now });
+  const lateAnswers: string[] = [];
+  const inTime = call<string>();
+  const a = d.bound(inTime.p, (v) => lateAnswers.push(v));
+  inTime.answer('in time');
+  assert.deepEqual(await settled(a), { value: 'in time' });
+  const slow = call<string>();
+  const b = d.bound(slow.p, (v) => lateAnswers.push(v));
+  now += 100;
+  d.expire();
+  assert.ok(typeof (await settled(b)) === 'object', 'rejected at its deadline');
+  slow.answer('granted late');
+  await settled(b);
+  assert.deepEqual(lateAnswers, ['granted late']);
+});
+
 test('the sweep alone rejects an unanswered call, on the real clock', async () => {
   const d = new Deadlines({ timeoutMs: 30 });
   // The sweep never keeps a process up (unref'd); a real call's connection does, this stands in for it.

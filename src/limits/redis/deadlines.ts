@@ -1,7 +1,7 @@
 /**
  * Deadlines of Redis calls. `bound` rejects a call of the limiter not answered within
- * timeoutMs (CallTimeoutError), as ioredis' `commandTimeout` would, and drops its late
- * answer; Redis may still run it, and the scripts that care check a deadline of their own
+ * timeoutMs (CallTimeoutError), as ioredis' `commandTimeout` would, and hands its late
+ * answer to the caller's `late`, if any; Redis may still run it, and the scripts that care check a deadline of their own
  * (admit.lua's staleAfterMs, hold.lua's). The failover guard (failover-guard.ts) starts its
  * own deadlines on a second instance, with an action of its own when one passes.
  *
@@ -81,13 +81,17 @@ export class Deadlines {
     this.pending.delete(d.cell);
   }
 
-  /** `call`'s answer, or a CallTimeoutError once timeoutMs have passed without one (a later answer is dropped). */
-  bound<T>(call: Promise<T>): Promise<T> {
+  /**
+   * `call`'s answer, or a CallTimeoutError once timeoutMs have passed without one. A later
+   * answer goes to `late` (else it is dropped): Redis may have granted what the caller no
+   * longer waits for, and only the answer says so.
+   */
+  bound<T>(call: Promise<T>, late?: (answer: T) => void): Promise<T> {
     return new Promise<T>((resolve, reject) => {
       const d = this.start(() => reject(new CallTimeoutError(this.timeoutMs)));
       call.then(
         (v) => {
-          if (d.done) return;
+          if (d.done) return late?.(v);
           this.clear(d);
           resolve(v);
         },

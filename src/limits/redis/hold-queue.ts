@@ -45,6 +45,18 @@ interface Pending {
   n: number;
   resolve: (v: HoldReply) => void;
   reject: (err: unknown) => void;
+  /** the answer, when it came after the call's deadline failed the hold */
+  late?: (v: HoldReply) => void;
+}
+
+/** Each hold's part of a hold.lua answer (anything but a list: no answer for any hold, which hold() names unknown). */
+function eachReply(answer: unknown, group: Pending[], to: (p: Pending, reply: HoldReply) => void): void {
+  const v = Array.isArray(answer) ? (answer as number[]) : [];
+  let i = 1;
+  for (const p of group) {
+    to(p, { outcome: Number(v[i]), refusedBy: Number(v[i + 1]), sliceSizes: v.slice(i + 2, i + 2 + p.n).map(Number) });
+    i += 2 + p.n;
+  }
 }
 
 export class HoldQueue {
@@ -57,11 +69,11 @@ export class HoldQueue {
 
   constructor(private readonly o: HoldQueueOptions) {}
 
-  /** Queues one hold: `args` is its part of hold.lua's ARGV, `keys` two per holder. */
-  add(hashTag: string, keys: string[], args: (string | number)[]): Promise<HoldReply> {
+  /** Queues one hold: `args` is its part of hold.lua's ARGV, `keys` two per holder; `late` gets an answer that came after the call's deadline. */
+  add(hashTag: string, keys: string[], args: (string | number)[], late?: (v: HoldReply) => void): Promise<HoldReply> {
     return new Promise((resolve, reject) => {
       if (this.pending.length === 0) this.o.atTurnEnd(this.sendPending);
-      this.pending.push({ hashTag, keys, args, n: keys.length / 2, resolve, reject });
+      this.pending.push({ hashTag, keys, args, n: keys.length / 2, resolve, reject, late });
     });
   }
 
@@ -79,19 +91,13 @@ export class HoldQueue {
     };
     let reply: Promise<unknown>;
     try {
-      reply = this.o.run('keywardHold', keys, args);
+      reply = this.o.run('keywardHold', keys, args, (r) => eachReply(r, group, (p, v) => p.late?.(v)));
     } catch (err) {
       return failed(err);
     }
     reply.then((r) => {
-      // Anything but a list is read as no answer for any hold (hold() then names it unknown).
-      const v = Array.isArray(r) ? (r as number[]) : [];
-      this.o.clock?.learn(Number(v[0]));
-      let i = 1;
-      for (const p of group) {
-        p.resolve({ outcome: Number(v[i]), refusedBy: Number(v[i + 1]), sliceSizes: v.slice(i + 2, i + 2 + p.n).map(Number) });
-        i += 2 + p.n;
-      }
+      if (Array.isArray(r)) this.o.clock?.learn(Number(r[0]));
+      eachReply(r, group, (p, v) => p.resolve(v));
     }, failed);
   }
 }

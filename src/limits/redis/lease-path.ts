@@ -241,10 +241,21 @@ class SlicedPath implements LeasePath, LeaseOwner {
       old?.id ?? '', old?.left.rpm ?? 0, old?.left.tpm ?? 0,
       ask.sliceId, want?.rpm ?? 0, want?.tpm ?? 0, this.opts.sliceMs * REDIS_LIFETIME_FACTOR, want?.keepRpm ?? 0, want?.keepTpm ?? 0,
       leased.conc, ask.slotId, this.opts.term.ms, ask.blockId, ask.wantBlock, Math.floor(leased.conc * BLOCK_KEEP_SHARE),
-    ]) as Promise<number[]>;
+    ], (answer) => this.undoLate(leased, ask, answer)) as Promise<number[]>;
     if (want) this.slices.track(leased.keyId, call);
     if (ask.wantBlock > 0) this.blocks.track(leased.keyId, call);
     return call;
+  }
+
+  /**
+   * An admission Redis granted whose reply came after the call's deadline: its slot and
+   * tokens, a new slice and a new block go back now, as nobody will use or finish them.
+   */
+  private undoLate(leased: LeasedAdmission, ask: LeaseAsk, answer: unknown): void {
+    if (!Array.isArray(answer) || Number(answer[0]) !== 1) return;
+    this.batch.add(this.settleOp(leased.keyId, { rpm: 1, tpm: leased.tokens }, leased, { slotId: ask.slotId || undefined }));
+    if (ask.want && Number(answer[4]) === 1) this.batch.add(this.settleOp(leased.keyId, { rpm: ask.want.rpm, tpm: ask.want.tpm }, leased, { sliceId: ask.sliceId }));
+    if (ask.wantBlock > 0 && !ask.had && Number(answer[9]) === 1) this.batch.add({ kind: 'blockWeight', tag: ask.keys.tag, set: ask.keys.conc, blockId: ask.blockId, weight: 0, owner: this.opts.owner });
   }
 
   /**

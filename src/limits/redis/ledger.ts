@@ -231,15 +231,25 @@ class SharedLedger implements RedisLedger {
     const args: (string | number)[] = [id, amount, this.opts.clock?.deadline() ?? 0, input.holders.length, sliceId, want?.least ?? 0];
     input.holders.forEach((h, j) => args.push(h.kind, toNano(h.base), h.limit === null ? '' : toNano(h.limit), epochArg(h.epoch), want?.wants[j] ?? 0));
     const sentAt = performance.now();
+    // Held in Redis, answered after the call's deadline: nobody will settle the hold or use
+    // the slices granted with it, so they go back now.
+    const late = (v: HoldReply): void => {
+      if (v.outcome !== 1) return;
+      if (amount > 0) new RedisHold(this, { hashTag: m.hashTag, id, keys: m.keys, kinds: m.kinds, amount, kept: -1 }).settle(0);
+      if (want && v.sliceSizes[0]! > 0) {
+        this.granted(input, m, { want, sliceId, sentAt, reply: v });
+        this.slices!.endAll(m.keys);
+      }
+    };
     let reply: HoldReply;
     try {
-      const call = this.queue.add(m.hashTag, m.keys, args);
+      const call = this.queue.add(m.hashTag, m.keys, args, late);
       if (want) this.slices!.trackAll(m.keys, call);
       reply = await call;
       for (let i = 0; reply.outcome === SLICES_IN_THE_WAY && i < SLICE_RETRY_MS.length; i++) {
         await sleep(SLICE_RETRY_MS[i]!);
         args[2] = this.opts.clock?.deadline() ?? 0;
-        reply = await this.queue.add(m.hashTag, m.keys, args);
+        reply = await this.queue.add(m.hashTag, m.keys, args, late);
       }
       if (reply.outcome === -1) throw new StaleHoldError('hold reached Redis after its deadline');
       if (!knownHoldReply(reply, input.holders.length)) throw new UnknownScriptReplyError('hold.lua', reply);

@@ -79,9 +79,9 @@ class SharedLimiter implements RedisLimiter {
     this.prefix = opts.prefix;
     this.batch = settleBatchOf(client, { run, cluster, prefix: opts.prefix, everyMs: opts.settleEveryMs ?? DEFAULT_SETTLE_EVERY_MS });
     // Every call this instance makes is preceded by the settlements it has queued (settle-batch.ts).
-    this.send = (name, keys, args) => {
+    this.send = (name, keys, args, late) => {
       this.batch.flush();
-      return run(name, keys, args);
+      return run(name, keys, args, late);
     };
     this.keeper = createLeaseKeeper({
       term,

@@ -152,7 +152,11 @@ class RequestAdmission implements RedisLease {
   async #ask(r: boolean, k: boolean): Promise<number[]> {
     try {
       const keys = [...(r ? this.#routeKeys : []), ...(k ? this.#keyKeys : [])];
-      const v = knownOutcome('admit.lua', await this.#ctx.send('keywardAdmit', keys, this.#argv(r, k)), [1, 0, -1]);
+      // Admitted in Redis, answered after the call's deadline: nobody will finish it, so it is undone now.
+      const late = (answer: unknown): void => {
+        if (Array.isArray(answer) && Number(answer[0]) === 1) this.#ctx.settle(this.#leaseId, [...(r ? [this.#routeUndo] : []), ...(k ? [this.#keyUndo] : [])]);
+      };
+      const v = knownOutcome('admit.lua', await this.#ctx.send('keywardAdmit', keys, this.#argv(r, k), late), [1, 0, -1]);
       this.#ctx.clock.learn(v[3]);
       if (v[0] === -1) throw new StaleAdmissionError('admission reached Redis after its deadline');
       if (v[0] === 0) checkAdmitRefusal(v);

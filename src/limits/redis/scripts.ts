@@ -28,7 +28,11 @@ export const SCRIPTS = {
   keywardClaim: 'claim.lua',
 } as const;
 export type ScriptName = keyof typeof SCRIPTS;
-export type RunScript = (name: ScriptName, keys: string[], args: (string | number)[]) => Promise<unknown>;
+/**
+ * Runs a script. `late`: the answer of a call its deadline already failed (an admission or a
+ * hold Redis granted in time whose reply came back too late), so the caller can undo it.
+ */
+export type RunScript = (name: ScriptName, keys: string[], args: (string | number)[], late?: (answer: unknown) => void) => Promise<unknown>;
 
 const read = (file: string): string => readFileSync(new URL(`./lua/${file}`, import.meta.url), 'utf8');
 
@@ -49,7 +53,7 @@ export function scriptRunner(client: Redis | Cluster, deadlines?: Deadlines): Ru
   for (const name of Object.keys(SCRIPTS) as ScriptName[]) {
     if (typeof commands[name] !== 'function') client.defineCommand(name, { lua: sources[name] });
   }
-  if (deadlines) return (name, keys, args) => deadlines.bound(commands[name](keys.length, ...keys, ...args));
+  if (deadlines) return (name, keys, args, late) => deadlines.bound(commands[name](keys.length, ...keys, ...args), late);
   return (name, keys, args) => commands[name](keys.length, ...keys, ...args);
 }
 

@@ -100,7 +100,8 @@ end
 local function drop_slice(key, id)
   local rec = redis.call('HGET', key, 's:' .. id)
   if not rec then return false end
-  local amount = tonumber(string.match(rec, '^([^:]+):'))
+  local amount, expiry = string.match(rec, '^([^:]+):(.+)$')
+  amount = tonumber(amount)
   redis.call('HDEL', key, 's:' .. id)
   local leased = (tonumber(redis.call('HGET', key, 'l') or '0') or 0) - amount
   if leased > 0 then
@@ -108,7 +109,8 @@ local function drop_slice(key, id)
   else
     redis.call('HDEL', key, 'l', 'x')
   end
-  return true
+  -- expired but not yet purged (purging is lazy): gone all the same, nothing to give back
+  return tonumber(expiry) > now
 end
 
 local function reset_ms(lvl, cap)
