@@ -6,7 +6,7 @@ import { CallTimeoutError } from '../../src/limits/redis/deadlines.js';
 import { createRedisLimiter } from '../../src/limits/redis/limiter.js';
 import { countWrites, redisHarness, deleteByPrefix } from '../helpers/redis-harness.js';
 import { keyBudget, projectBudget, wallet } from '../helpers/limits-conformance-ledger.js';
-import { input, leaseOf, runLimiterConformance, uid } from '../helpers/redis-limits-conformance.js';
+import { denied, input, leaseOf, runLimiterConformance, uid } from '../helpers/redis-limits-conformance.js';
 import { TEST_REDIS_URL } from '../helpers/redis-url.js';
 
 const URL = TEST_REDIS_URL;
@@ -45,6 +45,27 @@ describe('redis limiter: key layout and expiry', () => {
     assert.ok((await redis.pttl(`${tag}:tpm`)) <= 60_000, 'and goes away a window later');
     assert.equal(await redis.zcard(`${tag}:conc`), 0);
     assert.equal(await redis.zcard(`${rtag}:conc`), 0);
+  });
+
+  // The conformance suite's cancel test limits the key alone: these check the route's and a
+  // per-model limit's RPM token come back too. At 1 a minute a token back by refill takes 60 s,
+  // so only the undo can admit the second request.
+  test("cancel gives the route's RPM token back, as it does the key's", async () => {
+    const lim = createRedisLimiter({ redis, prefix, leaseMs: 5_000 });
+    const route = { name: uid('route'), concurrency: 0, rpm: 1 };
+    leaseOf(await lim.admit(input(uid('k'), { route }))).cancel();
+    leaseOf(await lim.admit(input(uid('k'), { route }))).finish({ tokens: null });
+    denied(await lim.admit(input(uid('k'), { route })), 'route_capacity_exceeded');
+    await lim.close();
+  });
+
+  test("cancel gives a per-model limit's RPM token back", async () => {
+    const lim = createRedisLimiter({ redis, prefix, leaseMs: 5_000 });
+    const model = { ...input(uid('k')), modelLimit: { pattern: 'gpt-4o*', rpm: 1, tpm: null } };
+    leaseOf(await lim.admit(model)).cancel();
+    leaseOf(await lim.admit(model)).finish({ tokens: null });
+    denied(await lim.admit(model), 'rpm_exceeded');
+    await lim.close();
   });
 
   test("a call is written when it is made, not held behind an earlier call's reply", async () => {
@@ -248,6 +269,26 @@ describe('redis limiter: key layout and expiry', () => {
       assert.deepEqual(await redis.hmget(L, 'e', 'b0', 'h'), ['2', '1600000000', '1200000000']);
       assert.ok((await redis.pttl(L)) > 0, 'the restarted ledger keeps a TTL');
       assert.ok((await redis.pttl(`{${prefix}:t:${user}}:lh:wallet%3A${user}`)) > 0, 'so does its hold set');
+      for (const r of rs) if (r.ok) r.hold.settle(0);
+    } finally {
+      await lim.close();
+    }
+  });
+
+  test("a hold from an instance still at an older epoch is judged on the ledger's base, not its own stale one", async () => {
+    // An instance whose replica has not seen the console's reset yet still sends the old
+    // epoch's figures; the ledger restarted from the new ones (DESIGN section 6) and must use them.
+    const lim = createRedisLimiter({ redis, prefix, leaseMs: 5_000 });
+    const key = uid('k');
+    const budget = (base: number, epoch: number) => [keyBudget(key, { base, limit: 1, epoch })];
+    try {
+      // Epoch 1: 0.9 of 1 spent. Epoch 2 (a reset): 0 spent.
+      const rs = [await lim.hold({ tag: key, holders: budget(0.9, 1), amount: 0.05 })];
+      rs.push(await lim.hold({ tag: key, holders: budget(0, 2), amount: 0.05 }));
+      // 0.2 at epoch 1: 0 + 0.1 in flight + 0.2 fits 1; on its stale 0.9 it would not.
+      rs.push(await lim.hold({ tag: key, holders: budget(0.9, 1), amount: 0.2 }));
+      assert.deepEqual(rs.map((r) => r.ok), [true, true, true]);
+      assert.equal(await redis.hget(`{${prefix}:t:${key}}:l:key%3A${key}`, 'h'), '300000000', 'all three in flight');
       for (const r of rs) if (r.ok) r.hold.settle(0);
     } finally {
       await lim.close();

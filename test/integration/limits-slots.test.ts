@@ -10,7 +10,7 @@ import { after, describe, test } from 'node:test';
 import type { Redis } from 'ioredis';
 import type { AdmitResult, Lease } from '../../src/limits/limiter.js';
 import type { RedisLimiter } from '../../src/limits/redis/limiter.js';
-import { scriptRunner } from '../../src/limits/redis/scripts.js';
+import { type RunScript, scriptRunner } from '../../src/limits/redis/scripts.js';
 import { blocksIn, leasingInstances } from '../helpers/redis-harness.js';
 import { watchEvals } from '../helpers/redis-monitor.js';
 import { waitFor } from '../helpers/redis-server.js';
@@ -186,6 +186,50 @@ describe('blocks of concurrency slots', { timeout: 60_000 }, () => {
     assert.deepEqual(await run('keywardRefresh', [set], [60_000, 'block-1']), [], 'all found: nothing missing');
     assert.deepEqual(await run('keywardRefresh', [set], [60_000, 'block-2']), ['block-2'], 'a block with no member is missing');
     await client.del(set);
+  });
+
+  /**
+   * lease.lua as lease-path.ts calls it, for a key limited by concurrency C alone: one request,
+   * asking its block `blockId` to be `want` slots while at most `keep` are in use.
+   */
+  const leaseScript = (run: RunScript, key: string, c: number, o: { blockId?: string; want?: number; keep?: number } = {}): Promise<number[]> => {
+    const t = `{${prefix}:k:${key}}`;
+    return run('keywardLease', [`${t}:rpm`, `${t}:tpm`, `${t}:conc`, `${t}:concw`], [
+      0, 0, 0, 0, '', 0, 0, uid('s'), 0, 0, 10_000, 0, 0,
+      c, uid('slot'), 30_000, o.blockId ?? '', o.want ?? 0, o.keep ?? 0,
+    ]) as Promise<number[]>;
+  };
+
+  test('a block is granted only while the slots in use, the block included, stay within the share kept back', async () => {
+    const { client } = await instance();
+    const run = scriptRunner(client);
+    const key = uid('k');
+    for (let i = 0; i < 12; i++) assert.equal((await leaseScript(run, key, 32))[0], 1);
+    // 13 in use with this request, + 4 = 17 > 16: the request is admitted, the block refused.
+    // One slot past the share would let blocks eat into what other instances need near C.
+    const over = await leaseScript(run, key, 32, { blockId: 'b1', want: 4, keep: 16 });
+    assert.equal(over[0], 1);
+    assert.equal(over[9], 0, 'no block past the share kept');
+    assert.equal(await inUse(client, key), 13);
+    // On another key, 12 in use with the request + 4 = 16: granted.
+    const key2 = uid('k');
+    for (let i = 0; i < 11; i++) await leaseScript(run, key2, 32);
+    assert.equal((await leaseScript(run, key2, 32, { blockId: 'b2', want: 4, keep: 16 }))[9], 1, 'a block up to the share kept');
+    assert.equal(await inUse(client, key2), 16);
+  });
+
+  test('shrinking a block frees exactly the slots above its new weight; 0 ends it', async () => {
+    // A slot left behind in the set would count against C until the block's lease ran out.
+    const { client } = await instance();
+    const run = scriptRunner(client);
+    const key = uid('k');
+    const resize = (weight: number) => run('keywardSettle', [`{${prefix}:k:${key}}:conc`], ['', 0, 1, 'w', 'blk', weight, '']);
+    assert.equal((await leaseScript(run, key, 64, { blockId: 'blk', want: 4, keep: 32 }))[9], 1);
+    assert.equal(await inUse(client, key), 5, 'the request and a block of 4');
+    assert.deepEqual(await resize(1), [1]);
+    assert.equal(await inUse(client, key), 2, 'the request and a block of 1');
+    assert.deepEqual(await resize(0), [1]);
+    assert.equal(await inUse(client, key), 1, 'the request alone');
   });
 
   test('far from its limit a concurrency-limited request costs well under one Redis call', async (t) => {

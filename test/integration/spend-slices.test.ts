@@ -8,10 +8,12 @@
  * the conformance suite (limits-conformance-spend.ts), which runs with leasing on here too.
  */
 import assert from 'node:assert/strict';
+import { once } from 'node:events';
 import { after, before, describe, test } from 'node:test';
 import type { Redis } from 'ioredis';
 import type { HoldInput, HoldResult } from '../../src/limits/limiter.js';
 import type { RedisLimiter } from '../../src/limits/redis/limiter.js';
+import { type RunScript, scriptRunner } from '../../src/limits/redis/scripts.js';
 import { SPEND_SLICE_SHARE } from '../../src/limits/redis/spend-slices.js';
 import type { Holder } from '../../src/policy/holders.js';
 import { keyBudget, projectBudget, wallet } from '../helpers/limits-conformance-ledger.js';
@@ -180,6 +182,69 @@ describe('spend slices on one Redis', { timeout: 60_000 }, () => {
     await a.lim.ledger({ tag, holders: [key, w] });
     const [k] = await b.lim.ledger({ tag, holders: [key, w] });
     assert.ok(Math.abs(k!.live - 51 * 0.004) < 1e-9, `settled: ${k!.live}`);
+  });
+
+  /**
+   * hold.lua as the limiter calls it: a ledger with one hold of 10 (h1) and a live slice of 100
+   * (~s1) on a budget of 1,000, in nano-units.
+   */
+  const sliced = async (): Promise<{ client: Redis; run: RunScript; L: string; Z: string }> => {
+    const client = await fleet.connect();
+    const run = scriptRunner(client);
+    const tag = `{${prefix}:t:${uid('t')}}`;
+    const [L, Z] = [`${tag}:l:key`, `${tag}:lh:key`];
+    const reply = (await run('keywardHold', [L, Z], [86_400_000, 30_000, 4, 1, 'h1', 10, 0, 1, '~s1', 1, 'budget', 0, 1_000, 1, 100, ''])) as number[];
+    assert.deepEqual(reply.slice(1), [1, 0, 100], 'held, with a slice of 100');
+    return { client, run, L, Z };
+  };
+  /** settle.lua's 'm' op, as the limiter sends it for a slice: cost, what the slice absorbed (take), end. */
+  const settleSlice = (run: RunScript, L: string, Z: string, o: { cost: number; take: number; end: boolean; channel?: string }) =>
+    run('keywardSettle', [L, Z], ['', 0, 1, 'm', '~s1', o.cost, o.take, o.end ? '1' : '0', 86_400_000, 'budget', 0, o.channel ?? '']);
+  /** The first message on `channel` after the script ran: ours is published after it, so a script that published nothing yields ours. */
+  const firstNews = async (client: Redis, channel: string, settle: () => Promise<unknown>): Promise<{ reply: unknown; news: string }> => {
+    const sub = await fleet.connect();
+    try {
+      await sub.subscribe(channel);
+      const next = once(sub, 'message').then(([, message]) => String(message));
+      const reply = await settle();
+      await client.publish(channel, 'nothing before this');
+      return { reply, news: await next };
+    } finally {
+      sub.disconnect();
+    }
+  };
+
+  test('a slice ended with nothing taken gives all of its rest back: what stays in flight is the requests\' holds', async () => {
+    // Were only `take` taken out of `h`, the slice's rest would stay held for good, with no
+    // record left to expire or settle it: the budget would refuse that much until a new epoch.
+    const { client, run, L, Z } = await sliced();
+    assert.equal(await client.hget(L, 'h'), '110');
+    assert.deepEqual(await settleSlice(run, L, Z, { cost: 0, take: 0, end: true }), [1]);
+    assert.equal(await client.hget(L, 'a:~s1'), null, 'the slice is gone');
+    assert.equal(await client.zscore(Z, '~s1'), null);
+    assert.equal(await client.hget(L, 'h'), '10', 'only the request\'s hold is still in flight');
+  });
+
+  // DESIGN section 6: a budget spent by settled usage refuses the next request at once, on
+  // every instance: the over-commitment voids the live slices and is news on the channel.
+  test('a hold settled past its amount that over-commits the budget is news, and voids the live slice', async () => {
+    const { client, run, L, Z } = await sliced();
+    const channel = `${prefix}:news:${uid('c')}`;
+    // 950 settled + 100 of slice in flight > 1,000.
+    const { reply, news } = await firstNews(client, channel, () => run('keywardSettle', [L, Z], ['', 0, 1, 'h', 'h1', '950', 86_400_000, 1, 'budget', channel]));
+    assert.deepEqual(reply, [1]);
+    assert.equal(news, L, 'the ledger is news');
+    // The slice's next settlement (nothing to report) is answered void: op 1.
+    assert.deepEqual(await settleSlice(run, L, Z, { cost: 0, take: 0, end: false }), [1, 1]);
+  });
+
+  test('a cost through a slice past what it absorbed that over-commits the budget is news', async () => {
+    const { client, run, L, Z } = await sliced();
+    const channel = `${prefix}:news:${uid('c')}`;
+    // 950 charged through the slice, none of it absorbed (take 0): 950 + 110 > 1,000.
+    const { reply, news } = await firstNews(client, channel, () => settleSlice(run, L, Z, { cost: 950, take: 0, end: false, channel }));
+    assert.deepEqual(reply, [1, 1]);
+    assert.equal(news, L, 'the ledger is news');
   });
 });
 

@@ -44,6 +44,43 @@ test('memory: RPM refills continuously at N per minute', async () => {
   await lim.close();
 });
 
+test('memory: a TPM bucket one token short of the reservation refuses it until that token is back', async () => {
+  const clock = fakeClock();
+  const lim = createMemoryLimiter({ now: clock.now, leaseMs: 30_000 });
+  const key = uid('k');
+  const limits = { tpm: 1000 };
+  leaseOf(await lim.admit(input(key, { limits, tokens: 901 }))).finish({ tokens: null });
+  // 99 left, 100 asked: one token (60 ms at 1000 a minute) short. Off by one, it would admit.
+  assert.equal(denied(await lim.admit(input(key, { limits, tokens: 100 })), 'tpm_exceeded'), 60);
+  clock.advance(59);
+  assert.equal(denied(await lim.admit(input(key, { limits, tokens: 100 })), 'tpm_exceeded'), 1);
+  clock.advance(1);
+  leaseOf(await lim.admit(input(key, { limits, tokens: 100 }))).finish({ tokens: null });
+  await lim.close();
+});
+
+// The conformance suite's cancel test limits the key alone: these check the route's and a
+// per-model limit's RPM token come back too. No time passes, so only the undo can admit the second.
+test("memory: cancel gives the route's RPM token back, as it does the key's", async () => {
+  const clock = fakeClock();
+  const lim = createMemoryLimiter({ now: clock.now, leaseMs: 30_000 });
+  const route = { name: uid('route'), concurrency: 0, rpm: 1 };
+  leaseOf(await lim.admit(input(uid('k'), { route }))).cancel();
+  leaseOf(await lim.admit(input(uid('k'), { route }))).finish({ tokens: null });
+  denied(await lim.admit(input(uid('k'), { route })), 'route_capacity_exceeded');
+  await lim.close();
+});
+
+test("memory: cancel gives a per-model limit's RPM token back", async () => {
+  const clock = fakeClock();
+  const lim = createMemoryLimiter({ now: clock.now, leaseMs: 30_000 });
+  const model = { ...input(uid('k')), modelLimit: { pattern: 'gpt-4o*', rpm: 1, tpm: null } };
+  leaseOf(await lim.admit(model)).cancel();
+  leaseOf(await lim.admit(model)).finish({ tokens: null });
+  denied(await lim.admit(model), 'rpm_exceeded');
+  await lim.close();
+});
+
 test('memory: concurrency retry-after is the soonest lease expiry, at most 1 s', async () => {
   const clock = fakeClock();
   const lim = createMemoryLimiter({ now: clock.now, leaseMs: 5_000, refreshEveryMs: 0 });
