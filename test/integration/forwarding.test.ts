@@ -220,6 +220,33 @@ describe('forwarding', () => {
     });
   }
 
+  // DESIGN section 4: X-APP-NAME and X-APP-URL are logged trimmed, at most 256 characters
+  // (never cut inside a surrogate pair), and forwarded unchanged.
+  test('attribution over 256 characters is logged cut to 256 and forwarded whole', async () => {
+    const name = `  ${'n'.repeat(300)}  `;
+    const url = `https://example.test/${'u'.repeat(400)}`;
+    const r = await send(h.url, { path: '/v1/models', headers: { ...bearer(h.keys.k_ok!), 'x-app-name': name, 'x-app-url': url } });
+    assert.equal(r.status, 200);
+    const line = await waitForLine(h, (l) => l.req_id === r.headers['x-request-id']);
+    assert.equal(line.app_name, 'n'.repeat(256));
+    assert.equal(line.app_url, url.slice(0, 256));
+    const rec = up.received.at(-1)!;
+    assert.equal(rec.headers['x-app-name'], name.trim(), 'forwarded as sent (Node trims the value it parses)');
+    assert.equal(rec.headers['x-app-url'], url);
+  });
+
+  test('attribution of exactly 256 characters is logged whole; a pair across the cut is left out whole', async () => {
+    const exact = 'e'.repeat(256);
+    let r = await send(h.url, { path: '/v1/models', headers: { ...bearer(h.keys.k_ok!), 'x-app-name': exact } });
+    let line = await waitForLine(h, (l) => l.req_id === r.headers['x-request-id']);
+    assert.equal(line.app_name, exact);
+    // 255 characters, then an emoji (a surrogate pair) that a cut at 256 would split; sent as UTF-8 bytes
+    const pair = Buffer.from(`${'p'.repeat(255)}\u{1F600}tail`, 'utf8').toString('latin1');
+    r = await send(h.url, { path: '/v1/models', headers: { ...bearer(h.keys.k_ok!), 'x-app-name': pair } });
+    line = await waitForLine(h, (l) => l.req_id === r.headers['x-request-id']);
+    assert.equal(line.app_name, 'p'.repeat(255));
+  });
+
   test('no key and no key hash ever reaches a log line', async () => {
     const { makeKeyHasher } = await import('../../src/auth/hash.js');
     const hash = makeKeyHasher({ hash: 'sha256' });

@@ -124,6 +124,19 @@ describe('header lines', () => {
     assert.deepEqual(named(raw, 'x-kept').map(([, v]) => v), ['yes', 'again']);
   });
 
+  // Keep-Alive and TE are hop-by-hop by their names (RFC 9110 section 7.6.1): they go even
+  // when no Connection line lists them, or when one lists only other names.
+  for (const connection of ['', 'Connection: close\r\n', 'Connection: x-other\r\n']) {
+    test(`Keep-Alive and TE lines are dropped with ${connection ? connection.trim() : 'no Connection line'}`, async () => {
+      const extra = 'Keep-Alive: timeout=600, max=1000\r\nTE: trailers\r\nX-Kept: yes\r\n';
+      assert.equal(await exchange(`GET /v1/models HTTP/1.1\r\nHost: a\r\nAuthorization: Bearer ${h.keys.k_ok}\r\n${connection}${extra}\r\n`), 200);
+      const raw = up.received.at(-1)!.rawHeaders;
+      assert.deepEqual(named(raw, 'keep-alive'), [], 'keep-alive belongs to the client connection');
+      assert.deepEqual(named(raw, 'te'), []);
+      assert.deepEqual(named(raw, 'x-kept').map(([, v]) => v), ['yes']);
+    });
+  }
+
   test('a Connection line naming the credential keyward checked does not take it away from the upstream', async () => {
     // else the upstream would get no credential, or only one keyward never read (x-api-key on a Bearer route)
     assert.equal(await exchange(`GET /v1/models HTTP/1.1\r\nHost: a\r\nConnection: Authorization, x-one\r\nAuthorization: Bearer ${h.keys.k_ok}\r\nX-One: 1\r\n\r\n`), 200);

@@ -5,9 +5,11 @@
  */
 import { after, before, describe, test } from 'node:test';
 import assert from 'node:assert/strict';
+import net from 'node:net';
+import { once } from 'node:events';
 import { startFakeUpstream, type FakeUpstream } from '../helpers/upstream.js';
-import { startHarness, type Harness } from '../helpers/sidecar.js';
-import { rawExchange } from '../helpers/raw.js';
+import { startHarness, waitForLine, type Harness } from '../helpers/sidecar.js';
+import { parseResponses, rawExchange } from '../helpers/raw.js';
 import { globMatch } from '../../src/policy/glob.js';
 
 let up: FakeUpstream;
@@ -31,10 +33,11 @@ function request(opts: { path?: string; key?: string; contentType?: string; body
   return Buffer.concat([Buffer.from(head), body]);
 }
 
-async function expectRefused(bytes: Buffer, status = 400): Promise<void> {
+async function expectRefused(bytes: Buffer, status = 400, code?: string): Promise<void> {
   const before = up.received.length;
   const ex = await rawExchange(h.sidecar.port, [bytes]);
   assert.equal(ex.responses[0]?.status, status, ex.bytes.toString('latin1').slice(0, 400));
+  if (code !== undefined) assert.equal(ex.responses[0]?.headers['x-keyward-error'], code);
   assert.equal(up.received.length, before, 'nothing forwarded');
 }
 
@@ -71,6 +74,11 @@ describe('a body the upstream decodes differently', () => {
   // UTF-7 reads `+ACIALAAiAG0-...` as `","model":"...`: the last charset is the one Express's reader decodes with.
   const utf7 = '{"model":"gpt-4o-mini","x":"+ACIALAAiAG0AbwBkAGUAbAAiADoAIgBvADE-"}';
   test('a charset named twice', () => expectRefused(request({ contentType: 'application/json; charset=utf-8; charset=utf-7', body: utf7 })));
+  // Express's reader keeps the last of a parameter named twice, a first-match reader the
+  // first: whichever order, one of them reads another charset or boundary than keyward would.
+  test('a charset named twice, utf-8 last', () => expectRefused(request({ contentType: 'application/json; charset=utf-7; charset=utf-8', body: utf7 })));
+  test('a boundary named twice, the body split at the last', () =>
+    expectRefused(request({ path: '/v1/audio/transcriptions', contentType: 'multipart/form-data; boundary=first; boundary=second', body: `--second\r\nContent-Disposition: form-data; name="model"\r\n\r\nwhisper-1\r\n--second--\r\n` })));
   test('a charset inside another parameter\'s quotes', () => expectRefused(request({ contentType: 'application/json; x="; charset=utf-8"; charset=utf-7', body: utf7 })));
   test('a quote left open', () => expectRefused(request({ contentType: 'application/json; x="; charset=utf-8', body: '{"model":"gpt-4o-mini"}' })));
   test('an RFC 2231 charset', () => expectRefused(request({ contentType: "application/json; charset*=utf-7''", body: utf7 })));
@@ -79,6 +87,13 @@ describe('a body the upstream decodes differently', () => {
   test('invalid UTF-8', () => expectRefused(request({ body: Buffer.concat([Buffer.from('{"model":"gpt-4o-mini","x":"'), Buffer.from([0xc3]), Buffer.from('"}')]) })));
   test('lone surrogate', () => expectRefused(request({ body: '{"model":"gpt-4o-mini\\ud800"}' })));
   test('BOM', () => expectRefused(request({ body: '\ufeff{"model":"gpt-4o-mini"}' })));
+  // An upstream that honours Content-Encoding would decode the bytes into another body than
+  // the one checked, even bytes that read as plain JSON.
+  for (const coding of ['br', 'gzip', 'deflate', 'GZIP', 'identity, gzip']) {
+    test(`Content-Encoding: ${coding} on a body that reads as JSON`, () =>
+      expectRefused(request({ body: '{"model":"gpt-4o-mini"}', extraHeaders: `Content-Encoding: ${coding}\r\n` }), 400, 'invalid_request'));
+  }
+  test('Content-Encoding: identity is no coding and passes', () => expectForwarded(request({ body: '{"model":"gpt-4o-mini"}', extraHeaders: 'Content-Encoding: Identity\r\n' })));
   test('duplicate nested key', () => expectRefused(request({ body: '{"model":"gpt-4o-mini","metadata":{"a":1,"a":2}}' })));
   test('model over 256 characters', () => expectRefused(request({ key: h.keys.k_all, body: JSON.stringify({ model: 'm'.repeat(257) }) })));
 });
@@ -137,6 +152,33 @@ describe('billing that cannot be skipped', () => {
     const req = () => request({ key: h.keys.k_tpm_a, path: '/v1/audio/transcriptions', contentType: MP, body });
     assert.equal(await status(req()), 200);
     assert.equal(await status(req()), 429, 'the first request reserved its size');
+  });
+
+  // DESIGN section 6: prompt tokens are ceil(body bytes / 4) of a multipart body's whole size,
+  // declared in its head, not what had been read when its model field admitted it.
+  test('a multipart body whose file arrives after admission is estimated from its declared whole size', { timeout: 10_000 }, async () => {
+    const first = Buffer.from(`--${B}\r\nContent-Disposition: form-data; name="model"\r\n\r\nwhisper-1\r\n--${B}\r\nContent-Disposition: form-data; name="file"; filename="a.wav"\r\n\r\n`);
+    const rest = Buffer.from(`${'x'.repeat(40_000)}\r\n--${B}--\r\n`);
+    const total = first.length + rest.length;
+    const socket = net.connect(h.sidecar.port, '127.0.0.1');
+    socket.on('error', () => {});
+    await once(socket, 'connect');
+    const got: Buffer[] = [];
+    socket.on('data', (c: Buffer) => got.push(c));
+    const closed = once(socket, 'close');
+    // the upstream sees the head once the model field has admitted the request
+    const admitted = once(up.arrivals, 'head');
+    // the head alone, declaring the whole length
+    const head = request({ path: '/v1/audio/transcriptions', contentType: MP, body: Buffer.alloc(total) }).subarray(0, -total);
+    socket.write(Buffer.concat([head, first]));
+    await admitted;
+    socket.write(rest);
+    await closed;
+    const id = parseResponses(Buffer.concat(got)).responses[0]?.headers['x-request-id'];
+    const line = await waitForLine(h, (l) => l.msg === 'request' && l.req_id === id);
+    assert.equal(line.status, 200);
+    const e = h.usage.find((u) => u.request_id === id);
+    assert.equal(e?.input_tokens, Math.ceil(total / 4), `estimated from ${total} bytes`);
   });
 
   test('the largest output cap counts, not the first one named', async () => {

@@ -8,7 +8,8 @@
  *
  * The upstream holds every response until all 20 requests are decided: a settled request
  * would give back part of its hold, and the guarantee is about requests whose usage is not
- * known yet.
+ * known yet. Once settled, a hold becomes the request's actual cost, input and output priced,
+ * on the holder it drew on.
  */
 import { after, before, describe, test } from 'node:test';
 import assert from 'node:assert/strict';
@@ -23,7 +24,7 @@ import { generateKey } from '../../src/auth/keyformat.js';
 import { makeKeyHasher } from '../../src/auth/hash.js';
 import type { SyncRecord } from '../../src/protocol/records.js';
 import { startFakeUpstream, type FakeUpstream, type Received } from '../helpers/upstream.js';
-import { keyRecord, startHarness, type Harness } from '../helpers/sidecar.js';
+import { keyRecord, startHarness, waitForLine, type Harness } from '../helpers/sidecar.js';
 import { KEYWARD_ARGS, spawnSidecar, type SidecarProcess } from '../helpers/process.js';
 import { TEST_REDIS_URL } from '../helpers/redis-url.js';
 
@@ -182,8 +183,15 @@ describe('spend holds on one instance with the in-process limiter', () => {
         k_kb: { project: 'p_free', budget: 10, spent: 10 - LEFT, secret: secrets.k_kb },
         k_pb: { project: 'p_tight', secret: secrets.k_pb },
         k_w: { user: 'u_w', secret: secrets.k_w },
+        k_settle: { project: 'p_free', budget: 100, spent: 0 },
+        k_settle_w: { user: 'u_settle' },
       },
-      records: RECORDS.filter((r) => r.type !== 'key'),
+      records: [
+        ...RECORDS.filter((r) => r.type !== 'key'),
+        { type: 'wallet', user: 'u_settle', balance: 50 },
+        // input and output priced apart, so a cost missing either part shows
+        { type: 'price', model: 'settle-model', input: 10, output: 100, per: 1000 },
+      ],
     });
   });
   after(async () => {
@@ -195,4 +203,27 @@ describe('spend holds on one instance with the in-process limiter', () => {
       assertAtMostTwo(await burst([h.url], secrets[c.key]), c.code);
     });
   }
+
+  /** One settled request for `key` (the upstream reports 100 input and 10 output tokens), then the key's own view. */
+  async function settledView(key: string): Promise<{ budget: { spent: number } | null; balance: number | null }> {
+    const body = JSON.stringify({ model: 'settle-model', max_tokens: 5, messages: [] });
+    const r = await fetch(`${h.url}/v1/chat/completions`, { method: 'POST', headers: { authorization: `Bearer ${key}`, 'content-type': 'application/json' }, body });
+    assert.equal(r.status, 200);
+    const id = r.headers.get('x-request-id');
+    await r.arrayBuffer();
+    await waitForLine(h, (l) => l.msg === 'request' && l.req_id === id);
+    const me = await fetch(`${h.url}/v1/key`, { headers: { authorization: `Bearer ${key}` } });
+    return (await me.json()) as { budget: { spent: number } | null; balance: number | null };
+  }
+
+  // 100 input at 10/1000 plus 10 output at 100/1000
+  const COST = 2;
+
+  test("a settled request's cost, input and output, is the key budget's live spend", async () => {
+    assert.equal((await settledView(h.keys.k_settle!)).budget?.spent, COST);
+  });
+
+  test("a settled request's cost, input and output, comes off the wallet's live balance", async () => {
+    assert.equal((await settledView(h.keys.k_settle_w!)).balance, 50 - COST);
+  });
 });

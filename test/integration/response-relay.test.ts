@@ -3,7 +3,8 @@
  * upstream's own connection: status line and reason, every header line (repeated ones
  * such as Set-Cookie included), hop-by-hop headers and those the upstream's Connection
  * names dropped, the client's own keep-alive, and a body larger than the socket buffers
- * relayed whole to a client that reads slowly.
+ * relayed whole to a client that reads slowly. An upstream that dies mid-body leaves the
+ * client a visibly broken response, never one that looks whole.
  */
 import { after, before, describe, test } from 'node:test';
 import assert from 'node:assert/strict';
@@ -11,7 +12,7 @@ import net from 'node:net';
 import { once } from 'node:events';
 import { createHash, randomBytes } from 'node:crypto';
 import { startFakeUpstream, type FakeUpstream } from '../helpers/upstream.js';
-import { startHarness, type Harness } from '../helpers/sidecar.js';
+import { startHarness, waitForLine, type Harness } from '../helpers/sidecar.js';
 import { rawExchange } from '../helpers/raw.js';
 
 let up: FakeUpstream;
@@ -29,6 +30,14 @@ before(async () => {
       return void releaseBody.then(() => res.end('data: {"ok":true}\n\n'));
     }
     if (req.url === '/v1/models/noreason') return void res.writeHead(200, '', ['X-Mixed-Case', 'yes']).end('{}');
+    if (req.url === '/v1/models/withid') return void res.writeHead(200, '', ['X-Request-Id', 'upstream-req-7']).end('{}');
+    // a Keep-Alive line that no Connection line lists: hop-by-hop by its name alone
+    if (req.url === '/v1/models/keepalive') return void res.writeHead(200, '', ['Connection', 'close', 'Keep-Alive', 'timeout=1, max=1']).end('{}');
+    if (req.url === '/v1/chat/completions') {
+      // one event, then the connection dies before the final chunk
+      res.writeHead(200, { 'content-type': 'text/event-stream' });
+      return void res.write('data: {"choices":[{"delta":{"content":"hello"}}]}\n\n', () => res.socket?.destroy());
+    }
     if (req.url === '/v1/models/big') {
       res.writeHead(200, { 'content-type': 'application/octet-stream', 'content-length': BIG.length });
       return void res.end(BIG);
@@ -105,6 +114,32 @@ describe('response relay', () => {
     const lines = headLines(ex.bytes);
     assert.equal(lines[0], 'HTTP/1.1 200 ');
     assert.ok(lines.includes('X-Mixed-Case: yes'), lines.join('\n'));
+  });
+
+  test("the upstream's own x-request-id is the one the client gets: no second line", async () => {
+    const ex = await rawExchange(h.sidecar.port, [request(h.keys.k_ok!, '/v1/models/withid')], { expect: 1 });
+    const ids = headLines(ex.bytes).filter((l) => /^x-request-id:/i.test(l));
+    assert.deepEqual(ids, ['X-Request-Id: upstream-req-7']);
+  });
+
+  test("the upstream's Keep-Alive line is not relayed when no Connection line lists it", async () => {
+    const ex = await rawExchange(h.sidecar.port, [request(h.keys.k_ok!, '/v1/models/keepalive')], { expect: 1 });
+    const lines = headLines(ex.bytes);
+    assert.match(lines[0]!, /^HTTP\/1\.1 200 /);
+    assert.deepEqual(lines.filter((l) => /^keep-alive:/i.test(l)), [], lines.join(' | '));
+  });
+
+  test('an upstream that dies mid-body cuts the client connection: no final chunk, no open stream', { timeout: 10_000 }, async () => {
+    const body = JSON.stringify({ model: 'gpt-4o', stream: true, messages: [{ role: 'user', content: 'hi' }] });
+    const line = waitForLine(h, (l) => l.path === '/v1/chat/completions');
+    const head = `POST /v1/chat/completions HTTP/1.1\r\nHost: kw\r\nAuthorization: Bearer ${h.keys.k_ok}\r\nContent-Type: application/json\r\nContent-Length: ${body.length}\r\n\r\n`;
+    // resolves once the sidecar closes the connection; a stream left open times out and fails
+    const ex = await rawExchange(h.sidecar.port, [head + body], { timeoutMs: 3000 });
+    const text = ex.bytes.toString('latin1');
+    assert.match(text, /^HTTP\/1\.1 200 /);
+    assert.ok(text.includes('"content":"hello"'), 'the event sent before the cut was relayed');
+    assert.ok(!text.endsWith('0\r\n\r\n'), 'no final chunk: the client can tell the response broke');
+    assert.equal((await line).usage_estimated, true, 'billed at the estimate: the stream reported no usage');
   });
 
   test('an HTTP/1.0 client is answered close, its body delimited by the close', async () => {

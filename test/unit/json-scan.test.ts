@@ -1,6 +1,6 @@
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { inspectJson, queryNamesModel } from '../../src/proxy/body/json-scan.js';
+import { inspectJson, queryNamesModel, strictProblem } from '../../src/proxy/body/json-scan.js';
 
 type Want = { model: string | null; cap?: number | null; models?: string[] } | { error: RegExp };
 
@@ -133,6 +133,44 @@ test('inspectJson: a large body with many nested "model" keys keeps the top-leve
   assert.deepEqual(inspectJson(Buffer.from(body)), { ok: true, model: 'big', maxOutputTokens: 7, models: [], background: false });
   const dup = body.slice(0, -1) + ',"model":"other"}';
   assert.equal(inspectJson(Buffer.from(dup)).ok, false);
+});
+
+/** An object of `before` filler keys, then `key`, then `between` more, then `key` again. */
+function withDuplicate(before: number, between: number, key = 'model'): string {
+  const fill = (from: number, n: number) => Array.from({ length: n }, (_, i) => `"k${from + i}":${from + i}`);
+  return `{${[...fill(0, before), `"${key}":"first"`, ...fill(before, between), `"${key}":"second"`].join(',')}}`;
+}
+
+// The scanner keeps an object's first keys in a short list and moves them to a Set at the
+// 9th: a duplicate must be found on either side of that move, and across it.
+test('strictProblem: a duplicate key is found at every position of an object of up to 20 keys', () => {
+  for (let before = 0; before <= 18; before++) {
+    for (let between = 0; before + between <= 18; between++) {
+      const text = withDuplicate(before, between, 'dup');
+      assert.match(strictProblem(text) ?? '', /more than once/, `after ${before} keys, ${between} between: ${text}`);
+    }
+  }
+});
+
+test('strictProblem: as many distinct keys are no problem', () => {
+  for (let n = 1; n <= 20; n++) {
+    const text = `{${Array.from({ length: n }, (_, i) => `"k${i}":${i}`).join(',')}}`;
+    assert.equal(strictProblem(text), null, text);
+  }
+});
+
+// A duplicate "model" would let the upstream (first wins) run another model than the one
+// keyward checked (JSON.parse: last wins).
+test('inspectJson: a duplicate "model" as the 9th and 10th keys is refused, not read as the last', () => {
+  const got = inspectJson(Buffer.from(withDuplicate(8, 0)));
+  assert.equal(got.ok, false, JSON.stringify(got));
+  if (!got.ok) assert.match(got.message, /more than once/);
+});
+
+test('inspectJson: a duplicate key nested in a message of 9 or more keys is refused', () => {
+  const msg = withDuplicate(8, 1, 'role');
+  const got = inspectJson(Buffer.from(`{"model":"a","messages":[${msg}]}`));
+  assert.equal(got.ok, false, JSON.stringify(got));
 });
 
 const QUERIES: [string, boolean][] = [
