@@ -14,7 +14,9 @@ import { ReplicaStore } from '../../src/replica/store.js';
 import { foldSoon } from '../../src/replica/snapshot-apply.js';
 import { replicaWriter } from '../../src/replica/writer.js';
 import { fileAt, sameFile, type FileIdentity } from '../../src/replica/replica-file.js';
-import { buildSnapshot } from '../helpers/console-replica.js';
+import { createSyncClient } from '../../src/sync/client.js';
+import { buildSnapshot, lookupSecret, until } from '../helpers/console-replica.js';
+import { startConsoleFixture } from '../helpers/console-fixture.js';
 import { parseSnapshotText } from '../../src/protocol/ndjson.js';
 import { importSnapshotFile } from '../../src/app/import.js';
 
@@ -49,6 +51,33 @@ test('a replica file deleted while running: batches still reach the file served,
   assert.deepEqual([big.applied, big.offThread], [true, true], 'workers write the file served again');
   assert.equal(replica.lookup(hashOf(1))?.key.status, 'deleted');
   await replica.close();
+});
+
+test('a replica file deleted under a syncing client: the next turn takes a snapshot into a new file at the path', async () => {
+  // The sync client, not only the writer, acts on it: changes long-polled into the deleted
+  // file would reach nothing a worker or a restart opens.
+  const fx = await startConsoleFixture();
+  const path = join(dir, 'synced.sqlite');
+  const replica = new ReplicaStore({ path, owner: true });
+  const client = createSyncClient({ url: fx.url, token: fx.tokens.sync, waitMs: 200, target: replicaWriter(replica), backoff: { baseMs: 20, maxMs: 100 } });
+  try {
+    await client.start();
+    assert.equal(client.status().snapshots, 1);
+    for (const ext of ['', '-wal', '-shm']) rmSync(path + ext, { force: true });
+    const k = (await fx.api('POST', '/admin/v1/keys', { body: { kind: 'personal', user: 'dee' } })).body as { secret: string };
+    assert.ok(await until(() => client.status().snapshots === 2, 5000), 'a snapshot follows, within a few polls');
+    assert.ok(existsSync(path), 'the replica is at replica.path again');
+    assert.equal(replicaWriter(replica).needsSnapshot?.(), false, 'the store serves the new file');
+    assert.ok(await until(() => lookupSecret(replica, k.secret) !== null));
+    // what a second process (a --workers worker, a restart) opens at the path has it too
+    const reader = new ReplicaStore({ path });
+    assert.ok(await until(() => lookupSecret(reader, k.secret) !== null));
+    await reader.close();
+  } finally {
+    await client.stop();
+    await replica.close();
+    await fx.close();
+  }
 });
 
 /** A replica of 3,000 keys whose every page past the first 8 (the schema and the meta row survive) is overwritten. */

@@ -188,6 +188,35 @@ test('a small snapshot that is not UTF-8 is bad data (not fetched again at once)
   await replica.close();
 });
 
+test('a snapshot body with no meta record (empty, or only blank lines: a proxy answering 200 with nothing) is refused, and the replica keeps every key', async () => {
+  const replica = new ReplicaStore({ path: join(dir, 'no-meta.sqlite') });
+  replica.applySnapshot({ ...parseSnapshotText(lines(4, [key('k_stays')])), source: 'test' });
+  for (const text of ['', '\n\n', '  \n']) {
+    const body = (async function* () { if (text) yield Buffer.from(text); })();
+    await assert.rejects(replicaWriter(replica).applySnapshot({ body, source: 'test' }), /no meta record/, JSON.stringify(text));
+    assert.equal(replica.status().version, 4, JSON.stringify(text));
+    assert.equal(replica.lookup(sha256('k_stays'))?.key.status, 'active', JSON.stringify(text));
+  }
+  assert.throws(() => parseSnapshotText(''), /no meta record/);
+  await replica.close();
+});
+
+test('a wallet upsert over an existing wallet moves its epoch with its balance (a period restart), on this thread and on the worker', async () => {
+  for (const where of ['here', 'worker'] as const) {
+    const replica = new ReplicaStore({ path: join(dir, `wallet-epoch-${where}.sqlite`) });
+    const mine = key('k_e', { kind: 'personal', user: 'u_e', project: null, budget: null });
+    replica.applySnapshot({ ...parseSnapshotText(lines(1, [{ type: 'wallet', user: 'u_e', balance: 2, epoch: 1 }, mine])), source: 'test' });
+    assert.deepEqual([replica.lookup(sha256('k_e'))!.walletBalance, replica.lookup(sha256('k_e'))!.walletEpoch], [2, 1]);
+    const text = JSON.stringify({ version: 2, changes: [{ op: 'upsert', type: 'wallet', user: 'u_e', balance: 10, epoch: 2 }] });
+    if (where === 'here') await replicaWriter(replica).applyChangeText(text, 'test');
+    else await applyChangeTextOffThread({ replica, text, source: 'test' });
+    const f = replica.lookup(sha256('k_e'))!;
+    // an epoch left behind would read the new balance as the old period's
+    assert.deepEqual([f.walletBalance, f.walletEpoch], [10, 2], where);
+    await replica.close();
+  }
+});
+
 test('lookup cache: a key in use stays cached, a cold one is read again, at most cacheSize entries', async () => {
   const path = join(dir, 'cache.sqlite');
   // watchMs: the change of another connection below is not noticed, so a cached answer shows itself as stale

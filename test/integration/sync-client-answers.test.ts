@@ -2,7 +2,8 @@
  * Console answers the sync client must not take at their word (DESIGN section 7): a changes
  * answer older than the replica (a console restored from a backup) is followed by a
  * snapshot; a change page too large to read on the event loop is replaced by a snapshot;
- * data that cannot be applied is retried slowly, logged as an error.
+ * data that cannot be applied is retried slowly, logged as an error; a change batch that can
+ * never be applied is followed by a snapshot, not asked for again from the same cursor.
  */
 import { after, before, test } from 'node:test';
 import assert from 'node:assert/strict';
@@ -15,7 +16,7 @@ import { MAX_CHANGES_BYTES } from '../../src/sync/bodies.js';
 import { replicaWriter } from '../../src/replica/writer.js';
 import type { LogSink } from '../../src/log.js';
 import { startConsoleFixture, type ConsoleFixture } from '../helpers/console-fixture.js';
-import { lookupSecret, until } from '../helpers/console-replica.js';
+import { lookupSecret, sha256, until } from '../helpers/console-replica.js';
 
 let fx: ConsoleFixture;
 let dir: string;
@@ -102,4 +103,40 @@ test('a snapshot that cannot be applied is an error, retried after seconds rathe
   assert.ok((failure.fields.retryInMs as number) >= 1000, String(failure.fields.retryInMs));
   corrupt = false;
   assert.ok(await until(() => c.status().connected, 5000), 'recovers once the console sends a good snapshot');
+});
+
+/** A key record for `user` with `hash`, whatever the console holds. */
+const keyRecord = (id: string, user: string, hash: string) => ({
+  type: 'key', id, hash, kind: 'personal', user, project: null, status: 'active', budget: null, spent: 0,
+  models: null, routing: null, rpm: null, tpm: null, concurrency: null,
+});
+
+test('a change batch that can never be applied (a record that does not validate) is followed by a snapshot', async () => {
+  const swap = replacingNextChanges((after) => Response.json({ version: after + 1, changes: [{ op: 'upsert', ...keyRecord('k_bad', 'ann', 'not-a-hash') }] }));
+  const { replica, client: c, lines } = client('invalid', swap.through);
+  await c.start();
+  const snapshots = c.status().snapshots;
+  swap.arm();
+  await fx.api('PUT', '/admin/v1/wallets/ann', { body: { balance: 7 } });
+  assert.ok(await until(() => lines.some((l) => /console sync failed/.test(l.msg))), 'the bad batch is a failure');
+  assert.equal(replica.db.prepare("SELECT COUNT(*) FROM keys WHERE id = 'k_bad'").pluck().get(), 0, 'nothing of the bad batch applied');
+  // The console would send the same page from the same cursor again: only a snapshot gets past
+  // it. It comes after the unusable-data retry (1 to 2 s); the bound leaves room for a loaded machine.
+  assert.ok(await until(() => c.status().snapshots === snapshots + 1, 10_000), 'a snapshot follows the batch that cannot apply');
+  assert.ok(await until(() => c.status().connected, 5000));
+});
+
+test('a change batch the replica cannot apply (two keys with one hash) is followed by a snapshot, not retried from the same cursor', async () => {
+  const taken = (await fx.api('POST', '/admin/v1/keys', { body: { kind: 'personal', user: 'ann' } })).body as { secret: string };
+  const hash = sha256(taken.secret);
+  // valid on its own, but its hash is another key's: the replica's unique index refuses it
+  const swap = replacingNextChanges((after) => Response.json({ version: after + 1, changes: [{ op: 'upsert', ...keyRecord('k_clash', 'ann', hash) }] }));
+  const { replica, client: c } = client('clash', swap.through);
+  await c.start();
+  assert.ok(replica.lookup(hash), 'the key whose hash the batch reuses');
+  const snapshots = c.status().snapshots;
+  swap.arm();
+  await fx.api('PUT', '/admin/v1/wallets/ann', { body: { balance: 8 } });
+  assert.ok(await until(() => c.status().snapshots === snapshots + 1, 10_000), 'a snapshot follows the batch that cannot apply');
+  assert.equal(replica.db.prepare("SELECT COUNT(*) FROM keys WHERE id = 'k_clash'").pluck().get(), 0);
 });

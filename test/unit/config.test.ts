@@ -135,6 +135,11 @@ test(
   },
 );
 
+test('the bounds refused below are just past what is taken: a one-second lease, redis.lease spelled right', () => {
+  assert.equal(parse(`${MINIMAL}limits: { leaseMs: 1000 }\n`).limits.leaseMs, 1000);
+  assert.deepEqual(parse(`${MINIMAL}redis: { lease: { enabled: false, sliceMs: 500 } }\n`).redis!.lease, { enabled: false, sliceMs: 500 });
+});
+
 // [yaml, path, matcher]
 const SINGLE: [string, string, string, RegExp?][] = [
   ['unknown root key', `${MINIMAL}bogus: 1\n`, 'bogus', /unknown key/],
@@ -143,6 +148,7 @@ const SINGLE: [string, string, string, RegExp?][] = [
   ['unknown key in capacity', 'upstreams:\n  default: { url: http://u, capacity: { burst: 1 } }\n', 'upstreams.default.capacity.burst', /unknown key/],
   ['unknown key in a route', `${MINIMAL}routes:\n  - { path: /x, class: model, color: red }\n`, 'routes.0.color', /unknown key/],
   ['unknown key in redis', `${MINIMAL}redis: { url: redis://r, cluster: true }\n`, 'redis.cluster', /unknown key/],
+  ['unknown key in redis.lease', `${MINIMAL}redis: { lease: { enabled: true, sliceMS: 500 } }\n`, 'redis.lease.sliceMS', /unknown key/],
   ['unknown key in admin', `${MINIMAL}admin: { bind: x }\n`, 'admin.bind', /unknown key/],
   ['unknown key in replica', `${MINIMAL}replica: { file: x }\n`, 'replica.file', /unknown key/],
   ['unknown key in console', `${MINIMAL}console: { url: http://c, token: t, secret: s }\n`, 'console.secret', /unknown key/],
@@ -153,6 +159,11 @@ const SINGLE: [string, string, string, RegExp?][] = [
   ['port out of range', `${MINIMAL}server: { port: 70000 }\n`, 'server.port'],
   ['port not an integer', `${MINIMAL}admin: { port: 90.5 }\n`, 'admin.port'],
   ['negative body limit', `${MINIMAL}server: { maxJsonBodyBytes: -1 }\n`, 'server.maxJsonBodyBytes'],
+  // slots would expire under a response still streaming
+  ['lease under a second', `${MINIMAL}limits: { leaseMs: 999 }\n`, 'limits.leaseMs'],
+  ['lease of 0', `${MINIMAL}limits: { leaseMs: 0 }\n`, 'limits.leaseMs'],
+  // an empty path would open a temporary database that no worker or restart sees
+  ['empty replica path', `${MINIMAL}replica: { path: "" }\n`, 'replica.path'],
   ['timeout as a string', 'upstreams:\n  default: { url: http://u, timeoutMs: "10s" }\n', 'upstreams.default.timeoutMs'],
   ['upstream url not http', 'upstreams:\n  default: { url: ftp://u }\n', 'upstreams.default.url', /http/],
   ['upstream url missing on a mode other than default', 'upstreams:\n  default: { url: http://u }\n  batch: { timeoutMs: 5 }\n', 'upstreams.batch.url'],

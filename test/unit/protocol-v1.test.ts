@@ -2,7 +2,7 @@ import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { cidrContains, parseCidr, parseIPv4, parseIPv6 } from '../../src/protocol/cidr.js';
 import { parseChange, parseChangeBatch, parseRecord } from '../../src/protocol/records.js';
-import { parseSnapshotText } from '../../src/protocol/ndjson.js';
+import { LineSplitter, SnapshotError, parseSnapshotText } from '../../src/protocol/ndjson.js';
 import { parseUsageLines } from '../../src/protocol/usage.js';
 
 const HASH = 'a'.repeat(64);
@@ -93,6 +93,46 @@ test('records and changes of a type this version does not know are skipped; a kn
   assert.equal(parseChangeBatch({ version: 9, changes: [{ op: 'upsert', ...oldKey, period: 'quarter' }] }).ok, false);
 });
 
+test('a personal key needs a user and a team key a project: a key that names neither is refused, in a snapshot line and in a change', () => {
+  assert.equal(parseRecord(oldKey).ok, true);
+  const personal = { ...oldKey, kind: 'personal', user: 'u_1', project: null };
+  assert.equal(parseRecord(personal).ok, true);
+  const noUser = parseRecord({ ...personal, user: null });
+  assert.equal(noUser.ok, false);
+  assert.match((noUser as { error: string }).error, /personal key needs a user/);
+  assert.equal(parseRecord({ ...oldKey, user: 'u_1', project: null }).ok, false, 'a team key without its project');
+  assert.equal(parseChange({ op: 'upsert', ...personal, user: null, project: 'p_1' }).ok, false);
+});
+
+test('a change is an upsert or a delete: another op, or none, is refused even when the record after it is valid', () => {
+  assert.equal(parseChange({ op: 'upsert', ...oldKey }).ok, true);
+  for (const op of ['insert', 'patch', 'UPSERT', undefined]) {
+    const c = parseChange({ ...(op === undefined ? {} : { op }), ...oldKey });
+    assert.equal(c.ok, false, String(op));
+    assert.match((c as { error: string }).error, /op must be "upsert" or "delete"/);
+  }
+});
+
+test('amounts that can only be wrong are refused: a negative key or project budget', () => {
+  assert.equal(parseRecord({ ...oldKey, budget: 0 }).ok, true);
+  assert.equal(parseRecord({ ...oldKey, budget: -5 }).ok, false, 'key budget');
+  assert.equal(parseRecord({ type: 'project', id: 'p_1', status: 'enabled', budget: -1, spent: 0 }).ok, false, 'project budget');
+});
+
+test('ids and batch versions that can name nothing are refused: an empty key id, a negative or fractional version', () => {
+  assert.equal(parseRecord({ ...oldKey, id: '' }).ok, false, 'empty key id');
+  assert.equal(parseChange({ op: 'delete', type: 'key', id: '' }).ok, false);
+  assert.equal(parseChangeBatch({ version: 3, changes: [] }).ok, true);
+  for (const version of [-1, 2.5]) assert.equal(parseChangeBatch({ version, changes: [] }).ok, false, String(version));
+});
+
+test('a snapshot line past the bound is refused while it streams, naming its line, before it is held whole', () => {
+  const s = new LineSplitter(16);
+  assert.deepEqual(s.push(Buffer.from('{"type":"meta"}\n')).map((l) => l.line), [1]);
+  // 17 bytes and no newline yet: refused now, not once the rest of the line has been buffered
+  assert.throws(() => s.push(Buffer.from('x'.repeat(17))), (e: Error) => e instanceof SnapshotError && e.line === 2 && /longer than 16 bytes/.test(e.message));
+});
+
 test('price records: upsert and delete by model', () => {
   const p = parseRecord({ type: 'price', model: 'gpt-4o*', input: 2.5, output: 10, per: 1000000 });
   assert.deepEqual(p, { ok: true, value: { type: 'price', model: 'gpt-4o*', input: 2.5, output: 10, per: 1000000 } });
@@ -117,6 +157,13 @@ test('usage events may say they are estimated', () => {
   assert.equal(u.events[1]!.estimated, undefined);
   assert.equal(u.errors.length, 1);
   assert.equal(u.errors[0]!.line, 3);
+});
+
+test('a usage event with a negative token count is refused (it would credit the key), the other lines kept', () => {
+  const ok = { request_id: 'r1', key_id: 'k_1', model: 'gpt-4o', input_tokens: 10, output_tokens: 5, status: 200, at: '2026-01-01T00:00:00Z' };
+  const { events, errors } = parseUsageLines([ok, { ...ok, request_id: 'r2', input_tokens: -1000 }, { ...ok, request_id: 'r3', output_tokens: -1 }].map((e) => JSON.stringify(e)).join('\n'));
+  assert.deepEqual(events.map((e) => e.request_id), ['r1']);
+  assert.deepEqual(errors.map((e) => e.line), [2, 3]);
 });
 
 test('CIDR ranges: IPv4 and IPv6, prefix length in range, strict forms', () => {
