@@ -1,9 +1,10 @@
 /**
  * Deadlines of Redis calls. `bound` rejects a call of the limiter not answered within
  * timeoutMs (CallTimeoutError), as ioredis' `commandTimeout` would, and hands its late
- * answer to the caller's `late`, if any; Redis may still run it, and the scripts that care check a deadline of their own
- * (admit.lua's staleAfterMs, hold.lua's). The failover guard (failover-guard.ts) starts its
- * own deadlines on a second instance, with an action of its own when one passes.
+ * answer to the caller's `late`, if any. Redis may still run a call after its deadline, and
+ * the scripts that care check a deadline of their own (admit.lua's staleAfterMs, hold.lua's).
+ * The failover guard (failover-guard.ts) starts its own deadlines on a second instance, with
+ * an action of its own when one passes.
  *
  * Why not `commandTimeout`: it arms one timer per command and clears it on the answer, which
  * at a settlement call every tick is the largest share of what the Redis mode promotes to the
