@@ -249,7 +249,9 @@ class SlicedPath implements LeasePath, LeaseOwner {
 
   /**
    * An admission Redis granted whose reply came after the call's deadline: its slot and
-   * tokens, a new slice and a new block go back now, as nobody will use or finish them.
+   * tokens, a new slice and a new block go back now, as nobody will use or finish them. A
+   * grown existing block is left as Redis has it: a later call may have resized it since,
+   * and the next shrink of an idle block brings it back (it errs towards refusing).
    */
   private undoLate(leased: LeasedAdmission, ask: LeaseAsk, answer: unknown): void {
     if (!Array.isArray(answer) || Number(answer[0]) !== 1) return;
