@@ -91,6 +91,30 @@ test("a late answer goes to the caller's `late`, once, and never an answer in ti
   assert.deepEqual(lateAnswers, ['granted late']);
 });
 
+test("a `late` that throws goes to onLateError, not to an unhandled rejection", async () => {
+  let now = 0;
+  const told: unknown[] = [];
+  const d = new Deadlines({ timeoutMs: 100, now: () => now, onLateError: (err) => told.push(err) });
+  const unhandled: unknown[] = [];
+  const onUnhandled = (err: unknown): void => void unhandled.push(err);
+  process.on('unhandledRejection', onUnhandled);
+  try {
+    const slow = call<string>();
+    const b = d.bound(slow.p, () => {
+      throw new Error('undo failed');
+    });
+    now += 100;
+    d.expire();
+    await settled(b);
+    slow.answer('granted late');
+    await new Promise((res) => setImmediate(res));
+    assert.deepEqual(told.map((e) => (e as Error).message), ['undo failed']);
+    assert.deepEqual(unhandled, []);
+  } finally {
+    process.off('unhandledRejection', onUnhandled);
+  }
+});
+
 test('the sweep alone rejects an unanswered call, on the real clock', async () => {
   const d = new Deadlines({ timeoutMs: 30 });
   // The sweep never keeps a process up (unref'd); a real call's connection does, this stands in for it.

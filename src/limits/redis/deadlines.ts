@@ -36,6 +36,12 @@ export interface DeadlinesOptions {
   timeoutMs: number;
   /** the clock deadlines are read on (performance.now() by default) */
   now?: () => number;
+  /**
+   * told when a caller's `late` throws: the late answer arrives outside any caller's
+   * promise chain, so a throw there would otherwise be an unhandled rejection, which ends
+   * the process
+   */
+  onLateError?: (err: unknown) => void;
 }
 
 /** Deadlines timeoutMs after their start, all checked by one sweep (see the header). */
@@ -47,10 +53,12 @@ export class Deadlines {
   /** a tenth of the timeout, between 1 and 10 ms: the most an expiry comes late */
   private readonly sweepMs: number;
   private readonly sweep = (): void => this.expire();
+  private readonly onLateError: (err: unknown) => void;
 
   constructor(opts: DeadlinesOptions) {
     this.timeoutMs = opts.timeoutMs;
     this.now = opts.now ?? (() => performance.now());
+    this.onLateError = opts.onLateError ?? (() => undefined);
     this.sweepMs = Math.min(10, Math.max(1, Math.floor(opts.timeoutMs / 10)));
   }
 
@@ -92,7 +100,7 @@ export class Deadlines {
       const d = this.start(() => reject(new CallTimeoutError(this.timeoutMs)));
       call.then(
         (v) => {
-          if (d.done) return late?.(v);
+          if (d.done) return this.lateAnswer(v, late);
           this.clear(d);
           resolve(v);
         },
@@ -103,6 +111,14 @@ export class Deadlines {
         },
       );
     });
+  }
+
+  private lateAnswer<T>(v: T, late?: (answer: T) => void): void {
+    try {
+      late?.(v);
+    } catch (err) {
+      this.onLateError(err);
+    }
   }
 
   /** Expires every deadline whose time has passed; stops the sweep once none runs. */

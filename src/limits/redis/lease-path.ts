@@ -6,17 +6,17 @@
  * and, far from the limits, leases a new slice and a bigger block. Keys with a per-model
  * limit or a limited route take the per-request path (request-path.ts).
  */
-import { bucketQuota, quotaFromReply, reservedTokens } from '../bucket.js';
+import { bucketQuota, quotaFromReply } from '../bucket.js';
 import type { LeaseTerm } from '../lease-term.js';
 import { type LeaseKeeper, type LeaseTicket, newLeaseId } from '../leases.js';
-import { type AdmitInput, type AdmitResult, type QuotaFigures, capacityOf, isLimited } from '../limiter.js';
+import type { AdmitResult, QuotaFigures } from '../limiter.js';
 import { StaleAdmissionError } from './api.js';
 import type { RedisClock } from './clock.js';
 import { knownOutcome, leaseRefusal } from './replies.js';
 import type { RunScript } from './scripts.js';
 import type { SettleBatch, SettleOp } from './settle-batch.js';
 import { type LeasedAdmission, type LeaseOwner, SliceLease } from './slice-lease.js';
-import { BLOCK_KEEP_SHARE, BLOCK_SHARE, type Block, BlockTable } from './slot-blocks.js';
+import { BLOCK_KEEP_SHARE, type Block, BlockTable } from './slot-blocks.js';
 import { REDIS_LIFETIME_FACTOR, type Slice, SliceTable, type Want } from './slices.js';
 
 export type { LeasedAdmission };
@@ -34,20 +34,6 @@ export interface LeasePathOptions {
   keeper: LeaseKeeper;
   /** a slot's and a block's lifetime without a refresh */
   term: LeaseTerm;
-}
-
-/** The request in lease terms when it is limited by the key's own RPM/TPM/concurrency alone, else null. */
-export function leasable(input: AdmitInput): LeasedAdmission | null {
-  const { route, limits } = input;
-  if (isLimited(route.concurrency) || isLimited(route.rpm)) return null;
-  if (isLimited(input.modelLimit?.rpm) || isLimited(input.modelLimit?.tpm)) return null;
-  const rpm = capacityOf(limits.rpm);
-  const tpm = capacityOf(limits.tpm);
-  const conc = capacityOf(limits.concurrency);
-  if (rpm === 0 && tpm === 0 && conc === 0) return null;
-  // A limit too small for a block of one slot: admit.lua per request, as without leasing.
-  if (conc > 0 && Math.floor(conc * BLOCK_SHARE) < 1) return null;
-  return { keyId: input.keyId, rpm, tpm, conc, tokens: reservedTokens(input.tokens) };
 }
 
 export interface LeasePath {

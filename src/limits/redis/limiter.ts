@@ -20,7 +20,8 @@ import { type RedisLease, type RedisLimiter, type RedisLimiterOptions, errorTags
 import { claimOnRedis, claimedByOnRedis } from './claims.js';
 import { createRedisClock, type RedisClock } from './clock.js';
 import { Deadlines } from './deadlines.js';
-import { type LeasePath, createLeasePath, leasable } from './lease-path.js';
+import { type LeasePath, createLeasePath } from './lease-path.js';
+import { leasable } from './slice-lease.js';
 import { SPEND_SLICE_MAX_MS } from './spend-slices.js';
 import { type RedisLedger, createRedisLedger } from './ledger.js';
 import { type LedgerNews, listenForLedgerNews } from './ledger-news.js';
@@ -70,7 +71,9 @@ class SharedLimiter implements RedisLimiter {
 
   constructor(private readonly opts: RedisLimiterOptions) {
     const client = opts.redis;
-    const run = scriptRunner(client, opts.callTimeoutMs ? new Deadlines({ timeoutMs: opts.callTimeoutMs }) : undefined);
+    // A late answer's undo that throws is counted as a failed settlement: what it gave back stays taken until its lease runs out.
+    const deadlines = opts.callTimeoutMs ? new Deadlines({ timeoutMs: opts.callTimeoutMs, onLateError: (err) => this.failed('settle', err) }) : undefined;
+    const run = scriptRunner(client, deadlines);
     const term = (this.term = new LeaseTerm(opts.leaseMs, opts.refreshEveryMs));
     const clock = createRedisClock(opts.staleAfterMs);
     learnOnReady(client, clock);

@@ -1,20 +1,35 @@
 /**
- * The lease of a request admitted on the lease path (lease-path.ts).
+ * Which requests take the lease path (lease-path.ts), and the lease of a request admitted on it.
  */
-import { tokensBack } from '../bucket.js';
+import { reservedTokens, tokensBack } from '../bucket.js';
 import type { LeaseKeeper, LeaseTicket } from '../leases.js';
+import { type AdmitInput, capacityOf, isLimited } from '../limiter.js';
 import type { RedisLease } from './api.js';
 import type { SettleBatch, SettleOp } from './settle-batch.js';
-import type { Block, BlockTable } from './slot-blocks.js';
+import { BLOCK_SHARE, type Block, type BlockTable } from './slot-blocks.js';
 import type { Slice, SliceTable } from './slices.js';
 
-/** A request in lease terms: limited by the key's own RPM, TPM and concurrency alone (lease-path.ts `leasable`). */
+/** A request in lease terms: limited by the key's own RPM, TPM and concurrency alone (`leasable`). */
 export interface LeasedAdmission {
   keyId: string;
   rpm: number;
   tpm: number;
   conc: number;
   tokens: number;
+}
+
+/** The request in lease terms when it is limited by the key's own RPM/TPM/concurrency alone, else null. */
+export function leasable(input: AdmitInput): LeasedAdmission | null {
+  const { route, limits } = input;
+  if (isLimited(route.concurrency) || isLimited(route.rpm)) return null;
+  if (isLimited(input.modelLimit?.rpm) || isLimited(input.modelLimit?.tpm)) return null;
+  const rpm = capacityOf(limits.rpm);
+  const tpm = capacityOf(limits.tpm);
+  const conc = capacityOf(limits.concurrency);
+  if (rpm === 0 && tpm === 0 && conc === 0) return null;
+  // A limit too small for a block of one slot: admit.lua per request, as without leasing.
+  if (conc > 0 && Math.floor(conc * BLOCK_SHARE) < 1) return null;
+  return { keyId: input.keyId, rpm, tpm, conc, tokens: reservedTokens(input.tokens) };
 }
 
 /** What an admitted request holds: the slice and block it was admitted from, or its own slot. */
