@@ -8,8 +8,9 @@
 import { after, before, describe, test } from 'node:test';
 import assert from 'node:assert/strict';
 import Anthropic, { APIError } from '@anthropic-ai/sdk';
-import { startFakeUpstream, type FakeUpstream, type Handler } from '../helpers/upstream.js';
+import type { FakeUpstream, Handler } from '../helpers/upstream.js';
 import { startHarness, waitForLine, type Harness } from '../helpers/sidecar.js';
+import { deniedUnforwarded, startSdkBed } from '../helpers/sdk-bed.js';
 import { startDemoUpstream } from '../../src/app/demo-upstream.js';
 
 const VERSION = '2023-06-01';
@@ -47,6 +48,7 @@ const messagesLike: Handler = (req, res, rec) => {
 
 let up: FakeUpstream;
 let h: Harness;
+let close: () => Promise<void>;
 
 type Options = NonNullable<ConstructorParameters<typeof Anthropic>[0]>;
 
@@ -69,23 +71,9 @@ const defaultClient = (key: string) =>
   new Anthropic({ apiKey: key, baseURL: h.url, maxRetries: 0, timeout: 5_000, defaultHeaders: { 'keyward-version': VERSION } });
 
 before(async () => {
-  up = await startFakeUpstream(messagesLike);
-  h = await startHarness({
-    upstream: up.url,
-    keys: {
-      k_ok: {},
-      k_scoped: { models: ['claude-haiku-*'] },
-      k_rpm1: { rpm: 1 },
-      k_broke: { user: 'u_broke' },
-    },
-    records: [{ type: 'wallet', user: 'u_broke', balance: 0 }],
-  });
+  ({ up, h, close } = await startSdkBed(messagesLike, ['claude-haiku-*']));
 });
-
-after(async () => {
-  await h.close();
-  await up.close();
-});
+after(() => close());
 
 const params = (extra: Partial<Anthropic.MessageCreateParamsNonStreaming> = {}): Anthropic.MessageCreateParamsNonStreaming => ({
   model: 'claude-haiku-4-5',
@@ -205,16 +193,8 @@ describe('@anthropic-ai/sdk@1 through keyward', () => {
 });
 
 describe('@anthropic-ai/sdk@1: denials surface as the SDK error classes and are never forwarded', () => {
-  async function denied<E extends APIError>(cls: abstract new (...args: never[]) => E, call: () => Promise<unknown>): Promise<E> {
-    const before = up.received.length;
-    const err = await call().then(
-      () => assert.fail('expected the request to be denied'),
-      (e: unknown) => e,
-    );
-    assert.ok(err instanceof cls, `expected ${cls.name}, got ${(err as Error)?.constructor?.name}: ${String(err)}`);
-    assert.equal(up.received.length, before, 'the upstream never received the denied request');
-    return err;
-  }
+  /** Runs `call`, expects it to throw `cls`, and checks that nothing reached the upstream. */
+  const denied = <E extends APIError>(cls: abstract new (...args: never[]) => E, call: () => Promise<unknown>) => deniedUnforwarded(up, cls, call);
   /** The messages-style error body: {"type":"error","error":{"type":…,"message":…}} */
   const bodyType = (err: APIError) => (err.error as { type?: string; error?: { type?: string } } | undefined);
 

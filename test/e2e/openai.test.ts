@@ -8,8 +8,9 @@ import { after, before, describe, test } from 'node:test';
 import assert from 'node:assert/strict';
 import { randomBytes } from 'node:crypto';
 import OpenAI, { APIError, toFile } from 'openai';
-import { startFakeUpstream, sha256, type FakeUpstream, type Handler } from '../helpers/upstream.js';
+import { sha256, type FakeUpstream, type Handler } from '../helpers/upstream.js';
 import { startHarness, waitForLine, type Harness } from '../helpers/sidecar.js';
+import { deniedUnforwarded, startSdkBed } from '../helpers/sdk-bed.js';
 import { startDemoUpstream } from '../../src/app/demo-upstream.js';
 
 /** Answers the way the OpenAI API does, from the body the fake upstream already read. */
@@ -49,28 +50,15 @@ const openaiLike: Handler = (req, res, rec) => {
 
 let up: FakeUpstream;
 let h: Harness;
+let close: () => Promise<void>;
 
 const client = (key: string, extra: Partial<ConstructorParameters<typeof OpenAI>[0]> = {}) =>
   new OpenAI({ apiKey: key, baseURL: `${h.url}/v1`, maxRetries: 0, timeout: 5_000, ...extra });
 
 before(async () => {
-  up = await startFakeUpstream(openaiLike);
-  h = await startHarness({
-    upstream: up.url,
-    keys: {
-      k_ok: {},
-      k_scoped: { models: ['gpt-4o-mini*'] },
-      k_rpm1: { rpm: 1 },
-      k_broke: { user: 'u_broke' },
-    },
-    records: [{ type: 'wallet', user: 'u_broke', balance: 0 }],
-  });
+  ({ up, h, close } = await startSdkBed(openaiLike, ['gpt-4o-mini*']));
 });
-
-after(async () => {
-  await h.close();
-  await up.close();
-});
+after(() => close());
 
 describe('openai@6 through keyward', () => {
   test('models.list', async () => {
@@ -182,16 +170,7 @@ describe('openai@6 through keyward', () => {
 
 describe('openai@6: denials surface as the SDK error classes and are never forwarded', () => {
   /** Runs `call`, expects it to throw `cls`, and checks that nothing reached the upstream. */
-  async function denied<E extends APIError>(cls: abstract new (...args: never[]) => E, call: () => Promise<unknown>): Promise<E> {
-    const before = up.received.length;
-    const err = await call().then(
-      () => assert.fail('expected the request to be denied'),
-      (e: unknown) => e,
-    );
-    assert.ok(err instanceof cls, `expected ${cls.name}, got ${(err as Error)?.constructor?.name}: ${String(err)}`);
-    assert.equal(up.received.length, before, 'the upstream never received the denied request');
-    return err;
-  }
+  const denied = <E extends APIError>(cls: abstract new (...args: never[]) => E, call: () => Promise<unknown>) => deniedUnforwarded(up, cls, call);
   const chat = (c: OpenAI, model: unknown = 'gpt-4o-mini') =>
     c.chat.completions.create({ model: model as string, messages: [{ role: 'user', content: 'hi' }] });
 

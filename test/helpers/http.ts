@@ -44,6 +44,10 @@ export function send(base: string, r: RawRequest): Promise<RawResponse> {
 
 export const bearer = (key: string) => ({ authorization: `Bearer ${key}` });
 
+/** POSTs `body` as JSON to /v1/chat/completions, with `key` as the bearer token. */
+export const postChat = (base: string, key: string, body: unknown): Promise<RawResponse> =>
+  send(base, { method: 'POST', path: '/v1/chat/completions', headers: { ...bearer(key), 'content-type': 'application/json' }, body: JSON.stringify(body) });
+
 export function jsonBody(value: unknown, headers: OutgoingHttpHeaders = {}) {
   return { headers: { 'content-type': 'application/json', ...headers }, body: JSON.stringify(value) };
 }

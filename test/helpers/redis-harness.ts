@@ -71,6 +71,12 @@ export async function deleteByPrefix(client: Redis | Cluster, prefix: string): P
   }
 }
 
+/** An after hook's cleanup: deletes every key under `prefix`, then disconnects `client`. */
+export async function deleteByPrefixAndDisconnect(client: Redis | Cluster, prefix: string): Promise<void> {
+  await deleteByPrefix(client, prefix);
+  client.disconnect();
+}
+
 /**
  * Limiter instances for the leasing tests, each on its own connection to one Redis and
  * sharing `prefix`. `close()` closes them, deletes their keys and disconnects every client;

@@ -86,6 +86,54 @@ export async function spawnRedisOnSomePort(
   throw lastError;
 }
 
+/** A private redis-server on a unix socket; `proc` and `exited` are those of the process running now. */
+export interface SocketRedis {
+  readonly proc: ChildProcess;
+  readonly exited: Promise<void>;
+  /** the socket's path, for `unix://` URLs and Redis({ path }) */
+  sock: string;
+  /** its temp dir, for other socket paths the tests need */
+  dir: string;
+  /** starts a new process with the same arguments, after a test killed the last one */
+  restart(): Promise<void>;
+  /** stops the process and removes the dir */
+  close(): Promise<void>;
+}
+
+/**
+ * Starts redis-server listening only on a unix socket (mode 700) in a new temp dir named
+ * after `tag`, persisting nothing: a server the failover tests can pause, kill and restart.
+ */
+export async function startSocketRedis(tag: string): Promise<SocketRedis> {
+  const tmp = await makeTmpDir(tag);
+  const sock = join(tmp.dir, 'redis.sock');
+  const args = ['--port', '0', '--unixsocket', sock, '--unixsocketperm', '700', '--save', '', '--appendonly', 'no', '--dir', tmp.dir];
+  let current: RedisProcess;
+  try {
+    current = await spawnRedis(args);
+  } catch (err) {
+    await tmp.remove();
+    throw err;
+  }
+  return {
+    get proc() {
+      return current.proc;
+    },
+    get exited() {
+      return current.exited;
+    },
+    sock,
+    dir: tmp.dir,
+    async restart() {
+      current = await spawnRedis(args);
+    },
+    async close() {
+      await current.stop();
+      await tmp.remove();
+    },
+  };
+}
+
 /** Polls `check` until it returns true, or fails after `timeoutMs`. */
 export async function waitFor(check: () => Promise<boolean> | boolean, timeoutMs: number, what: string, everyMs = 25): Promise<void> {
   const deadline = performance.now() + timeoutMs;

@@ -18,6 +18,7 @@ import type { AlertTuning } from '../../src/obs/alerts/alerts.js';
 import { ReplicaStore } from '../../src/replica/store.js';
 import type { KeyRecord, SyncRecord } from '../../src/protocol/records.js';
 import type { UsageEvent } from '../../src/protocol/usage.js';
+import { startFakeUpstream, type FakeUpstream, type Handler } from './upstream.js';
 
 export type KeySpec = Partial<Omit<KeyRecord, 'type' | 'hash'>> & { secret?: string };
 
@@ -108,6 +109,35 @@ export async function startHarness(opts: HarnessOptions): Promise<Harness> {
       await sidecar.close({ graceMs: 500 });
       await replica.close();
       rmSync(dir, { recursive: true, force: true });
+    },
+  };
+}
+
+/** A fake upstream and a sidecar harness in front of it; `close` stops the sidecar, then the upstream. */
+export interface UpstreamHarness {
+  up: FakeUpstream;
+  h: Harness;
+  close(): Promise<void>;
+}
+
+/**
+ * Starts a fake upstream answering with `handler` (echoJson by default) and a sidecar
+ * harness in front of it, set up as the other options say: the setup most proxy tests share.
+ */
+export async function startBehindUpstream({ handler, ...opts }: Omit<HarnessOptions, 'upstream'> & { handler?: Handler }): Promise<UpstreamHarness> {
+  const up = await startFakeUpstream(handler);
+  let h: Harness;
+  try {
+    h = await startHarness({ ...opts, upstream: up.url });
+  } catch (err) {
+    await up.close();
+    throw err;
+  }
+  return {
+    up, h,
+    async close() {
+      await h.close();
+      await up.close();
     },
   };
 }

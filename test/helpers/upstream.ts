@@ -35,11 +35,14 @@ export interface FakeUpstream {
   close(): Promise<void>;
 }
 
-export const echoJson: Handler = (_req, res, rec) => {
-  const text = JSON.stringify({ ok: true, sha256: rec.sha256, bytes: rec.body.length });
+/** Answers 200 with `body` as JSON, its length declared. */
+export function answerJson(res: ServerResponse, body: unknown): void {
+  const text = JSON.stringify(body);
   res.writeHead(200, { 'content-type': 'application/json', 'content-length': Buffer.byteLength(text) });
   res.end(text);
-};
+}
+
+export const echoJson: Handler = (_req, res, rec) => answerJson(res, { ok: true, sha256: rec.sha256, bytes: rec.body.length });
 
 export async function startFakeUpstream(handler: Handler = echoJson): Promise<FakeUpstream> {
   let current = handler;

@@ -4,17 +4,16 @@
  */
 import { after, before, describe, test } from 'node:test';
 import assert from 'node:assert/strict';
-import { startFakeUpstream, type FakeUpstream } from '../helpers/upstream.js';
-import { startHarness, waitForLine, type Harness } from '../helpers/sidecar.js';
+import type { FakeUpstream } from '../helpers/upstream.js';
+import { startBehindUpstream, startHarness, waitForLine, type Harness } from '../helpers/sidecar.js';
 import { bearer, send, type RawRequest } from '../helpers/http.js';
 
 let up: FakeUpstream;
 let h: Harness;
+let close: () => Promise<void>;
 
 before(async () => {
-  up = await startFakeUpstream();
-  h = await startHarness({
-    upstream: up.url,
+  ({ up, h, close } = await startBehindUpstream({
     config: { server: { port: 0, maxJsonBodyBytes: 4096 } },
     records: [
       { type: 'wallet', user: 'u_broke', balance: 0 },
@@ -31,12 +30,9 @@ before(async () => {
       k_off: { project: 'p_off' },
       k_proj_spent: { project: 'p_spent' },
     },
-  });
+  }));
 });
-after(async () => {
-  await h.close();
-  await up.close();
-});
+after(() => close());
 
 const chat = (key: string | null, body: unknown = { model: 'gpt-4o', messages: [] }, extra: Record<string, string> = {}): RawRequest => ({
   method: 'POST',

@@ -9,24 +9,20 @@ import http from 'node:http';
 import { once } from 'node:events';
 import { Readable } from 'node:stream';
 import { randomBytes } from 'node:crypto';
-import { startFakeUpstream, sha256, type FakeUpstream } from '../helpers/upstream.js';
-import { startHarness, waitForLine, type Harness } from '../helpers/sidecar.js';
+import { sha256, type FakeUpstream } from '../helpers/upstream.js';
+import { startBehindUpstream, waitForLine, type Harness } from '../helpers/sidecar.js';
 import { bearer, send } from '../helpers/http.js';
 
 let up: FakeUpstream;
 let h: Harness;
+let close: () => Promise<void>;
 
 before(async () => {
-  up = await startFakeUpstream();
-  h = await startHarness({
-    upstream: up.url,
+  ({ up, h, close } = await startBehindUpstream({
     keys: { k_ok: {}, k_scoped: { models: ['whisper-*'] } },
-  });
+  }));
 });
-after(async () => {
-  await h.close();
-  await up.close();
-});
+after(() => close());
 
 function multipart(boundary: string, parts: { name: string; value: Buffer | string; filename?: string }[]): Buffer {
   const chunks: Buffer[] = [];

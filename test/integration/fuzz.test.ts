@@ -19,8 +19,8 @@
  */
 import { after, before, test } from 'node:test';
 import assert from 'node:assert/strict';
-import { startFakeUpstream, type FakeUpstream, type Received } from '../helpers/upstream.js';
-import { startHarness, type Harness } from '../helpers/sidecar.js';
+import type { FakeUpstream, Received } from '../helpers/upstream.js';
+import { startBehindUpstream, type Harness } from '../helpers/sidecar.js';
 import { rawExchange, type ParsedResponse } from '../helpers/raw.js';
 import { prng, rawValues, repeatedLines, trickyPath, upstreamReading, type Rng } from '../helpers/fuzz-cases.js';
 import { globMatch } from '../../src/policy/glob.js';
@@ -30,19 +30,15 @@ const inScope = (m: string) => SCOPE.some((g) => globMatch(g, m));
 
 let up: FakeUpstream;
 let h: Harness;
+let close: () => Promise<void>;
 
 before(async () => {
-  up = await startFakeUpstream();
-  h = await startHarness({
-    upstream: up.url,
+  ({ up, h, close } = await startBehindUpstream({
     records: [{ type: 'project', id: 'p_off', status: 'disabled', budget: null, spent: 0 }],
     keys: { k_scoped: { models: SCOPE }, k_deleted: { status: 'deleted' }, k_off: { project: 'p_off' } },
-  });
+  }));
 });
-after(async () => {
-  await h.close();
-  await up.close();
-});
+after(() => close());
 
 
 const B = 'fzB0undary';

@@ -11,19 +11,19 @@ import assert from 'node:assert/strict';
 import net from 'node:net';
 import { randomBytes } from 'node:crypto';
 import { Redis } from 'ioredis';
-import { startFakeUpstream, type FakeUpstream } from '../helpers/upstream.js';
-import { startHarness, waitForLine, type Harness } from '../helpers/sidecar.js';
+import type { FakeUpstream } from '../helpers/upstream.js';
+import { startBehindUpstream, waitForLine, type Harness } from '../helpers/sidecar.js';
 import { parseResponses, rawExchange } from '../helpers/raw.js';
 import { TEST_REDIS_URL } from '../helpers/redis-url.js';
+import { deleteByPrefixAndDisconnect } from '../helpers/redis-harness.js';
 
 const prefix = `kwhc${randomBytes(4).toString('hex')}`;
 let up: FakeUpstream;
 let h: Harness;
+let close: () => Promise<void>;
 
 before(async () => {
-  up = await startFakeUpstream();
-  h = await startHarness({
-    upstream: up.url,
+  ({ up, h, close } = await startBehindUpstream({
     keys: {
       // a per-model limit takes the per-request path: every admission is a Redis call
       k_model: { modelLimits: [{ models: 'gpt-4o', rpm: 1 }] },
@@ -38,15 +38,11 @@ before(async () => {
     },
     records: [{ type: 'project', id: 'p_1', status: 'enabled', budget: null, spent: 0 }, { type: 'price', model: 'priced-*', input: 1, output: 1, per: 1 }],
     config: { redis: { url: TEST_REDIS_URL, prefix, timeoutMs: 1000 } },
-  });
+  }));
 });
 after(async () => {
-  await h.close();
-  await up.close();
-  const redis = new Redis(TEST_REDIS_URL);
-  const keys = await redis.keys(`{${prefix}:*`);
-  if (keys.length) await redis.del(...keys);
-  redis.disconnect();
+  await close();
+  await deleteByPrefixAndDisconnect(new Redis(TEST_REDIS_URL), prefix);
 });
 
 /** Sends the whole request, half-closes at once, and reads everything until the sidecar closes. */

@@ -6,23 +6,20 @@
  */
 import { after, before, describe, test } from 'node:test';
 import assert from 'node:assert/strict';
-import { startFakeUpstream, type FakeUpstream } from '../helpers/upstream.js';
-import { startHarness, type Harness } from '../helpers/sidecar.js';
+import type { FakeUpstream } from '../helpers/upstream.js';
+import { startBehindUpstream, startHarness, type Harness } from '../helpers/sidecar.js';
 import { chunked, rawExchange } from '../helpers/raw.js';
 
 let up: FakeUpstream;
 let h: Harness;
+let close: () => Promise<void>;
 let port: number;
 
 before(async () => {
-  up = await startFakeUpstream();
-  h = await startHarness({ upstream: up.url, keys: { k_ok: {} } });
+  ({ up, h, close } = await startBehindUpstream({ keys: { k_ok: {} } }));
   port = Number(new URL(h.url).port);
 });
-after(async () => {
-  await h.close();
-  await up.close();
-});
+after(() => close());
 
 /** The raw lines the upstream read, as [name, value] pairs in order (names as sent). */
 function linesOf(raw: string[]): [string, string][] {

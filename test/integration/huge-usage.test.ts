@@ -8,39 +8,30 @@ import { after, before, test } from 'node:test';
 import assert from 'node:assert/strict';
 import { randomBytes } from 'node:crypto';
 import { Redis } from 'ioredis';
-import { startFakeUpstream, type FakeUpstream } from '../helpers/upstream.js';
-import { startHarness, type Harness } from '../helpers/sidecar.js';
-import { send } from '../helpers/http.js';
+import { answerJson } from '../helpers/upstream.js';
+import { startBehindUpstream, type Harness } from '../helpers/sidecar.js';
+import { postChat, send } from '../helpers/http.js';
 import { TEST_REDIS_URL } from '../helpers/redis-url.js';
-import { deleteByPrefix } from '../helpers/redis-harness.js';
+import { deleteByPrefixAndDisconnect } from '../helpers/redis-harness.js';
 
 const prefix = `kwhuge${randomBytes(4).toString('hex')}`;
-let up: FakeUpstream;
 let h: Harness;
+let close: () => Promise<void>;
 
 before(async () => {
-  up = await startFakeUpstream((_req, res) => {
-    const text = JSON.stringify({ id: 'c', choices: [], usage: { prompt_tokens: 1e308, completion_tokens: 1e308 } });
-    res.writeHead(200, { 'content-type': 'application/json', 'content-length': Buffer.byteLength(text) });
-    res.end(text);
-  });
-  h = await startHarness({
-    upstream: up.url,
+  ({ h, close } = await startBehindUpstream({
+    handler: (_req, res) => answerJson(res, { id: 'c', choices: [], usage: { prompt_tokens: 1e308, completion_tokens: 1e308 } }),
     keys: { k_me: { kind: 'personal', user: 'u_1' } },
     records: [{ type: 'wallet', user: 'u_1', balance: 1000 }, { type: 'price', model: 'priced-*', input: 1, output: 1, per: 1 }],
     config: { redis: { url: TEST_REDIS_URL, prefix, timeoutMs: 1000 } },
-  });
+  }));
 });
 after(async () => {
-  await h.close();
-  await up.close();
-  const redis = new Redis(TEST_REDIS_URL);
-  await deleteByPrefix(redis, prefix);
-  redis.disconnect();
+  await close();
+  await deleteByPrefixAndDisconnect(new Redis(TEST_REDIS_URL), prefix);
 });
 
-const chat = () =>
-  send(h.url, { method: 'POST', path: '/v1/chat/completions', headers: { authorization: `Bearer ${h.keys.k_me}`, 'content-type': 'application/json' }, body: JSON.stringify({ model: 'priced-model', max_tokens: 10, messages: [] }) });
+const chat = () => postChat(h.url, h.keys.k_me!, { model: 'priced-model', max_tokens: 10, messages: [] });
 
 test('a response reporting 1e308 tokens spends the wallet in Redis, and the next request is 402', async () => {
   assert.equal((await chat()).status, 200);

@@ -3,7 +3,6 @@
  * redis-server (unix socket, never the shared server) that the tests pause and kill.
  */
 import assert from 'node:assert/strict';
-import { join } from 'node:path';
 import { after, before, describe, test } from 'node:test';
 import { Redis } from 'ioredis';
 import { createLimiter } from '../../src/limits/create.js';
@@ -12,30 +11,22 @@ import { LimitsUnavailableError, newRedisWait, type HoldInput, type HoldResult, 
 import type { Holder } from '../../src/policy/holders.js';
 import { keyBudget, projectBudget, wallet } from '../helpers/limits-conformance-ledger.js';
 import { input, leaseOf, uid } from '../helpers/redis-limits-conformance.js';
-import { type RedisProcess, makeTmpDir, spawnRedis, waitFor } from '../helpers/redis-server.js';
+import { type SocketRedis, startSocketRedis, waitFor } from '../helpers/redis-server.js';
 
 const TIMEOUT_MS = 100;
 /** Event-loop jitter on a busy 2-core machine plus the guard's own slack. */
 const MARGIN_MS = 100;
 const RECOVERY_MS = 5_000;
 
-let tmp: Awaited<ReturnType<typeof makeTmpDir>>;
-let sock: string;
-let server: RedisProcess;
-const serverArgs = (): string[] => ['--port', '0', '--unixsocket', sock, '--unixsocketperm', '700', '--save', '', '--appendonly', 'no', '--dir', tmp.dir];
+let server: SocketRedis;
 
 before(async () => {
-  tmp = await makeTmpDir('failover-money');
-  sock = join(tmp.dir, 'redis.sock');
-  server = await spawnRedis(serverArgs());
+  server = await startSocketRedis('failover-money');
 });
-after(async () => {
-  await server?.stop();
-  await tmp?.remove();
-});
+after(() => server?.close());
 
 const make = (onError: 'open' | 'closed'): Limiter =>
-  createLimiter({ redis: { url: `unix://${sock}`, prefix: uid('kwfm'), timeoutMs: TIMEOUT_MS, onError, lease: { enabled: true, sliceMs: 1_000 } }, leaseMs: 5_000 });
+  createLimiter({ redis: { url: `unix://${server.sock}`, prefix: uid('kwfm'), timeoutMs: TIMEOUT_MS, onError, lease: { enabled: true, sliceMs: 1_000 } }, leaseMs: 5_000 });
 
 const req = (tag: string, holders: Holder[], amount: number): HoldInput => ({ tag, holders, amount });
 
@@ -156,7 +147,7 @@ describe('spend holds with onError: closed', { timeout: 30_000 }, () => {
     server.proc.kill('SIGKILL');
     await server.exited;
     for (let i = 0; i < 5; i++) await unavailable();
-    server = await spawnRedis(serverArgs());
+    await server.restart();
     await waitFor(() => redisHolds(lim), RECOVERY_MS, 'Redis holds after a restart');
     assert.equal(lim.stats().failOpenHolds, 0);
   });
@@ -214,7 +205,7 @@ describe('reads for budget alerts when Redis fails', { timeout: 30_000 }, () => 
 
 describe('round trips', () => {
   test('admission with a per-model limit, a hold on three holders, a settlement, peek and ledger are one script call each; no holders, none', async () => {
-    const redis = new Redis({ path: sock });
+    const redis = new Redis({ path: server.sock });
     const lim = createRedisLimiter({ redis, prefix: uid('kwrt'), leaseMs: 5_000, refreshEveryMs: 0 });
     const calls = async (): Promise<number> => {
       const info = await redis.info('commandstats');

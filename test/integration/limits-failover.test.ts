@@ -10,38 +10,23 @@ import { createLimiter } from '../../src/limits/create.js';
 import type { AdmitInput, AdmitResult, Limiter } from '../../src/limits/limiter.js';
 import { createRedisLimiter } from '../../src/limits/redis/limiter.js';
 import { denied, input, leaseOf, uid } from '../helpers/redis-limits-conformance.js';
-import { type RedisProcess, makeTmpDir, spawnRedis, waitFor } from '../helpers/redis-server.js';
+import { type SocketRedis, startSocketRedis, waitFor } from '../helpers/redis-server.js';
 
 const TIMEOUT_MS = 100;
 /** Event-loop jitter on a busy 2-core machine plus the guard's own slack. */
 const MARGIN_MS = 100;
 const RECOVERY_MS = 5_000;
 
-let tmp: Awaited<ReturnType<typeof makeTmpDir>>;
-let sock: string;
-let server: RedisProcess;
-const serverArgs = (): string[] => [
-  '--port', '0',
-  '--unixsocket', sock,
-  '--unixsocketperm', '700',
-  '--save', '',
-  '--appendonly', 'no',
-  '--dir', tmp.dir,
-];
+let server: SocketRedis;
 
 before(async () => {
-  tmp = await makeTmpDir('failover');
-  sock = join(tmp.dir, 'redis.sock');
-  server = await spawnRedis(serverArgs());
+  server = await startSocketRedis('failover');
 });
-after(async () => {
-  await server?.stop();
-  await tmp?.remove();
-});
+after(() => server?.close());
 
 function make(onError: 'open' | 'closed', events: string[] = []): Limiter {
   return createLimiter({
-    redis: { url: `unix://${sock}`, prefix: uid('kwfo'), timeoutMs: TIMEOUT_MS, onError, lease: { enabled: true, sliceMs: 1_000 } },
+    redis: { url: `unix://${server.sock}`, prefix: uid('kwfo'), timeoutMs: TIMEOUT_MS, onError, lease: { enabled: true, sliceMs: 1_000 } },
     leaseMs: 5_000,
     log: (event) => void events.push(event),
   });
@@ -88,7 +73,7 @@ describe('createLimiter with onError: open', { timeout: 30_000 }, () => {
     held.finish({ tokens: null });
     for (const r of [...seq, ...par]) if (r.ok) r.lease.finish({ tokens: 5 });
 
-    server = await spawnRedis(serverArgs());
+    await server.restart();
     await waitFor(() => redisServes(lim), RECOVERY_MS, 'Redis admissions after a restart');
     assert.ok(lim.stats().redisErrors > 0);
     assert.equal(lim.stats().slotsHeld, 0);
@@ -142,7 +127,7 @@ describe('createLimiter with onError: open', { timeout: 30_000 }, () => {
 
   test('Redis never reachable: fails open within the timeout', async () => {
     const lim = createLimiter({
-      redis: { url: `unix://${join(tmp.dir, 'nobody-here.sock')}`, prefix: 'kw', timeoutMs: TIMEOUT_MS, onError: 'open', lease: { enabled: true, sliceMs: 1_000 } },
+      redis: { url: `unix://${join(server.dir, 'nobody-here.sock')}`, prefix: 'kw', timeoutMs: TIMEOUT_MS, onError: 'open', lease: { enabled: true, sliceMs: 1_000 } },
       leaseMs: 30_000,
     });
     for (let i = 0; i < 5; i++) assert.ok((await timed(lim, limited())).ok);
@@ -175,7 +160,7 @@ describe('createLimiter with onError: closed', { timeout: 30_000 }, () => {
     server.proc.kill('SIGKILL');
     await server.exited;
     for (let i = 0; i < 5; i++) denied(await timed(lim, limited()), 'limits_unavailable');
-    server = await spawnRedis(serverArgs());
+    await server.restart();
     await waitFor(() => redisServes(lim), RECOVERY_MS, 'Redis admissions after a restart');
     assert.equal(lim.stats().failOpenAdmissions, 0);
   });
@@ -185,7 +170,7 @@ test('a Redis that never comes up is logged down with the reason its connection 
   let told!: (fields: Record<string, unknown>) => void;
   const down = new Promise<Record<string, unknown>>((r) => (told = r));
   const lim = createLimiter({
-    redis: { url: `unix://${join(tmp.dir, 'nothing-listens.sock')}`, prefix: uid('kwfo'), timeoutMs: TIMEOUT_MS, onError: 'open', lease: { enabled: false, sliceMs: 1_000 } },
+    redis: { url: `unix://${join(server.dir, 'nothing-listens.sock')}`, prefix: uid('kwfo'), timeoutMs: TIMEOUT_MS, onError: 'open', lease: { enabled: false, sliceMs: 1_000 } },
     leaseMs: 5_000,
     log: (event, fields) => {
       if (event === 'limits_redis_down') told(fields);
@@ -197,7 +182,7 @@ test('a Redis that never comes up is logged down with the reason its connection 
 
 describe('redis limiter on a private server', () => {
   test('scripts come back after SCRIPT FLUSH (NOSCRIPT falls back to EVAL)', async () => {
-    const redis = new Redis({ path: sock });
+    const redis = new Redis({ path: server.sock });
     const lim = createRedisLimiter({ redis, prefix: uid('kwfo'), leaseMs: 5_000 });
     const key = uid('k');
     leaseOf(await lim.admit(input(key, { limits: { rpm: 3 } }))).finish({ tokens: null });

@@ -10,22 +10,19 @@ import { once } from 'node:events';
 import { rmSync } from 'node:fs';
 import { echoJson, startFakeUpstream, type FakeUpstream } from '../helpers/upstream.js';
 import { connect } from 'node:net';
-import { accessLines, startHarness, type Harness } from '../helpers/sidecar.js';
+import { accessLines, startBehindUpstream, startHarness, type Harness } from '../helpers/sidecar.js';
 import { rawExchange } from '../helpers/raw.js';
 
 let up: FakeUpstream;
 let h: Harness;
+let close: () => Promise<void>;
 let port: number;
 
 before(async () => {
-  up = await startFakeUpstream();
-  h = await startHarness({ upstream: up.url, keys: { k_ok: {} } });
+  ({ up, h, close } = await startBehindUpstream({ keys: { k_ok: {} } }));
   port = Number(new URL(h.url).port);
 });
-after(async () => {
-  await h.close();
-  await up.close();
-});
+after(() => close());
 
 const BODY = '{"model":"gpt-4o","messages":[]}';
 const chat = (version: string, extra = '') =>

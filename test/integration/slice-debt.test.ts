@@ -9,35 +9,31 @@ import { after, before, test } from 'node:test';
 import assert from 'node:assert/strict';
 import { randomBytes } from 'node:crypto';
 import { Redis } from 'ioredis';
-import { startFakeUpstream, type FakeUpstream } from '../helpers/upstream.js';
-import { startHarness, type Harness } from '../helpers/sidecar.js';
-import { send } from '../helpers/http.js';
+import { answerJson } from '../helpers/upstream.js';
+import { startBehindUpstream, type Harness } from '../helpers/sidecar.js';
+import { postChat, send } from '../helpers/http.js';
 import { TEST_REDIS_URL } from '../helpers/redis-url.js';
-import { deleteByPrefix } from '../helpers/redis-harness.js';
+import { deleteByPrefixAndDisconnect } from '../helpers/redis-harness.js';
 
 const prefix = `kwdebt${randomBytes(4).toString('hex')}`;
-let up: FakeUpstream;
 let h: Harness;
+let close: () => Promise<void>;
 
 before(async () => {
-  up = await startFakeUpstream((req, res) => {
+  ({ h, close } = await startBehindUpstream({
     // count_tokens counts; a chat reports 10,000 tokens against a TPM of 1,000.
-    const text = req.url?.includes('count_tokens') ? '{"input_tokens":3}' : JSON.stringify({ id: 'c', choices: [], usage: { prompt_tokens: 9000, completion_tokens: 1000, total_tokens: 10000 } });
-    res.writeHead(200, { 'content-type': 'application/json', 'content-length': Buffer.byteLength(text) });
-    res.end(text);
-  });
-  h = await startHarness({ upstream: up.url, keys: { k: { tpm: 1000 } }, config: { redis: { url: TEST_REDIS_URL, prefix, timeoutMs: 1000 } } });
+    handler: (req, res) =>
+      answerJson(res, req.url?.includes('count_tokens') ? { input_tokens: 3 } : { id: 'c', choices: [], usage: { prompt_tokens: 9000, completion_tokens: 1000, total_tokens: 10000 } }),
+    keys: { k: { tpm: 1000 } },
+    config: { redis: { url: TEST_REDIS_URL, prefix, timeoutMs: 1000 } },
+  }));
 });
 after(async () => {
-  await h.close();
-  await up.close();
-  const redis = new Redis(TEST_REDIS_URL);
-  await deleteByPrefix(redis, prefix);
-  redis.disconnect();
+  await close();
+  await deleteByPrefixAndDisconnect(new Redis(TEST_REDIS_URL), prefix);
 });
 
-const chat = () =>
-  send(h.url, { method: 'POST', path: '/v1/chat/completions', headers: { authorization: `Bearer ${h.keys.k}`, 'content-type': 'application/json' }, body: JSON.stringify({ model: 'gpt-4o-mini', max_tokens: 10, messages: [] }) });
+const chat = () => postChat(h.url, h.keys.k!, { model: 'gpt-4o-mini', max_tokens: 10, messages: [] });
 
 test('after a response overdraws the TPM bucket, the next request is refused until it refills, slice or not', async () => {
   // A request before the overdraw gives the key demand enough for a slice of its bucket.

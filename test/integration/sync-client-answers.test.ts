@@ -7,33 +7,21 @@
  */
 import { after, before, test } from 'node:test';
 import assert from 'node:assert/strict';
-import { mkdtempSync, rmSync } from 'node:fs';
-import { tmpdir } from 'node:os';
-import { join } from 'node:path';
-import { ReplicaStore } from '../../src/replica/store.js';
-import { createSyncClient, type SyncClient } from '../../src/sync/client.js';
 import { MAX_CHANGES_BYTES } from '../../src/sync/bodies.js';
-import { replicaWriter } from '../../src/replica/writer.js';
 import type { LogSink } from '../../src/log.js';
-import { startConsoleFixture, type ConsoleFixture } from '../helpers/console-fixture.js';
+import type { ConsoleFixture } from '../helpers/console-fixture.js';
+import { syncTestBed, type SyncTestBed } from '../helpers/sync-bed.js';
 import { lookupSecret, sha256, until } from '../helpers/console-replica.js';
 
+let bed: SyncTestBed;
 let fx: ConsoleFixture;
-let dir: string;
-const clients: SyncClient[] = [];
-const replicas: ReplicaStore[] = [];
 
 before(async () => {
-  fx = await startConsoleFixture();
-  dir = mkdtempSync(join(tmpdir(), 'kw-sync-answers-'));
+  bed = await syncTestBed('sync-answers');
+  ({ fx } = bed);
   await fx.api('PUT', '/admin/v1/wallets/ann', { body: { balance: 5 } });
 });
-after(async () => {
-  await Promise.all(clients.map((c) => c.stop()));
-  await Promise.all(replicas.map((r) => r.close()));
-  await fx.close();
-  rmSync(dir, { recursive: true, force: true });
-});
+after(() => bed.close());
 
 type Line = { level: keyof LogSink; fields: Record<string, unknown>; msg: string };
 
@@ -42,10 +30,7 @@ function client(name: string, through: typeof fetch) {
   const lines: Line[] = [];
   const at = (level: keyof LogSink) => (fields: object, msg = '') => void lines.push({ level, fields: fields as Record<string, unknown>, msg });
   const log: LogSink = { debug: at('debug'), info: at('info'), warn: at('warn'), error: at('error') };
-  const replica = new ReplicaStore({ path: join(dir, `${name}.sqlite`) });
-  const c = createSyncClient({ url: fx.url, token: fx.tokens.sync, waitMs: 500, target: replicaWriter(replica), backoff: { baseMs: 20, maxMs: 100 }, fetch: through, log });
-  replicas.push(replica);
-  clients.push(c);
+  const { replica, client: c } = bed.sidecar(name, { waitMs: 500, backoff: { baseMs: 20, maxMs: 100 }, fetch: through, log });
   return { replica, client: c, lines };
 }
 

@@ -6,41 +6,25 @@
  */
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
-import { mkdtempSync, rmSync } from 'node:fs';
-import { tmpdir } from 'node:os';
-import { join } from 'node:path';
 import { createServer, type Server } from 'node:http';
 import { createServer as createNetServer, type AddressInfo } from 'node:net';
-import { ReplicaStore } from '../../src/replica/store.js';
-import { createSyncClient, type SyncClient } from '../../src/sync/client.js';
-import { replicaWriter } from '../../src/replica/writer.js';
-import { startConsoleFixture, type ConsoleFixture } from '../helpers/console-fixture.js';
+import type { SyncClientOptions } from '../../src/sync/client.js';
+import type { ConsoleFixture } from '../helpers/console-fixture.js';
+import { syncTestBed, type SyncTestBed } from '../helpers/sync-bed.js';
 import { until } from '../helpers/console-replica.js';
 
+let bed: SyncTestBed;
 let fx: ConsoleFixture;
-let dir: string;
-const clients: SyncClient[] = [];
-const replicas: ReplicaStore[] = [];
 
 before(async () => {
-  fx = await startConsoleFixture();
-  dir = mkdtempSync(join(tmpdir(), 'kw-sync-retries-'));
+  bed = await syncTestBed('sync-retries');
+  ({ fx } = bed);
 });
-after(async () => {
-  await Promise.all(clients.map((c) => c.stop()));
-  await Promise.all(replicas.map((r) => r.close()));
-  await fx.close();
-  rmSync(dir, { recursive: true, force: true });
-});
+after(() => bed.close());
 
 /** A sync client into a new replica named `name`, fetching through `through`; stopped and closed after the file. */
-function sidecar(name: string, opts: Partial<Parameters<typeof createSyncClient>[0]> = {}) {
-  const replica = new ReplicaStore({ path: join(dir, `${name}.sqlite`) });
-  const client = createSyncClient({ url: fx.url, token: fx.tokens.sync, waitMs: 1000, target: replicaWriter(replica), backoff: { baseMs: 200, maxMs: 400 }, ...opts });
-  replicas.push(replica);
-  clients.push(client);
-  return { replica, client };
-}
+const sidecar = (name: string, opts: Partial<SyncClientOptions> = {}) =>
+  bed.sidecar(name, { waitMs: 1000, backoff: { baseMs: 200, maxMs: 400 }, ...opts });
 
 test('a console answering "nothing new" at once, long before waitMs, is not polled in a tight loop', async (t) => {
   let calls = 0;

@@ -1,38 +1,22 @@
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
-import { mkdtempSync, readFileSync, rmSync, existsSync } from 'node:fs';
-import { tmpdir } from 'node:os';
-import { join } from 'node:path';
-import { ReplicaStore } from '../../src/replica/store.js';
-import { createSyncClient, type SyncClient } from '../../src/sync/client.js';
-import { replicaWriter } from '../../src/replica/writer.js';
+import { readFileSync, existsSync } from 'node:fs';
 import { startConsole } from '../../src/app/console.js';
 import { startConsoleFixture, type ConsoleFixture } from '../helpers/console-fixture.js';
+import { syncTestBed, type SyncTestBed } from '../helpers/sync-bed.js';
 import { lookupSecret, until, whenReplica } from '../helpers/console-replica.js';
 
+let bed: SyncTestBed;
 let fx: ConsoleFixture;
-let dir: string;
-const clients: SyncClient[] = [];
-const replicas: ReplicaStore[] = [];
 
 before(async () => {
-  fx = await startConsoleFixture({ overrides: { sync: { retainChanges: 10 } } });
-  dir = mkdtempSync(join(tmpdir(), 'kw-sync-'));
+  bed = await syncTestBed('sync', { overrides: { sync: { retainChanges: 10 } } });
+  ({ fx } = bed);
 });
-after(async () => {
-  await Promise.all(clients.map((c) => c.stop()));
-  await Promise.all(replicas.map((r) => r.close()));
-  await fx.close();
-  rmSync(dir, { recursive: true, force: true });
-});
+after(() => bed.close());
 
-function sidecar(name: string, extra: { fetch?: typeof fetch } = {}) {
-  const replica = new ReplicaStore({ path: join(dir, `${name}.sqlite`) });
-  const client = createSyncClient({ url: fx.url, token: fx.tokens.sync, waitMs: 1000, target: replicaWriter(replica), backoff: { baseMs: 20, maxMs: 200 }, ...extra });
-  replicas.push(replica);
-  clients.push(client);
-  return { replica, client };
-}
+const sidecar = (name: string, extra: { fetch?: typeof fetch } = {}) =>
+  bed.sidecar(name, { waitMs: 1000, backoff: { baseMs: 20, maxMs: 200 }, ...extra });
 
 test('two sidecars: snapshot, then a key delete reaches both replicas well within a second', async (t) => {
   await fx.api('POST', '/admin/v1/projects', { body: { id: 'p_rev' } });
@@ -127,8 +111,7 @@ test('a bad snapshot is rejected whole and the old replica stays', async () => {
   await client.stop();
 
   corrupt = true;
-  const again = createSyncClient({ url: fx.url, token: fx.tokens.sync, waitMs: 1000, target: replicaWriter(replica), fetch: tamper, backoff: { baseMs: 20, maxMs: 50 } });
-  clients.push(again);
+  const again = bed.client(replica, { waitMs: 1000, fetch: tamper, backoff: { baseMs: 20, maxMs: 50 } });
   void again.start();
   assert.ok(await until(() => again.status().failures > 0));
   assert.match(again.status().lastError ?? '', /line \d+/);
@@ -140,11 +123,9 @@ test('a bad snapshot is rejected whole and the old replica stays', async () => {
 });
 
 test('a wrong sync token is reported without the token and retried', async () => {
-  const replica = new ReplicaStore({ path: join(dir, 'token.sqlite') });
-  replicas.push(replica);
+  const replica = bed.replica('token');
   const badToken = 'wrong-token-0123456789abcdef';
-  const client = createSyncClient({ url: fx.url, token: badToken, waitMs: 1000, target: replicaWriter(replica), backoff: { baseMs: 20, maxMs: 50 } });
-  clients.push(client);
+  const client = bed.client(replica, { token: badToken, waitMs: 1000, backoff: { baseMs: 20, maxMs: 50 } });
   void client.start();
   assert.ok(await until(() => client.status().failures >= 2));
   assert.match(client.status().lastError!, /rejected the sync token/);
@@ -164,10 +145,7 @@ async function answeredWith(name: string, answer: () => Response, backoff: { bas
     seen.changeCalls++;
     return answer();
   };
-  const replica = new ReplicaStore({ path: join(dir, `${name}.sqlite`) });
-  replicas.push(replica);
-  const client = createSyncClient({ url: fx.url, token: fx.tokens.sync, waitMs: 1000, target: replicaWriter(replica), backoff, fetch: stub });
-  clients.push(client);
+  const { replica, client } = bed.sidecar(name, { waitMs: 1000, backoff, fetch: stub });
   await client.start();
   assert.ok(await until(() => seen.changeCalls > 0), 'the client polls after its snapshot');
   return { replica, client, seen };
@@ -203,10 +181,7 @@ async function countingClient(name: string, opts: { waitMs: number; now?: () => 
     if (String(input).includes('/sync/v1/changes')) polls++;
     return fetch(input, init);
   };
-  const replica = new ReplicaStore({ path: join(dir, `${name}.sqlite`) });
-  replicas.push(replica);
-  const client = createSyncClient({ url: fx.url, token: fx.tokens.sync, target: replicaWriter(replica), fetch: counted, ...opts });
-  clients.push(client);
+  const { replica, client } = bed.sidecar(name, { fetch: counted, ...opts });
   await client.start();
   return { replica, client, polls: () => polls };
 }
@@ -285,10 +260,7 @@ test('a sidecar that fell behind by hundreds of changes catches up through a wor
   try {
     let blocked = false;
     const gate: typeof fetch = (input, init) => (blocked ? Promise.reject(new Error('network down')) : fetch(input, init));
-    const replica = new ReplicaStore({ path: join(dir, 'behind.sqlite') });
-    replicas.push(replica);
-    const client = createSyncClient({ url: big.url, token: big.tokens.sync, waitMs: 200, target: replicaWriter(replica), fetch: gate, backoff: { baseMs: 20, maxMs: 100 } });
-    clients.push(client);
+    const { replica, client } = bed.sidecar('behind', { url: big.url, token: big.tokens.sync, waitMs: 200, fetch: gate, backoff: { baseMs: 20, maxMs: 100 } });
     await client.start();
     blocked = true;
     assert.ok(await until(() => !client.status().connected));
@@ -306,7 +278,7 @@ test('a sidecar that fell behind by hundreds of changes catches up through a wor
 });
 
 test('a snapshot asked for between polls is taken at the next turn, not left for a later failure', async () => {
-  const replica = new ReplicaStore({ path: join(dir, 'between.sqlite') });
+  const replica = bed.replica('between');
   // Short polls: most of the time is spent between them, where there is no poll to cut.
   let polled = 0;
   const counting: typeof fetch = async (url, init) => {
@@ -314,9 +286,7 @@ test('a snapshot asked for between polls is taken at the next turn, not left for
     if (String(url).includes('/changes')) polled++;
     return res;
   };
-  const client = createSyncClient({ url: fx.url, token: fx.tokens.sync, waitMs: 0, target: replicaWriter(replica), backoff: { baseMs: 20, maxMs: 200 }, fetch: counting });
-  replicas.push(replica);
-  clients.push(client);
+  const client = bed.client(replica, { waitMs: 0, backoff: { baseMs: 20, maxMs: 200 }, fetch: counting });
   await client.start();
   await until(() => polled > 0); // answered: the client waits before its next poll
   const before = client.status().snapshots;
@@ -326,10 +296,8 @@ test('a snapshot asked for between polls is taken at the next turn, not left for
 });
 
 test('a replica that lost its data (a damaged file set aside) is snapshotted at once, not after the long poll under way', async () => {
-  const replica = new ReplicaStore({ path: join(dir, 'lost.sqlite'), owner: true });
-  const client = createSyncClient({ url: fx.url, token: fx.tokens.sync, waitMs: 30_000, target: replicaWriter(replica), backoff: { baseMs: 20, maxMs: 200 } });
-  replicas.push(replica);
-  clients.push(client);
+  const replica = bed.replica('lost', { owner: true });
+  const client = bed.client(replica, { waitMs: 30_000, backoff: { baseMs: 20, maxMs: 200 } });
   // As the composition root wires it (app/console-clients.ts).
   replica.onChange((s) => {
     if (s.version === null) client.snapshotNow();

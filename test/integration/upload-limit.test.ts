@@ -11,8 +11,8 @@ import { after, before, describe, test } from 'node:test';
 import assert from 'node:assert/strict';
 import type { IncomingMessage, ServerResponse } from 'node:http';
 import { randomBytes } from 'node:crypto';
-import { startFakeUpstream, sha256, type FakeUpstream, type Received } from '../helpers/upstream.js';
-import { startHarness, waitForLine, type Harness } from '../helpers/sidecar.js';
+import { sha256, type FakeUpstream, type Received } from '../helpers/upstream.js';
+import { startBehindUpstream, waitForLine, type Harness } from '../helpers/sidecar.js';
 import { bearer, send } from '../helpers/http.js';
 import { openSlowClient } from '../helpers/slow-client.js';
 import { rawExchange } from '../helpers/raw.js';
@@ -23,11 +23,10 @@ const JSON_LIMIT = 4096;
 const BOUNDARY = 'kw-upload-limit-boundary';
 let up: FakeUpstream;
 let h: Harness;
+let close: () => Promise<void>;
 
 before(async () => {
-  up = await startFakeUpstream();
-  h = await startHarness({
-    upstream: up.url,
+  ({ up, h, close } = await startBehindUpstream({
     keys: {
       k_files: { concurrency: 1 },
       k_scoped: { models: ['gpt-4o'] },
@@ -39,12 +38,9 @@ before(async () => {
       { type: 'price', model: 'whisper-*', input: 1, output: 1, per: 1000 },
     ],
     config: { server: { port: 0, maxJsonBodyBytes: JSON_LIMIT, maxUploadBytes: LIMIT } },
-  });
+  }));
 });
-after(async () => {
-  await h.close();
-  await up.close();
-});
+after(() => close());
 
 /** The next request the upstream sees, with a running count of the body bytes it has read. */
 function nextArrival(): Promise<{ req: IncomingMessage; res: ServerResponse; rec: Received; bytes: () => number; reached(n: number): Promise<void> }> {

@@ -23,6 +23,7 @@ import { chatRequest, printFigures } from '../helpers/load.js';
 import { fleetYaml } from '../helpers/instance.js';
 import { type SidecarProcess, spawnSidecar } from '../helpers/process.js';
 import { waitFor } from '../helpers/redis-server.js';
+import { deleteByPrefixAndDisconnect } from '../helpers/redis-harness.js';
 import { type KeySpec, keyRecord } from '../helpers/sidecar.js';
 import { type FakeUpstream, startFakeUpstream } from '../helpers/upstream.js';
 import { TEST_REDIS_URL } from '../helpers/redis-url.js';
@@ -100,11 +101,7 @@ after(async () => {
   agent.destroy();
   await Promise.all(fleet.map((s) => s.stop()));
   await up?.close();
-  if (redis) {
-    const keys = await redis.keys(`{${prefix}:*`);
-    if (keys.length) await redis.del(...keys);
-    redis.disconnect();
-  }
+  if (redis) await deleteByPrefixAndDisconnect(redis, prefix);
   rmSync(dir, { recursive: true, force: true });
 });
 

@@ -23,6 +23,7 @@ import { accessOf, fleetYaml, importReplica, metricSum, readyz, scrape } from '.
 import { printFigures } from '../helpers/load.js';
 import { type SidecarProcess, spawnSidecar } from '../helpers/process.js';
 import { waitFor } from '../helpers/redis-server.js';
+import { deleteByPrefixAndDisconnect } from '../helpers/redis-harness.js';
 import { type KeySpec, keyRecord } from '../helpers/sidecar.js';
 import { type FakeUpstream, startFakeUpstream } from '../helpers/upstream.js';
 import { TEST_REDIS_URL } from '../helpers/redis-url.js';
@@ -119,11 +120,7 @@ after(async () => {
   release(() => true);
   await Promise.all(fleet.map((s) => s.stop('SIGKILL')));
   await up?.close();
-  if (redis) {
-    const keys = await redis.keys(`{${prefix}:*`);
-    if (keys.length) await redis.del(...keys);
-    redis.disconnect();
-  }
+  if (redis) await deleteByPrefixAndDisconnect(redis, prefix);
   rmSync(dir, { recursive: true, force: true });
 });
 
