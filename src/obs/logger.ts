@@ -18,6 +18,12 @@ export type Logger = pino.Logger & { readonly access: AccessWriter };
  */
 export const PIPE_ATOMIC_BYTES = 4096;
 
+/** Credential fields a logged object may carry: at its top, one level down, in its headers, or in a nested object's (a request logged whole). */
+const REDACTED = [
+  'authorization', '*.authorization', 'key', '*.key',
+  'headers.authorization', 'headers["x-api-key"]', '*.headers.authorization', '*.headers["x-api-key"]',
+];
+
 /**
  * stdout or a file, written asynchronously. `shared`: other processes write to the same
  * stdout, so every write holds whole lines within PIPE_ATOMIC_BYTES (sonic-boom's maxWrite
@@ -51,7 +57,7 @@ export function createLogger(opts: {
       // Shared stdout: every line within one atomic pipe write (line-fit.ts).
       ...(opts.shared ? { hooks: { streamWrite: (line: string) => fitLine(line, PIPE_ATOMIC_BYTES) } } : {}),
       // Defence in depth: should a header object ever be logged by mistake, these never print.
-      redact: { paths: ['authorization', '*.authorization', 'headers.authorization', 'headers["x-api-key"]', 'key', '*.key'], censor: '[redacted]' },
+      redact: { paths: REDACTED, censor: '[redacted]' },
     },
     destination,
   );
