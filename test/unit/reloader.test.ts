@@ -101,7 +101,15 @@ function watchedReloader(file: string) {
       wake?.();
     },
   });
-  const next = () => new Promise<void>((r) => (wake = r));
+  // Bounded: a reload that never comes fails here, not at the suite's timeout.
+  const next = () =>
+    new Promise<void>((resolve, reject) => {
+      const timer = setTimeout(() => reject(new Error('no reload applied within 5 s')), 5_000);
+      wake = () => {
+        clearTimeout(timer);
+        resolve();
+      };
+    });
   return { reloader, applied, next };
 }
 
