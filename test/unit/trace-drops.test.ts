@@ -8,7 +8,7 @@ import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { ROOT_CONTEXT, TraceFlags, trace } from '@opentelemetry/api';
 import { ExportResultCode, type ExportResult } from '@opentelemetry/core';
-import { AlwaysOnSampler, BatchSpanProcessor, ParentBasedSampler, TracerProvider, type ReadableSpan, type SpanExporter } from '@opentelemetry/sdk-trace';
+import { AlwaysOnSampler, BatchSpanProcessor, ParentBasedSampler, SamplingDecision, TracerProvider, type ReadableSpan, type Sampler, type SpanExporter } from '@opentelemetry/sdk-trace';
 import { countedExport } from '../../src/obs/tracing/counting.js';
 import { quiet } from '../../src/log.js';
 import type { SinkEvents } from '../../src/obs/tracing/span.js';
@@ -29,7 +29,7 @@ class HeldExporter implements SpanExporter {
   async shutdown(): Promise<void> {}
 }
 
-function setup(o: { maxQueueSize: number; maxExportBatchSize: number }) {
+function setup(o: { maxQueueSize: number; maxExportBatchSize: number }, sampler: Sampler = new ParentBasedSampler({ root: new AlwaysOnSampler() })) {
   const counted = { queue_full: 0, export_failed: 0, shutdown: 0, exported: 0 };
   const events: SinkEvents = {
     log: quiet,
@@ -43,7 +43,7 @@ function setup(o: { maxQueueSize: number; maxExportBatchSize: number }) {
     capacity: o.maxQueueSize,
     batch: (e) => new BatchSpanProcessor({ exporter: e, ...o, scheduledDelayMillis: 60_000 }),
   });
-  const provider = new TracerProvider({ sampler: new ParentBasedSampler({ root: new AlwaysOnSampler() }), spanProcessors: [processor] });
+  const provider = new TracerProvider({ sampler, spanProcessors: [processor] });
   const tracer = provider.getTracer('test');
   const end = (n: number) => {
     for (let i = 0; i < n; i++) tracer.startSpan(`s${i}`).end();
@@ -79,6 +79,21 @@ test('unsampled spans never join the queue and are not counted', async () => {
   const { counted, exporter, provider, tracer } = setup({ maxQueueSize: 1, maxExportBatchSize: 1 });
   const unsampled = trace.setSpanContext(ROOT_CONTEXT, { traceId: '0af7651916cd43dd8448eb211c80319c', spanId: 'b7ad6b7169203331', traceFlags: TraceFlags.NONE, isRemote: true });
   for (let i = 0; i < 5; i++) tracer.startSpan('unsampled', {}, unsampled).end();
+  tracer.startSpan('sampled').end();
+  (await exporter.batch(1)).answer({ code: ExportResultCode.SUCCESS });
+  assert.deepEqual(exporter.batches.map((b) => b.spans.map((s) => s.name)), [['sampled']]);
+  assert.deepEqual(counted, { queue_full: 0, export_failed: 0, shutdown: 0, exported: 1 });
+  await provider.shutdown();
+});
+
+test('spans recorded but not sampled reach the processor yet take no room in the count of its queue', async () => {
+  // keyward's own samplers never record without sampling; a sampler that does must not make the count drift.
+  const recordOnly: Sampler = {
+    shouldSample: (_ctx, _trace, name) => ({ decision: name === 'sampled' ? SamplingDecision.RECORD_AND_SAMPLED : SamplingDecision.RECORD }),
+    toString: () => 'RecordOnlyButSampled',
+  };
+  const { counted, exporter, provider, tracer } = setup({ maxQueueSize: 1, maxExportBatchSize: 1 }, recordOnly);
+  for (let i = 0; i < 5; i++) tracer.startSpan('recorded').end();
   tracer.startSpan('sampled').end();
   (await exporter.batch(1)).answer({ code: ExportResultCode.SUCCESS });
   assert.deepEqual(exporter.batches.map((b) => b.spans.map((s) => s.name)), [['sampled']]);
