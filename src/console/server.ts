@@ -75,11 +75,13 @@ export function consoleServer(o: { route: Route; log: LogSink; authenticate: (re
     const path = url.pathname;
     // A key pasted where an id belongs (`keys show <the key>`) stays out of the log.
     const logged = withoutKeys(path);
+    // Read now: a body refused while it arrives (413) destroys the request, and Node then drops its socket.
+    const remote = req.socket.remoteAddress ?? null;
     res.on('finish', () => {
       // While shutting down, a connection whose answer went out is not kept alive for another request.
       if (o.closing()) server.closeIdleConnections();
       // Path only: the query string is never logged.
-      const line = { method: req.method, path: logged, status: res.statusCode, ms: Math.round(performance.now() - started), by: principalName(o.authenticate(req)), remote_addr: req.socket.remoteAddress ?? null };
+      const line = { method: req.method, path: logged, status: res.statusCode, ms: Math.round(performance.now() - started), by: principalName(o.authenticate(req)), remote_addr: remote };
       if (path.startsWith('/sync/') || path === '/healthz') o.log.debug(line, 'request');
       else o.log.info(line, 'request');
     });

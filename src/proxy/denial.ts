@@ -97,10 +97,12 @@ export function cutStalledBody(req: IncomingMessage, res: ServerResponse, ctx: R
   ctx.forwarding?.abort();
   settle(ctx);
   // Read nothing more: a body completed after the 408 must not go on to admission.
-  req.socket.pause();
+  // Kept: a request destroyed before the timer below runs has no socket to reach it by.
+  const socket = req.socket;
+  socket.pause();
   closesAfter(res);
   if (res.headersSent) return void res.destroy();
   sendDenial(res, ctx, deny('invalid_request', { variant: 'stalled', params: { ms: ctx.snapshot.config.server.bodyIdleTimeoutMs }, status: 408 }));
   // Half-close so the client reads the answer, then let go of the socket.
-  res.once('finish', () => setTimeout(() => req.socket.destroy(), 1000).unref());
+  res.once('finish', () => setTimeout(() => socket.destroy(), 1000).unref());
 }
