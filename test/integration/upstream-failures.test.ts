@@ -102,18 +102,24 @@ async function openStream(last: string) {
 describe('shutdown', () => {
   test('close() lets an in-flight stream finish, then stops accepting', async () => {
     const { up, h, res, release } = await openStream('data: [DONE]\n\n');
-    const admin = `http://127.0.0.1:${h.sidecar.adminPort}`;
-    const closing = h.sidecar.close({ graceMs: 5000 });
-    assert.equal((await send(admin, { path: '/readyz' })).status, 503, 'draining is not ready');
-    const chunks: Buffer[] = [];
-    res.on('data', (c: Buffer) => chunks.push(c));
-    release();
-    await once(res, 'end');
-    assert.match(Buffer.concat(chunks).toString(), /DONE/);
-    await closing;
-    await assert.rejects(send(h.url, { path: '/v1/models', headers: bearer(h.keys.k!) }));
-    await h.replica.close();
-    await up.close();
+    // A failed assertion must not leave the stream open: the file would never end.
+    try {
+      const admin = `http://127.0.0.1:${h.sidecar.adminPort}`;
+      const closing = h.sidecar.close({ graceMs: 5000 });
+      assert.equal((await send(admin, { path: '/readyz' })).status, 503, 'draining is not ready');
+      const chunks: Buffer[] = [];
+      res.on('data', (c: Buffer) => chunks.push(c));
+      release();
+      await once(res, 'end');
+      assert.match(Buffer.concat(chunks).toString(), /DONE/);
+      await closing;
+      await assert.rejects(send(h.url, { path: '/v1/models', headers: bearer(h.keys.k!) }));
+    } finally {
+      release();
+      await h.sidecar.close({ graceMs: 0 });
+      await h.replica.close();
+      await up.close();
+    }
   });
 
   test('a stream still in flight when the grace ends is cut by the sidecar: one shutdown line, no upstream failure', async () => {
