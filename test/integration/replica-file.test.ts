@@ -173,3 +173,21 @@ test('one syncing process to a replica path: a second is refused at start, and t
   await first.close();
   await new ReplicaStore({ path, owner: true }).close();
 });
+
+// A syncing sidecar's snapshot that meets the damage moves the file aside, so the next one fills a new file instead of failing the same way forever.
+test('a snapshot that meets damage in the owned replica moves the file aside; the next snapshot fills a new file', async () => {
+  const path = await damagedReplica('snap-damaged.sqlite');
+  const moved: string[] = [];
+  const replica = new ReplicaStore({ path, owner: true, onDamaged: (to) => moved.push(to) });
+  const writer = replicaWriter(replica);
+  try {
+    await assert.rejects(writer.applySnapshot({ body: chunks(buildSnapshot({ keys: 3_000, version: 4 })), source: 'test' }), /malformed|corrupt/i);
+    assert.equal(moved.length, 1, 'the damaged file was moved aside');
+    assert.ok(readdirSync(dir).some((f) => f.startsWith('snap-damaged.sqlite.damaged-')));
+    await writer.applySnapshot({ body: chunks(buildSnapshot({ keys: 3_000, version: 5 })), source: 'test' });
+    assert.equal(replica.status().ready, true);
+    assert.equal(replica.status().version, 5);
+  } finally {
+    await replica.close();
+  }
+});

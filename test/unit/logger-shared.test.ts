@@ -4,20 +4,9 @@
  */
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { Writable } from 'node:stream';
-import type pino from 'pino';
+import { capture } from '../helpers/log-capture.js';
 import { createLogger, PIPE_ATOMIC_BYTES, type AccessLine } from '../../src/obs/logger.js';
 
-function capture(): { writes: string[]; destination: pino.DestinationStream } {
-  const writes: string[] = [];
-  const destination = new Writable({
-    write(chunk: Buffer, _enc, cb) {
-      writes.push(chunk.toString('utf8'));
-      cb();
-    },
-  });
-  return { writes, destination: destination as unknown as pino.DestinationStream };
-}
 
 const line = (i: number): AccessLine => ({
   req_id: `req-${i}`, method: 'POST', path: '/v1/chat/completions', route: 'chat.completions', status: 200, code: null,

@@ -6,8 +6,7 @@
  */
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { Writable } from 'node:stream';
-import type pino from 'pino';
+import { capture } from '../helpers/log-capture.js';
 import { createMetrics, type MetricSources } from '../../src/obs/metrics.js';
 import { createLogger, type AccessLine } from '../../src/obs/logger.js';
 import { fitLine } from '../../src/obs/line-fit.js';
@@ -121,16 +120,6 @@ test('Traces: a failing export is logged once per outage, again after the collec
   await traces.close(1_000);
 });
 
-function capture(): { writes: string[]; destination: pino.DestinationStream } {
-  const writes: string[] = [];
-  const destination = new Writable({
-    write(chunk: Buffer, _enc, cb) {
-      writes.push(chunk.toString('utf8'));
-      cb();
-    },
-  });
-  return { writes, destination: destination as unknown as pino.DestinationStream };
-}
 
 const line = (over: Partial<AccessLine> = {}): AccessLine => ({
   req_id: 'req-1', method: 'POST', path: '/v1/chat/completions', route: 'chat.completions', status: 200, code: null,
