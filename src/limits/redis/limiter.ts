@@ -71,7 +71,7 @@ class SharedLimiter implements RedisLimiter {
 
   constructor(private readonly opts: RedisLimiterOptions) {
     const client = opts.redis;
-    // A late answer's undo that throws is counted as a failed settlement: what it gave back stays taken until its lease runs out.
+    // A late answer's undo that throws is counted as a failed settlement: what it would have given back stays taken until its lease runs out.
     const deadlines = opts.callTimeoutMs ? new Deadlines({ timeoutMs: opts.callTimeoutMs, onLateError: (err) => this.failed('settle', err) }) : undefined;
     const run = scriptRunner(client, deadlines);
     const term = (this.term = new LeaseTerm(opts.leaseMs, opts.refreshEveryMs));
