@@ -1,7 +1,8 @@
 /**
  * A local webhook receiver for budget alerts: an HTTP server on port 0 that records every
- * POST (body bytes as received, headers, the status it answered) and can fail the next N
- * deliveries with 500 or leave every one unanswered (a dead webhook).
+ * POST (body bytes as received, headers, the status it answered, when it arrived) and can
+ * fail the next N deliveries with 500 or leave every one unanswered (a dead webhook). By
+ * default it answers 204; `status` (with `location`) scripts another answer for every POST.
  */
 import { createServer, type IncomingHttpHeaders, type Server, type ServerResponse } from 'node:http';
 import { EventEmitter, once } from 'node:events';
@@ -11,6 +12,15 @@ export interface Delivery {
   headers: IncomingHttpHeaders;
   /** what the receiver answered; 0 while it leaves the request hanging */
   status: number;
+  /** performance.now() when the body had arrived */
+  at: number;
+}
+
+export interface ReceiverOptions {
+  /** the answer to every POST not failed by failNext (default 204) */
+  status?: number;
+  /** a Location header on that answer */
+  location?: string;
 }
 
 export interface WebhookReceiver {
@@ -28,7 +38,7 @@ export interface WebhookReceiver {
   close(): Promise<void>;
 }
 
-export async function startWebhookReceiver(): Promise<WebhookReceiver> {
+export async function startWebhookReceiver(opts: ReceiverOptions = {}): Promise<WebhookReceiver> {
   const received: Delivery[] = [];
   const events = new EventEmitter();
   const hanging = new Set<ServerResponse>();
@@ -38,15 +48,16 @@ export async function startWebhookReceiver(): Promise<WebhookReceiver> {
     const chunks: Buffer[] = [];
     req.on('data', (c: Buffer) => chunks.push(c));
     req.on('end', () => {
-      const d: Delivery = { body: Buffer.concat(chunks).toString('utf8'), headers: req.headers, status: 0 };
+      const d: Delivery = { body: Buffer.concat(chunks).toString('utf8'), headers: req.headers, status: 0, at: performance.now() };
       received.push(d);
       if (hangAll) {
         hanging.add(res);
         res.on('close', () => hanging.delete(res));
       } else {
-        d.status = failing > 0 ? 500 : 204;
-        if (failing > 0) failing--;
-        res.writeHead(d.status).end();
+        const failed = failing > 0;
+        if (failed) failing--;
+        d.status = failed ? 500 : (opts.status ?? 204);
+        res.writeHead(d.status, !failed && opts.location ? { location: opts.location } : {}).end();
       }
       events.emit('delivery');
     });

@@ -16,48 +16,17 @@ import { Delivery } from '../../src/obs/alerts/delivery.js';
 import type { Holder } from '../../src/policy/holders.js';
 import { startWebhookReceiver } from '../helpers/webhook-receiver.js';
 
-interface Scripted {
-  url: string;
-  /** performance.now() at each POST's end, in arrival order */
-  arrivals: number[];
-  close(): Promise<void>;
-}
-
-/** A webhook that answers every POST with `status` (and `location` when given), recording when each arrived. */
-async function scriptedWebhook(status: number, location?: string): Promise<Scripted> {
-  const arrivals: number[] = [];
-  const server: Server = createServer((req, res) => {
-    req.resume();
-    req.on('end', () => {
-      arrivals.push(performance.now());
-      res.writeHead(status, location ? { location } : {}).end();
-    });
-  });
-  server.listen(0, '127.0.0.1');
-  await once(server, 'listening');
-  const { port } = server.address() as { port: number };
-  return {
-    url: `http://127.0.0.1:${port}/hooks/keyward`,
-    arrivals,
-    async close() {
-      server.closeAllConnections();
-      server.close();
-      await once(server, 'close');
-    },
-  };
-}
-
 const event = (url: string) => ({ url, lane: 'key:k_1', body: '{"n":1}', headers: { 'content-type': 'application/json' }, about: { n: 1 } });
 
 test('delivery: a webhook answering a redirect has not taken the event: it is not followed, retried, then counted as failed', async () => {
   const elsewhere = await startWebhookReceiver();
-  const redirecting = await scriptedWebhook(307, elsewhere.url);
+  const redirecting = await startWebhookReceiver({ status: 307, location: elsewhere.url });
   try {
     const d = new Delivery(quiet, { firstRetryMs: 10, maxRetryMs: 20, retryWindowMs: 100 });
     d.add(event(redirecting.url));
     await d.idle();
     assert.deepEqual(d.stats(), { sent: 0, failed: 1, queued: 0 });
-    assert.ok(redirecting.arrivals.length >= 2, `retried: ${redirecting.arrivals.length} attempts`);
+    assert.ok(redirecting.received.length >= 2, `retried: ${redirecting.received.length} attempts`);
     // The body (and its signature) goes to the configured URL alone.
     assert.equal(elsewhere.received.length, 0);
   } finally {
@@ -66,12 +35,12 @@ test('delivery: a webhook answering a redirect has not taken the event: it is no
 });
 
 test('delivery: the wait between attempts doubles from firstRetryMs', async () => {
-  const failing = await scriptedWebhook(500);
+  const failing = await startWebhookReceiver({ status: 500 });
   try {
     const d = new Delivery(quiet, { firstRetryMs: 20, maxRetryMs: 1_000, retryWindowMs: 250 });
     d.add(event(failing.url));
     await d.idle();
-    const a = failing.arrivals;
+    const a = failing.received.map((r) => r.at);
     // Waits of 20, 40, 80, 160 ms: attempts at about 0, 20, 60, 140, 300 (past the window: given up).
     assert.ok(a.length >= 4 && a.length <= 6, `attempts at ${a.map((t) => (t - a[0]!).toFixed(0)).join(', ')} ms`);
     // A timer never fires early (1 ms for rounding): each gap is at least its wait.
@@ -83,13 +52,13 @@ test('delivery: the wait between attempts doubles from firstRetryMs', async () =
 });
 
 test('delivery: the wait stops growing at maxRetryMs, so a long window keeps attempting', async () => {
-  const failing = await scriptedWebhook(500);
+  const failing = await startWebhookReceiver({ status: 500 });
   try {
     const d = new Delivery(quiet, { firstRetryMs: 10, maxRetryMs: 40, retryWindowMs: 1_200 });
     d.add(event(failing.url));
     await d.idle();
     // Capped at 40 ms: about 30 attempts in 1.2 s. Doubling without the cap: 9 (0, 10, 30, 70, 150, 310, 630, 1270).
-    assert.ok(failing.arrivals.length >= 15, `${failing.arrivals.length} attempts`);
+    assert.ok(failing.received.length >= 15, `${failing.received.length} attempts`);
   } finally {
     await failing.close();
   }

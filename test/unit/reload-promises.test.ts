@@ -17,6 +17,7 @@ import { WorkerConfigs } from '../../src/app/worker-configs.js';
 import { configHash, loadConfig } from '../../src/config/file.js';
 import type { Config } from '../../src/config/schema.js';
 import { ConfigWatch } from '../../src/config/watch.js';
+import { recordingLog } from '../helpers/log-capture.js';
 
 let dir: string;
 before(() => {
@@ -26,12 +27,6 @@ after(() => rmSync(dir, { recursive: true, force: true }));
 
 const yaml = (o: { port?: number; level?: string } = {}) =>
   `server: { port: ${o.port ?? 8080} }\nupstreams: { default: { url: http://127.0.0.1:4000 } }\nlogging: { level: ${o.level ?? 'info'} }\n`;
-
-function recordingLog() {
-  const lines: { level: string; fields: Record<string, unknown>; msg: string }[] = [];
-  const at = (level: string) => (fields: object, msg = '') => void lines.push({ level, fields: fields as Record<string, unknown>, msg });
-  return { lines, log: { debug: at('debug'), info: at('info'), warn: at('warn'), error: at('error') } };
-}
 
 test('a restart-only change stays pending and named across later reloads, and clears when the file goes back', async () => {
   const file = join(dir, 'pending.yaml');

@@ -12,6 +12,7 @@ import { join } from 'node:path';
 import { ConfigReloader, holdSighup } from '../../src/app/reload.js';
 import { configHash, loadConfig } from '../../src/config/file.js';
 import type { Config } from '../../src/config/schema.js';
+import { recordingLog } from '../helpers/log-capture.js';
 
 let dir: string;
 before(() => {
@@ -21,13 +22,6 @@ after(() => rmSync(dir, { recursive: true, force: true }));
 
 const yaml = (o: { port?: number; level?: string; url?: string } = {}) =>
   `server: { port: ${o.port ?? 8080} }\nupstreams: { default: { url: ${o.url ?? 'http://127.0.0.1:4000'} } }\nlogging: { level: ${o.level ?? 'info'} }\n`;
-
-/** Lines logged, by level. */
-function recordingLog() {
-  const lines: { level: string; fields: Record<string, unknown>; msg: string }[] = [];
-  const at = (level: string) => (fields: object, msg = '') => void lines.push({ level, fields: fields as Record<string, unknown>, msg });
-  return { lines, log: { debug: at('debug'), info: at('info'), warn: at('warn'), error: at('error') } };
-}
 
 test('triggers during a reload share one more read; each read puts the file as it then is in force', async () => {
   const file = join(dir, 'a.yaml');
