@@ -129,7 +129,13 @@ test("a key's shadow list: set by the CLI, in the snapshot and the change feed, 
   assert.equal(api.status, 400);
 });
 
-test('the console publishes its price table; a changed table reaches replicas as upserts and deletes', async () => {
+test('the console publishes its price table; a changed table reaches replicas as upserts and deletes', async (t) => {
+  // The consoles this test starts are not the fixture's: close whichever one is running,
+  // even when an assertion fails, or its server keeps the file from ending.
+  t.after(async () => {
+    await client.stop();
+    await fx.console.close();
+  });
   // On start: every configured glob, and the non-zero `unpriced` rate as the catch-all.
   const snap = parseSnapshotText((await syncGet(fx, '/sync/v1/snapshot')).text);
   const prices = snap.records.map((r) => r.record).filter((r) => r.type === 'price');
@@ -160,6 +166,4 @@ test('the console publishes its price table; a changed table reaches replicas as
   await fx.console.close();
   fx.console = await startConsole({ config, env: fx.env });
   assert.equal(fx.console.store.feed.version(), settled);
-  await client.stop();
-  await fx.console.close();
 });
