@@ -9,12 +9,14 @@ import { parseCidr } from './cidr.js';
 
 // Records are objects, not strict objects: a reader ignores fields it does not know
 // (section 7), so a newer console can add fields without breaking older sidecars. Fields
-// it does know are validated strictly, and v1 additions take their defaults when absent.
+// it does know are validated strictly, and v1 additions take their defaults when absent
+// or null: a console whose language writes an unset optional field as null (Go's
+// pointers, Python's None) means the same, and one such record must not stop the sync.
 
 const id = z.string().min(1).max(256);
 const amount = z.number().finite();
 const nullableCount = z.number().int().nonnegative().nullable();
-const epoch = z.number().int().nonnegative().default(0);
+const epoch = z.number().int().nonnegative().nullable().default(0).transform((v) => v ?? 0);
 /** UTC calendar period of a budget; null: the budget never restarts by itself */
 export const budgetPeriod = z.enum(['day', 'week', 'month']).nullable();
 const modelGlob = z.string().min(1).max(256);
@@ -75,7 +77,7 @@ export const keyRecord = z
     concurrency: nullableCount,
     epoch,
     ips: z.array(cidr).max(1000).nullable().default(null),
-    allowBrowser: z.boolean().default(false),
+    allowBrowser: z.boolean().nullable().default(false).transform((v) => v ?? false),
     modelLimits: z.array(modelLimit).max(1000).nullable().default(null),
     period: budgetPeriod.default(null),
     /**
@@ -83,7 +85,7 @@ export const keyRecord = z
      * does not know is dropped rather than refused: a newer console may name more checks, and
      * such a check stays enforced instead of the key, or the whole snapshot, being refused.
      */
-    shadow: z.array(z.string().max(64)).max(64).default([]).transform(knownShadowChecks),
+    shadow: z.array(z.string().max(64)).max(64).nullable().default([]).transform(knownShadowChecks),
   })
   .refine((k) => (k.kind === 'personal' ? k.user !== null : k.project !== null), {
     message: 'a personal key needs a user, a team key needs a project',
@@ -177,7 +179,9 @@ export function parseChange(value: unknown): Parsed<Change> {
   if (typeof value !== 'object' || value === null) return { ok: false, error: 'change must be an object' };
   const { op, ...rest } = value as Record<string, unknown>;
   if (op === 'delete') {
-    const r = deleteChange.safeParse(value);
+    // A wallet is named by its `user` in its record; a console may name it so in a delete too.
+    const named = rest.type === 'wallet' && rest.id === undefined && rest.user !== undefined ? { ...rest, op, id: rest.user } : value;
+    const r = deleteChange.safeParse(named);
     return r.success ? { ok: true, value: r.data } : { ok: false, error: issueText(r.error) };
   }
   if (op !== 'upsert') return { ok: false, error: 'op must be "upsert" or "delete"' };

@@ -23,6 +23,25 @@ test('an old-style key, project and wallet without the v1 fields load with the d
   assert.deepEqual(w.value, { type: 'wallet', user: 'u_1', balance: 5, epoch: 0 });
 });
 
+test('v1 additions sent as null take their defaults, as when absent; a wrong type is still refused', () => {
+  const k = parseRecord({ ...oldKey, epoch: null, ips: null, allowBrowser: null, modelLimits: null, period: null, shadow: null });
+  assert.ok(k.ok, JSON.stringify(k));
+  assert.deepEqual(k.value, { ...oldKey, epoch: 0, ips: null, allowBrowser: false, modelLimits: null, period: null, shadow: [] });
+  const p = parseRecord({ type: 'project', id: 'p_1', status: 'enabled', budget: null, spent: 0, epoch: null, period: null });
+  assert.ok(p.ok && p.value.type === 'project' && p.value.epoch === 0);
+  const w = parseChange({ op: 'upsert', type: 'wallet', user: 'u_1', balance: 5, epoch: null });
+  assert.ok(w.ok && w.value.type === 'wallet' && w.value.epoch === 0);
+  for (const bad of [{ allowBrowser: 'no' }, { epoch: -1 }, { shadow: 'budget' }]) assert.equal(parseRecord({ ...oldKey, ...bad }).ok, false, JSON.stringify(bad));
+});
+
+test('a wallet delete may name the wallet by its user, as its record does; by id as before', () => {
+  assert.deepEqual(parseChange({ op: 'delete', type: 'wallet', user: 'u_1' }), { ok: true, value: { op: 'delete', type: 'wallet', id: 'u_1' } });
+  assert.deepEqual(parseChange({ op: 'delete', type: 'wallet', id: 'u_2' }), { ok: true, value: { op: 'delete', type: 'wallet', id: 'u_2' } });
+  assert.equal(parseChange({ op: 'delete', type: 'wallet' }).ok, false, 'naming nothing');
+  // Only a wallet is named by its user: a key delete naming a user names nothing.
+  assert.equal(parseChange({ op: 'delete', type: 'key', user: 'u_1' }).ok, false);
+});
+
 test("a key's hash in capitals is the same hash: read as lowercase, anything but 64 hex characters refused", () => {
   const upper = parseRecord({ ...oldKey, hash: 'AB'.repeat(32) });
   assert.ok(upper.ok && upper.value.type === 'key');
