@@ -30,7 +30,7 @@ test('v1 additions sent as null take their defaults, as when absent; a wrong typ
   const p = parseRecord({ type: 'project', id: 'p_1', status: 'enabled', budget: null, spent: 0, epoch: null, period: null });
   assert.ok(p.ok && p.value.type === 'project' && p.value.epoch === 0);
   const w = parseChange({ op: 'upsert', type: 'wallet', user: 'u_1', balance: 5, epoch: null });
-  assert.ok(w.ok && w.value.type === 'wallet' && w.value.epoch === 0);
+  assert.ok(w.ok && w.value.op === 'upsert' && w.value.type === 'wallet' && w.value.epoch === 0);
   for (const bad of [{ allowBrowser: 'no' }, { epoch: -1 }, { shadow: 'budget' }]) assert.equal(parseRecord({ ...oldKey, ...bad }).ok, false, JSON.stringify(bad));
 });
 
