@@ -6,18 +6,21 @@
  * and, far from the limits, leases a new slice and a bigger block. Keys with a per-model
  * limit or a limited route take the per-request path (request-path.ts).
  */
+import { setTimeout as sleep } from 'node:timers/promises';
 import { bucketQuota, quotaFromReply } from '../bucket.js';
 import type { LeaseTerm } from '../lease-term.js';
 import { type LeaseKeeper, type LeaseTicket, newLeaseId } from '../leases.js';
 import type { AdmitResult, QuotaFigures } from '../limiter.js';
 import { StaleAdmissionError } from './api.js';
 import type { RedisClock } from './clock.js';
+import { keyNames, type LeaseAsk, slicesInTheWay } from './lease-call.js';
+import { LEDGER_NEWS_CHANNEL, SLICE_RETRY_MS } from './ledger-news.js';
 import { knownOutcome, leaseRefusal } from './replies.js';
 import type { RunScript } from './scripts.js';
 import type { SettleBatch, SettleOp } from './settle-batch.js';
 import { type LeasedAdmission, type LeaseOwner, SliceLease } from './slice-lease.js';
 import { BLOCK_KEEP_SHARE, type Block, BlockTable } from './slot-blocks.js';
-import { REDIS_LIFETIME_FACTOR, type Slice, SliceTable, type Want } from './slices.js';
+import { REDIS_LIFETIME_FACTOR, SliceTable } from './slices.js';
 
 export type { LeasedAdmission };
 
@@ -49,42 +52,14 @@ export interface LeasePath {
   onBlocks(): number;
   /** The keeper refreshed these lease ids (sent at sentAt, this clock); `missing`: those Redis no longer recorded. */
   refreshed(ids: string[], sentAt: number, missing: readonly string[]): void;
+  /** Another instance was refused for the slices out on this bucket (its key): this instance's goes back now. */
+  bucketNews(bucketKey: string): void;
   /** Gives every slice and every unused slot of a block back (queued in the batch). */
   close(): void;
 }
 
 /** A bucket's figures from what is left of it; null without a limit. */
 const figures = (cap: number, remaining: number): QuotaFigures | null => (cap > 0 ? bucketQuota(remaining, cap) : null);
-
-/** The names of a key's buckets and lease set, under its hash tag. */
-interface KeyNames {
-  tag: string;
-  rpm: string;
-  tpm: string;
-  conc: string;
-  /** the lease set's version 2 block weights (slots.lua), read by the scripts and never written */
-  concw: string;
-}
-
-/** One lease.lua call: what it gives back, what it asks for, and the ids it uses. */
-interface LeaseAsk {
-  keys: KeyNames;
-  /** the key's slice until now, given back in the call */
-  old: Slice | null;
-  /** the slice asked for */
-  want: Want | null;
-  /** the block weight asked for, 0 = none */
-  wantBlock: number;
-  sliceId: string;
-  /** this request's own slot ('' without a concurrency limit) */
-  slotId: string;
-  /** the key's block, held or asked for ('' = none) */
-  blockId: string;
-  /** the key's block when the call was sent */
-  had: Block | null;
-  /** performance.now() when the call was sent */
-  sentAt: number;
-}
 
 export function createLeasePath(o: LeasePathOptions): LeasePath {
   return new SlicedPath(o);
@@ -126,8 +101,16 @@ class SlicedPath implements LeasePath, LeaseOwner {
       const res = this.take(leased);
       if (res) return res;
     }
-    const ask = this.prepare(leased, askingSlice !== null, askingBlock !== null);
-    const reply = await this.send(leased, ask);
+    let ask = this.prepare(leased, askingSlice !== null, askingBlock !== null);
+    let reply = await this.send(leased, ask);
+    for (let i = 0; i < SLICE_RETRY_MS.length && slicesInTheWay(reply); i++) {
+      // Not the last word: only what the refusal tells the tables counts.
+      this.answer(leased, ask, reply);
+      await sleep(SLICE_RETRY_MS[i]!);
+      // Asks for no new slice or block: near the limit Redis grants none.
+      ask = this.prepare(leased, true, true);
+      reply = await this.send(leased, ask);
+    }
     return this.answer(leased, ask, reply);
   }
 
@@ -145,6 +128,16 @@ class SlicedPath implements LeasePath, LeaseOwner {
 
   refreshed(ids: string[], sentAt: number, missing: readonly string[]): void {
     this.blocks.refreshed(ids, sentAt, missing);
+  }
+
+  bucketNews(bucketKey: string): void {
+    for (const keyId of this.slices.holding()) {
+      const names = keyNames(this.opts.keyTag(keyId));
+      if (names.rpm !== bucketKey && names.tpm !== bucketKey) continue;
+      this.slices.retire(keyId);
+      this.batch.flush();
+      return;
+    }
   }
 
   close(): void {
@@ -227,6 +220,7 @@ class SlicedPath implements LeasePath, LeaseOwner {
       old?.id ?? '', old?.left.rpm ?? 0, old?.left.tpm ?? 0,
       ask.sliceId, want?.rpm ?? 0, want?.tpm ?? 0, this.opts.sliceMs * REDIS_LIFETIME_FACTOR, want?.keepRpm ?? 0, want?.keepTpm ?? 0,
       leased.conc, ask.slotId, this.opts.term.ms, ask.blockId, ask.wantBlock, Math.floor(leased.conc * BLOCK_KEEP_SHARE),
+      LEDGER_NEWS_CHANNEL,
     ], (answer) => this.undoLate(leased, ask, answer)) as Promise<number[]>;
     if (want) this.slices.track(leased.keyId, call);
     if (ask.wantBlock > 0) this.blocks.track(leased.keyId, call);
@@ -287,4 +281,3 @@ class SlicedPath implements LeasePath, LeaseOwner {
 
 const hasBuckets = (leased: LeasedAdmission): boolean => leased.rpm > 0 || leased.tpm > 0;
 
-const keyNames = (tag: string): KeyNames => ({ tag, rpm: `${tag}:rpm`, tpm: `${tag}:tpm`, conc: `${tag}:conc`, concw: `${tag}:concw` });

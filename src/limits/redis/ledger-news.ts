@@ -1,6 +1,7 @@
 /**
  * News of ledgers whose spend slices must end, from whichever instance found it (DESIGN
- * section 6, "Money"). settle.lua publishes a ledger hash's key on LEDGER_NEWS_CHANNEL when
+ * section 6, "Money"), and of buckets whose slices must (lease.lua: a request refused only
+ * for what other instances' bucket slices hold). settle.lua publishes a ledger hash's key on LEDGER_NEWS_CHANNEL when
  * a cost past its hold leaves that ledger's holds and slices no longer backed (a budget
  * spent by settled usage refuses the next request at once); hold.lua publishes it when a
  * hold there fits but for the slices recorded (live spend counts requests in flight, not
@@ -16,8 +17,18 @@
 import type { Cluster, Redis } from 'ioredis';
 import { disconnectRedisClient } from './client.js';
 
-/** One channel for every prefix: a message names a ledger hash, which only its own instances hold slices of. */
+/**
+ * One channel for every prefix: a message names a ledger hash or a key's bucket, which only
+ * its own instances hold slices of.
+ */
 export const LEDGER_NEWS_CHANNEL = 'keyward:ledger-over';
+
+/**
+ * Waits before asking again after a refusal that other instances' slices caused (the script
+ * told them to give theirs back): the news reaches them in about a millisecond, and their
+ * give-back leaves at once. A request still refused after the last is refused.
+ */
+export const SLICE_RETRY_MS: readonly number[] = [5, 15, 40];
 
 export interface LedgerNews {
   /** resolves once the subscription is in place (news published before then is not heard) */

@@ -34,6 +34,7 @@ import { type RunScript, refreshInChunks } from './scripts.js';
 import type { SettleBatch } from './settle-batch.js';
 import { SpendSliceTable, type SpendWant } from './spend-slices.js';
 import { RedisHold, SliceHold } from './ledger-holds.js';
+import { SLICE_RETRY_MS } from './ledger-news.js';
 
 export interface RedisLedgerOptions {
   /** the limiter's script runner (it flushes the settlement batch before each call) */
@@ -90,12 +91,6 @@ const knownHoldReply = (r: HoldReply, holders: number): boolean =>
 
 /** hold.lua's answer for a hold refused only for other instances' spend slices, which it told to give them back. */
 const SLICES_IN_THE_WAY = 2;
-/**
- * Waits before asking again after that answer: the news reaches the other instances in
- * about a millisecond, and their give-back leaves at once. A hold still refused after the
- * last is refused.
- */
-const SLICE_RETRY_MS = [5, 15, 40];
 
 /** The Cluster hash tag all ledgers of one request share. */
 export const ledgerHashTag = (prefix: string, tag: string): string => `{${prefix}:t:${encodeURIComponent(tag)}}`;

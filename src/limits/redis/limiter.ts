@@ -107,6 +107,7 @@ class SharedLimiter implements RedisLimiter {
     this.news = opts.lease
       ? listenForLedgerNews(client, (ledgerKey) => {
           this.money.overCommitted(ledgerKey);
+          this.leasePath?.bucketNews(ledgerKey);
           opts.onLedgerNews?.(ledgerKey);
         })
       : null;

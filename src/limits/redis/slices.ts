@@ -168,6 +168,11 @@ export class SliceTable extends DemandTable<Entry> {
     this.syncTimer();
   }
 
+  /** The keys this instance holds a slice of now. */
+  *holding(): IterableIterator<string> {
+    for (const [keyId, e] of this.entries) if (e.slice) yield keyId;
+  }
+
   held(): number {
     let n = 0;
     for (const e of this.entries.values()) if (e.slice) n++;

@@ -19,6 +19,7 @@
 --       19 most slots in use with the block granted (a share of C): the block is set to
 --       that many slots only when, after the request, slots in use (this block's current
 --       weight included) - current weight + wanted <= ARGV[19].
+--       20 the news channel ('' = none; src/limits/redis/ledger-news.ts)
 --
 -- The request is checked as admit.lua checks it, by the same bucket.lua admit_wait (RPM
 -- holds 1; TPM holds the estimate or is full; the same retry wait), in admit.lua's order
@@ -29,8 +30,13 @@
 -- Returns {1, 0, 0, now, granted (0/1), rpm remaining, rpm reset, tpm remaining, tpm reset,
 -- block granted (0/1), block weight now (0 = no block: never had one, or it expired)}
 -- (remaining excludes the new slice), {0, code, retryAfterMs, now, 0, rpm remaining, rpm reset,
--- tpm remaining, tpm reset} (code 2 rpm, 3 tpm, 4 concurrency; the buckets as found), or
--- {-1, 0, 0, now} past the deadline. A denial leaves the block as it is.
+-- tpm remaining, tpm reset, 0, 0, in the way} (code 2 rpm, 3 tpm, 4 concurrency; the buckets
+-- as found), or {-1, 0, 0, now} past the deadline. A denial leaves the block as it is.
+-- A denial on the buckets alone that would pass were the slices other instances hold back
+-- in them publishes those buckets' keys on the news channel, so that those instances give
+-- what is left of theirs back, and says so (in the way = 1): the caller asks again a moment
+-- later. An idle instance's slice then lowers no other instance's ceiling for long, and N+1
+-- requests at once still admit N when traffic moved between instances.
 
 -- #include bucket.lua
 -- #include slots.lua
@@ -42,6 +48,7 @@ local new_id, want_r, want_t = ARGV[8], tonumber(ARGV[9]), tonumber(ARGV[10])
 local slice_ms, keep_r, keep_t = tonumber(ARGV[11]), tonumber(ARGV[12]), tonumber(ARGV[13])
 local conc, slot_id, lease_ms = tonumber(ARGV[14]) or 0, ARGV[15], tonumber(ARGV[16])
 local block_id, want_w, keep_w = ARGV[17] or '', tonumber(ARGV[18]) or 0, tonumber(ARGV[19]) or 0
+local channel = ARGV[20] or ''
 if deadline > 0 and now > deadline then return {-1, 0, 0, now} end
 
 local caps = {rpm, tpm}
@@ -69,6 +76,24 @@ if conc > 0 then
   in_use = held_slots(KEYS[3], KEYS[4])
   if in_use >= conc then deny(4, conc_wait(KEYS[3])) end
 end
+-- Whether the buckets would admit the request with every other slice back (the caller's
+-- own was given back above): a slice's owner may have used none of it. Concurrency, which
+-- slices do not hold, must have passed.
+local function slices_in_the_way()
+  if channel == '' or (conc > 0 and in_use >= conc) then return false end
+  local any = false
+  for i = 1, 2 do
+    if caps[i] > 0 then
+      local others = caps[i] - ceil[i]
+      if others > 0 then any = true end
+      local w
+      if i == 1 then w = admit_wait(lvl[1] + others, rpm) else w = admit_wait(lvl[2] + others, tpm, tokens, ceil[2] + others) end
+      if w > 0 then return false end
+    end
+  end
+  return any
+end
+
 if code ~= 0 then
   -- The previous slice's remainder is back in the bucket even though this request is not.
   local q = {0, 0, 0, 0}
@@ -78,7 +103,15 @@ if code ~= 0 then
       q[2 * i - 1], q[2 * i] = quota(lvl[i], caps[i])
     end
   end
-  return {0, code, wait, now, 0, q[1], q[2], q[3], q[4]}
+  local in_the_way = 0
+  if slices_in_the_way() then
+    in_the_way = 1
+    -- pcall: a user whose ACL allows no channels still gets its answer
+    for i = 1, 2 do
+      if caps[i] > 0 and caps[i] > ceil[i] then redis.pcall('PUBLISH', channel, KEYS[i]) end
+    end
+  end
+  return {0, code, wait, now, 0, q[1], q[2], q[3], q[4], 0, 0, in_the_way}
 end
 
 if rpm > 0 then lvl[1] = lvl[1] - 1 end
