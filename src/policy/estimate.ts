@@ -49,6 +49,8 @@ export interface FinishedRequest {
   usage: { input_tokens: number; output_tokens: number } | null;
   /** characters of generated text the tap saw; null when it could not read the response */
   textChars: number | null;
+  /** `usage` gives the input alone (a stream that ended before its final counts): the output is estimated */
+  inputOnly?: boolean;
   /** the request's prompt-token estimate and the output it reserved */
   promptTokens: number;
   reservedOutput: number;
@@ -64,14 +66,25 @@ export interface FinishedRequest {
  * The settlement rule (DESIGN section 6), written once: the usage the response reported;
  * else prompt estimate plus ceil(generated characters / 4), at least one output token; or
  * the whole reservation where the text could not be read, or will come after the answer (a
- * background response). Nothing is charged — null — when the upstream failed before any
- * output or answered with an error status and no usage, since nothing was generated.
+ * background response). A reported input with no output figure keeps that input beside the
+ * estimated output. Nothing is charged — null — when the upstream failed before any output
+ * or answered with an error status and neither usage nor generated text, since nothing was
+ * generated.
  */
 export function settleUsage(r: FinishedRequest): Settled | null {
+  if (r.usage && r.inputOnly) {
+    const input = asReported({ input_tokens: r.usage.input_tokens, output_tokens: 1 }, null);
+    return { input_tokens: input.input_tokens, output_tokens: Math.max(r.usage.output_tokens, estimatedOutput(r)), estimated: true };
+  }
   if (r.usage) return asReported(r.usage, r.textChars);
-  if (r.upstreamFailed || (r.upstreamStatus !== null && r.upstreamStatus >= 400)) return null;
-  const output = r.textChars === null || r.deferred ? r.reservedOutput : Math.ceil(r.textChars / 4);
-  return { input_tokens: r.promptTokens, output_tokens: Math.max(1, output), estimated: true };
+  const generated = r.textChars !== null && r.textChars > 0;
+  if (r.upstreamFailed || (r.upstreamStatus !== null && r.upstreamStatus >= 400 && !generated)) return null;
+  return { input_tokens: r.promptTokens, output_tokens: estimatedOutput(r), estimated: true };
+}
+
+/** ceil(generated characters / 4), at least 1; the whole reservation where the text could not be read or comes later. */
+function estimatedOutput(r: FinishedRequest): number {
+  return Math.max(1, r.textChars === null || r.deferred ? r.reservedOutput : Math.ceil(r.textChars / 4));
 }
 
 /**

@@ -26,6 +26,7 @@ export function settle(ctx: RequestContext): void {
       usage: tapped?.usage ?? null,
       // no tap: an unreadable response (null), or none at all because the client left first (nothing seen)
       textChars: tapped ? tapped.textChars : ctx.upstreamStatus === null ? 0 : null,
+      inputOnly: tapped?.inputOnly === true,
       promptTokens: settledPrompt(ctx.estimate),
       reservedOutput: ctx.estimate.output,
       upstreamStatus: ctx.upstreamStatus,

@@ -76,6 +76,25 @@ test('a messages stream whose message_delta says null for its input keeps messag
   assert.deepEqual([ev.input_tokens, ev.output_tokens, ev.estimated], [75_020, 9, undefined]);
 });
 
+test("a messages stream that ends in an error event before its final counts: message_start's input, the output from the text", async () => {
+  const events = [
+    { type: 'message_start', message: { id: 'm', type: 'message', role: 'assistant', content: [], usage: { input_tokens: 100_000, output_tokens: 1 } } },
+    { type: 'content_block_delta', index: 0, delta: { type: 'text_delta', text: 'x'.repeat(40) } },
+    { type: 'error', error: { type: 'overloaded_error', message: 'Overloaded' } },
+  ];
+  const ev = await billed('/v1/messages', { model: 'claude-sonnet-4-5', max_tokens: 100, stream: true, messages: [] }, (_q, res) => {
+    res.writeHead(200, { 'content-type': 'text/event-stream' });
+    res.end(events.map((e) => `event: ${e.type}\ndata: ${JSON.stringify(e)}\n\n`).join(''));
+  });
+  assert.deepEqual([ev.input_tokens, ev.output_tokens, ev.estimated], [100_000, 10, true]);
+});
+
+test('a stream whose lines end in CR alone is read: its reported usage is billed', async () => {
+  const chunks = [{ choices: [{ delta: { content: 'Hello' } }] }, { choices: [], usage: { prompt_tokens: 5000, completion_tokens: 10_000 } }];
+  const ev = await billed('/v1/chat/completions', { model: 'gpt-4o', stream: true, messages: [] }, raw({ 'content-type': 'text/event-stream' }, chunks.map((c) => `data: ${JSON.stringify(c)}\r\r`).join('') + 'data: [DONE]\r\r'));
+  assert.deepEqual([ev.input_tokens, ev.output_tokens, ev.estimated], [5000, 10_000, undefined]);
+});
+
 // A response the tap cannot read at all tells nothing of its output: billing it as zero
 // output would let any upstream answer go free.
 for (const [what, headers] of [

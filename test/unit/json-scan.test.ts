@@ -100,6 +100,9 @@ const ROWS: [name: string, body: string, want: Want][] = [
   ['negative cap is ignored', '{"model":"a","max_tokens":-5}', { model: 'a', cap: null }],
   ['null cap is ignored', '{"model":"a","max_tokens":null}', { model: 'a', cap: null }],
   ['nested cap is ignored', '{"model":"a","options":{"max_tokens":9}}', { model: 'a', cap: null }],
+  ["extra_body's cap counts (merged into the provider's request)", '{"model":"a","max_tokens":1,"extra_body":{"max_tokens":3000}}', { model: 'a', cap: 3000 }],
+  ["extra_body's cap alone", '{"model":"a","extra_body":{"max_completion_tokens":"40"}}', { model: 'a', cap: 40 }],
+  ['the top-level cap when larger than extra_body\'s', '{"model":"a","max_output_tokens":90,"extra_body":{"max_tokens":3}}', { model: 'a', cap: 90 }],
   ['cap without model', '{"input":"x","max_output_tokens":33}', { model: null, cap: 33 }],
 ];
 

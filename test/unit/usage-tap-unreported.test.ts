@@ -54,3 +54,10 @@ test('a compressed response past the 1 MiB bound is unreadable, even with usage 
   const small = zlib.gzipSync(JSON.stringify({ choices: [{ message: { content: 'hi' } }], usage }));
   assert.deepEqual(tapIn(small, { contentType: JSON_CT, contentEncoding: 'gzip' }).usage, { input_tokens: 3, output_tokens: 4 });
 });
+
+test('a JSON body whose usage names no output figure, beside generated text: the text is counted (embeddings hold none)', () => {
+  const chat = JSON.stringify({ choices: [{ message: { content: 'Forty characters of generated text here.' } }], usage: { prompt_tokens: 5, total_tokens: 10005 } });
+  assert.deepEqual(tapIn(chat, { contentType: JSON_CT }), { usage: { input_tokens: 5, output_tokens: 0 }, textChars: 40 });
+  const messages = JSON.stringify({ content: [{ type: 'text', text: 'abcdefgh' }], usage: { input_tokens: 5 } });
+  assert.deepEqual(tapIn(messages, { contentType: JSON_CT }), { usage: { input_tokens: 5, output_tokens: 0 }, textChars: 8 });
+});

@@ -173,10 +173,12 @@ describe('usage tap: SSE', () => {
     assert.deepEqual(read(`\ufeff${one}`, { contentType: SSE_CT }), { input_tokens: 11, output_tokens: 3 });
   });
 
-  test('streams cut short give null', () => {
+  test('streams cut short give null, or a messages stream the input its message_start reported', () => {
     assert.equal(read(chatStream(false), { contentType: SSE_CT }), null);
     const cut = sse(messagesEvents.slice(0, 4)); // after message_start, before any message_delta
-    assert.equal(read(cut, { contentType: SSE_CT }), null);
+    const t = tapped(cut, { contentType: SSE_CT });
+    assert.equal(t.inputOnly, true);
+    assert.equal(t.usage?.input_tokens, 472 + 20 + 8); // message_start's, cache included
     const r = responsesStream();
     assert.equal(read(r.slice(0, r.indexOf('"usage":{"input_tokens"') + 20), { contentType: SSE_CT }), null);
   });
@@ -270,7 +272,18 @@ describe('generated text seen, for responses that report no usage', () => {
       { event: 'content_block_delta', data: { type: 'content_block_delta', delta: { type: 'text_delta', text: 'abcd' } } },
       { event: 'content_block_delta', data: { type: 'content_block_delta', delta: { type: 'input_json_delta', partial_json: '{"x"' } } },
     ]);
-    assert.deepEqual(tapped(body, { contentType: SSE_CT }), { usage: null, textChars: 8 });
+    assert.deepEqual(tapped(body, { contentType: SSE_CT }), { usage: { input_tokens: 9, output_tokens: 1 }, textChars: 8, inputOnly: true });
+  });
+
+  test('SSE lines may end in CR alone, or CRLF, split anywhere: the same events are read', () => {
+    const events = [
+      { data: { object: 'chat.completion.chunk', choices: [{ delta: { content: 'Hello' } }] } },
+      { data: { object: 'chat.completion.chunk', choices: [], usage: { prompt_tokens: 5000, completion_tokens: 10000 } } },
+      { data: '[DONE]' },
+    ];
+    const want = { usage: { input_tokens: 5000, output_tokens: 10000 }, textChars: 5 };
+    // tapped() also feeds it byte by byte: a CRLF split between two chunks is one line end
+    for (const eol of ['\n', '\r', '\r\n']) assert.deepEqual(tapped(sse(events, eol), { contentType: SSE_CT }), want, JSON.stringify(eol));
   });
 
   test('responses stream: deltas count once, the done events that repeat them do not', () => {

@@ -132,15 +132,23 @@ export function strictProblem(text: string): string | null {
   return null;
 }
 
-/** The largest output cap the body names; a numeric string counts (lax decoders coerce it). */
+/**
+ * The largest output cap the body names, `extra_body`'s included (gateways merge it into
+ * the provider's request, where its cap is the one that counts); a numeric string counts
+ * (lax decoders coerce it).
+ */
 function outputCap(body: Record<string, unknown>): { ok: true; cap: number | null } | { ok: false; message: string } {
   let cap: number | null = null;
-  for (const name of OUTPUT_CAPS) {
-    let v = body[name];
-    if (typeof v === 'string' && /^\s*\d{1,15}\s*$/.test(v)) v = Number(v);
-    if (typeof v !== 'number') continue;
-    if (!Number.isFinite(v)) return { ok: false, message: `"${name}" must be a finite number.` };
-    if (v >= 0) cap = Math.max(cap ?? 0, Math.min(Math.ceil(v), Number.MAX_SAFE_INTEGER));
+  const extra = body.extra_body;
+  const sources = typeof extra === 'object' && extra !== null && !Array.isArray(extra) ? [body, extra as Record<string, unknown>] : [body];
+  for (const source of sources) {
+    for (const name of OUTPUT_CAPS) {
+      let v = source[name];
+      if (typeof v === 'string' && /^\s*\d{1,15}\s*$/.test(v)) v = Number(v);
+      if (typeof v !== 'number') continue;
+      if (!Number.isFinite(v)) return { ok: false, message: `"${name}" must be a finite number.` };
+      if (v >= 0) cap = Math.max(cap ?? 0, Math.min(Math.ceil(v), Number.MAX_SAFE_INTEGER));
+    }
   }
   return { ok: true, cap };
 }

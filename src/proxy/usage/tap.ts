@@ -13,8 +13,9 @@
  */
 import { bodyText, eventText } from './text.js';
 import { compressedTap, type Tap } from './encoding.js';
-import { lastUsageObject, topLevelSpans } from './scan.js';
+import { topLevelSpans } from './scan.js';
 import { given, isObj, normalize, type Obj, type Usage } from './usage-object.js';
+import { EMPTY, Window } from './window.js';
 
 export type { Usage } from './usage-object.js';
 
@@ -27,6 +28,11 @@ export interface Tapped {
    * cut JSON), and for a whole JSON body that reported its usage (billed by that instead)
    */
   textChars: number | null;
+  /**
+   * the usage gives the input alone (a messages stream that ended before its final counts):
+   * its output is the estimate from the text seen
+   */
+  inputOnly?: boolean;
 }
 
 /** Fed the response body chunk by chunk; end() reports what it showed. */
@@ -40,10 +46,6 @@ export interface UsageTapOptions {
   contentEncoding?: string;
 }
 
-const HEAD_CAP = 1 << 20;
-const TAIL_CAP = 64 << 10;
-const PREFIX_CAP = 4 << 10;
-
 /** Null when the response carries nothing readable (not JSON/SSE, or an unknown encoding). */
 export function createUsageTap(opts: UsageTapOptions): UsageTap | null {
   const type = (opts.contentType ?? '').split(';')[0]!.trim().toLowerCase();
@@ -55,59 +57,6 @@ export function createUsageTap(opts: UsageTapOptions): UsageTap | null {
   const encoding = (opts.contentEncoding ?? '').trim().toLowerCase();
   if (encoding === '' || encoding === 'identity') return make();
   return compressedTap(encoding, make, UNREADABLE);
-}
-
-// ---- bounded text -----------------------------------------------------------------------
-
-/** Never written to: buffers here are replaced, not filled, so one empty buffer serves all. */
-const EMPTY = Buffer.alloc(0);
-
-/** Keeps a byte stream whole up to HEAD_CAP; past that, its first bytes and a tail window. */
-class Window {
-  private head: Buffer[] = [];
-  private headLen = 0;
-  private prefix = EMPTY;
-  private tail = EMPTY;
-  overflowed = false;
-
-  push(b: Buffer): void {
-    if (b.length === 0) return;
-    if (!this.overflowed && this.headLen + b.length <= HEAD_CAP) {
-      this.head.push(b);
-      this.headLen += b.length;
-      return;
-    }
-    const joined = Buffer.concat(this.overflowed ? [this.tail, b] : [...this.head, b]);
-    if (!this.overflowed) this.prefix = Buffer.from(joined.subarray(0, PREFIX_CAP));
-    // Copy, so the window does not pin the larger buffers it was cut from.
-    this.tail = Buffer.from(joined.subarray(Math.max(0, joined.length - TAIL_CAP)));
-    this.head = [];
-    this.headLen = 0;
-    this.overflowed = true;
-  }
-
-  /** The whole body, when it was kept whole (most arrive in one chunk: no copy then). */
-  whole(): Buffer | null {
-    if (this.overflowed) return null;
-    return this.head.length === 1 ? this.head[0]! : Buffer.concat(this.head);
-  }
-
-  /** The parsed value when complete, else a stand-in built from the prefix and the tail. */
-  value(whole: Buffer | null = this.whole()): unknown {
-    if (whole !== null) {
-      try {
-        return JSON.parse(whole.toString('utf8'));
-      } catch {
-        return undefined; // cut short or not JSON
-      }
-    }
-    const type = /"type"\s*:\s*"([^"\\]{1,100})"/.exec(this.prefix.toString('utf8'))?.[1];
-    const usage = lastUsageObject(this.tail.toString('utf8'));
-    if (usage === undefined) return undefined;
-    // Shaped like the small events, so one reader handles both.
-    if (type?.startsWith('response.')) return { type, response: { usage } };
-    return { type, usage };
-  }
 }
 
 // ---- JSON -------------------------------------------------------------------------------
@@ -132,6 +81,11 @@ function reportedUsage(whole: Buffer): { usage: Usage; namesOutput: boolean } | 
   }
 }
 
+const TEXT_FIELDS = ['"choices"', '"content"', '"output"', '"text"'].map((f) => Buffer.from(f));
+
+/** Whether a body names a field that carries generated text in any supported API (bodyText reads those). */
+const mayHoldText = (whole: Buffer): boolean => TEXT_FIELDS.some((f) => whole.includes(f));
+
 /** A JSON response: its bytes in a Window, read once at the end. */
 class JsonTap implements UsageTap {
   private readonly body = new Window();
@@ -145,8 +99,12 @@ class JsonTap implements UsageTap {
     const whole = body.whole();
     const reported = whole === null ? null : reportedUsage(whole);
     // Reported usage is what is billed: the generated text is counted only without it, or
-    // beside a reported output of zero (which the text may contradict: policy/estimate.ts).
-    if (reported !== null && (reported.usage.output_tokens > 0 || !reported.namesOutput)) return { usage: reported.usage, textChars: null };
+    // beside a reported output of zero (which the text may contradict: policy/estimate.ts),
+    // or beside usage that names no output figure in a body that may hold generated text
+    // (embeddings name none and hold none).
+    if (reported !== null && (reported.usage.output_tokens > 0 || (!reported.namesOutput && !mayHoldText(whole!)))) {
+      return { usage: reported.usage, textChars: null };
+    }
     const v = body.value(whole);
     const usage = isObj(v) ? normalize(isObj(v.response) && !('usage' in v) ? v.response.usage : v.usage) : null;
     // Past the window only the usage survives; a body that does not parse was cut or is not JSON.
@@ -162,6 +120,8 @@ function createJsonTap(): UsageTap {
 // ---- SSE --------------------------------------------------------------------------------
 
 const DATA = Buffer.from('data:');
+const CR = 0x0d;
+const LF = 0x0a;
 const BOM = Buffer.from([0xef, 0xbb, 0xbf]);
 
 /**
@@ -183,14 +143,29 @@ class SseTap implements UsageTap {
   private lineHead = EMPTY;
   private lineKind: 'unknown' | 'data' | 'other' = 'unknown';
   private skipSpace = false;
+  /** the last chunk ended with a CR: a LF first in the next is that line end's */
+  private afterCr = false;
 
   push(chunk: Buffer): void {
     if (this.bomAt < BOM.length) chunk = this.skipBom(chunk);
-    let start = 0;
-    for (let nl = chunk.indexOf(0x0a); nl >= 0; nl = chunk.indexOf(0x0a, start)) {
-      this.segment(chunk.subarray(start, nl));
+    // The LF of a CRLF split across chunks ends no second line.
+    let start = this.afterCr && chunk[0] === LF ? 1 : 0;
+    this.afterCr = false;
+    // A line ends at CR, LF or CRLF (the SSE standard). The next of each is searched once
+    // and again only when passed, so a chunk of many lines is walked once.
+    let cr = chunk.indexOf(CR, start);
+    let lf = chunk.indexOf(LF, start);
+    while (cr >= 0 || lf >= 0) {
+      const end = cr >= 0 && (lf < 0 || cr < lf) ? cr : lf;
+      this.segment(chunk.subarray(start, end));
       this.endLine();
-      start = nl + 1;
+      start = end + 1;
+      if (end === cr) {
+        if (start === chunk.length) this.afterCr = true;
+        else if (chunk[start] === LF) start++;
+      }
+      if (cr >= 0 && cr < start) cr = chunk.indexOf(CR, start);
+      if (lf >= 0 && lf < start) lf = chunk.indexOf(LF, start);
     }
     if (start < chunk.length) this.segment(chunk.subarray(start));
   }
@@ -219,7 +194,11 @@ class SseTap implements UsageTap {
     // Text that could not be read bills the whole reservation (DESIGN section 6), not what was seen.
     const textChars = this.textLost ? null : this.textChars;
     if (final) return { usage: final, textChars };
-    if (!delta) return { usage: null, textChars }; // messages stream cut before its final counts
+    if (!delta) {
+      // A messages stream that ended before its final counts still reported its input.
+      const input = this.started && normalize(this.started);
+      return input ? { usage: input, textChars, inputOnly: true } : { usage: null, textChars };
+    }
     // Each figure the deltas gave replaces message_start's, as the official SDK reads them.
     return { usage: normalize({ ...this.started, ...delta }), textChars };
   }
@@ -255,10 +234,8 @@ class SseTap implements UsageTap {
   }
 
   private endLine(): void {
-    if (this.lineKind === 'unknown') {
-      const text = this.lineHead.toString('latin1');
-      if (text === '' || text === '\r') this.dispatch();
-    }
+    // A blank line ends the event.
+    if (this.lineKind === 'unknown' && this.lineHead.length === 0) this.dispatch();
     this.lineHead = EMPTY;
     this.lineKind = 'unknown';
   }
