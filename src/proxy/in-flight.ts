@@ -4,9 +4,12 @@
  * reads nothing could have each decided and forwarded at once: an upstream socket and a
  * buffered response for each, a thousand for a few hundred KB sent. Past MAX_IN_FLIGHT
  * requests started and not yet answered, a request waits for one of them to close before
- * it is decided, and the connection's reading stops until then, so no more are parsed.
- * Reading stops only once the newest request is complete: no request that has begun waits
- * for bytes behind the pause.
+ * it is decided. Once MAX_IN_FLIGHT wait, the connection's reading stops as the next one
+ * arrives, so no more are parsed than the read that brought it (Node parses a read whole);
+ * fewer waiting requests leave reading on, so a client that pipelines an upload behind a
+ * few requests keeps sending it. A request whose body is still to come when its turn comes
+ * lets reading go on: no request that has begun waits for bytes behind the pause. Node
+ * tells a request complete only after its 'request' event, so reading cannot wait for that.
  */
 import type { IncomingMessage, ServerResponse } from 'node:http';
 import type { Socket } from 'node:net';
@@ -43,8 +46,7 @@ export function mayStart<T>(req: IncomingMessage, res: ServerResponse, payload: 
     return true;
   }
   line.waiting.push({ res, payload });
-  if (req.complete) stopReading(socket, line);
-  else req.once('end', () => stopReading(socket, line));
+  if (line.waiting.length > MAX_IN_FLIGHT) stopReading(socket, line);
   return false;
 }
 
@@ -62,15 +64,21 @@ export function answered<T>(res: ServerResponse): Waiting<T> | null {
     if (i !== -1) return (line.waiting.splice(i, 1), null);
   }
   const next = line.waiting.shift();
-  if (next) return next as Waiting<T>;
-  line.started--;
-  if (line.repause !== null) {
-    socket.off('resume', line.repause);
-    line.repause = null;
-    // Whatever else holds reading (Node's own backpressure, a decision's hold) pauses it again.
-    socket.resume();
+  if (next) {
+    if (!next.res.req.complete) goOnReading(socket, line);
+    return next as Waiting<T>;
   }
+  line.started--;
+  goOnReading(socket, line);
   return null;
+}
+
+function goOnReading(socket: Lined, line: Line): void {
+  if (line.repause === null) return;
+  socket.off('resume', line.repause);
+  line.repause = null;
+  // Whatever else holds reading (Node's own backpressure, a decision's hold) pauses it again.
+  socket.resume();
 }
 
 function stopReading(socket: Lined, line: Line): void {
