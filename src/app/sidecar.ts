@@ -25,6 +25,7 @@ import { consoleClients, replicaOwnership } from './console-clients.js';
 import { createExchanges, type ExchangeDeps, type Exchanges } from '../proxy/exchange.js';
 import { createForwarder, type Forwarder } from '../proxy/upstream/forward.js';
 import { snapshotOf, Snapshots } from '../proxy/snapshot.js';
+import { expectsOnlyContinue } from '../proxy/preflight.js';
 import { QUOTA_HEADER_NAMES } from '../proxy/quota-headers.js';
 import { SHADOW_HEADER } from '../proxy/denial.js';
 import { ERROR_HEADER } from '../errors.js';
@@ -147,7 +148,7 @@ function proxyServer(exchanges: Exchanges): Server {
   // Host lines are checked by the exchange, which answers a missing one with keyward's own body.
   const server = createServer({ keepAliveTimeout: 65_000, requestTimeout: 0, headersTimeout: 60_000, requireHostHeader: false });
   server.on('request', (req, res) => exchanges.handle(req, res, 'none'));
-  server.on('checkContinue', (req, res) => exchanges.handle(req, res, 'continue'));
+  server.on('checkContinue', (req, res) => exchanges.handle(req, res, expectsOnlyContinue(req.rawHeaders) ? 'continue' : 'unmet'));
   server.on('checkExpectation', (req, res) => exchanges.handle(req, res, 'unmet'));
   server.on('clientError', (err: NodeJS.ErrnoException, socket) => exchanges.refuseUnparsed(err, socket));
   // Without a listener Node closes a CONNECT's connection with no answer at all.

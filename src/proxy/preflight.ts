@@ -25,6 +25,22 @@ export interface Preflight {
   transferEncoding: string | undefined;
 }
 
+/**
+ * Whether the request's expectation is 100-continue alone: one `Expect` line whose value is
+ * that. Node takes any value naming 100-continue among others (`100-continue, foo`, or two
+ * lines it joins) for it; the other expectation would go unmet, and is refused (417).
+ */
+export function expectsOnlyContinue(raw: readonly string[]): boolean {
+  let value: string | null = null;
+  for (let i = 0; i < raw.length; i += 2) {
+    const name = raw[i]!;
+    if (name.length !== 6 || name.toLowerCase() !== 'expect') continue;
+    if (value !== null) return false;
+    value = raw[i + 1]!;
+  }
+  return value !== null && value.trim().toLowerCase() === '100-continue';
+}
+
 /** How many Host lines the request has (Node keeps only the first in `req.headers`), and the first one's value. */
 function hostLines(raw: readonly string[]): { n: number; value: string } {
   let n = 0;

@@ -7,6 +7,7 @@
  */
 import { after, before, describe, test } from 'node:test';
 import assert from 'node:assert/strict';
+import net from 'node:net';
 import { echoJson, startFakeUpstream, type FakeUpstream } from '../helpers/upstream.js';
 import { startHarness, waitForLine, type Harness } from '../helpers/sidecar.js';
 import { rawExchange, type ParsedResponse } from '../helpers/raw.js';
@@ -117,6 +118,25 @@ describe('expectations other than 100-continue', () => {
       assert.equal(errorOf(ex.responses[0]!).code, code, target);
     }
     assert.equal(up.received.length, forwarded);
+  });
+
+  test('100-continue beside another expectation (one line, or two) is 417 and nothing is forwarded', async () => {
+    const forwarded = up.received.length;
+    for (const lines of ['Expect: 100-continue, foo\r\n', 'Expect: 100-continue\r\nExpect: foo\r\n', 'Expect: 100-continue\r\nExpect: 100-continue\r\n']) {
+      const ex = await rawExchange(h.sidecar.port, [`POST /v1/chat/completions HTTP/1.1\r\nHost: kw\r\nAuthorization: Bearer ${h.keys.k_ok}\r\n${lines}Content-Type: application/json\r\nContent-Length: ${CHAT.length}\r\n\r\n`]);
+      assert.deepEqual(ex.responses.map((r) => r.status), [417], JSON.stringify(lines));
+    }
+    assert.equal(up.received.length, forwarded);
+    // 100-continue alone, in any letter case, is answered 100 and the request goes on.
+    const socket = net.connect(h.sidecar.port, '127.0.0.1');
+    let got = '';
+    const answered = new Promise<void>((resolve) => socket.on('data', (c: Buffer) => (got += c.toString('latin1')) && /^HTTP\/1\.1 200 /m.test(got) && resolve()));
+    socket.write(`POST /v1/chat/completions HTTP/1.1\r\nHost: kw\r\nAuthorization: Bearer ${h.keys.k_ok}\r\nExpect: 100-Continue\r\nContent-Type: application/json\r\nContent-Length: ${CHAT.length}\r\n\r\n`);
+    socket.once('data', () => socket.write(CHAT));
+    await answered;
+    socket.destroy();
+    assert.match(got, /^HTTP\/1\.1 100 Continue\r\n\r\nHTTP\/1\.1 200 /);
+    assert.equal(up.received.length, forwarded + 1);
   });
 
   test('on a messages route, 417 in the messages style, counted and logged', async () => {
