@@ -8,16 +8,13 @@
 import { after, before, test } from 'node:test';
 import assert from 'node:assert/strict';
 import { randomBytes } from 'node:crypto';
-import { Redis } from 'ioredis';
 import type { SyncRecord } from '../../src/protocol/records.js';
 import type { AlertTuning } from '../../src/obs/alerts/alerts.js';
 import { makeKeyHasher } from '../../src/auth/hash.js';
 import { parseChangeBatch } from '../../src/protocol/records.js';
-import { PRICE, alertsIdle, eventsOf, spend, usageByMaxTokens } from '../helpers/alerts.js';
-import { keyRecord, startHarness, type Harness, type KeySpec } from '../helpers/sidecar.js';
-import { startFakeUpstream, type FakeUpstream } from '../helpers/upstream.js';
-import { startWebhookReceiver, type WebhookReceiver } from '../helpers/webhook-receiver.js';
-import { TEST_REDIS_URL } from '../helpers/redis-url.js';
+import { PRICE, alertFleet, alertsIdle, eventsOf, spend, type AlertFleet } from '../helpers/alerts.js';
+import { keyRecord, type KeySpec } from '../helpers/sidecar.js';
+import type { WebhookReceiver } from '../helpers/webhook-receiver.js';
 
 const prefix = `kwce${randomBytes(4).toString('hex')}`;
 const RECORDS: SyncRecord[] = [PRICE, { type: 'project', id: 'p_free', status: 'enabled', budget: null, spent: 0 }];
@@ -25,40 +22,12 @@ const KEYS: Record<string, KeySpec> = {
   k_slow: { project: 'p_free', budget: 10, spent: 7.9 },
   k_epoch: { project: 'p_free', budget: 10, spent: 8.5, epoch: 1 },
 };
-const secrets: Record<string, string> = Object.fromEntries(Object.keys(KEYS).map((id) => [id, `sk-claims-epoch-${id}-${randomBytes(8).toString('hex')}`]));
-
-let up: FakeUpstream;
-let redis: Redis;
-const hooks: WebhookReceiver[] = [];
-const sidecars: Harness[] = [];
-
-async function instance(tuning: AlertTuning): Promise<{ h: Harness; hook: WebhookReceiver }> {
-  const hook = await startWebhookReceiver();
-  hooks.push(hook);
-  const h = await startHarness({
-    upstream: up.url,
-    config: { redis: { url: TEST_REDIS_URL, prefix, timeoutMs: 1000 }, alerts: { webhookUrl: hook.url, thresholds: [0.8] } },
-    keys: Object.fromEntries(Object.entries(KEYS).map(([id, spec]) => [id, { ...spec, secret: secrets[id] }])),
-    records: RECORDS,
-    alertTuning: { checkDelayMs: 5, claimRetryMs: 50, retryWindowMs: 60_000, ...tuning },
-  });
-  sidecars.push(h);
-  return { h, hook };
-}
-
+let fleet: AlertFleet;
 before(async () => {
-  redis = new Redis(TEST_REDIS_URL);
-  up = await startFakeUpstream(usageByMaxTokens);
+  fleet = await alertFleet({ prefix, keys: KEYS, records: RECORDS });
 });
-
-after(async () => {
-  await Promise.all(sidecars.map((h) => h.close()));
-  await Promise.all(hooks.map((h) => h.close()));
-  await up?.close();
-  const keys = await redis.keys(`{${prefix}:*`);
-  if (keys.length) await redis.del(...keys);
-  redis.disconnect();
-});
+after(() => fleet.close());
+const instance = (tuning: AlertTuning) => fleet.instance({ tuning: { checkDelayMs: 5, claimRetryMs: 50, retryWindowMs: 60_000, ...tuning }, thresholds: [0.8] });
 
 const attemptsFor = (hook: WebhookReceiver, keyId: string): number => hook.received.filter((d) => JSON.parse(d.body).holder.id === keyId).length;
 
@@ -101,7 +70,7 @@ test('a replica change that moves only a holder\'s epoch arms its thresholds aga
   await alertsIdle(h);
   assert.deepEqual(mine().map((e) => [e.threshold, e.epoch]), [[0.8, 1]]);
   // The console bumps the epoch (a reset to the same figure): spent and budget as before.
-  const hash = makeKeyHasher(h.config.keys)(secrets.k_epoch!);
+  const hash = makeKeyHasher(h.config.keys)(h.keys.k_epoch!);
   const batch = parseChangeBatch({ version: 2, changes: [{ op: 'upsert', ...keyRecord('k_epoch', { ...KEYS.k_epoch, epoch: 2 }, hash) }] });
   assert.ok(batch.ok);
   assert.ok(h.replica.applyChanges(batch.value, 'test'));

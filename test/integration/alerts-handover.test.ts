@@ -9,13 +9,11 @@
 import { after, before, test } from 'node:test';
 import assert from 'node:assert/strict';
 import { randomBytes } from 'node:crypto';
-import { Redis } from 'ioredis';
 import type { SyncRecord } from '../../src/protocol/records.js';
-import { PRICE, alertsIdle, eventsOf, spend, usageByMaxTokens } from '../helpers/alerts.js';
-import { startHarness, type Harness, type KeySpec } from '../helpers/sidecar.js';
-import { startFakeUpstream, type FakeUpstream } from '../helpers/upstream.js';
-import { startWebhookReceiver, type WebhookReceiver } from '../helpers/webhook-receiver.js';
-import { TEST_REDIS_URL } from '../helpers/redis-url.js';
+import type { AlertTuning } from '../../src/obs/alerts/alerts.js';
+import { PRICE, alertFleet, alertsIdle, eventsOf, spend, type AlertFleet } from '../helpers/alerts.js';
+import type { KeySpec } from '../helpers/sidecar.js';
+import type { WebhookReceiver } from '../helpers/webhook-receiver.js';
 
 const prefix = `kwho${randomBytes(4).toString('hex')}`;
 /** Short retries and a short pending time: the operated ones are minutes. */
@@ -26,40 +24,12 @@ const KEYS: Record<string, KeySpec> = {
   k_lapse: { project: 'p_free', budget: 10, spent: 7.9 },
   k_queued: { project: 'p_free', budget: 10, spent: 7.5 },
 };
-const secrets: Record<string, string> = Object.fromEntries(Object.keys(KEYS).map((id) => [id, `sk-handover-${id}-${randomBytes(8).toString('hex')}`]));
-
-let up: FakeUpstream;
-let redis: Redis;
-const hooks: WebhookReceiver[] = [];
-const sidecars: Harness[] = [];
-
-async function instance(tuning: Record<string, number> = {}): Promise<{ h: Harness; hook: WebhookReceiver }> {
-  const hook = await startWebhookReceiver();
-  hooks.push(hook);
-  const h = await startHarness({
-    upstream: up.url,
-    config: { redis: { url: TEST_REDIS_URL, prefix, timeoutMs: 1000 }, alerts: { webhookUrl: hook.url } },
-    keys: Object.fromEntries(Object.entries(KEYS).map(([id, spec]) => [id, { ...spec, secret: secrets[id] }])),
-    records: RECORDS,
-    alertTuning: { ...TUNING, ...tuning },
-  });
-  sidecars.push(h);
-  return { h, hook };
-}
-
+let fleet: AlertFleet;
 before(async () => {
-  redis = new Redis(TEST_REDIS_URL);
-  up = await startFakeUpstream(usageByMaxTokens);
+  fleet = await alertFleet({ prefix, keys: KEYS, records: RECORDS });
 });
-
-after(async () => {
-  await Promise.all(sidecars.map((h) => h.close()));
-  await Promise.all(hooks.map((h) => h.close()));
-  await up?.close();
-  const keys = await redis.keys(`{${prefix}:*`);
-  if (keys.length) await redis.del(...keys);
-  redis.disconnect();
-});
+after(() => fleet.close());
+const instance = (tuning: Partial<AlertTuning> = {}) => fleet.instance({ tuning: { ...TUNING, ...tuning } });
 
 const attemptsFor = (hook: WebhookReceiver, keyId: string): number => hook.received.filter((d) => JSON.parse(d.body).holder.id === keyId).length;
 
