@@ -280,4 +280,3 @@ class SlicedPath implements LeasePath, LeaseOwner {
 }
 
 const hasBuckets = (leased: LeasedAdmission): boolean => leased.rpm > 0 || leased.tpm > 0;
-

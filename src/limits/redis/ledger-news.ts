@@ -1,14 +1,14 @@
 /**
  * News of ledgers whose spend slices must end, from whichever instance found it (DESIGN
- * section 6, "Money"), and of buckets whose slices must (lease.lua: a request refused only
- * for what other instances' bucket slices hold). settle.lua publishes a ledger hash's key on LEDGER_NEWS_CHANNEL when
- * a cost past its hold leaves that ledger's holds and slices no longer backed (a budget
- * spent by settled usage refuses the next request at once); hold.lua publishes it when a
- * hold there fits but for the slices recorded (live spend counts requests in flight, not
- * what an idle instance kept for later). Every instance listens, and ends its own spend
- * slice of that holder, giving back what is left at once. Without the news another
- * instance would go on holding from its slice until its own settlement's answer or the
- * slice's time (at most a second) told it.
+ * section 6, "Money"), and of buckets whose slices must. settle.lua publishes a ledger
+ * hash's key on LEDGER_NEWS_CHANNEL when a cost past its hold leaves that ledger's holds
+ * and slices no longer backed (a budget spent by settled usage refuses the next request at
+ * once); hold.lua publishes it when a hold there fits but for the slices recorded (live
+ * spend counts requests in flight, not what an idle instance kept for later); lease.lua
+ * publishes a key's bucket when a request there is refused only for what other instances'
+ * slices of it hold. Every instance listens, and ends its own slice of that holder or
+ * bucket, giving back what is left at once. Without the news another instance would go on
+ * using its slice until its own settlement's answer or the slice's time told it.
  *
  * Pub/sub is at most once: a message lost while the listener reconnects, or never sent
  * or heard because the Redis user's ACL allows no channels, leaves the slower paths above,
