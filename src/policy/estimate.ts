@@ -73,8 +73,8 @@ export interface FinishedRequest {
  */
 export function settleUsage(r: FinishedRequest): Settled | null {
   if (r.usage && r.inputOnly) {
-    const input = asReported({ input_tokens: r.usage.input_tokens, output_tokens: 1 }, null);
-    return { input_tokens: input.input_tokens, output_tokens: Math.max(r.usage.output_tokens, estimatedOutput(r)), estimated: true };
+    const output = Math.max(r.usage.output_tokens, estimatedOutput(r));
+    return { input_tokens: Math.min(r.usage.input_tokens, MAX_REPORTED_TOKENS), output_tokens: output, estimated: true };
   }
   if (r.usage) return asReported(r.usage, r.textChars);
   const generated = r.textChars !== null && r.textChars > 0;

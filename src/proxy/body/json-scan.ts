@@ -138,17 +138,20 @@ export function strictProblem(text: string): string | null {
  * (lax decoders coerce it).
  */
 function outputCap(body: Record<string, unknown>): { ok: true; cap: number | null } | { ok: false; message: string } {
-  let cap: number | null = null;
+  const top = capsIn(body, null);
   const extra = body.extra_body;
-  const sources = typeof extra === 'object' && extra !== null && !Array.isArray(extra) ? [body, extra as Record<string, unknown>] : [body];
-  for (const source of sources) {
-    for (const name of OUTPUT_CAPS) {
-      let v = source[name];
-      if (typeof v === 'string' && /^\s*\d{1,15}\s*$/.test(v)) v = Number(v);
-      if (typeof v !== 'number') continue;
-      if (!Number.isFinite(v)) return { ok: false, message: `"${name}" must be a finite number.` };
-      if (v >= 0) cap = Math.max(cap ?? 0, Math.min(Math.ceil(v), Number.MAX_SAFE_INTEGER));
-    }
+  if (!top.ok || typeof extra !== 'object' || extra === null || Array.isArray(extra)) return top;
+  return capsIn(extra as Record<string, unknown>, top.cap);
+}
+
+/** The largest of `cap` and the output caps one object names. */
+function capsIn(o: Record<string, unknown>, cap: number | null): { ok: true; cap: number | null } | { ok: false; message: string } {
+  for (const name of OUTPUT_CAPS) {
+    let v = o[name];
+    if (typeof v === 'string' && /^\s*\d{1,15}\s*$/.test(v)) v = Number(v);
+    if (typeof v !== 'number') continue;
+    if (!Number.isFinite(v)) return { ok: false, message: `"${name}" must be a finite number.` };
+    if (v >= 0) cap = Math.max(cap ?? 0, Math.min(Math.ceil(v), Number.MAX_SAFE_INTEGER));
   }
   return { ok: true, cap };
 }
