@@ -8,18 +8,7 @@ import assert from 'node:assert/strict';
 import { test } from 'node:test';
 import * as zlib from 'node:zlib';
 import { randomBytes } from 'node:crypto';
-import { type Tapped, createUsageTap } from '../../src/proxy/usage/tap.js';
-
-const JSON_CT = 'application/json';
-
-/** Feeds `body` to a fresh tap in pieces of `size` bytes. */
-function tapIn(body: Buffer | string, opts: { contentType: string; contentEncoding?: string }, size = 16 * 1024): Tapped {
-  const tap = createUsageTap(opts);
-  assert.ok(tap, 'a tap for this content type');
-  const buf = Buffer.isBuffer(body) ? body : Buffer.from(body);
-  for (let i = 0; i < buf.length; i += size) tap.push(buf.subarray(i, i + size));
-  return tap.end();
-}
+import { JSON_CT, tapIn } from '../helpers/usage-tap.js';
 
 const sse = (events: unknown[]): string => events.map((e) => `data: ${JSON.stringify(e)}\n\n`).join('') + 'data: [DONE]\n\n';
 
