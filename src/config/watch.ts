@@ -6,12 +6,14 @@
  * old inode and miss the last two, so the directories are watched: the file's own, the one
  * its symlinks resolve to when that is elsewhere, and the directory of every symlink met on
  * the way there (`conf/current/keyward.yaml` with `current` swapped for a link to a new
- * release: the swap changes only `conf`; a link a link points to, likewise). Events come
+ * release: the swap changes only `conf`; a link a link points to, likewise). A watch
+ * follows the directory it was set on, so one whose path names another directory by now
+ * (`mv conf.new conf`) is set again at the end of the burst that move starts. Events come
  * in bursts and name whatever entry changed (`..data`, a temporary file), so each burst
  * ends in one read of the file through its symlinks, and only a content hash that differs
  * from the last one seen is reported.
  */
-import { lstatSync, watch, readFileSync, readlinkSync, realpathSync, type FSWatcher } from 'node:fs';
+import { lstatSync, statSync, watch, readFileSync, readlinkSync, realpathSync, type FSWatcher } from 'node:fs';
 import { dirname, isAbsolute, join, resolve } from 'node:path';
 import type { LogSink } from '../log.js';
 import { configHash } from './file.js';
@@ -67,9 +69,29 @@ function linkParents(file: string): string[] {
   return out;
 }
 
+/**
+ * Which directory a path names now (device and inode, through symlinks), or null when it
+ * names none. A watch follows the directory it was set on, not the path: once another
+ * directory is renamed into its place, the watch must be set again.
+ */
+function identity(dir: string): string | null {
+  try {
+    const s = statSync(dir);
+    return `${s.dev}:${s.ino}`;
+  } catch {
+    return null;
+  }
+}
+
+interface DirWatch {
+  watcher: FSWatcher;
+  /** the directory the watch was set on (identity above) */
+  identity: string | null;
+}
+
 export class ConfigWatch {
   private readonly file: string;
-  private readonly watchers = new Map<string, FSWatcher>();
+  private readonly watchers = new Map<string, DirWatch>();
   private lastSeen: string;
   private quiet: NodeJS.Timeout | null = null;
   private longest: NodeJS.Timeout | null = null;
@@ -92,8 +114,9 @@ export class ConfigWatch {
       // unreadable for now: the next event reads it again
     }
     for (const [dir, w] of this.watchers) {
-      if (wanted.has(dir)) continue;
-      w.close();
+      // Kept only while the path still names the directory watched (`mv conf.new conf` replaces it).
+      if (wanted.has(dir) && w.identity === identity(dir)) continue;
+      w.watcher.close();
       this.watchers.delete(dir);
     }
     for (const dir of wanted) if (!this.watchers.has(dir)) this.watchDir(dir);
@@ -101,14 +124,15 @@ export class ConfigWatch {
 
   private watchDir(dir: string): void {
     try {
+      const id = identity(dir);
       // not persistent: the watch never keeps the process alive
       const w = watch(dir, { persistent: false }, () => this.event());
       // The directory went away (an old ConfigMap revision): the next burst re-arms.
       w.on('error', () => {
         w.close();
-        if (this.watchers.get(dir) === w) this.watchers.delete(dir);
+        if (this.watchers.get(dir)?.watcher === w) this.watchers.delete(dir);
       });
-      this.watchers.set(dir, w);
+      this.watchers.set(dir, { watcher: w, identity: id });
     } catch (err) {
       if (dir === dirname(this.file)) this.o.log.warn({ dir, err: (err as Error).message }, 'cannot watch the config directory; reload with SIGHUP');
     }
@@ -146,7 +170,7 @@ export class ConfigWatch {
     this.closed = true;
     if (this.quiet) clearTimeout(this.quiet);
     if (this.longest) clearTimeout(this.longest);
-    for (const w of this.watchers.values()) w.close();
+    for (const w of this.watchers.values()) w.watcher.close();
     this.watchers.clear();
   }
 }
