@@ -258,7 +258,7 @@ export function unparsedLine(o: { reqId: string; status: number; code: string; c
 }
 
 /** What the request's span records when it ends: the access line's facts that DESIGN section 13 names. */
-export function spanFacts(ctx: RequestContext, status: number): SpanFacts {
+export function spanFacts(ctx: RequestContext, status: number, cut: SpanFacts['cut'] = null): SpanFacts {
   const key = ctx.facts?.key;
   const keys = ctx.keyPrefixes;
   return {
@@ -266,6 +266,7 @@ export function spanFacts(ctx: RequestContext, status: number): SpanFacts {
     method: ctx.method,
     path: keyless(loggedPath(ctx.path), keys),
     status,
+    cut,
     route: ctx.route?.name ?? null,
     code: ctx.code,
     keyId: key?.id ?? null,

@@ -30,6 +30,7 @@ import { UnderWay } from './under-way.js';
 import { closedBefore, closesAfter, placeOnSocket } from './last-response.js';
 import { answered, mayStart } from './in-flight.js';
 import type { ExchangeDeps, Exchanges, Expectation } from './exchange-api.js';
+import type { SpanFacts } from '../obs/tracing/span.js';
 
 export type { ExchangeDeps, Exchanges, Expectation };
 
@@ -262,7 +263,7 @@ class ExchangeTable implements Exchanges, ForwardHooks {
     adoptSeen(ctx);
     const status = loggedStatus(res, ctx, { cutting: this.cutting, log: this.deps.log });
     if (ctx.settled && ctx.facts && this.deps.usageSink) this.deps.usageSink(usageEvent(ctx, ctx.settled, ctx.facts, status));
-    this.record(ctx, status);
+    this.record(ctx, status, cutOnOurSide(res, this.cutting));
     // A keep-alive connection whose answer began before the drain would otherwise stay
     // open, and in use by its client, until the drain ends and every connection is cut.
     if (this.draining) this.closeIdle?.();
@@ -270,14 +271,21 @@ class ExchangeTable implements Exchanges, ForwardHooks {
   }
 
   /** The request's metrics, access line and span, then its snapshot goes back. */
-  private record(ctx: RequestContext, status: number): void {
+  private record(ctx: RequestContext, status: number, cut: SpanFacts['cut'] = null): void {
     this.deps.metrics.request(ctx.route?.name ?? 'none', status, ctx.code ?? '');
     // What enforcing would add: a request an enforced check refused anyway is not counted.
     if (ctx.shadow.length > 0 && ctx.upstreamStart !== null) this.deps.metrics.shadowDenials(ctx.shadow);
     this.deps.access(accessLine(ctx, status, performance.now()), ctx.snapshot.accessLines);
-    ctx.span?.end(spanFacts(ctx, status));
+    ctx.span?.end(spanFacts(ctx, status, cut));
     this.deps.snapshots.release(ctx.snapshot);
   }
+}
+
+/** A response that did not end whole because its upstream stopped short or the shutdown grace ran out (not a client that left). */
+function cutOnOurSide(res: ServerResponse, cutting: boolean): SpanFacts['cut'] {
+  if (res.writableFinished) return null;
+  if (wasCutByUpstream(res)) return 'upstream_cut';
+  return cutting ? 'shutdown_cut' : null;
 }
 
 /** `Connection: upgrade` with an `Upgrade` line (h2c from curl --http2, a WebSocket handshake). */

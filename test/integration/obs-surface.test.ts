@@ -19,7 +19,7 @@ import { quiet } from '../../src/log.js';
 import { startOtlpReceiver } from '../helpers/otlp-receiver.js';
 
 const facts: SpanFacts = {
-  routeClass: 'listing', method: 'GET', path: '/v1/models', status: 200, route: 'models', code: null, keyId: 'k_1', projectId: null,
+  routeClass: 'listing', method: 'GET', path: '/v1/models', status: 200, cut: null, route: 'models', code: null, keyId: 'k_1', projectId: null,
   model: null, shadow: [], decisionMs: 0.5, inputTokens: null, outputTokens: null,
 };
 

@@ -93,7 +93,7 @@ class RecordingSink implements TraceSink {
 }
 
 const facts = (path: string): SpanFacts => ({
-  routeClass: 'model', method: 'POST', path, status: 200, route: null, code: null, keyId: null, projectId: null, model: null, shadow: [], decisionMs: null, inputTokens: null, outputTokens: null,
+  routeClass: 'model', method: 'POST', path, status: 200, cut: null, route: null, code: null, keyId: null, projectId: null, model: null, shadow: [], decisionMs: null, inputTokens: null, outputTokens: null,
 });
 
 test('Traces: off until configured; a new tracing block replaces the sink, and the old one closes once its spans have ended', async () => {

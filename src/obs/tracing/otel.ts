@@ -72,8 +72,10 @@ class OtelRequestSpan implements RequestSpan {
       if (span.isRecording()) {
         span.updateName(`keyward ${facts.routeClass ?? 'none'}`);
         span.setAttributes(attributesOf(facts));
-        // A refusal the client caused (4xx) is the server working; only a 5xx is an error.
+        // A refusal the client caused (4xx) is the server working; only a 5xx is an error,
+        // or a response cut on keyward's side after its head went out (its status reads 200).
         if (facts.status >= 500) span.setStatus({ code: SpanStatusCode.ERROR, ...(facts.code !== null ? { message: facts.code } : {}) });
+        else if (facts.cut !== null) span.setStatus({ code: SpanStatusCode.ERROR, message: facts.cut });
       }
       span.end();
     } catch {

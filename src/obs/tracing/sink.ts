@@ -55,6 +55,11 @@ export class Traces implements SpanSource {
   /** export failing since the last success: logged once per outage, not per batch */
   private failing = false;
   private readonly events: SinkEvents;
+  /**
+   * Sinks a reload replaced, still closing (waiting for their last spans, or exporting them):
+   * shutdown waits for them as for the sink in force, or counts what they did not send.
+   */
+  private readonly retiring = new Map<TraceSink, Promise<void>>();
 
   constructor(private readonly o: TracesOptions) {
     this.events = {
@@ -97,7 +102,9 @@ export class Traces implements SpanSource {
   }
 
   private retire(sink: TraceSink): void {
-    sink.close().catch((err: Error) => this.o.log.warn({ err: err.message }, 'closing the previous tracer failed'));
+    const closing = sink.close().catch((err: Error) => this.o.log.warn({ err: err.message }, 'closing the previous tracer failed'));
+    this.retiring.set(sink, closing);
+    void closing.finally(() => this.retiring.delete(sink));
   }
 
   stats(): { dropped: number } {
@@ -110,14 +117,14 @@ export class Traces implements SpanSource {
     this.sink = null;
     this.config = undefined;
     this.generation++;
-    if (!sink) return;
+    const closing = new Map(this.retiring);
+    if (sink) closing.set(sink, sink.close().catch((err: Error) => this.o.log.warn({ err: err.message }, 'closing the tracer failed')));
+    if (closing.size === 0) return;
     let timer: NodeJS.Timeout | undefined;
     const gaveUp = new Promise<'late'>((resolve) => (timer = setTimeout(() => resolve('late'), timeoutMs).unref()));
-    const closed = sink.close().then(
-      () => 'closed' as const,
-      (err: Error) => (this.o.log.warn({ err: err.message }, 'closing the tracer failed'), 'closed' as const),
-    );
-    if ((await Promise.race([closed, gaveUp])) === 'late') sink.abandon();
+    const closed = Promise.all(closing.values()).then(() => 'closed' as const);
+    // Every sink that has not finished by then: what it still holds is counted as dropped.
+    if ((await Promise.race([closed, gaveUp])) === 'late') for (const s of closing.keys()) s.abandon();
     clearTimeout(timer);
   }
 }

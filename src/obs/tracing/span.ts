@@ -17,6 +17,12 @@ export interface SpanFacts {
   /** without the query */
   path: string;
   status: number;
+  /**
+   * why a response that began did not end whole, when keyward's side cut it: its upstream
+   * stopped short, or the shutdown grace ran out; null otherwise (a client that left is not
+   * one). The status names the head that went out, so alone it would read as a success.
+   */
+  cut: 'upstream_cut' | 'shutdown_cut' | null;
   route: string | null;
   /** the denial code */
   code: string | null;
