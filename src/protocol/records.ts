@@ -110,7 +110,13 @@ export const MAX_TAG_CHARS = 64;
  */
 export const historyTag = z.string().min(1).max(MAX_TAG_CHARS).nullish();
 
-export const metaRecord = z.object({ type: z.literal('meta'), version: z.number().int().nonnegative(), tag: historyTag });
+/**
+ * A version the sidecar can send back exactly as `after=<int>`: past 2^53 a number prints
+ * as `1e+21` or loses digits, and the console refuses such a cursor (400) on every poll.
+ */
+const syncVersion = z.number().int().nonnegative().max(Number.MAX_SAFE_INTEGER);
+
+export const metaRecord = z.object({ type: z.literal('meta'), version: syncVersion, tag: historyTag });
 
 export const syncRecord = z.discriminatedUnion('type', [projectRecord, walletRecord, keyRecord, priceRecord]);
 
@@ -205,9 +211,8 @@ export function isOtherRecordType(value: unknown): boolean {
 export function parseChangeBatch(value: unknown): Parsed<ChangeBatch> {
   if (typeof value !== 'object' || value === null) return { ok: false, error: 'batch must be an object' };
   const { version, changes, tag } = value as Record<string, unknown>;
-  if (typeof version !== 'number' || !Number.isInteger(version) || version < 0) {
-    return { ok: false, error: 'version must be a non-negative integer' };
-  }
+  const v = syncVersion.safeParse(version);
+  if (!v.success) return { ok: false, error: `version must be an integer from 0 to ${Number.MAX_SAFE_INTEGER}` };
   const t = historyTag.safeParse(tag);
   if (!t.success) return { ok: false, error: `tag must be a string of 1 to ${MAX_TAG_CHARS} characters` };
   if (!Array.isArray(changes)) return { ok: false, error: 'changes must be an array' };
@@ -218,7 +223,7 @@ export function parseChangeBatch(value: unknown): Parsed<ChangeBatch> {
     if (!c.ok) return { ok: false, error: `changes[${i}]: ${c.error}` };
     out.push(c.value);
   }
-  return { ok: true, value: { version, changes: out, tag: t.data ?? null } };
+  return { ok: true, value: { version: v.data, changes: out, tag: t.data ?? null } };
 }
 
 export const SNAPSHOT_PATH = '/sync/v1/snapshot';

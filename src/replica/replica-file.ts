@@ -29,6 +29,15 @@ export function isDamage(err: unknown): boolean {
   return err instanceof Error && /database disk image is malformed|file is not a database/.test(err.message);
 }
 
+/**
+ * Another connection holds the file's write lock (a `keyward import`, a sqlite3 shell, a
+ * backup tool): a passing state, not bad data, and nothing to wait for on the event loop.
+ */
+export function isBusy(err: unknown): boolean {
+  const code = (err as { code?: unknown } | null)?.code;
+  return typeof code === 'string' && (code.startsWith('SQLITE_BUSY') || code.startsWith('SQLITE_LOCKED'));
+}
+
 /** Moves a damaged replica's files (and its -wal and -shm) aside; returns where the database went. */
 export function moveAside(path: string, at: number): string {
   const to = `${path}.damaged-${at}`;

@@ -83,12 +83,15 @@ function migrate(db: Database.Database): void {
   }).immediate();
 }
 
+/** How long a connection waits for another one's write lock (a worker thread's; busy_timeout). */
+export const BUSY_TIMEOUT_MS = 5000;
+
 /** Opens pragmas and tables; safe to call on every open. */
 export function prepareDatabase(db: Database.Database): void {
   db.pragma('journal_mode = WAL');
   // NORMAL is durable across process crashes in WAL mode; the console is the source of truth anyway.
   db.pragma('synchronous = NORMAL');
-  db.pragma('busy_timeout = 5000');
+  db.pragma(`busy_timeout = ${BUSY_TIMEOUT_MS}`);
   db.exec(DDL);
   if ((db.pragma('user_version', { simple: true }) as number) < SCHEMA_VERSION) migrate(db);
 }

@@ -11,6 +11,7 @@ import { collectSnapshot, LineSplitter, readSnapshot, SnapshotError, type Number
 import type { ReplicaStore } from './store.js';
 import type { ChangesResult, ChunkMessage, WorkerMessage } from './worker.js';
 import { spawn } from './threads.js';
+import { isBusy } from './replica-file.js';
 
 async function* prepend(head: Uint8Array[], body: AsyncIterable<Uint8Array>): AsyncGenerator<Uint8Array> {
   yield* head;
@@ -114,6 +115,8 @@ async function applyInThread(opts: ApplySnapshotStreamOptions, started: number, 
     void foldSoon(opts.replica);
     return { version, ...counts, totalMs: Math.round(performance.now() - started), offThread: false };
   } catch (err) {
+    // A lock another connection holds is not bad data: retried as soon as a fetch failure would be.
+    if (isBusy(err)) throw new Error('snapshot not applied: the replica file is locked by another connection', { cause: err });
     throw new SnapshotApplyError((err as Error).message, (err as { line?: number; position?: number }).line ?? (err as { position?: number }).position);
   }
 }
@@ -258,6 +261,7 @@ async function applyInWorker(opts: ApplySnapshotStreamOptions, started: number, 
       else opts.replica.checkExternalWrites();
     }
     await w.exited;
+    if (result.t === 'error' && result.busy) throw new Error(`snapshot not applied: ${result.message}`);
     if (result.t !== 'done') throw new SnapshotApplyError(result.t === 'error' ? result.message : 'unexpected worker answer', result.t === 'error' ? result.line : undefined);
     return { version: result.version, keys: result.keys, projects: result.projects, wallets: result.wallets, prices: result.prices, totalMs: Math.round(performance.now() - started), offThread: true };
   } finally {

@@ -7,6 +7,7 @@ import type Database from 'better-sqlite3';
 import { applyChanges, applySnapshot, type SnapshotSource } from './apply.js';
 import { fileAt, isDamage, moveAside, sameFile, type FileIdentity } from './replica-file.js';
 import { claimOwned, openReplica, type Reads } from './open.js';
+import { BUSY_TIMEOUT_MS } from './schema.js';
 import type { ChangeBatch } from '../protocol/records.js';
 import type { KeyFacts, ModelLimit } from '../policy/facts.js';
 import type { Holder } from '../policy/holders.js';
@@ -223,16 +224,32 @@ export class ReplicaStore {
     return () => this.listeners.delete(listener);
   }
 
+  /** Throws SQLITE_BUSY at once, rather than waiting, when another connection holds the write lock (nowait). */
   applySnapshot(snap: SnapshotSource) {
-    const counts = applySnapshot(this.db, snap);
+    const counts = this.nowait(() => applySnapshot(this.db, snap));
     this.changed();
     return counts;
   }
 
+  /** As applySnapshot: never waits on another connection's lock. */
   applyChanges(batch: ChangeBatch, source: string): boolean {
-    const applied = applyChanges(this.db, batch, { source });
+    const applied = this.nowait(() => applyChanges(this.db, batch, { source }));
     if (applied) this.changed();
     return applied;
+  }
+
+  /**
+   * Runs a write on the connection requests are served from without waiting for another
+   * connection's write lock: its busy timeout would stall the event loop for seconds
+   * (DESIGN section 7 allows 50 ms). The caller waits on a worker thread instead.
+   */
+  private nowait<T>(write: () => T): T {
+    this.db.pragma('busy_timeout = 0');
+    try {
+      return write();
+    } finally {
+      this.db.pragma(`busy_timeout = ${BUSY_TIMEOUT_MS}`);
+    }
   }
 
   /** Called after another connection (a worker, another process) committed. */

@@ -18,6 +18,7 @@
 import { isMainThread, parentPort, receiveMessageOnPort, workerData, type MessagePort } from 'node:worker_threads';
 import { applyChanges, applySnapshot } from './apply.js';
 import { openDatabase } from './open.js';
+import { isBusy } from './replica-file.js';
 import { LineSplitter, readSnapshot, SnapshotError, type NumberedLine, type SnapshotItem } from '../protocol/ndjson.js';
 import { parseChangeBatch, type SyncRecord } from '../protocol/records.js';
 
@@ -39,7 +40,8 @@ export type ChunkMessage = { t: 'chunk'; data: Uint8Array } | { t: 'end' } | { t
 export type WorkerMessage =
   | { t: 'credit' }
   | { t: 'done'; version: number; keys: number; projects: number; wallets: number; prices: number; applyMs: number }
-  | { t: 'error'; message: string; line?: number };
+  /** busy: another connection held the file's write lock past the busy timeout (a passing state, not bad data) */
+  | { t: 'error'; message: string; line?: number; busy?: boolean };
 
 export interface ChangesInput {
   dbPath: string;
@@ -121,7 +123,7 @@ function run(input: WorkerInput): WorkerMessage {
   } catch (err) {
     const line = err instanceof SnapshotError ? err.line : (err as { position?: number }).position;
     const message = err instanceof Error ? err.message : String(err);
-    return { t: 'error', message, ...(line !== undefined ? { line } : {}) };
+    return { t: 'error', message, ...(line !== undefined ? { line } : {}), ...(isBusy(err) ? { busy: true } : {}) };
   } finally {
     db.close();
   }
@@ -141,7 +143,9 @@ function runChanges(input: ChangesInput): ChangesResult {
     const applied = applyChanges(db, parsed.value, { source: input.source });
     return { t: 'applied', version: parsed.value.version, changes: parsed.value.changes.length, applied };
   } catch (err) {
-    return { t: 'invalid', message: err instanceof Error ? err.message : String(err) };
+    const message = err instanceof Error ? err.message : String(err);
+    // A lock held past the busy timeout passes; the same batch applies once it is released.
+    return isBusy(err) ? { t: 'error', message: `the replica file stayed locked by another connection: ${message}` } : { t: 'invalid', message };
   } finally {
     db.close();
   }

@@ -7,7 +7,7 @@
 import { parseChangeBatch } from '../protocol/records.js';
 import { InvalidBatchError, type ReplicaWriter } from '../protocol/writer.js';
 import { applyChangeTextOffThread, applySnapshotStream, foldSoon } from './snapshot-apply.js';
-import { isDamage } from './replica-file.js';
+import { isBusy, isDamage } from './replica-file.js';
 import type { ReplicaStore } from './store.js';
 
 /** A change batch larger than this is parsed and applied on a worker thread. */
@@ -53,7 +53,11 @@ export function replicaWriter(replica: ReplicaStore): ReplicaWriter {
         void foldSoon(replica);
         return { version: batch.version, changes: batch.changes.length, applied, offThread: false };
       } catch (err) {
-        throw new InvalidBatchError(`change batch ${batch.version} not applied: ${(err as Error).message}`);
+        // Another connection holds the lock: a worker waits for it, not the event loop; and
+        // the batch is not bad data (no snapshot, no long backoff) when it cannot.
+        if (!isBusy(err)) throw new InvalidBatchError(`change batch ${batch.version} not applied: ${(err as Error).message}`);
+        if (offThread) return { ...(await applyChangeTextOffThread({ replica, text, source })), offThread: true };
+        throw new Error(`change batch ${batch.version} not applied: the replica file is locked by another connection`, { cause: err });
       }
     },
   };
