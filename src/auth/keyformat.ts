@@ -57,8 +57,23 @@ export function isWellFormedKey(key: string): boolean {
 /** Anything shaped like a key of this format, checksum or not. */
 const KEY_SHAPE = /kw_[0-9A-Za-z]{43}_[0-9A-Za-z]{6}/g;
 
-/** Whether text holds something shaped like a key: never an id, a name or a glob. */
-export const holdsKeyShape = (text: string): boolean => text.search(KEY_SHAPE) !== -1;
+/**
+ * A key that lost a few characters at either end in a paste: `kw_` and most of a body, or
+ * most of a body, `_` and some of its checksum. It still gives the key away (the checksum
+ * can be made again from the body, a lost prefix is known); ids, names and model globs
+ * hardly ever hold a run of 40 letters and digits.
+ */
+const NEAR_KEY = /kw_[0-9A-Za-z]{40}|[0-9A-Za-z]{40}_[0-9A-Za-z]/;
 
-/** Text with every key-shaped run replaced, for log lines built from what a caller sent. */
-export const withoutKeys = (text: string): string => text.replace(KEY_SHAPE, '[redacted]');
+/** Whether text holds something shaped like a key, whole or nearly: never an id, a name or a glob. */
+export const holdsKeyShape = (text: string): boolean => text.search(KEY_SHAPE) !== -1 || NEAR_KEY.test(text);
+
+/**
+ * What is left of a key that lost a character or its prefix in a paste: `kw_` and enough of
+ * a body to be one (as the sidecar's key-in-fields.ts reads it), or a body's worth of base62
+ * without it. Either gives the key away: the checksum can be made again from the body.
+ */
+const KEY_PART = /kw_[0-9A-Za-z]{5}[0-9A-Za-z_]*|[0-9A-Za-z]{40,}(?:_[0-9A-Za-z]*)?/g;
+
+/** Text with every key, or what is left of one, replaced: for log lines and answers built from what a caller sent. */
+export const withoutKeys = (text: string): string => text.replace(KEY_SHAPE, '[redacted]').replace(KEY_PART, '[redacted]');

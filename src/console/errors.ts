@@ -1,3 +1,5 @@
+import { withoutKeys } from '../auth/keyformat.js';
+
 /**
  * Errors the admin and sync APIs answer with: `{"error":{"code","message"}}` and the status.
  * Messages name ids and fields, never a key, a token or the master key.
@@ -20,6 +22,7 @@ export class MethodNotAllowed extends ApiError {
   }
 }
 
-export const notFound = (what: string, id: string) => new ApiError(404, 'not_found', `${what} ${id} does not exist`);
+/** The id as the caller sent it, less a key pasted in its place (`keys delete <the key>`): the CLI prints this message. */
+export const notFound = (what: string, id: string) => new ApiError(404, 'not_found', `${what} ${withoutKeys(id)} does not exist`);
 export const invalid = (message: string) => new ApiError(400, 'invalid_request', message);
 export const conflict = (message: string) => new ApiError(409, 'conflict', message);

@@ -120,6 +120,11 @@ const NON_ASCII = /[^\x00-\x7f]/; // eslint-disable-line no-control-regex
  * valid UTF-8 is read as such (what the client wrote, not its bytes one by one).
  */
 export function cleanAttribution(value: string | string[] | undefined): string | null {
+  const v = cleanWhole(value);
+  return v === null ? null : cutAttribution(v);
+}
+
+function cleanWhole(value: string | string[] | undefined): string | null {
   if (value === undefined) return null;
   let v = Array.isArray(value) ? value[0] ?? '' : value;
   if (NON_ASCII.test(v)) {
@@ -127,9 +132,21 @@ export function cleanAttribution(value: string | string[] | undefined): string |
     if (isUtf8(bytes)) v = bytes.toString('utf8');
   }
   v = v.replace(CONTROL, '').trim();
-  // cut between characters, never inside a surrogate pair
-  if (v.length > 256) v = v.slice(0, isHighSurrogate(v.charCodeAt(255)) ? 255 : 256);
   return v === '' ? null : v;
+}
+
+/** At most 256 characters, cut between characters, never inside a surrogate pair. */
+const cutAttribution = (v: string): string => (v.length > 256 ? v.slice(0, isHighSurrogate(v.charCodeAt(255)) ? 255 : 256) : v);
+
+/**
+ * An attribution header as it is logged: the whole value is looked at for a key (and a
+ * URL's user-info taken off) before the cut, which could leave a key's first characters,
+ * too few to be found afterwards.
+ */
+function attribution(value: string | string[] | undefined, keys: readonly string[], url = false): string | null {
+  const v = cleanWhole(value);
+  if (v === null) return null;
+  return cutAttribution(keyless(url ? withoutUserInfo(v)! : v, keys));
 }
 
 const isHighSurrogate = (c: number): boolean => c >= 0xd800 && c <= 0xdbff;
@@ -179,9 +196,9 @@ export function newContext(req: IncomingMessage, opts: { snapshot: Snapshot; now
     facts: null,
     model: null,
     upstream: null,
-    apiVersion: cleanAttribution(version),
-    appName: cleanAttribution(req.headers['x-app-name']),
-    appUrl: withoutUserInfo(cleanAttribution(req.headers['x-app-url'])),
+    apiVersion: attribution(version, keys),
+    appName: attribution(req.headers['x-app-name'], keys),
+    appUrl: attribution(req.headers['x-app-url'], keys, true),
     upstreamStart: null,
     upstreamMs: null,
     clientIp: opts.clientIp,
@@ -214,8 +231,14 @@ export function newContext(req: IncomingMessage, opts: { snapshot: Snapshot; now
 /** No output: the upstream has not answered, or sent a head without a body byte, which is no more a response than none (DESIGN section 6). */
 export const producedNoOutput = (ctx: RequestContext): boolean => ctx.upstreamStatus === null || ctx.upstreamBody?.readableDidRead === false;
 
-/** The logged path: as received (it was checked, not normalised), never the query, at most 512 characters. */
-const loggedPath = (path: string): string => (path.length > 512 ? path.slice(0, 512) : path);
+/**
+ * The logged path: as received (it was checked, not normalised), never the query, at most
+ * 512 characters; looked at whole for a key first, as a cut could leave too little of one to find.
+ */
+const loggedPath = (path: string, keys: readonly string[]): string => {
+  const p = keyless(path, keys);
+  return p.length > 512 ? p.slice(0, 512) : p;
+};
 
 export function accessLine(ctx: RequestContext, status: number, now: number): AccessLine {
   const key = ctx.facts?.key;
@@ -223,7 +246,7 @@ export function accessLine(ctx: RequestContext, status: number, now: number): Ac
   return {
     req_id: ctx.reqId,
     method: ctx.method,
-    path: keyless(loggedPath(ctx.path), keys),
+    path: loggedPath(ctx.path, keys),
     route: ctx.route?.name ?? null,
     status,
     code: ctx.code,
@@ -264,7 +287,7 @@ export function spanFacts(ctx: RequestContext, status: number, cut: SpanFacts['c
   return {
     routeClass: ctx.route?.class ?? null,
     method: ctx.method,
-    path: keyless(loggedPath(ctx.path), keys),
+    path: loggedPath(ctx.path, keys),
     status,
     cut,
     route: ctx.route?.name ?? null,

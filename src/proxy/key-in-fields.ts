@@ -5,9 +5,9 @@
  * first KEY_PREFIX_CHARS characters, is written as REDACTED. "Carries" is read widely,
  * since a client that sends its key the wrong way still sent it: any Authorization or
  * Proxy-Authorization value (Bearer, Basic decoded, another scheme, or none), and the
- * api-key headers of other vendors beside x-api-key. Text shaped like a console key
- * (`kw_` and what follows) is REDACTED too, carried or not. An attribution URL loses its
- * user-info, as a request target does. Pure.
+ * api-key headers of other vendors beside x-api-key and x_api_key (x-api-key to CGI-style
+ * servers). Text shaped like a console key (`kw_` and what follows) is REDACTED too,
+ * carried or not. An attribution URL loses its user-info, as a request target does. Pure.
  */
 import type { IncomingHttpHeaders } from 'node:http';
 import { BEARER, utf8Of } from '../auth/credentials.js';
@@ -33,7 +33,8 @@ export function keyPrefixes(raw: readonly string[]): string[] {
     const value = raw[i + 1]!;
     // LiteLLM's header takes a Bearer value as well as a bare key.
     if (lower === 'authorization' || lower === 'proxy-authorization' || lower === 'x-litellm-api-key') out = credentialParts(value, out ?? []);
-    else if (lower === 'x-api-key' || lower === 'api-key' || lower === 'x-goog-api-key') out = withPrefix(value.trim(), out ?? []);
+    // `x_api_key` too: CGI-style servers read it as x-api-key (credentials.ts).
+    else if (lower === 'x-api-key' || lower === 'x_api_key' || lower === 'api-key' || lower === 'x-goog-api-key') out = withPrefix(value.trim(), out ?? []);
   }
   return out ?? NONE;
 }
