@@ -4,7 +4,7 @@
  */
 import { EventEmitter } from 'node:events';
 import type { Cluster, Redis } from 'ioredis';
-import { createRedisClient, whenServing } from '../../src/limits/redis/client.js';
+import { createRedisClient, disconnectRedisClient, whenServing } from '../../src/limits/redis/client.js';
 import { type RedisLimiter, createRedisLimiter } from '../../src/limits/redis/limiter.js';
 import { type Harness, uid } from './redis-limits-conformance.js';
 
@@ -43,7 +43,7 @@ export async function redisHarness(opts: { url: string; leaseMs?: number; lease?
           // The connection goes first: nothing a graceful close would give back (spend
           // slices, unused slots) reaches Redis. Closing then stops its timers; its leases,
           // holds and slices stay behind in Redis until they expire.
-          if (client.status !== 'end') client.disconnect();
+          if (client.status !== 'end') disconnectRedisClient(client);
           await peer.close();
         },
       };
@@ -52,7 +52,8 @@ export async function redisHarness(opts: { url: string; leaseMs?: number; lease?
       await Promise.all([limiter.close(), shortLease.close()]);
       await deleteByPrefix(main, prefix);
       // Each client once: disconnecting twice arms a timer in ioredis that holds the process.
-      for (const c of clients) if (c.status !== 'end') c.disconnect();
+      // A Cluster client's slot-map timer is disarmed as keyward's own close does it.
+      for (const c of clients) if (c.status !== 'end') disconnectRedisClient(c);
     },
   };
 }
@@ -74,7 +75,7 @@ export async function deleteByPrefix(client: Redis | Cluster, prefix: string): P
 /** An after hook's cleanup: deletes every key under `prefix`, then disconnects `client`. */
 export async function deleteByPrefixAndDisconnect(client: Redis | Cluster, prefix: string): Promise<void> {
   await deleteByPrefix(client, prefix);
-  client.disconnect();
+  disconnectRedisClient(client);
 }
 
 /**
@@ -104,7 +105,7 @@ export function leasingInstances(url: string, prefix: string) {
     async close(): Promise<void> {
       await Promise.allSettled(limiters.map((l) => l.close()));
       await deleteByPrefix(await connect(), prefix);
-      for (const c of clients) if (c.status !== 'end') c.disconnect();
+      for (const c of clients) if (c.status !== 'end') disconnectRedisClient(c);
     },
   };
 }

@@ -4,7 +4,7 @@ import { once } from 'node:events';
 import { join } from 'node:path';
 import { after, before, describe, test } from 'node:test';
 import type { Cluster } from 'ioredis';
-import { createRedisClient, whenServing } from '../../src/limits/redis/client.js';
+import { createRedisClient, disconnectRedisClient, whenServing } from '../../src/limits/redis/client.js';
 import type { Limiter } from '../../src/limits/limiter.js';
 import { type LocalCluster, startRedisCluster } from '../helpers/redis-cluster.js';
 import { blocksIn, redisHarness } from '../helpers/redis-harness.js';
@@ -33,7 +33,7 @@ describe('redis cluster: route and key live in different slots', () => {
   });
   after(async () => {
     await lim.close();
-    client.disconnect();
+    disconnectRedisClient(client);
   });
 
   test('keys are spread over the masters and admission still works for each', async () => {
@@ -54,7 +54,7 @@ describe('redis cluster: route and key live in different slots', () => {
   test('the calls of one event-loop turn, over every master, each get their own answer', async (t) => {
     // A connection of its own: the limiter's timers (settlement batch, refresh) write on the other.
     const own = createRedisClient({ url: cluster.url, timeoutMs: 2_000 }) as Cluster;
-    t.after(() => own.disconnect());
+    t.after(() => disconnectRedisClient(own));
     await whenServing(own);
     const run = scriptRunner(own);
     const keys = Array.from({ length: 30 }, () => `{${prefix}:k:${uid('k')}}`);
@@ -109,7 +109,7 @@ describe('redis cluster: blocks of concurrency slots', () => {
   });
   after(async () => {
     for (const l of lims) await l.close();
-    for (const c of clients) c.disconnect();
+    for (const c of clients) disconnectRedisClient(c);
   });
 
   test('six keys over the masters: far from the limit a block, near it C+1 at once across two instances admit exactly C', async () => {
