@@ -8,7 +8,8 @@
  * the way there (`conf/current/keyward.yaml` with `current` swapped for a link to a new
  * release: the swap changes only `conf`; a link a link points to, likewise). A watch
  * follows the directory it was set on, so one whose path names another directory by now
- * (`mv conf.new conf`) is set again at the end of the burst that move starts. Events come
+ * (`mv conf.new conf`) is set again at the end of the burst that move starts; while nothing
+ * stands at the file's own directory (between two renames), it is tried every second. Events come
  * in bursts and name whatever entry changed (`..data`, a temporary file), so each burst
  * ends in one read of the file through its symlinks, and only a content hash that differs
  * from the last one seen is reported.
@@ -22,6 +23,8 @@ import { configHash } from './file.js';
 const QUIET_MS = 100;
 /** ...or this long after it began, however busy the directory is. */
 const LONGEST_BURST_MS = 500;
+/** How often a config directory that cannot be watched (gone between two renames) is tried again. */
+const RETRY_MS = 1000;
 
 export interface ConfigWatchOptions {
   file: string;
@@ -30,6 +33,8 @@ export interface ConfigWatchOptions {
   /** the content differs from the last content seen */
   onChange: () => void;
   log: LogSink;
+  /** how often an unwatchable config directory is tried again (RETRY_MS) */
+  retryMs?: number;
 }
 
 /** Most symlinks followed in one resolution, as the kernel's own limit (ELOOP). */
@@ -95,6 +100,10 @@ export class ConfigWatch {
   private lastSeen: string;
   private quiet: NodeJS.Timeout | null = null;
   private longest: NodeJS.Timeout | null = null;
+  /** set while the file's own directory cannot be watched */
+  private retry: NodeJS.Timeout | null = null;
+  /** the loss of the own directory's watch has been warned of */
+  private lost = false;
   private closed = false;
 
   constructor(private readonly o: ConfigWatchOptions) {
@@ -120,6 +129,27 @@ export class ConfigWatch {
       this.watchers.delete(dir);
     }
     for (const dir of wanted) if (!this.watchers.has(dir)) this.watchDir(dir);
+    if (!this.watchers.has(dirname(this.file))) this.retryLater();
+  }
+
+  /**
+   * Without a watch on its own directory the file's changes would go unseen until SIGHUP,
+   * so the directory is tried again until it can be watched; what changed meanwhile is
+   * read then, as after a burst.
+   */
+  private retryLater(): void {
+    if (this.retry !== null || this.closed) return;
+    this.retry = setTimeout(() => {
+      this.retry = null;
+      if (this.closed) return;
+      const dir = dirname(this.file);
+      this.arm();
+      if (!this.watchers.has(dir)) return;
+      this.lost = false;
+      this.o.log.info({ dir }, 'config directory watched again');
+      this.burstOver();
+    }, this.o.retryMs ?? RETRY_MS);
+    this.retry.unref();
   }
 
   private watchDir(dir: string): void {
@@ -127,14 +157,18 @@ export class ConfigWatch {
       const id = identity(dir);
       // not persistent: the watch never keeps the process alive
       const w = watch(dir, { persistent: false }, () => this.event());
-      // The directory went away (an old ConfigMap revision): the next burst re-arms.
+      // The directory went away (an old ConfigMap revision): a burst re-arms, and tries again later when nothing stands there yet.
       w.on('error', () => {
         w.close();
         if (this.watchers.get(dir)?.watcher === w) this.watchers.delete(dir);
+        this.event();
       });
       this.watchers.set(dir, { watcher: w, identity: id });
     } catch (err) {
-      if (dir === dirname(this.file)) this.o.log.warn({ dir, err: (err as Error).message }, 'cannot watch the config directory; reload with SIGHUP');
+      // Warned once a loss: retryLater tries again every second meanwhile.
+      if (dir !== dirname(this.file) || this.lost) return;
+      this.lost = true;
+      this.o.log.warn({ dir, err: (err as Error).message }, 'cannot watch the config directory; trying again every second (SIGHUP reloads meanwhile)');
     }
   }
 
@@ -170,6 +204,7 @@ export class ConfigWatch {
     this.closed = true;
     if (this.quiet) clearTimeout(this.quiet);
     if (this.longest) clearTimeout(this.longest);
+    if (this.retry) clearTimeout(this.retry);
     for (const w of this.watchers.values()) w.watcher.close();
     this.watchers.clear();
   }
