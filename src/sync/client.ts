@@ -131,7 +131,8 @@ class SyncLoop implements SyncClient {
           this.log.error({ version }, 'the replica file was deleted or replaced while running: serving the file still open, and taking a snapshot into the one at replica.path');
           needSnapshot = true;
         }
-        if (needSnapshot || version === null) {
+        const snapshotting = needSnapshot || version === null;
+        if (snapshotting) {
           await this.snapshot();
           needSnapshot = false;
           this.afterOlder = this.olderAsked ? this.opts.target.version() : null;
@@ -152,7 +153,7 @@ class SyncLoop implements SyncClient {
           // not current either (the replica is frozen until the console makes sense again).
           if (result === 'older' && !needSnapshot) throw new Error(`console answered changes older than its own snapshot's version ${version}`);
         }
-        this.succeeded();
+        this.succeeded({ snapshotOnly: snapshotting });
       } catch (err) {
         if (this.stopper.signal.aborted) break;
         // The long poll was cut for a snapshot (snapshotNow): not a failure.
@@ -177,9 +178,14 @@ class SyncLoop implements SyncClient {
     return result !== 'ok';
   }
 
-  private succeeded(): void {
+  /**
+   * A snapshot alone does not end a run of unusable data: when the console's changes after
+   * it cannot be used either, the next snapshot waits longer each time (2 s doubling to a
+   * minute), rather than every 2 s for as long as the console sends them.
+   */
+  private succeeded(o: { snapshotOnly: boolean }): void {
     const st = this.st;
-    this.unusable = 0;
+    if (!o.snapshotOnly) this.unusable = 0;
     const returned = st.failures > 0 || !st.connected;
     if (returned) this.log.info({ version: this.opts.target.version() }, 'console sync connected');
     st.lastSyncAt = this.now();

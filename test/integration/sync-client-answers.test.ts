@@ -3,7 +3,8 @@
  * answer older than the replica (a console restored from a backup) is followed by a
  * snapshot; a change page too large to read on the event loop is replaced by a snapshot;
  * data that cannot be applied is retried slowly, logged as an error; a change batch that can
- * never be applied is followed by a snapshot, not asked for again from the same cursor.
+ * never be applied is followed by a snapshot, not asked for again from the same cursor,
+ * and pages that keep failing after each snapshot are asked for ever less often.
  */
 import { after, before, test } from 'node:test';
 import assert from 'node:assert/strict';
@@ -25,12 +26,13 @@ after(() => bed.close());
 
 type Line = { level: keyof LogSink; fields: Record<string, unknown>; msg: string };
 
-/** A client into a new replica, fetching through `through`, logging into `lines`. */
-function client(name: string, through: typeof fetch) {
+/** A client into a new replica, fetching through `through`, logging into `lines`; `random` is its backoff's jitter. */
+function client(name: string, through: typeof fetch, random?: () => number) {
   const lines: Line[] = [];
   const at = (level: keyof LogSink) => (fields: object, msg = '') => void lines.push({ level, fields: fields as Record<string, unknown>, msg });
   const log: LogSink = { debug: at('debug'), info: at('info'), warn: at('warn'), error: at('error') };
-  const { replica, client: c } = bed.sidecar(name, { waitMs: 500, backoff: { baseMs: 20, maxMs: 100 }, fetch: through, log });
+  const backoff = { baseMs: 20, maxMs: 100, ...(random ? { random } : {}) };
+  const { replica, client: c } = bed.sidecar(name, { waitMs: 500, backoff, fetch: through, log });
   return { replica, client: c, lines };
 }
 
@@ -124,4 +126,19 @@ test('a change batch the replica cannot apply (two keys with one hash) is follow
   await fx.api('PUT', '/admin/v1/wallets/ann', { body: { balance: 8 } });
   assert.ok(await until(() => c.status().snapshots === snapshots + 1, 10_000), 'a snapshot follows the batch that cannot apply');
   assert.equal(replica.db.prepare("SELECT COUNT(*) FROM keys WHERE id = 'k_clash'").pluck().get(), 0);
+});
+
+test('a console whose every change page cannot be applied is asked for snapshots ever less often, not every 2 s', async () => {
+  const bad: typeof fetch = (input, init) =>
+    String(input).includes('/sync/v1/changes')
+      ? Promise.resolve(Response.json({ version: Number(new URL(String(input)).searchParams.get('after')) + 1, changes: [{ op: 'upsert', ...keyRecord('k_bad2', 'ann', 'not-a-hash') }] }))
+      : fetch(input, init);
+  // No jitter: the unusable-data backoff's steps are 1 s, 2 s, 4 s...
+  const { client: c, lines } = client('invalid-always', bad, () => 0);
+  await c.start();
+  const failures = () => lines.filter((l) => /console sync failed/.test(l.msg));
+  assert.ok(await until(() => failures().length >= 2, 10_000), 'two failures, with a snapshot between them');
+  assert.deepEqual(failures().map((l) => l.fields.retryInMs), [1000, 2000], 'the snapshot between them did not start the backoff over');
+  assert.ok(c.status().snapshots >= 2);
+  await c.stop();
 });
